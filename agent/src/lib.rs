@@ -1,0 +1,1 @@
+//! pstackd and pstackctl: capture supervision, the Unix-socket API, spooling and shipping.

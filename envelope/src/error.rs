@@ -1,0 +1,184 @@
+//! The one error type of the envelope crate: every way an envelope can be
+//! malformed or invalid is its own variant, so callers (and tests) can match the
+//! exact rule that fired. [`EnvelopeError::rule`] gives each a stable code for
+//! machine output.
+
+use serde::Serialize;
+use thiserror::Error;
+
+/// Every way bytes can fail to be a valid, sealed `pstack.envelope/v1`.
+#[derive(Debug, Clone, PartialEq, Eq, Error, Serialize)]
+#[serde(tag = "rule", rename_all = "snake_case")]
+pub enum EnvelopeError {
+    // --- parsing (strict JSON) ---
+    /// The input is not UTF-8.
+    #[error("input is not UTF-8 (first bad byte at offset {offset})")]
+    NotUtf8 { offset: usize },
+    /// The input is not JSON at all.
+    #[error("not valid JSON at line {line}, column {column}: {message}")]
+    Json {
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    /// An object repeats a member name.
+    #[error("duplicate key {key:?} in object at {path}")]
+    DuplicateKey { path: String, key: String },
+    /// A number with a fraction or exponent.
+    #[error("float {value} at {path}: the envelope carries integers only")]
+    Float { path: String, value: String },
+    /// An integer outside ±(2^53-1); such values travel as decimal strings.
+    #[error("integer {value} at {path} is outside ±(2^53-1); carry it as a decimal string")]
+    NumberOutOfRange { path: String, value: String },
+    /// Arrays/objects nested deeper than the limit.
+    #[error("nesting deeper than {limit} levels")]
+    TooDeep { limit: usize },
+
+    // --- structure (closed world) ---
+    /// `schema` is not `pstack.envelope/v1`.
+    #[error("schema is {found:?}, expected \"pstack.envelope/v1\"")]
+    WrongSchema { found: String },
+    /// A member the schema does not define.
+    #[error("unknown field {field:?} at {path}")]
+    UnknownField { path: String, field: String },
+    /// A required member is absent.
+    #[error("missing field {field:?} at {path}")]
+    MissingField { path: String, field: String },
+    /// A subject lacks (or has empty) an identity field its kind requires.
+    #[error("subject of kind {kind} is missing identity field {field:?}")]
+    MissingIdentityField { kind: String, field: String },
+    /// A surface status outside the closed vocabulary.
+    #[error("unmapped surface status {value:?} at {path}")]
+    UnmappedStatus { path: String, value: String },
+    /// A member has the wrong type or format.
+    #[error("invalid value at {path}: {reason}")]
+    InvalidField { path: String, reason: String },
+    /// Two surfaces, claims or unknowns share an id.
+    #[error("duplicate {what} id {id:?}")]
+    DuplicateId { what: String, id: String },
+
+    // --- seal ---
+    /// The declared digest does not match the canonical form.
+    #[error("bad digest: declared {declared}, canonical form hashes to {computed}")]
+    BadDigest { declared: String, computed: String },
+
+    // --- semantic rules ---
+    /// A `complete` envelope holds a surface whose status is not `ok`.
+    #[error("envelope is complete but surface {surface:?} has status {status}")]
+    CompleteWithNonOkSurface { surface: String, status: String },
+    /// A `complete` envelope holds a truncated surface.
+    #[error("envelope is complete but surface {surface:?} is truncated")]
+    CompleteWithTruncatedSurface { surface: String },
+    /// A `complete` envelope whose universe was not exhausted.
+    #[error("envelope is complete but its universe ended by {termination}, not exhausted")]
+    CompleteWithNonExhaustedUniverse { termination: String },
+    /// A fact claim that cites no surface.
+    #[error("fact {claim:?} is bound to no surface")]
+    FactUnbound { claim: String },
+    /// A fact claim citing a surface that did not succeed.
+    #[error("fact {claim:?} is bound to surface {surface:?} whose status is {status}")]
+    FactBoundToNonOkSurface {
+        claim: String,
+        surface: String,
+        status: String,
+    },
+    /// A claim citing a surface id the envelope does not have.
+    #[error("claim {claim:?} cites surface {surface:?}, which is not in the envelope")]
+    ClaimCitesMissingSurface { claim: String, surface: String },
+    /// A universal claim in an envelope that is not `complete`.
+    #[error("universal claim {claim:?} in a {completeness} envelope; only complete envelopes support universal claims")]
+    UniversalClaimOutsideComplete { claim: String, completeness: String },
+    /// A hypothesis that names nothing that would falsify it.
+    #[error("hypothesis {claim:?} has no falsifier")]
+    HypothesisWithoutFalsifier { claim: String },
+    /// An unknown without a discriminating probe.
+    #[error("unknown {unknown:?} has no probe")]
+    UnknownWithoutProbe { unknown: String },
+    /// An `identity_race` envelope that still attributes facts to the subject.
+    #[error("identity_race envelope attributes claim {claim:?} to a subject whose identity changed")]
+    AttributionInIdentityRace { claim: String },
+    /// A surface with status `error` that names no cause.
+    #[error("surface {surface:?} has status error but no cause")]
+    ErrorWithoutCause { surface: String },
+
+    // --- diff ---
+    /// Diff of two envelopes about different subjects.
+    #[error("cannot diff envelopes of different subjects: {before} vs {after}")]
+    SubjectMismatch { before: String, after: String },
+}
+
+impl EnvelopeError {
+    /// Stable snake_case code of the rule that fired.
+    pub fn rule(&self) -> &'static str {
+        use EnvelopeError::*;
+        match self {
+            NotUtf8 { .. } => "not_utf8",
+            Json { .. } => "json",
+            DuplicateKey { .. } => "duplicate_key",
+            Float { .. } => "float",
+            NumberOutOfRange { .. } => "number_out_of_range",
+            TooDeep { .. } => "too_deep",
+            WrongSchema { .. } => "wrong_schema",
+            UnknownField { .. } => "unknown_field",
+            MissingField { .. } => "missing_field",
+            MissingIdentityField { .. } => "missing_identity_field",
+            UnmappedStatus { .. } => "unmapped_status",
+            InvalidField { .. } => "invalid_field",
+            DuplicateId { .. } => "duplicate_id",
+            BadDigest { .. } => "bad_digest",
+            CompleteWithNonOkSurface { .. } => "complete_with_non_ok_surface",
+            CompleteWithTruncatedSurface { .. } => "complete_with_truncated_surface",
+            CompleteWithNonExhaustedUniverse { .. } => "complete_with_non_exhausted_universe",
+            FactUnbound { .. } => "fact_unbound",
+            FactBoundToNonOkSurface { .. } => "fact_bound_to_non_ok_surface",
+            ClaimCitesMissingSurface { .. } => "claim_cites_missing_surface",
+            UniversalClaimOutsideComplete { .. } => "universal_claim_outside_complete",
+            HypothesisWithoutFalsifier { .. } => "hypothesis_without_falsifier",
+            UnknownWithoutProbe { .. } => "unknown_without_probe",
+            AttributionInIdentityRace { .. } => "attribution_in_identity_race",
+            ErrorWithoutCause { .. } => "error_without_cause",
+            SubjectMismatch { .. } => "subject_mismatch",
+        }
+    }
+
+    /// Every rule code the validator can report for an envelope (everything
+    /// but `subject_mismatch`, which only diff raises). Tests use this to prove
+    /// each rule has a fixture.
+    pub const VALIDATION_RULES: &'static [&'static str] = &[
+        "not_utf8",
+        "json",
+        "duplicate_key",
+        "float",
+        "number_out_of_range",
+        "too_deep",
+        "wrong_schema",
+        "unknown_field",
+        "missing_field",
+        "missing_identity_field",
+        "unmapped_status",
+        "invalid_field",
+        "duplicate_id",
+        "bad_digest",
+        "complete_with_non_ok_surface",
+        "complete_with_truncated_surface",
+        "complete_with_non_exhausted_universe",
+        "fact_unbound",
+        "fact_bound_to_non_ok_surface",
+        "claim_cites_missing_surface",
+        "universal_claim_outside_complete",
+        "hypothesis_without_falsifier",
+        "unknown_without_probe",
+        "attribution_in_identity_race",
+        "error_without_cause",
+    ];
+
+    pub(crate) fn prefix_path(&mut self, step: &str) {
+        use EnvelopeError::*;
+        match self {
+            DuplicateKey { path, .. } | Float { path, .. } | NumberOutOfRange { path, .. } => {
+                path.insert_str(0, step);
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! The closed-world validator.
+//!
+//! Two layers. [`from_value`] turns strict JSON into the typed model and maps
+//! serde's failures onto typed rules (unknown field, missing field, missing
+//! identity field, unmapped status, invalid value), stopping at the first. Then
+//! [`check_rules`] checks the semantic rules on the typed model and reports
+//! every violation, so a fixture can prove it triggers exactly one rule.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use crate::error::EnvelopeError;
+use crate::model::{ClaimKind, Completeness, Envelope, Scope, SurfaceStatus, Termination};
+use crate::seal::{check_schema, is_sha256_digest};
+
+/// Typed envelope from a strictly parsed value, or the first structural error.
+pub fn from_value(value: &Value) -> Result<Envelope, EnvelopeError> {
+    if !value.is_object() {
+        return Err(EnvelopeError::InvalidField {
+            path: "$".into(),
+            reason: "an envelope is a JSON object".into(),
+        });
+    }
+    check_schema(value)?;
+    serde_path_to_error::deserialize(value).map_err(|err| {
+        let path = err.path().to_string();
+        let message = err.inner().to_string();
+        classify(value, &path, &message)
+    })
+}
+
+/// First backtick-quoted word of a serde message.
+fn quoted(message: &str) -> String {
+    message
+        .split('`')
+        .nth(1)
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn classify(value: &Value, path: &str, message: &str) -> EnvelopeError {
+    let json_path = if path == "." || path.is_empty() {
+        "$".to_string()
+    } else {
+        format!("$.{path}")
+    };
+    if message.starts_with("unknown field") {
+        // serde_path_to_error's path already ends at the unknown member.
+        let field = quoted(message);
+        let parent = json_path
+            .strip_suffix(&format!(".{field}"))
+            .unwrap_or(&json_path)
+            .to_string();
+        return EnvelopeError::UnknownField {
+            path: parent,
+            field,
+        };
+    }
+    if message.starts_with("missing field") {
+        let field = quoted(message);
+        if path.starts_with("subject.identity") || path == "subject" && field != "kind" {
+            let kind = value
+                .pointer("/subject/kind")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_string();
+            if field != "identity" {
+                return EnvelopeError::MissingIdentityField { kind, field };
+            }
+        }
+        return EnvelopeError::MissingField {
+            path: json_path,
+            field,
+        };
+    }
+    if message.starts_with("unknown variant") && path.ends_with(".status") {
+        return EnvelopeError::UnmappedStatus {
+            path: json_path,
+            value: quoted(message),
+        };
+    }
+    EnvelopeError::InvalidField {
+        path: json_path,
+        reason: message.to_string(),
+    }
+}
+
+fn is_decimal(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()) && s.parse::<u64>().is_ok()
+}
+
+/// RFC 3339 UTC with a `Z` offset: `YYYY-MM-DDTHH:MM:SS[.fraction]Z`.
+fn is_rfc3339_utc(s: &str) -> bool {
+    let b = s.as_bytes();
+    if b.len() < 20 || b[b.len() - 1] != b'Z' {
+        return false;
+    }
+    let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
+    let fixed = digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && b[10] == b'T'
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19);
+    let rest = &b[19..b.len() - 1];
+    let fraction_ok = rest.is_empty()
+        || (rest.len() >= 2 && rest[0] == b'.' && rest[1..].iter().all(u8::is_ascii_digit));
+    fixed && fraction_ok
+}
+
+/// Every semantic rule, every violation (empty when valid). The digest is
+/// checked by [`crate::verify`], not here.
+pub fn check_rules(env: &Envelope) -> Vec<EnvelopeError> {
+    let mut errors = Vec::new();
+    let invalid = |path: &str, reason: &str| EnvelopeError::InvalidField {
+        path: path.into(),
+        reason: reason.into(),
+    };
+
+    for field in env.subject.empty_identity_fields() {
+        errors.push(EnvelopeError::MissingIdentityField {
+            kind: env.subject.kind().into(),
+            field: field.into(),
+        });
+    }
+    if !is_rfc3339_utc(&env.clock.wall_time) {
+        errors.push(invalid("$.clock.wall_time", "not RFC 3339 UTC (YYYY-MM-DDTHH:MM:SS[.f]Z)"));
+    }
+    for (path, v) in [
+        ("$.clock.monotonic_start_ns", &env.clock.monotonic_start_ns),
+        ("$.clock.monotonic_end_ns", &env.clock.monotonic_end_ns),
+    ] {
+        if !is_decimal(v) {
+            errors.push(invalid(path, "not an unsigned decimal string"));
+        }
+    }
+    if !is_sha256_digest(&env.universe.selector_digest) {
+        errors.push(invalid("$.universe.selector_digest", "not sha256:<64 lowercase hex>"));
+    }
+
+    // Surfaces: unique ids, well-formed digests, causes for errors.
+    let mut status_by_id: BTreeMap<&str, SurfaceStatus> = BTreeMap::new();
+    for (i, s) in env.surfaces.iter().enumerate() {
+        if status_by_id.insert(&s.id, s.status).is_some() {
+            errors.push(EnvelopeError::DuplicateId {
+                what: "surface".into(),
+                id: s.id.clone(),
+            });
+        }
+        if let Some(d) = &s.digest
+            && !is_sha256_digest(d)
+        {
+            errors.push(invalid(
+                &format!("$.surfaces[{i}].digest"),
+                "not sha256:<64 lowercase hex>",
+            ));
+        }
+        if s.status == SurfaceStatus::Error
+            && s.cause.as_ref().is_none_or(|c| c.message.trim().is_empty())
+        {
+            errors.push(EnvelopeError::ErrorWithoutCause {
+                surface: s.id.clone(),
+            });
+        }
+    }
+
+    // Completeness.
+    if env.completeness == Completeness::Complete {
+        for s in &env.surfaces {
+            if s.status != SurfaceStatus::Ok {
+                errors.push(EnvelopeError::CompleteWithNonOkSurface {
+                    surface: s.id.clone(),
+                    status: s.status.as_str().into(),
+                });
+            } else if s.truncated {
+                errors.push(EnvelopeError::CompleteWithTruncatedSurface {
+                    surface: s.id.clone(),
+                });
+            }
+        }
+        if env.universe.termination != Termination::Exhausted {
+            errors.push(EnvelopeError::CompleteWithNonExhaustedUniverse {
+                termination: env.universe.termination.as_str().into(),
+            });
+        }
+    }
+
+    // Claims.
+    let mut claim_ids = BTreeSet::new();
+    for c in &env.claims {
+        if !claim_ids.insert(&c.id) {
+            errors.push(EnvelopeError::DuplicateId {
+                what: "claim".into(),
+                id: c.id.clone(),
+            });
+        }
+        if env.completeness == Completeness::IdentityRace && c.kind != ClaimKind::Hypothesis {
+            errors.push(EnvelopeError::AttributionInIdentityRace { claim: c.id.clone() });
+        }
+        if c.kind == ClaimKind::Fact && c.surfaces.is_empty() {
+            errors.push(EnvelopeError::FactUnbound { claim: c.id.clone() });
+        }
+        for sid in &c.surfaces {
+            match status_by_id.get(sid.as_str()) {
+                None => errors.push(EnvelopeError::ClaimCitesMissingSurface {
+                    claim: c.id.clone(),
+                    surface: sid.clone(),
+                }),
+                Some(status)
+                    if c.kind == ClaimKind::Fact
+                        && !matches!(status, SurfaceStatus::Ok | SurfaceStatus::Truncated) =>
+                {
+                    errors.push(EnvelopeError::FactBoundToNonOkSurface {
+                        claim: c.id.clone(),
+                        surface: sid.clone(),
+                        status: status.as_str().into(),
+                    })
+                }
+                Some(_) => {}
+            }
+        }
+        if c.scope == Scope::Universal && env.completeness != Completeness::Complete {
+            errors.push(EnvelopeError::UniversalClaimOutsideComplete {
+                claim: c.id.clone(),
+                completeness: env.completeness.as_str().into(),
+            });
+        }
+        if c.kind == ClaimKind::Hypothesis
+            && c.falsifier.as_deref().is_none_or(|f| f.trim().is_empty())
+        {
+            errors.push(EnvelopeError::HypothesisWithoutFalsifier { claim: c.id.clone() });
+        }
+    }
+
+    // Unknowns.
+    let mut unknown_ids = BTreeSet::new();
+    for u in &env.unknowns {
+        if !unknown_ids.insert(&u.id) {
+            errors.push(EnvelopeError::DuplicateId {
+                what: "unknown".into(),
+                id: u.id.clone(),
+            });
+        }
+        if u.probe.trim().is_empty() {
+            errors.push(EnvelopeError::UnknownWithoutProbe { unknown: u.id.clone() });
+        }
+    }
+    if env.next_transition.action.trim().is_empty() {
+        errors.push(invalid("$.next_transition.action", "empty"));
+    }
+    errors
+}

@@ -1,0 +1,179 @@
+//! Sealing and verification.
+//!
+//! The digest is `sha256:<lowercase hex>` over the RFC 8785 canonical form of
+//! the envelope object with its `digest` member removed. Verification hashes the
+//! canonical form of the *parsed bytes* (not of a re-serialized model), so an
+//! envelope written by another implementation verifies as long as it is valid
+//! JSON with the same members. Sealing refuses an envelope that breaks a rule:
+//! a sealed envelope is a valid one.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::canonical::write_canonical;
+use crate::error::EnvelopeError;
+use crate::model::{Envelope, SCHEMA_ID};
+use crate::rules::check_rules;
+use crate::strict::parse_strict;
+
+/// Prefix of every digest this crate writes.
+pub const DIGEST_PREFIX: &str = "sha256:";
+
+/// An envelope refused, with every rule it broke (structural failures stop at
+/// the first; semantic rules are all reported).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
+#[error("{}", .errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+pub struct Rejection {
+    /// What was wrong, in the order found.
+    pub errors: Vec<EnvelopeError>,
+}
+
+impl From<EnvelopeError> for Rejection {
+    fn from(e: EnvelopeError) -> Self {
+        Rejection { errors: vec![e] }
+    }
+}
+
+/// `sha256:<hex>` of arbitrary bytes.
+pub fn sha256_digest(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(DIGEST_PREFIX.len() + 64);
+    out.push_str(DIGEST_PREFIX);
+    out.push_str(&hex::encode(Sha256::digest(bytes)));
+    out
+}
+
+/// Whether `s` has the form `sha256:` + 64 lowercase hex digits.
+pub fn is_sha256_digest(s: &str) -> bool {
+    s.strip_prefix(DIGEST_PREFIX).is_some_and(|h| {
+        h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// Canonical bytes of an envelope value without its `digest` member.
+pub fn canonical_without_digest(value: &Value) -> Result<Vec<u8>, EnvelopeError> {
+    let Value::Object(map) = value else {
+        return Err(EnvelopeError::InvalidField {
+            path: "$".into(),
+            reason: "an envelope is a JSON object".into(),
+        });
+    };
+    // Write the members minus `digest` from borrowed references rather than
+    // cloning a possibly large object.
+    let mut out = Vec::with_capacity(estimate_size(value));
+    let mut stripped: Vec<(&String, &Value)> = map.iter().filter(|(k, _)| *k != "digest").collect();
+    stripped.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+    out.push(b'{');
+    for (i, (k, v)) in stripped.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_canonical(&Value::String(k.clone()), &mut out)?;
+        out.push(b':');
+        write_canonical(v, &mut out).map_err(|mut e| {
+            e.prefix_path(&format!(".{k}"));
+            e
+        })?;
+    }
+    out.push(b'}');
+    Ok(out)
+}
+
+fn estimate_size(value: &Value) -> usize {
+    // Cheap lower bound so large envelopes do not regrow the buffer many times.
+    match value {
+        Value::String(s) => s.len() + 2,
+        Value::Array(a) => a.iter().map(estimate_size).sum::<usize>() + a.len() + 2,
+        Value::Object(m) => {
+            m.iter().map(|(k, v)| k.len() + 3 + estimate_size(v)).sum::<usize>() + m.len() + 2
+        }
+        _ => 8,
+    }
+}
+
+/// Digest of the canonical form of `value` minus its `digest` member.
+pub fn compute_digest(value: &Value) -> Result<String, EnvelopeError> {
+    Ok(sha256_digest(&canonical_without_digest(value)?))
+}
+
+impl Envelope {
+    /// Check every rule, then fill in `digest`. An envelope that breaks a rule is
+    /// refused: sealing is the promise that it is valid.
+    pub fn seal(self) -> Result<Envelope, Rejection> {
+        let errors = check_rules(&self);
+        if !errors.is_empty() {
+            return Err(Rejection { errors });
+        }
+        Ok(self.seal_unchecked()?)
+    }
+
+    /// Fill in `digest` without checking rules. For building hostile fixtures
+    /// and for tools that re-seal on purpose; never for evidence.
+    pub fn seal_unchecked(mut self) -> Result<Envelope, EnvelopeError> {
+        self.digest = String::new();
+        let value = serde_json::to_value(&self).map_err(|e| EnvelopeError::InvalidField {
+            path: "$".into(),
+            reason: e.to_string(),
+        })?;
+        self.digest = compute_digest(&value)?;
+        Ok(self)
+    }
+
+    /// The JSON bytes to store or ship (pretty, newline-terminated). The digest
+    /// does not depend on formatting, so any rendering verifies.
+    pub fn to_json_pretty(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec_pretty(self).unwrap_or_default();
+        out.push(b'\n');
+        out
+    }
+
+    /// The envelope rendered canonically (digest included).
+    pub fn to_canonical_json(&self) -> Result<Vec<u8>, EnvelopeError> {
+        let value = serde_json::to_value(self).map_err(|e| EnvelopeError::InvalidField {
+            path: "$".into(),
+            reason: e.to_string(),
+        })?;
+        crate::canonical::to_canonical(&value)
+    }
+}
+
+/// Parse bytes into a typed envelope: strict JSON, schema id, closed world.
+/// Does not check semantic rules or the digest; see [`verify`].
+pub fn parse(bytes: &[u8]) -> Result<(Envelope, Value), EnvelopeError> {
+    let value = parse_strict(bytes)?;
+    let envelope = crate::rules::from_value(&value)?;
+    Ok((envelope, value))
+}
+
+/// Parse, check every rule, and check the digest against the canonical form of
+/// the bytes as given. This is what anything receiving an envelope calls.
+pub fn verify(bytes: &[u8]) -> Result<Envelope, Rejection> {
+    let (envelope, value) = parse(bytes)?;
+    let mut errors = check_rules(&envelope);
+    let computed = compute_digest(&value)?;
+    if computed != envelope.digest {
+        errors.push(EnvelopeError::BadDigest {
+            declared: envelope.digest.clone(),
+            computed,
+        });
+    }
+    if errors.is_empty() {
+        Ok(envelope)
+    } else {
+        Err(Rejection { errors })
+    }
+}
+
+/// Schema id check used by [`parse`].
+pub(crate) fn check_schema(value: &Value) -> Result<(), EnvelopeError> {
+    match value.get("schema") {
+        Some(Value::String(s)) if s == SCHEMA_ID => Ok(()),
+        Some(Value::String(s)) => Err(EnvelopeError::WrongSchema { found: s.clone() }),
+        Some(other) => Err(EnvelopeError::WrongSchema {
+            found: other.to_string(),
+        }),
+        None => Err(EnvelopeError::MissingField {
+            path: "$".into(),
+            field: "schema".into(),
+        }),
+    }
+}

@@ -1,0 +1,1 @@
+//! The pstack causal store: verified ingest, evidence queries, receipts.
