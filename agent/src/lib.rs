@@ -1,1 +1,5 @@
-//! pstackd and pstackctl: capture supervision, the Unix-socket API, spooling and shipping.
+//! `pstack-agent`: the node side of pstack — capture supervision (risky reads in
+//! a killable helper, deadlines, identity re-reads), the operator CLI's
+//! subcommands, and (with `pstackd`) the Unix-socket API, spool and shipper.
+
+pub mod cli;

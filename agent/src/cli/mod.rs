@@ -1,0 +1,7 @@
+//! `pstackctl` subcommands, one module each. Each exposes a clap `Args` type and
+//! `run(args) -> anyhow::Result<i32>` returning the process exit code
+//! (0 ok / valid, 1 invalid evidence, 2 usage or I/O error).
+
+pub mod capture;
+pub mod envelope;
+pub mod trace;
