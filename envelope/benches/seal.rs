@@ -1,1 +1,62 @@
-fn main(){}
+//! Canonicalize+seal and verify of a ~1 MiB envelope, against raw SHA-256 of
+//! the same canonical bytes (the physical limit), in one run.
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use pstack_envelope::{
+    Surface, canonical_without_digest, example::example_unsealed, sha256_digest, verify,
+};
+use serde_json::json;
+use std::hint::black_box;
+
+fn one_mib_envelope() -> pstack_envelope::Envelope {
+    let mut e = example_unsealed();
+    let template = e.surfaces[0].clone();
+    // ~1 MiB of realistic surfaces: 400 threads with stack text and counters.
+    for i in 0..400u32 {
+        let mut s: Surface = template.clone();
+        s.id = format!("task/{}/stack", 5000 + i);
+        s.authority = format!("procfs:/proc/4242/task/{}/stack", 5000 + i);
+        s.facts.insert(
+            "frames".into(),
+            json!(
+                (0..24)
+                    .map(|f| format!("[<0>] some_kernel_function_{f}+0x{:x}/0x200", f * 16))
+                    .collect::<Vec<_>>()
+            ),
+        );
+        s.facts.insert("state".into(), json!("S"));
+        s.facts
+            .insert("voluntary_ctxt_switches".into(), json!(i * 1000));
+        s.facts.insert("wchan".into(), json!("futex_wait_queue"));
+        e.surfaces.push(s);
+    }
+    e.seal().unwrap()
+}
+
+fn bench(c: &mut Criterion) {
+    let env = one_mib_envelope();
+    let bytes = env.to_json_pretty();
+    let value = serde_json::to_value(&env).unwrap();
+    let canonical = canonical_without_digest(&value).unwrap();
+    eprintln!(
+        "envelope: {} bytes pretty, {} bytes canonical",
+        bytes.len(),
+        canonical.len()
+    );
+    let mut g = c.benchmark_group("envelope_1mib");
+    g.throughput(Throughput::Bytes(canonical.len() as u64));
+    g.bench_function("raw_sha256", |b| {
+        b.iter(|| sha256_digest(black_box(&canonical)))
+    });
+    g.bench_function("canonicalize_and_seal", |b| {
+        b.iter(|| black_box(env.clone()).seal_unchecked().unwrap())
+    });
+    g.bench_function("canonicalize_and_seal_value", |b| {
+        b.iter(|| sha256_digest(&canonical_without_digest(black_box(&value)).unwrap()))
+    });
+    g.bench_function("verify", |b| b.iter(|| verify(black_box(&bytes)).unwrap()));
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -55,7 +55,10 @@ fn write_value(value: &Value, out: &mut Vec<u8>) -> Result<(), EnvelopeError> {
             // serde_json's map is ordered by UTF-8 bytes, which differs from
             // UTF-16 order only when a name holds a character above U+FFFF;
             // sort only then.
-            if members.iter().any(|(k, _)| k.chars().any(|c| c as u32 > 0xFFFF)) {
+            if members
+                .iter()
+                .any(|(k, _)| k.chars().any(|c| c as u32 > 0xFFFF))
+            {
                 members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
             }
             out.push(b'{');
@@ -151,11 +154,20 @@ mod tests {
         let v: Value = serde_json::from_str(input).unwrap();
         let s = canon(&v);
         let order = [
-            "\\r", "1", "\u{80}", "\u{f6}", "\u{20ac}", "\u{1f600}", "\u{fb33}",
+            "\\r",
+            "1",
+            "\u{80}",
+            "\u{f6}",
+            "\u{20ac}",
+            "\u{1f600}",
+            "\u{fb33}",
         ];
         let positions: Vec<usize> = order
             .iter()
-            .map(|k| s.find(&format!("\"{k}\":")).unwrap_or_else(|| panic!("{k:?} in {s}")))
+            .map(|k| {
+                s.find(&format!("\"{k}\":"))
+                    .unwrap_or_else(|| panic!("{k:?} in {s}"))
+            })
             .collect();
         let mut sorted = positions.clone();
         sorted.sort_unstable();

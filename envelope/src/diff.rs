@@ -83,13 +83,20 @@ impl EnvelopeDiff {
 
     /// Human-readable rendering, one change per line.
     pub fn render(&self) -> String {
-        let mut out = format!("diff of {}\n  before {}\n  after  {}\n", self.subject, self.before, self.after);
+        let mut out = format!(
+            "diff of {}\n  before {}\n  after  {}\n",
+            self.subject, self.before, self.after
+        );
         if self.is_empty() {
             out.push_str("  no change\n");
             return out;
         }
         if let Some((b, a)) = self.completeness {
-            out.push_str(&format!("  completeness: {} -> {}\n", b.as_str(), a.as_str()));
+            out.push_str(&format!(
+                "  completeness: {} -> {}\n",
+                b.as_str(),
+                a.as_str()
+            ));
         }
         for s in &self.surfaces_added {
             out.push_str(&format!("  + surface {s}\n"));
@@ -98,7 +105,10 @@ impl EnvelopeDiff {
             out.push_str(&format!("  - surface {s}\n"));
         }
         for c in &self.status_changed {
-            out.push_str(&format!("  ~ surface {}: {} -> {}\n", c.surface, c.before, c.after));
+            out.push_str(&format!(
+                "  ~ surface {}: {} -> {}\n",
+                c.surface, c.before, c.after
+            ));
         }
         let show = |v: &Option<Value>| v.as_ref().map_or("(absent)".to_string(), Value::to_string);
         for f in &self.facts_changed {
@@ -138,7 +148,8 @@ pub fn diff(before: &Envelope, after: &Envelope) -> Result<EnvelopeDiff, Envelop
             after: after.subject.describe(),
         });
     }
-    let b_surfaces: BTreeMap<&str, _> = before.surfaces.iter().map(|s| (s.id.as_str(), s)).collect();
+    let b_surfaces: BTreeMap<&str, _> =
+        before.surfaces.iter().map(|s| (s.id.as_str(), s)).collect();
     let a_surfaces: BTreeMap<&str, _> = after.surfaces.iter().map(|s| (s.id.as_str(), s)).collect();
 
     let mut surfaces_added = Vec::new();
@@ -156,7 +167,8 @@ pub fn diff(before: &Envelope, after: &Envelope) -> Result<EnvelopeDiff, Envelop
                         after: a.status,
                     });
                 }
-                let names: std::collections::BTreeSet<&String> = a.facts.keys().chain(b.facts.keys()).collect();
+                let names: std::collections::BTreeSet<&String> =
+                    a.facts.keys().chain(b.facts.keys()).collect();
                 for name in names {
                     let (bv, av) = (b.facts.get(name), a.facts.get(name));
                     if bv != av {
@@ -180,11 +192,20 @@ pub fn diff(before: &Envelope, after: &Envelope) -> Result<EnvelopeDiff, Envelop
     let claim_keys = |e: &Envelope| -> BTreeMap<String, ()> {
         e.claims
             .iter()
-            .map(|c| (format!("{}:{}: {}", c.kind.as_str(), c.code, c.statement), ()))
+            .map(|c| {
+                (
+                    format!("{}:{}: {}", c.kind.as_str(), c.code, c.statement),
+                    (),
+                )
+            })
             .collect()
     };
-    let unknown_keys =
-        |e: &Envelope| -> BTreeMap<String, ()> { e.unknowns.iter().map(|u| (u.question.clone(), ())).collect() };
+    let unknown_keys = |e: &Envelope| -> BTreeMap<String, ()> {
+        e.unknowns
+            .iter()
+            .map(|u| (u.question.clone(), ()))
+            .collect()
+    };
     let (bc, ac) = (claim_keys(before), claim_keys(after));
     let (bu, au) = (unknown_keys(before), unknown_keys(after));
 
@@ -192,7 +213,8 @@ pub fn diff(before: &Envelope, after: &Envelope) -> Result<EnvelopeDiff, Envelop
         subject: after.subject.describe(),
         before: before.digest.clone(),
         after: after.digest.clone(),
-        completeness: (before.completeness != after.completeness).then_some((before.completeness, after.completeness)),
+        completeness: (before.completeness != after.completeness)
+            .then_some((before.completeness, after.completeness)),
         surfaces_added,
         surfaces_removed,
         status_changed,

@@ -86,7 +86,9 @@ pub enum EnvelopeError {
     #[error("claim {claim:?} cites surface {surface:?}, which is not in the envelope")]
     ClaimCitesMissingSurface { claim: String, surface: String },
     /// A universal claim in an envelope that is not `complete`.
-    #[error("universal claim {claim:?} in a {completeness} envelope; only complete envelopes support universal claims")]
+    #[error(
+        "universal claim {claim:?} in a {completeness} envelope; only complete envelopes support universal claims"
+    )]
     UniversalClaimOutsideComplete { claim: String, completeness: String },
     /// A hypothesis that names nothing that would falsify it.
     #[error("hypothesis {claim:?} has no falsifier")]
@@ -95,7 +97,9 @@ pub enum EnvelopeError {
     #[error("unknown {unknown:?} has no probe")]
     UnknownWithoutProbe { unknown: String },
     /// An `identity_race` envelope that still attributes facts to the subject.
-    #[error("identity_race envelope attributes claim {claim:?} to a subject whose identity changed")]
+    #[error(
+        "identity_race envelope attributes claim {claim:?} to a subject whose identity changed"
+    )]
     AttributionInIdentityRace { claim: String },
     /// A surface with status `error` that names no cause.
     #[error("surface {surface:?} has status error but no cause")]

@@ -157,7 +157,10 @@ impl Handoff {
             ));
         }
         for h in &self.hypotheses {
-            out.push_str(&format!("hypothesis {}: {}\n  falsifier: {}\n", h.code, h.statement, h.falsifier));
+            out.push_str(&format!(
+                "hypothesis {}: {}\n  falsifier: {}\n",
+                h.code, h.statement, h.falsifier
+            ));
         }
         out.push_str(&format!(
             "next: {} (receipt: {})\n",

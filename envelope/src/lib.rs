@@ -20,6 +20,7 @@
 mod canonical;
 mod diff;
 mod error;
+pub mod example;
 mod handoff;
 mod model;
 mod redact;

@@ -68,7 +68,12 @@ impl Completeness {
 
 /// What an envelope is about: a kind and that kind's identity fields.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", content = "identity", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(
+    tag = "kind",
+    content = "identity",
+    rename_all = "snake_case",
+    deny_unknown_fields
+)]
 pub enum Subject {
     /// One process.
     Process(ProcessIdentity),

@@ -53,7 +53,11 @@ pub fn redact_cmdline(raw: &[u8]) -> RedactedCommand {
 
 /// Redact an argument vector.
 pub fn redact_argv<S: AsRef<str>>(argv: &[S]) -> RedactedCommand {
-    let joined = argv.iter().map(AsRef::as_ref).collect::<Vec<_>>().join("\0");
+    let joined = argv
+        .iter()
+        .map(AsRef::as_ref)
+        .collect::<Vec<_>>()
+        .join("\0");
     redact_cmdline(joined.as_bytes())
 }
 
@@ -84,13 +88,19 @@ mod tests {
         assert_eq!(r.args, 2);
         let text = serde_json::to_string(&r).unwrap();
         assert!(!text.contains("hunter2"), "{text}");
-        assert_eq!(r.args_digest, Some(sha256_digest(b"--password=hunter2\0db")));
+        assert_eq!(
+            r.args_digest,
+            Some(sha256_digest(b"--password=hunter2\0db"))
+        );
     }
 
     #[test]
     fn cmdline_without_args_has_no_digest() {
         let r = redact_cmdline(b"sleep\0");
-        assert_eq!((r.argv0.as_str(), r.args, r.args_digest), ("sleep", 0, None));
+        assert_eq!(
+            (r.argv0.as_str(), r.args, r.args_digest),
+            ("sleep", 0, None)
+        );
     }
 
     #[test]

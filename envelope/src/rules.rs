@@ -32,11 +32,7 @@ pub fn from_value(value: &Value) -> Result<Envelope, EnvelopeError> {
 
 /// First backtick-quoted word of a serde message.
 fn quoted(message: &str) -> String {
-    message
-        .split('`')
-        .nth(1)
-        .unwrap_or_default()
-        .to_string()
+    message.split('`').nth(1).unwrap_or_default().to_string()
 }
 
 fn classify(value: &Value, path: &str, message: &str) -> EnvelopeError {
@@ -54,6 +50,14 @@ fn classify(value: &Value, path: &str, message: &str) -> EnvelopeError {
             .to_string();
         return EnvelopeError::UnknownField {
             path: parent,
+            field,
+        };
+    }
+    if path.starts_with("subject") && message.contains(r#"expected "kind" or "identity""#) {
+        // serde's adjacently tagged enum reports a stray member this way.
+        let field = message.split('"').nth(1).unwrap_or_default().to_string();
+        return EnvelopeError::UnknownField {
+            path: "$.subject".into(),
             field,
         };
     }
@@ -87,7 +91,10 @@ fn classify(value: &Value, path: &str, message: &str) -> EnvelopeError {
 }
 
 fn is_decimal(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()) && s.parse::<u64>().is_ok()
+    !s.is_empty()
+        && s.len() <= 20
+        && s.bytes().all(|b| b.is_ascii_digit())
+        && s.parse::<u64>().is_ok()
 }
 
 /// RFC 3339 UTC with a `Z` offset: `YYYY-MM-DDTHH:MM:SS[.fraction]Z`.
@@ -130,7 +137,10 @@ pub fn check_rules(env: &Envelope) -> Vec<EnvelopeError> {
         });
     }
     if !is_rfc3339_utc(&env.clock.wall_time) {
-        errors.push(invalid("$.clock.wall_time", "not RFC 3339 UTC (YYYY-MM-DDTHH:MM:SS[.f]Z)"));
+        errors.push(invalid(
+            "$.clock.wall_time",
+            "not RFC 3339 UTC (YYYY-MM-DDTHH:MM:SS[.f]Z)",
+        ));
     }
     for (path, v) in [
         ("$.clock.monotonic_start_ns", &env.clock.monotonic_start_ns),
@@ -141,7 +151,10 @@ pub fn check_rules(env: &Envelope) -> Vec<EnvelopeError> {
         }
     }
     if !is_sha256_digest(&env.universe.selector_digest) {
-        errors.push(invalid("$.universe.selector_digest", "not sha256:<64 lowercase hex>"));
+        errors.push(invalid(
+            "$.universe.selector_digest",
+            "not sha256:<64 lowercase hex>",
+        ));
     }
 
     // Surfaces: unique ids, well-formed digests, causes for errors.
@@ -201,10 +214,14 @@ pub fn check_rules(env: &Envelope) -> Vec<EnvelopeError> {
             });
         }
         if env.completeness == Completeness::IdentityRace && c.kind != ClaimKind::Hypothesis {
-            errors.push(EnvelopeError::AttributionInIdentityRace { claim: c.id.clone() });
+            errors.push(EnvelopeError::AttributionInIdentityRace {
+                claim: c.id.clone(),
+            });
         }
         if c.kind == ClaimKind::Fact && c.surfaces.is_empty() {
-            errors.push(EnvelopeError::FactUnbound { claim: c.id.clone() });
+            errors.push(EnvelopeError::FactUnbound {
+                claim: c.id.clone(),
+            });
         }
         for sid in &c.surfaces {
             match status_by_id.get(sid.as_str()) {
@@ -234,7 +251,9 @@ pub fn check_rules(env: &Envelope) -> Vec<EnvelopeError> {
         if c.kind == ClaimKind::Hypothesis
             && c.falsifier.as_deref().is_none_or(|f| f.trim().is_empty())
         {
-            errors.push(EnvelopeError::HypothesisWithoutFalsifier { claim: c.id.clone() });
+            errors.push(EnvelopeError::HypothesisWithoutFalsifier {
+                claim: c.id.clone(),
+            });
         }
     }
 
@@ -248,7 +267,9 @@ pub fn check_rules(env: &Envelope) -> Vec<EnvelopeError> {
             });
         }
         if u.probe.trim().is_empty() {
-            errors.push(EnvelopeError::UnknownWithoutProbe { unknown: u.id.clone() });
+            errors.push(EnvelopeError::UnknownWithoutProbe {
+                unknown: u.id.clone(),
+            });
         }
     }
     if env.next_transition.action.trim().is_empty() {

@@ -45,7 +45,9 @@ pub fn sha256_digest(bytes: &[u8]) -> String {
 /// Whether `s` has the form `sha256:` + 64 lowercase hex digits.
 pub fn is_sha256_digest(s: &str) -> bool {
     s.strip_prefix(DIGEST_PREFIX).is_some_and(|h| {
-        h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        h.len() == 64
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
 }
 
@@ -84,7 +86,11 @@ fn estimate_size(value: &Value) -> usize {
         Value::String(s) => s.len() + 2,
         Value::Array(a) => a.iter().map(estimate_size).sum::<usize>() + a.len() + 2,
         Value::Object(m) => {
-            m.iter().map(|(k, v)| k.len() + 3 + estimate_size(v)).sum::<usize>() + m.len() + 2
+            m.iter()
+                .map(|(k, v)| k.len() + 3 + estimate_size(v))
+                .sum::<usize>()
+                + m.len()
+                + 2
         }
         _ => 8,
     }

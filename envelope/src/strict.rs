@@ -42,14 +42,17 @@ pub fn parse_strict(bytes: &[u8]) -> Result<Value, EnvelopeError> {
     let parsed = seed.deserialize(&mut de).and_then(|v| de.end().map(|()| v));
     match parsed {
         Ok(v) => Ok(v),
-        Err(e) => Err(failure.into_inner().map(|mut typed| {
-            typed.prefix_path("$");
-            typed
-        }).unwrap_or_else(|| EnvelopeError::Json {
-            line: e.line(),
-            column: e.column(),
-            message: e.to_string(),
-        })),
+        Err(e) => Err(failure
+            .into_inner()
+            .map(|mut typed| {
+                typed.prefix_path("$");
+                typed
+            })
+            .unwrap_or_else(|| EnvelopeError::Json {
+                line: e.line(),
+                column: e.column(),
+                message: e.to_string(),
+            })),
     }
 }
 

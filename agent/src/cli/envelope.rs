@@ -67,10 +67,15 @@ pub fn read_input(path: &Path) -> anyhow::Result<Vec<u8>> {
     } else {
         let mut f = std::fs::File::open(path)
             .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
-        limited(&mut f, &mut bytes).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        limited(&mut f, &mut bytes)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
     }
     if bytes.len() as u64 > MAX_ENVELOPE_BYTES {
-        anyhow::bail!("{} is larger than {} MiB; refusing to read it", path.display(), MAX_ENVELOPE_BYTES >> 20);
+        anyhow::bail!(
+            "{} is larger than {} MiB; refusing to read it",
+            path.display(),
+            MAX_ENVELOPE_BYTES >> 20
+        );
     }
     Ok(bytes)
 }
@@ -83,7 +88,12 @@ fn print_rejection(path: &Path, rejection: &Rejection, as_json: bool) {
             .collect::<Vec<_>>()});
         println!("{report}");
     } else {
-        println!("{}: INVALID ({} problem{})", path.display(), rejection.errors.len(), if rejection.errors.len() == 1 { "" } else { "s" });
+        println!(
+            "{}: INVALID ({} problem{})",
+            path.display(),
+            rejection.errors.len(),
+            if rejection.errors.len() == 1 { "" } else { "s" }
+        );
         for e in &rejection.errors {
             println!("  [{}] {e}", e.rule());
         }
@@ -123,12 +133,21 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 println!("{}: valid", file.display());
                 println!("  subject:      {}", env.subject.describe());
                 println!("  completeness: {}", env.completeness.as_str());
-                println!("  surfaces:     {}  claims: {}  unknowns: {}", env.surfaces.len(), env.claims.len(), env.unknowns.len());
+                println!(
+                    "  surfaces:     {}  claims: {}  unknowns: {}",
+                    env.surfaces.len(),
+                    env.claims.len(),
+                    env.unknowns.len()
+                );
                 println!("  digest:       {}", env.digest);
             }
             Ok(0)
         }
-        Command::Diff { before, after, json } => {
+        Command::Diff {
+            before,
+            after,
+            json,
+        } => {
             let (b, a) = match (load(&before, json), load(&after, json)) {
                 (Ok(b), Ok(a)) => (b, a),
                 (Err(c), _) | (_, Err(c)) => return Ok(c),
@@ -138,7 +157,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 Ok(d) => print!("{}", d.render()),
                 Err(e) => {
                     if json {
-                        println!("{}", json!({"error": {"rule": e.rule(), "message": e.to_string()}}));
+                        println!(
+                            "{}",
+                            json!({"error": {"rule": e.rule(), "message": e.to_string()}})
+                        );
                     } else {
                         println!("cannot diff: [{}] {e}", e.rule());
                     }

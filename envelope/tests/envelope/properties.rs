@@ -1,0 +1,164 @@
+//! Property tests: seal/verify round trip, tamper detection anywhere, canonical
+//! form independent of key order and whitespace, diff determinism.
+
+use proptest::prelude::*;
+use pstack_envelope::{
+    Envelope, compute_digest, diff, example::example_sealed, parse_strict, to_canonical, verify,
+};
+use serde_json::{Map, Value, json};
+
+fn fact_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        (-(1i64 << 53) + 1..(1i64 << 53)).prop_map(|n| json!(n)),
+        "[ -~é\\n\\t\"\\\\]{0,12}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map("[a-z_]{1,6}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+fn envelope() -> impl Strategy<Value = Envelope> {
+    (
+        prop::collection::btree_map("[a-z_]{1,8}", fact_value(), 0..6),
+        1u32..4_000_000,
+        "[a-z0-9-]{1,16}",
+    )
+        .prop_map(|(facts, pid, host)| {
+            let mut e = pstack_envelope::example::example_unsealed();
+            if let pstack_envelope::Subject::Process(p) = &mut e.subject {
+                p.pid = pid;
+                p.host = host;
+            }
+            e.surfaces[0].facts = facts.into_iter().collect::<Map<_, _>>();
+            e.seal().unwrap()
+        })
+}
+
+/// Every path to a scalar leaf of a JSON value.
+fn leaves(v: &Value, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    match v {
+        Value::Object(m) => {
+            for (k, c) in m {
+                path.push(k.clone());
+                leaves(c, path, out);
+                path.pop();
+            }
+        }
+        Value::Array(a) => {
+            for (i, c) in a.iter().enumerate() {
+                path.push(i.to_string());
+                leaves(c, path, out);
+                path.pop();
+            }
+        }
+        _ => out.push(path.clone()),
+    }
+}
+
+fn at<'a>(v: &'a mut Value, path: &[String]) -> &'a mut Value {
+    path.iter().fold(v, |v, p| match v {
+        Value::Array(a) => &mut a[p.parse::<usize>().unwrap()],
+        other => &mut other[p.as_str()],
+    })
+}
+
+/// A different value of the same JSON type (so the change survives parsing).
+fn perturb(v: &Value) -> Value {
+    match v {
+        Value::Null => json!(false),
+        Value::Bool(b) => json!(!b),
+        Value::Number(n) => json!(
+            n.as_i64()
+                .map(|n| if n == 0 { 1 } else { n - 1 })
+                .unwrap_or(0)
+        ),
+        Value::String(s) => json!(format!("{s}x")),
+        other => other.clone(),
+    }
+}
+
+/// Re-render JSON with objects' members in reverse order and odd whitespace.
+fn scramble(v: &Value) -> String {
+    match v {
+        Value::Object(m) => {
+            let members: Vec<String> = m
+                .iter()
+                .rev()
+                .map(|(k, c)| {
+                    format!(
+                        " {} :\n\t{} ",
+                        serde_json::to_string(k).unwrap(),
+                        scramble(c)
+                    )
+                })
+                .collect();
+            format!("{{ {} }}", members.join(" ,\r\n"))
+        }
+        Value::Array(a) => format!(
+            "[ {} ]",
+            a.iter().map(scramble).collect::<Vec<_>>().join(" , ")
+        ),
+        other => other.to_string(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn seal_then_verify_round_trips(e in envelope()) {
+        let bytes = e.to_json_pretty();
+        let back = verify(&bytes).unwrap();
+        prop_assert_eq!(back, e);
+    }
+
+    #[test]
+    fn any_single_leaf_change_breaks_verification(e in envelope(), pick in any::<prop::sample::Index>()) {
+        let mut v = serde_json::to_value(&e).unwrap();
+        let mut all = Vec::new();
+        leaves(&v, &mut Vec::new(), &mut all);
+        all.retain(|p| p.first().map(String::as_str) != Some("digest"));
+        let path = pick.get(&all).clone();
+        let target = at(&mut v, &path);
+        *target = perturb(target);
+        let result = verify(&serde_json::to_vec(&v).unwrap());
+        prop_assert!(result.is_err(), "change at {:?} went unnoticed", path);
+    }
+
+    #[test]
+    fn canonical_form_ignores_key_order_and_whitespace(e in envelope()) {
+        let v = serde_json::to_value(&e).unwrap();
+        let scrambled = scramble(&v);
+        let reparsed = parse_strict(scrambled.as_bytes()).unwrap();
+        prop_assert_eq!(to_canonical(&reparsed).unwrap(), to_canonical(&v).unwrap());
+        prop_assert_eq!(compute_digest(&reparsed).unwrap(), e.digest.clone());
+        prop_assert!(verify(scrambled.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn diff_of_an_envelope_with_itself_is_empty(e in envelope()) {
+        prop_assert!(diff(&e, &e).unwrap().is_empty());
+    }
+
+    #[test]
+    fn diff_is_deterministic(a in envelope(), facts in prop::collection::btree_map("[a-z_]{1,8}", fact_value(), 0..6)) {
+        let mut b = a.clone();
+        b.surfaces[0].facts = facts.into_iter().collect();
+        let b = b.seal().unwrap();
+        let one = serde_json::to_vec(&diff(&a, &b).unwrap()).unwrap();
+        let two = serde_json::to_vec(&diff(&a.clone(), &b.clone()).unwrap()).unwrap();
+        prop_assert_eq!(one, two);
+        prop_assert_eq!(diff(&a, &b).unwrap().render(), diff(&a, &b).unwrap().render());
+    }
+}
+
+#[test]
+fn sealed_example_verifies() {
+    verify(&example_sealed().to_json_pretty()).unwrap();
+}
