@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Records the pstack eBPF programs write into their ring buffers.
+ *
+ * This layout is an ABI shared with pstack-ebpf (ebpf/src/record.rs), which
+ * parses it by explicit offsets and checks the sizes below in a test. All
+ * integers are little-endian host order (the programs run on the host);
+ * ports are in host order; addresses are network-order byte images (IPv4
+ * in the first 4 bytes). Change both sides together.
+ */
+#ifndef PSTACK_EVENTS_H
+#define PSTACK_EVENTS_H
+
+/* Record kinds (pstack_tcp_event.kind). */
+#define PSTACK_TCP_RETRANSMIT 1
+#define PSTACK_TCP_RECV_RESET 2
+#define PSTACK_TCP_SEND_RESET 3
+#define PSTACK_TCP_STATE 4
+
+/* pstack_tcp_event.layout bits: which tracepoint layout this kernel had. */
+#define PSTACK_LAYOUT_SEND_RESET_SOCKADDR 0x01 /* 6.10+: trace_event_raw_tcp_send_reset */
+#define PSTACK_LAYOUT_SEND_RESET_SK_SKB 0x02   /* older: tcp_event_sk_skb layout */
+#define PSTACK_LAYOUT_RETRANSMIT_ERR 0x04      /* tcp_retransmit_skb has `err` */
+#define PSTACK_LAYOUT_RECV_RESET_COOKIE 0x08   /* tcp_receive_reset has `sock_cookie` */
+
+/* pstack_tcp_event.flags bits. */
+#define PSTACK_TCP_HAS_SOCK 0x01 /* the event carried a socket */
+
+/* Counter slots (COUNTERS per-CPU array), TCP object: 2*kind = seen, 2*kind+1 = lost. */
+#define PSTACK_TCP_COUNTER_SLOTS 10
+
+struct pstack_tcp_event {
+	__u64 ts_ns;        /*  0: CLOCK_MONOTONIC ns (bpf_ktime_get_ns) */
+	__u64 sock_cookie;  /*  8: socket cookie, 0 = not known */
+	__u64 netns_cookie; /* 16: net_cookie of the socket's netns, 0 = not known */
+	__u32 netns_ino;    /* 24: inode of the socket's netns, 0 = not known */
+	__u32 pid;          /* 28: tgid on CPU (0: softirq/idle; not the owner!) */
+	__u8 kind;          /* 32 */
+	__u8 family;        /* 33: AF_INET 2 / AF_INET6 10 / 0 unknown */
+	__u8 state;         /* 34: TCP state (old state for PSTACK_TCP_STATE) */
+	__u8 newstate;      /* 35: new state for PSTACK_TCP_STATE, else 0 */
+	__u16 sport;        /* 36: local port (sender port for resets) */
+	__u16 dport;        /* 38: remote port */
+	__u8 saddr[16];     /* 40 */
+	__u8 daddr[16];     /* 56 */
+	__s32 detail;       /* 72: retransmit err / send-reset reason / 0 */
+	__u8 layout;        /* 76: PSTACK_LAYOUT_* */
+	__u8 flags;         /* 77: PSTACK_TCP_* */
+	__u16 _pad;         /* 78 */
+	char comm[16];      /* 80: on-CPU comm (swapper/N in softirq) */
+};                          /* 96 */
+
+/* Off-CPU state classes (index into pstack_offcpu_totals arrays). */
+#define PSTACK_OFF_RUNNABLE 0 /* preempted: waiting on a runqueue */
+#define PSTACK_OFF_S 1        /* interruptible sleep */
+#define PSTACK_OFF_D 2        /* uninterruptible sleep (incl. frozen) */
+#define PSTACK_OFF_STOPPED 3  /* T / t */
+#define PSTACK_OFF_IDLE 4     /* TASK_IDLE kernel threads */
+#define PSTACK_OFF_OTHER 5
+#define PSTACK_OFF_CLASSES 6
+
+#define PSTACK_OFFCPU_STACK_DEPTH 16
+
+/* One D-state episode (switch-out in D, switch-in later). */
+struct pstack_dstate_event {
+	__u64 start_ns;     /*  0: switch-out, CLOCK_MONOTONIC ns */
+	__u64 duration_ns;  /*  8 */
+	__u32 tid;          /* 16 */
+	__u32 tgid;         /* 20 */
+	__u32 waker_tid;    /* 24: task that woke it (0 = unknown) */
+	__u32 raw_state;    /* 28: task __state at switch-out (0x8000 = frozen) */
+	__u32 stack_len;    /* 32: valid frames in stack[] */
+	__u32 _pad;         /* 36 */
+	char comm[16];      /* 40 */
+	__u64 stack[PSTACK_OFFCPU_STACK_DEPTH]; /* 56: kernel stack at switch-out */
+};                          /* 184 */
+
+/* Per-task totals (TOTALS hash, key = tid). */
+struct pstack_offcpu_totals {
+	__u64 ns[PSTACK_OFF_CLASSES];
+	__u64 count[PSTACK_OFF_CLASSES];
+	__u64 max_ns[PSTACK_OFF_CLASSES];
+	__u32 tgid;
+	__u32 _pad;
+	char comm[16];
+};                          /* 168 */
+
+/* Counter slots, off-CPU object. */
+#define PSTACK_OFF_SWITCHES 0     /* switches of watched tasks seen */
+#define PSTACK_OFF_EPISODES 1     /* D episodes emitted */
+#define PSTACK_OFF_LOST_RB 2      /* D episodes lost: ring buffer full */
+#define PSTACK_OFF_LOST_START 3   /* switch-outs not tracked: START map full */
+#define PSTACK_OFF_LOST_TOTALS 4  /* intervals not totalled: TOTALS map full */
+#define PSTACK_OFF_COUNTER_SLOTS 5
+
+/* A switch-out in progress (START hash, key = tid); read by user space for
+ * episodes still open when a window ends. */
+struct pstack_offcpu_start {
+	__u64 ts_ns;        /*  0 */
+	__u32 tgid;         /*  8 */
+	__u32 class;        /* 12: PSTACK_OFF_* */
+	__u32 raw_state;    /* 16 */
+	__u32 waker_tid;    /* 20 */
+	__u32 stack_len;    /* 24 */
+	__u32 _pad;         /* 28 */
+	__u64 stack[PSTACK_OFFCPU_STACK_DEPTH]; /* 32 */
+};                          /* 160 */
+
+#endif

@@ -1,0 +1,279 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * pstack TCP programs: retransmits, resets (both directions) and state
+ * changes, one compact record each (struct pstack_tcp_event) into EVENTS.
+ *
+ * CO-RE: tracepoint layouts differ across kernels. tcp_send_reset has its
+ * own sockaddr-image layout on 6.10+ and the tcp_event_sk_skb layout before;
+ * tcp_retransmit_skb gained `err`; tcp_receive_reset gained `sock_cookie`.
+ * Each is guarded with bpf_core_type_exists / bpf_core_field_exists and the
+ * layout found is recorded in the event (`layout`).
+ *
+ * Bounded: EVENTS has a fixed size set by the loader; a failed reserve is
+ * counted in COUNTERS (lost), never silent. The on-CPU pid/comm is NOT the
+ * socket owner in softirq/timer context (retransmit timers run as swapper/N).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include "pstack_events.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Set by the loader before load (aya override_global). */
+const volatile __u16 filter_port = 0;   /* 0 = any; else sport or dport must match */
+const volatile __u64 wakeup_bytes = 0;  /* wake the reader only past this backlog */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} EVENTS SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, PSTACK_TCP_COUNTER_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} COUNTERS SEC(".maps");
+
+/* Pre-6.10 layout shared by tcp_send_reset and tcp_retransmit_skb. */
+struct trace_event_raw_tcp_event_sk_skb___old {
+	const void *skbaddr;
+	const void *skaddr;
+	int state;
+	__u16 sport;
+	__u16 dport;
+	__u16 family;
+	__u8 saddr[4];
+	__u8 daddr[4];
+	__u8 saddr_v6[16];
+	__u8 daddr_v6[16];
+} __attribute__((preserve_access_index));
+
+static __always_inline void count(__u32 slot)
+{
+	__u64 *v = bpf_map_lookup_elem(&COUNTERS, &slot);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline int port_filtered(__u16 sport, __u16 dport)
+{
+	return filter_port != 0 && sport != filter_port && dport != filter_port;
+}
+
+static __always_inline __u64 wake_flag(void)
+{
+	if (wakeup_bytes == 0)
+		return 0;
+	return bpf_ringbuf_query(&EVENTS, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
+									       : BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline struct pstack_tcp_event *reserve(__u8 kind)
+{
+	count(2 * kind);
+	struct pstack_tcp_event *e = bpf_ringbuf_reserve(&EVENTS, sizeof(*e), 0);
+	if (!e) {
+		count(2 * kind + 1);
+		return 0;
+	}
+	e->ts_ns = bpf_ktime_get_ns();
+	e->sock_cookie = 0;
+	e->netns_cookie = 0;
+	e->netns_ino = 0;
+	e->pid = bpf_get_current_pid_tgid() >> 32;
+	e->kind = kind;
+	e->family = 0;
+	e->state = 0;
+	e->newstate = 0;
+	e->sport = 0;
+	e->dport = 0;
+	__builtin_memset(e->saddr, 0, sizeof(e->saddr));
+	__builtin_memset(e->daddr, 0, sizeof(e->daddr));
+	e->detail = 0;
+	e->layout = 0;
+	e->flags = 0;
+	e->_pad = 0;
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	return e;
+}
+
+/* Namespace and cookie of a socket (kernel pointer from the tracepoint). */
+static __always_inline void sock_ids(struct pstack_tcp_event *e, const void *skaddr, int cookie_too)
+{
+	const struct sock *sk = skaddr;
+	if (!sk)
+		return;
+	e->flags |= PSTACK_TCP_HAS_SOCK;
+	struct net *net = BPF_CORE_READ(sk, __sk_common.skc_net.net);
+	if (net) {
+		e->netns_ino = BPF_CORE_READ(net, ns.inum);
+		if (bpf_core_field_exists(net->net_cookie))
+			bpf_core_read(&e->netns_cookie, sizeof(e->netns_cookie), &net->net_cookie);
+	}
+	if (cookie_too)
+		bpf_core_read(&e->sock_cookie, sizeof(e->sock_cookie), &sk->__sk_common.skc_cookie);
+}
+
+/* Address arrays are read with CO-RE probe reads: pointer arithmetic on ctx is refused. */
+#define copy_addrs(e, tp)                                                       \
+	do {                                                                    \
+		(e)->family = (tp)->family;                                     \
+		if ((e)->family == 10 /* AF_INET6 */) {                         \
+			bpf_core_read((e)->saddr, 16, &(tp)->saddr_v6);         \
+			bpf_core_read((e)->daddr, 16, &(tp)->daddr_v6);         \
+		} else {                                                        \
+			bpf_core_read((e)->saddr, 4, &(tp)->saddr);             \
+			bpf_core_read((e)->daddr, 4, &(tp)->daddr);             \
+		}                                                               \
+	} while (0)
+
+SEC("tracepoint/tcp/tcp_retransmit_skb")
+int pstack_tcp_retransmit(void *ctx)
+{
+	struct pstack_tcp_event *e;
+
+	if (bpf_core_type_exists(struct trace_event_raw_tcp_retransmit_skb)) {
+		struct trace_event_raw_tcp_retransmit_skb *tp = ctx;
+		__u16 sport = tp->sport, dport = tp->dport;
+		if (port_filtered(sport, dport))
+			return 0;
+		e = reserve(PSTACK_TCP_RETRANSMIT);
+		if (!e)
+			return 0;
+		e->sport = sport;
+		e->dport = dport;
+		e->state = tp->state;
+		copy_addrs(e, tp);
+		if (bpf_core_field_exists(tp->err)) {
+			e->detail = BPF_CORE_READ(tp, err);
+			e->layout |= PSTACK_LAYOUT_RETRANSMIT_ERR;
+		}
+		sock_ids(e, tp->skaddr, 1);
+	} else {
+		struct trace_event_raw_tcp_event_sk_skb___old *tp = ctx;
+		__u16 sport = tp->sport, dport = tp->dport;
+		if (port_filtered(sport, dport))
+			return 0;
+		e = reserve(PSTACK_TCP_RETRANSMIT);
+		if (!e)
+			return 0;
+		e->sport = sport;
+		e->dport = dport;
+		e->state = tp->state;
+		copy_addrs(e, tp);
+		sock_ids(e, tp->skaddr, 1);
+	}
+	bpf_ringbuf_submit(e, wake_flag());
+	return 0;
+}
+
+SEC("tracepoint/tcp/tcp_receive_reset")
+int pstack_tcp_receive_reset(struct trace_event_raw_tcp_event_sk *tp)
+{
+	__u16 sport = tp->sport, dport = tp->dport;
+	if (port_filtered(sport, dport))
+		return 0;
+	struct pstack_tcp_event *e = reserve(PSTACK_TCP_RECV_RESET);
+	if (!e)
+		return 0;
+	/* saddr/sport: this (receiving) socket; daddr/dport: the peer that sent the RST. */
+	e->sport = sport;
+	e->dport = dport;
+	copy_addrs(e, tp);
+	if (bpf_core_field_exists(tp->sock_cookie)) {
+		e->sock_cookie = BPF_CORE_READ(tp, sock_cookie);
+		e->layout |= PSTACK_LAYOUT_RECV_RESET_COOKIE;
+		sock_ids(e, tp->skaddr, 0);
+	} else {
+		sock_ids(e, tp->skaddr, 1);
+	}
+	const struct sock *sk = tp->skaddr;
+	if (sk)
+		e->state = BPF_CORE_READ(sk, __sk_common.skc_state);
+	bpf_ringbuf_submit(e, wake_flag());
+	return 0;
+}
+
+/* A sockaddr image (sockaddr_in / sockaddr_in6) in a 28-byte tracepoint array. */
+struct sockaddr_image {
+	__u16 family;
+	__u16 port_be;
+	__u8 rest[24];
+};
+
+static __always_inline void from_image(const struct sockaddr_image *img, __u8 *addr, __u16 *port,
+				       __u8 *family)
+{
+	*family = img->family;
+	*port = __builtin_bswap16(img->port_be);
+	if (img->family == 10) /* sockaddr_in6: flowinfo(4) then addr(16) */
+		__builtin_memcpy(addr, &img->rest[4], 16);
+	else /* sockaddr_in: addr(4) */
+		__builtin_memcpy(addr, &img->rest[0], 4);
+}
+
+SEC("tracepoint/tcp/tcp_send_reset")
+int pstack_tcp_send_reset(void *ctx)
+{
+	struct pstack_tcp_event *e;
+
+	if (bpf_core_type_exists(struct trace_event_raw_tcp_send_reset)) {
+		struct trace_event_raw_tcp_send_reset *tp = ctx;
+		struct sockaddr_image src = {}, dst = {};
+		/* saddr is the RST's sender (this host), daddr its receiver, with or without sk. */
+		BPF_CORE_READ_INTO(&src, tp, saddr);
+		BPF_CORE_READ_INTO(&dst, tp, daddr);
+		__u16 sport = __builtin_bswap16(src.port_be), dport = __builtin_bswap16(dst.port_be);
+		if (port_filtered(sport, dport))
+			return 0;
+		e = reserve(PSTACK_TCP_SEND_RESET);
+		if (!e)
+			return 0;
+		__u8 fam = 0;
+		from_image(&src, e->saddr, &e->sport, &fam);
+		from_image(&dst, e->daddr, &e->dport, &e->family);
+		e->state = tp->state;
+		e->detail = tp->reason;
+		e->layout |= PSTACK_LAYOUT_SEND_RESET_SOCKADDR;
+		sock_ids(e, tp->skaddr, 1);
+	} else {
+		struct trace_event_raw_tcp_event_sk_skb___old *tp = ctx;
+		__u16 sport = tp->sport, dport = tp->dport;
+		if (port_filtered(sport, dport))
+			return 0;
+		e = reserve(PSTACK_TCP_SEND_RESET);
+		if (!e)
+			return 0;
+		e->sport = sport;
+		e->dport = dport;
+		e->state = tp->state;
+		copy_addrs(e, tp);
+		e->layout |= PSTACK_LAYOUT_SEND_RESET_SK_SKB;
+		sock_ids(e, tp->skaddr, 1);
+	}
+	bpf_ringbuf_submit(e, wake_flag());
+	return 0;
+}
+
+SEC("tracepoint/sock/inet_sock_set_state")
+int pstack_inet_sock_set_state(struct trace_event_raw_inet_sock_set_state *tp)
+{
+	if (tp->protocol != 6 /* IPPROTO_TCP */)
+		return 0;
+	__u16 sport = tp->sport, dport = tp->dport;
+	if (port_filtered(sport, dport))
+		return 0;
+	struct pstack_tcp_event *e = reserve(PSTACK_TCP_STATE);
+	if (!e)
+		return 0;
+	e->sport = sport;
+	e->dport = dport;
+	e->state = tp->oldstate;
+	e->newstate = tp->newstate;
+	copy_addrs(e, tp);
+	sock_ids(e, tp->skaddr, 1);
+	bpf_ringbuf_submit(e, wake_flag());
+	return 0;
+}
