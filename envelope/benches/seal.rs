@@ -11,8 +11,8 @@ use std::hint::black_box;
 fn one_mib_envelope() -> pstack_envelope::Envelope {
     let mut e = example_unsealed();
     let template = e.surfaces[0].clone();
-    // ~1 MiB of realistic surfaces: 400 threads with stack text and counters.
-    for i in 0..400u32 {
+    // ~1 MiB of realistic surfaces: 760 threads with stack text and counters.
+    for i in 0..760u32 {
         let mut s: Surface = template.clone();
         s.id = format!("task/{}/stack", 5000 + i);
         s.authority = format!("procfs:/proc/4242/task/{}/stack", 5000 + i);

@@ -3,6 +3,12 @@
 //! (monotonic nanoseconds, socket cookies, inode numbers) are decimal strings.
 //! Surface facts are free-form JSON objects whose shape each collector fixes;
 //! the seal still refuses floats and unsafe integers inside them.
+//!
+//! Struct fields are declared in alphabetical order on purpose: serde writes
+//! fields in declaration order, so the compact serialization of the model is
+//! already the RFC 8785 member order and sealing can stream it straight into
+//! the hash (see `seal.rs`). A property test checks that this fast path and the
+//! general canonicalizer agree byte for byte.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -14,30 +20,30 @@ pub const SCHEMA_ID: &str = "pstack.envelope/v1";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Envelope {
-    /// Always [`SCHEMA_ID`].
-    pub schema: String,
-    /// How much of the declared universe the evidence covers.
-    pub completeness: Completeness,
-    /// 1. What was observed, by immutable identity.
-    pub subject: Subject,
-    /// 2. Who observed it.
-    pub collector: Collector,
-    /// 3. When, and under which deadline.
-    pub clock: Clock,
-    /// 4. What set of things the capture meant to cover, and how it ended.
-    pub universe: Universe,
     /// 5. Every cap in force.
     pub bounds: Bounds,
-    /// 6. Typed observations, one per surface read.
-    pub surfaces: Vec<Surface>,
     /// 7. Facts, inferences and hypotheses, each bound to surfaces.
     pub claims: Vec<Claim>,
-    /// 8. Answerable questions that block progress, with their probes.
-    pub unknowns: Vec<Unknown>,
-    /// 9. The one legal next action.
-    pub next_transition: NextTransition,
+    /// 3. When, and under which deadline.
+    pub clock: Clock,
+    /// 2. Who observed it.
+    pub collector: Collector,
+    /// How much of the declared universe the evidence covers.
+    pub completeness: Completeness,
     /// 10. `sha256:<hex>` over the canonical form of every other field.
     pub digest: String,
+    /// 9. The one legal next action.
+    pub next_transition: NextTransition,
+    /// Always [`SCHEMA_ID`].
+    pub schema: String,
+    /// 1. What was observed, by immutable identity.
+    pub subject: Subject,
+    /// 6. Typed observations, one per surface read.
+    pub surfaces: Vec<Surface>,
+    /// 4. What set of things the capture meant to cover, and how it ended.
+    pub universe: Universe,
+    /// 8. Answerable questions that block progress, with their probes.
+    pub unknowns: Vec<Unknown>,
 }
 
 /// Envelope completeness.
@@ -67,7 +73,7 @@ impl Completeness {
 }
 
 /// What an envelope is about: a kind and that kind's identity fields.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(
     tag = "kind",
     content = "identity",
@@ -85,6 +91,23 @@ pub enum Subject {
     StorageTransfer(TransferIdentity),
     /// A whole host.
     Host(HostIdentity),
+}
+
+impl Serialize for Subject {
+    // By hand so `identity` precedes `kind`, the canonical member order.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = serializer.serialize_struct("Subject", 2)?;
+        match self {
+            Subject::Process(i) => st.serialize_field("identity", i)?,
+            Subject::Thread(i) => st.serialize_field("identity", i)?,
+            Subject::NetworkStream(i) => st.serialize_field("identity", i)?,
+            Subject::StorageTransfer(i) => st.serialize_field("identity", i)?,
+            Subject::Host(i) => st.serialize_field("identity", i)?,
+        }
+        st.serialize_field("kind", self.kind())?;
+        st.end()
+    }
 }
 
 impl Subject {
@@ -166,20 +189,20 @@ impl Subject {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessIdentity {
-    /// Hostname.
-    pub host: String,
     /// `/proc/sys/kernel/random/boot_id`.
     pub boot_id: String,
+    /// Contents of `/proc/<pid>/cgroup`, lines joined by `;`.
+    pub cgroup: String,
+    /// Hostname.
+    pub host: String,
     /// PID in the reader's namespace.
     pub pid: u32,
+    /// Inode of `/proc/<pid>/ns/pid`, decimal.
+    pub pid_ns: String,
     /// Field 22 of `/proc/<pid>/stat`: start time in clock ticks since boot.
     pub start_ticks: u64,
     /// Real uid.
     pub uid: u32,
-    /// Inode of `/proc/<pid>/ns/pid`, decimal.
-    pub pid_ns: String,
-    /// Contents of `/proc/<pid>/cgroup`, lines joined by `;`.
-    pub cgroup: String,
 }
 
 impl ProcessIdentity {
@@ -205,25 +228,23 @@ pub struct ThreadIdentity {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamIdentity {
-    /// Local endpoint `addr:port` (IPv6 in brackets).
-    pub src: String,
     /// Remote endpoint.
     pub dst: String,
-    /// e.g. `tcp`.
-    pub protocol: String,
     /// Socket cookie, decimal.
     pub flow_id: String,
     /// Network namespace inode, decimal, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_ns: Option<String>,
+    /// e.g. `tcp`.
+    pub protocol: String,
+    /// Local endpoint `addr:port` (IPv6 in brackets).
+    pub src: String,
 }
 
 /// Identity of a storage transfer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TransferIdentity {
-    /// Volume name.
-    pub volume: String,
     /// Engine name.
     pub engine: String,
     /// Node sending the data.
@@ -232,16 +253,18 @@ pub struct TransferIdentity {
     pub target_node: String,
     /// Transfer id (e.g. rebuild id).
     pub transfer_id: String,
+    /// Volume name.
+    pub volume: String,
 }
 
 /// Identity of a host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostIdentity {
-    /// Hostname.
-    pub host: String,
     /// Boot id.
     pub boot_id: String,
+    /// Hostname.
+    pub host: String,
 }
 
 /// Which collector produced the envelope.
@@ -250,38 +273,38 @@ pub struct HostIdentity {
 pub struct Collector {
     /// e.g. `pstackctl`.
     pub name: String,
-    /// Semver of the collector.
-    pub version: String,
     /// Exact source commit it was built from.
     pub source_commit: String,
+    /// Semver of the collector.
+    pub version: String,
 }
 
 /// When the capture happened.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Clock {
-    /// RFC 3339 UTC wall time at capture start, e.g. `2026-12-02T11:00:00.123Z`.
-    pub wall_time: String,
-    /// CLOCK_MONOTONIC at start, ns, decimal string.
-    pub monotonic_start_ns: String,
-    /// CLOCK_MONOTONIC at end, ns, decimal string.
-    pub monotonic_end_ns: String,
     /// Whole-collection deadline in force, ms.
     pub bundle_deadline_ms: u64,
+    /// CLOCK_MONOTONIC at end, ns, decimal string.
+    pub monotonic_end_ns: String,
+    /// CLOCK_MONOTONIC at start, ns, decimal string.
+    pub monotonic_start_ns: String,
+    /// RFC 3339 UTC wall time at capture start, e.g. `2026-12-02T11:00:00.123Z`.
+    pub wall_time: String,
 }
 
 /// The declared set the capture meant to cover.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Universe {
-    /// e.g. `/proc/4242/task/*`.
-    pub selector: String,
-    /// `sha256:<hex>` of the selector text.
-    pub selector_digest: String,
     /// Members the selector matched.
     pub expected_count: u64,
     /// Members actually observed.
     pub observed_count: u64,
+    /// e.g. `/proc/4242/task/*`.
+    pub selector: String,
+    /// `sha256:<hex>` of the selector text.
+    pub selector_digest: String,
     /// Why enumeration stopped.
     pub termination: Termination,
 }
@@ -313,44 +336,44 @@ impl Termination {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Bounds {
-    /// Default per-surface deadline, ms.
-    pub surface_deadline_ms: u64,
     /// Whole-collection deadline, ms.
     pub bundle_deadline_ms: u64,
-    /// Most threads (or universe members) read.
-    pub max_threads: u64,
-    /// Most raw bytes kept per surface.
-    pub max_bytes_per_surface: u64,
     /// Unreaped helpers tolerated before risky surfaces are skipped.
     pub leak_budget: u64,
+    /// Most raw bytes kept per surface.
+    pub max_bytes_per_surface: u64,
+    /// Most threads (or universe members) read.
+    pub max_threads: u64,
+    /// Default per-surface deadline, ms.
+    pub surface_deadline_ms: u64,
 }
 
 /// One observed surface.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Surface {
-    /// Unique within the envelope, e.g. `task/4243/stack`.
-    pub id: String,
     /// Where the bytes came from, e.g. `procfs:/proc/4242/task/4243/stack`.
     pub authority: String,
-    /// Outcome of the read.
-    pub status: SurfaceStatus,
+    /// Raw bytes read (kept or not).
+    pub bytes: u64,
     /// Cause when status is `error` (or detail for other non-ok statuses).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<StatusCause>,
     /// Deadline the read ran under, ms.
     pub deadline_ms: u64,
-    /// Time the read took (or ran until it was abandoned), µs.
-    pub elapsed_us: u64,
     /// `sha256:<hex>` of the raw bytes read; absent when nothing was read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
-    /// Raw bytes read (kept or not).
-    pub bytes: u64,
-    /// Whether the byte cap cut the read.
-    pub truncated: bool,
+    /// Time the read took (or ran until it was abandoned), µs.
+    pub elapsed_us: u64,
     /// Typed facts parsed from the bytes.
     pub facts: Map<String, Value>,
+    /// Unique within the envelope, e.g. `task/4243/stack`.
+    pub id: String,
+    /// Outcome of the read.
+    pub status: SurfaceStatus,
+    /// Whether the byte cap cut the read.
+    pub truncated: bool,
 }
 
 /// Why a surface did not succeed.
@@ -437,21 +460,21 @@ impl std::fmt::Display for SurfaceStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Claim {
+    /// Typed code, e.g. `thread_in_d_state`.
+    pub code: String,
+    /// For a hypothesis: the observation that would kill it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub falsifier: Option<String>,
     /// Unique within the envelope.
     pub id: String,
     /// Fact, inference or hypothesis.
     pub kind: ClaimKind,
-    /// Typed code, e.g. `thread_in_d_state`.
-    pub code: String,
+    /// Existential ("some thread is in D") or universal ("no thread is in D").
+    pub scope: Scope,
     /// The claim in words.
     pub statement: String,
     /// Surface ids that bind it.
     pub surfaces: Vec<String>,
-    /// Existential ("some thread is in D") or universal ("no thread is in D").
-    pub scope: Scope,
-    /// For a hypothesis: the observation that would kill it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub falsifier: Option<String>,
 }
 
 /// Epistemic kind of a claim.
@@ -491,17 +514,17 @@ pub enum Scope {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Unknown {
-    /// Unique within the envelope.
-    pub id: String,
-    /// The answerable question.
-    pub question: String,
     /// The transition it blocks.
     pub blocks: String,
+    /// Unique within the envelope.
+    pub id: String,
     /// Who can answer it.
     pub owner: String,
     /// The discriminating probe (a command or call) that answers it.
     #[serde(default)]
     pub probe: String,
+    /// The answerable question.
+    pub question: String,
     /// The surface whose failure raised it, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub surface: Option<String>,
@@ -511,10 +534,10 @@ pub struct Unknown {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NextTransition {
+    /// Conditions that abort it.
+    pub abort_conditions: Vec<String>,
     /// The action, e.g. `CAPTURE_AGAIN` or `INSPECT_WCHAN_OWNER`.
     pub action: String,
     /// What proves it succeeded.
     pub success_receipt: String,
-    /// Conditions that abort it.
-    pub abort_conditions: Vec<String>,
 }

@@ -7,6 +7,7 @@
 //! JSON with the same members. Sealing refuses an envelope that breaks a rule:
 //! a sealed envelope is a valid one.
 
+use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -115,13 +116,38 @@ impl Envelope {
     /// Fill in `digest` without checking rules. For building hostile fixtures
     /// and for tools that re-seal on purpose; never for evidence.
     pub fn seal_unchecked(mut self) -> Result<Envelope, EnvelopeError> {
-        self.digest = String::new();
-        let value = serde_json::to_value(&self).map_err(|e| EnvelopeError::InvalidField {
+        self.digest = match fast_canonical_digest(&self) {
+            Some(d) => d,
+            None => {
+                // A float, an unsafe integer or a key beyond U+FFFF: take the
+                // general path, which names the problem and where it is.
+                let value = serde_json::to_value(&self).map_err(|e| EnvelopeError::InvalidField {
+                    path: "$".into(),
+                    reason: e.to_string(),
+                })?;
+                compute_digest(&value)?
+            }
+        };
+        Ok(self)
+    }
+
+    /// Canonical bytes of the envelope minus its digest.
+    pub fn canonical_body(&self) -> Result<Vec<u8>, EnvelopeError> {
+        let value = serde_json::to_value(self).map_err(|e| EnvelopeError::InvalidField {
             path: "$".into(),
             reason: e.to_string(),
         })?;
-        self.digest = compute_digest(&value)?;
-        Ok(self)
+        canonical_without_digest(&value)
+    }
+
+    /// Canonical bytes through the fast path, `None` where it must defer to
+    /// the general canonicalizer. Exposed for the agreement test.
+    #[doc(hidden)]
+    pub fn fast_canonical_body(&self) -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(4096);
+        let mut ser = serde_json::Serializer::with_formatter(&mut out, CanonicalFormatter::default());
+        Body::of(self).serialize(&mut ser).ok()?;
+        Some(out)
     }
 
     /// The JSON bytes to store or ship (pretty, newline-terminated). The digest
@@ -140,6 +166,103 @@ impl Envelope {
         })?;
         crate::canonical::to_canonical(&value)
     }
+}
+
+/// The envelope minus `digest`, fields in canonical (alphabetical) order.
+#[derive(serde::Serialize)]
+struct Body<'a> {
+    bounds: &'a crate::model::Bounds,
+    claims: &'a [crate::model::Claim],
+    clock: &'a crate::model::Clock,
+    collector: &'a crate::model::Collector,
+    completeness: crate::model::Completeness,
+    next_transition: &'a crate::model::NextTransition,
+    schema: &'a str,
+    subject: &'a crate::model::Subject,
+    surfaces: &'a [crate::model::Surface],
+    universe: &'a crate::model::Universe,
+    unknowns: &'a [crate::model::Unknown],
+}
+
+impl<'a> Body<'a> {
+    fn of(e: &'a Envelope) -> Self {
+        Body {
+            bounds: &e.bounds,
+            claims: &e.claims,
+            clock: &e.clock,
+            collector: &e.collector,
+            completeness: e.completeness,
+            next_transition: &e.next_transition,
+            schema: &e.schema,
+            subject: &e.subject,
+            surfaces: &e.surfaces,
+            universe: &e.universe,
+            unknowns: &e.unknowns,
+        }
+    }
+}
+
+/// serde_json's compact output is RFC 8785 for our model (alphabetical fields,
+/// BTreeMap facts, JCS-identical string escapes) except for what this
+/// formatter refuses: floats, unsafe integers, and member names holding a
+/// character above U+FFFF (whose UTF-16 order can differ from UTF-8 order).
+#[derive(Default)]
+struct CanonicalFormatter {
+    in_key: bool,
+}
+
+fn refuse() -> std::io::Error {
+    std::io::Error::other("needs the general canonicalizer")
+}
+
+impl serde_json::ser::Formatter for CanonicalFormatter {
+    fn write_f32<W: ?Sized + std::io::Write>(&mut self, _: &mut W, _: f32) -> std::io::Result<()> {
+        Err(refuse())
+    }
+    fn write_f64<W: ?Sized + std::io::Write>(&mut self, _: &mut W, _: f64) -> std::io::Result<()> {
+        Err(refuse())
+    }
+    fn write_u64<W: ?Sized + std::io::Write>(&mut self, w: &mut W, v: u64) -> std::io::Result<()> {
+        if v > crate::strict::MAX_SAFE_INTEGER {
+            return Err(refuse());
+        }
+        w.write_all(v.to_string().as_bytes())
+    }
+    fn write_i64<W: ?Sized + std::io::Write>(&mut self, w: &mut W, v: i64) -> std::io::Result<()> {
+        if v.unsigned_abs() > crate::strict::MAX_SAFE_INTEGER {
+            return Err(refuse());
+        }
+        w.write_all(v.to_string().as_bytes())
+    }
+    fn write_u128<W: ?Sized + std::io::Write>(&mut self, _: &mut W, _: u128) -> std::io::Result<()> {
+        Err(refuse())
+    }
+    fn write_i128<W: ?Sized + std::io::Write>(&mut self, _: &mut W, _: i128) -> std::io::Result<()> {
+        Err(refuse())
+    }
+    fn write_number_str<W: ?Sized + std::io::Write>(&mut self, _: &mut W, _: &str) -> std::io::Result<()> {
+        Err(refuse())
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        self.in_key = true;
+        if first { Ok(()) } else { w.write_all(b",") }
+    }
+    fn end_object_key<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.in_key = false;
+        Ok(())
+    }
+    fn write_string_fragment<W: ?Sized + std::io::Write>(&mut self, w: &mut W, fragment: &str) -> std::io::Result<()> {
+        // 4-byte UTF-8 sequences start with 0xF0..=0xF4.
+        if self.in_key && fragment.bytes().any(|b| b >= 0xF0) {
+            return Err(refuse());
+        }
+        w.write_all(fragment.as_bytes())
+    }
+}
+
+/// Digest via the fast path, or `None` when the general path must decide.
+fn fast_canonical_digest(e: &Envelope) -> Option<String> {
+    e.fast_canonical_body().map(|body| sha256_digest(&body))
 }
 
 /// Parse bytes into a typed envelope: strict JSON, schema id, closed world.

@@ -12,7 +12,7 @@ fn fact_value() -> impl Strategy<Value = Value> {
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
         (-(1i64 << 53) + 1..(1i64 << 53)).prop_map(|n| json!(n)),
-        "[ -~é\\n\\t\"\\\\]{0,12}".prop_map(Value::String),
+        "[ -~é😀\\n\\t\u{1}\u{7f}\u{2028}\"\\\\]{0,12}".prop_map(Value::String),
     ];
     leaf.prop_recursive(3, 24, 4, |inner| {
         prop_oneof![
@@ -139,6 +139,18 @@ proptest! {
         prop_assert_eq!(to_canonical(&reparsed).unwrap(), to_canonical(&v).unwrap());
         prop_assert_eq!(compute_digest(&reparsed).unwrap(), e.digest.clone());
         prop_assert!(verify(scrambled.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn fast_seal_path_agrees_with_the_general_canonicalizer(e in envelope(), key in "[a-zé\u{e000}\u{1f600}]{1,4}") {
+        let mut e = e;
+        e.surfaces[0].facts.insert(key, json!(1));
+        let general = e.canonical_body().unwrap();
+        if let Some(fast) = e.fast_canonical_body() {
+            prop_assert_eq!(&fast, &general);
+        }
+        let sealed = e.clone().seal_unchecked().unwrap();
+        prop_assert_eq!(sealed.digest, pstack_envelope::sha256_digest(&general));
     }
 
     #[test]
