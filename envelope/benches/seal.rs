@@ -1,7 +1,7 @@
 //! Canonicalize+seal and verify of a ~1 MiB envelope, against raw SHA-256 of
 //! the same canonical bytes (the physical limit), in one run.
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use pstack_envelope::{
     Surface, canonical_without_digest, example::example_unsealed, sha256_digest, verify,
 };

@@ -121,10 +121,11 @@ impl Envelope {
             None => {
                 // A float, an unsafe integer or a key beyond U+FFFF: take the
                 // general path, which names the problem and where it is.
-                let value = serde_json::to_value(&self).map_err(|e| EnvelopeError::InvalidField {
-                    path: "$".into(),
-                    reason: e.to_string(),
-                })?;
+                let value =
+                    serde_json::to_value(&self).map_err(|e| EnvelopeError::InvalidField {
+                        path: "$".into(),
+                        reason: e.to_string(),
+                    })?;
                 compute_digest(&value)?
             }
         };
@@ -145,7 +146,8 @@ impl Envelope {
     #[doc(hidden)]
     pub fn fast_canonical_body(&self) -> Option<Vec<u8>> {
         let mut out = Vec::with_capacity(4096);
-        let mut ser = serde_json::Serializer::with_formatter(&mut out, CanonicalFormatter::default());
+        let mut ser =
+            serde_json::Serializer::with_formatter(&mut out, CanonicalFormatter::default());
         Body::of(self).serialize(&mut ser).ok()?;
         Some(out)
     }
@@ -234,16 +236,32 @@ impl serde_json::ser::Formatter for CanonicalFormatter {
         }
         w.write_all(v.to_string().as_bytes())
     }
-    fn write_u128<W: ?Sized + std::io::Write>(&mut self, _: &mut W, _: u128) -> std::io::Result<()> {
+    fn write_u128<W: ?Sized + std::io::Write>(
+        &mut self,
+        _: &mut W,
+        _: u128,
+    ) -> std::io::Result<()> {
         Err(refuse())
     }
-    fn write_i128<W: ?Sized + std::io::Write>(&mut self, _: &mut W, _: i128) -> std::io::Result<()> {
+    fn write_i128<W: ?Sized + std::io::Write>(
+        &mut self,
+        _: &mut W,
+        _: i128,
+    ) -> std::io::Result<()> {
         Err(refuse())
     }
-    fn write_number_str<W: ?Sized + std::io::Write>(&mut self, _: &mut W, _: &str) -> std::io::Result<()> {
+    fn write_number_str<W: ?Sized + std::io::Write>(
+        &mut self,
+        _: &mut W,
+        _: &str,
+    ) -> std::io::Result<()> {
         Err(refuse())
     }
-    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
         self.in_key = true;
         if first { Ok(()) } else { w.write_all(b",") }
     }
@@ -251,7 +269,11 @@ impl serde_json::ser::Formatter for CanonicalFormatter {
         self.in_key = false;
         Ok(())
     }
-    fn write_string_fragment<W: ?Sized + std::io::Write>(&mut self, w: &mut W, fragment: &str) -> std::io::Result<()> {
+    fn write_string_fragment<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        fragment: &str,
+    ) -> std::io::Result<()> {
         // 4-byte UTF-8 sequences start with 0xF0..=0xF4.
         if self.in_key && fragment.bytes().any(|b| b >= 0xF0) {
             return Err(refuse());

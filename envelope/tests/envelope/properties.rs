@@ -174,3 +174,78 @@ proptest! {
 fn sealed_example_verifies() {
     verify(&example_sealed().to_json_pretty()).unwrap();
 }
+
+/// Hostile byte-level mutations of a valid envelope (the same oracle as the
+/// cargo-fuzz target, run on stable in every `cargo test`): never a panic;
+/// anything accepted re-renders to an envelope that verifies identically.
+mod mutation_fuzz {
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        Flip(prop::sample::Index, u8),
+        Truncate(prop::sample::Index),
+        Insert(prop::sample::Index, Vec<u8>),
+        Delete(prop::sample::Index, usize),
+    }
+
+    fn mutation() -> impl Strategy<Value = Mutation> {
+        prop_oneof![
+            (any::<prop::sample::Index>(), 1u8..=255).prop_map(|(i, x)| Mutation::Flip(i, x)),
+            any::<prop::sample::Index>().prop_map(Mutation::Truncate),
+            (
+                any::<prop::sample::Index>(),
+                prop::collection::vec(
+                    prop_oneof![
+                        Just(b'{'),
+                        Just(b'['),
+                        Just(b'"'),
+                        Just(b','),
+                        Just(b'9'),
+                        Just(b'.'),
+                        Just(0xff),
+                        any::<u8>()
+                    ],
+                    1..16
+                )
+            )
+                .prop_map(|(i, b)| Mutation::Insert(i, b)),
+            (any::<prop::sample::Index>(), 1usize..64).prop_map(|(i, n)| Mutation::Delete(i, n)),
+        ]
+    }
+
+    fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
+        match m {
+            Mutation::Flip(i, x) => {
+                let i = i.index(bytes.len());
+                bytes[i] ^= x;
+            }
+            Mutation::Truncate(i) => bytes.truncate(i.index(bytes.len())),
+            Mutation::Insert(i, b) => {
+                let i = i.index(bytes.len());
+                bytes.splice(i..i, b.iter().copied());
+            }
+            Mutation::Delete(i, n) => {
+                let i = i.index(bytes.len());
+                let end = (i + n).min(bytes.len());
+                bytes.drain(i..end);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn mutated_envelopes_never_panic(ms in prop::collection::vec(mutation(), 1..4)) {
+            let mut bytes = example_sealed().to_json_pretty();
+            for m in &ms {
+                if bytes.is_empty() { break; }
+                apply(&mut bytes, m);
+            }
+            if let Ok(env) = verify(&bytes) {
+                let again = verify(&env.to_json_pretty()).unwrap();
+                prop_assert_eq!(again, env);
+            }
+        }
+    }
+}
