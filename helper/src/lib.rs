@@ -1,1 +1,29 @@
-//! The isolated, killable helper process that performs risky reads for pstack, and its framing protocol.
+//! `pstack-helper`: the isolated, killable process that performs pstack's
+//! risky reads, and the framing protocol the agent speaks to it.
+//!
+//! Why a separate process: `/proc/<pid>/stack`, `wchan`, `syscall`,
+//! `cmdline`, `environ` and `stat` of fd targets can block on the very task
+//! being diagnosed (its `mmap_lock`, a filesystem whose server stopped
+//! answering). A timer around a synchronous read is not a deadline; a process
+//! the agent can SIGKILL is.
+//!
+//! Invariants:
+//! - **Bounded framing** ([`protocol`]): every frame is a 4-byte big-endian
+//!   length and that many bytes of JSON; a length above the receiver's cap is
+//!   refused before any allocation, a short read at EOF is an error, not a
+//!   partial message. The decoder is fuzzed (`fuzz/`) and round-trip
+//!   property-tested in `cargo test`.
+//! - **One result per surface, in order, as each completes** ([`serve`]): the
+//!   agent knows which surface is in flight from how many results it has
+//!   received, so it can attribute a missed deadline to exactly one surface.
+//! - **No request without a deadline**: a surface whose `deadline_ms` is 0 is
+//!   refused (the agent refuses it first; this is the second lock).
+//! - **Least privilege** ([`confine`]): before reading any request the helper
+//!   sets `PR_SET_PDEATHSIG(SIGKILL)`, drops every capability but the three
+//!   its reads need, sets `no_new_privs`, disables core dumps and installs a
+//!   seccomp allow-list whose mismatch action kills the process (SIGSYS): it
+//!   cannot open sockets or exec.
+
+pub mod confine;
+pub mod protocol;
+pub mod serve;

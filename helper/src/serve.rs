@@ -1,0 +1,187 @@
+//! Performing surfaces: validate each request, read it with
+//! `pstack-collectors`, send one [`Response`] per surface as soon as it is
+//! done. Results go out in request order; the agent relies on that to know
+//! which surface is in flight.
+
+use std::io::{Read, Write};
+use std::time::Instant;
+
+use pstack_collectors::procfs::read::{self, TaskRef};
+use pstack_collectors::procfs::{Reading, json_safe};
+use serde::Serialize;
+
+use crate::protocol::{
+    ForbiddenSyscall, FrameError, MAX_FRAME, MAX_SURFACE_BYTES, Outcome, PROTOCOL_VERSION, Request,
+    Response, SurfaceKind, SurfaceRequest, read_frame, write_frame,
+};
+
+/// Why a request is refused before any read, or `None` when it is acceptable.
+pub fn refusal(version: u32, req: &SurfaceRequest) -> Option<String> {
+    if version != PROTOCOL_VERSION {
+        return Some(format!(
+            "protocol version {version} is not {PROTOCOL_VERSION}"
+        ));
+    }
+    if req.deadline_ms == 0 {
+        return Some("no deadline: every risky surface must carry one".into());
+    }
+    if req.max_bytes == 0 || req.max_bytes > MAX_SURFACE_BYTES {
+        return Some(format!(
+            "max_bytes {} outside 1..={MAX_SURFACE_BYTES}",
+            req.max_bytes
+        ));
+    }
+    if req.pid == 0 {
+        return Some("pid 0 is not a process".into());
+    }
+    None
+}
+
+fn ok<T: Serialize>(r: Reading<T>) -> Outcome {
+    match serde_json::to_value(&r.facts) {
+        Ok(v) => {
+            let facts = match json_safe(v) {
+                serde_json::Value::Object(m) => serde_json::Value::Object(m),
+                other => serde_json::json!({ "value": other }),
+            };
+            Outcome::Ok { facts, raw: r.raw }
+        }
+        Err(e) => Outcome::Refused {
+            reason: format!("cannot encode facts: {e}"),
+        },
+    }
+}
+
+fn done<T: Serialize>(r: Result<Reading<T>, pstack_collectors::procfs::ReadError>) -> Outcome {
+    match r {
+        Ok(r) => ok(r),
+        Err(error) => Outcome::Failed { error },
+    }
+}
+
+/// Attempt a syscall the seccomp filter forbids. Under confinement the kernel
+/// kills the process before this returns.
+fn attempt_forbidden(which: ForbiddenSyscall) -> Outcome {
+    match which {
+        ForbiddenSyscall::Socket => {
+            // SAFETY: socket(2) takes no pointers; a returned fd is closed below.
+            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+            if fd >= 0 {
+                // SAFETY: fd was just returned by socket(2) and is owned here.
+                unsafe { libc::close(fd) };
+            }
+        }
+        ForbiddenSyscall::Execve => {
+            let path = c"/nonexistent/pstack-helper-probe";
+            let argv = [path.as_ptr(), std::ptr::null()];
+            let envp = [std::ptr::null()];
+            // SAFETY: path, argv and envp are NUL-terminated and outlive the
+            // call; the path does not exist, so an unconfined call returns ENOENT.
+            unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+        }
+    }
+    Outcome::Refused {
+        reason: format!("forbidden syscall {which:?} was allowed: this helper is not confined"),
+    }
+}
+
+/// Perform one surface (after [`refusal`] said it is acceptable).
+pub fn perform(req: &SurfaceRequest) -> Outcome {
+    let max = req.max_bytes;
+    match &req.kind {
+        SurfaceKind::Wchan { tid } => done(read::read_wchan(TaskRef::thread(req.pid, *tid), max)),
+        SurfaceKind::Stack { tid } => done(read::read_stack(TaskRef::thread(req.pid, *tid), max)),
+        SurfaceKind::Syscall { tid } => {
+            done(read::read_syscall(TaskRef::thread(req.pid, *tid), max))
+        }
+        SurfaceKind::Cmdline => done(read::read_cmdline(req.pid, max)),
+        SurfaceKind::Environ => done(read::read_environ(req.pid, max)),
+        SurfaceKind::FdTargets { max_fds } => done(read::read_fd_targets(req.pid, *max_fds, max)),
+        SurfaceKind::ThreadWchans { tids } => done(read::read_thread_wchans(req.pid, tids, max)),
+        SurfaceKind::ForbiddenSyscall { syscall } => attempt_forbidden(*syscall),
+    }
+}
+
+/// Serve requests from `input` until EOF, writing one response per surface
+/// to `output` as each completes.
+pub fn serve(input: &mut impl Read, output: &mut impl Write) -> Result<(), FrameError> {
+    while let Some(request) = read_frame::<Request>(input, MAX_FRAME)? {
+        for surface in &request.surfaces {
+            let start = Instant::now();
+            let outcome = match refusal(request.version, surface) {
+                Some(reason) => Outcome::Refused { reason },
+                None => perform(surface),
+            };
+            let response = Response {
+                seq: surface.seq,
+                elapsed_us: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
+                outcome,
+            };
+            write_frame(output, &response, MAX_FRAME)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::encode;
+
+    fn req(kind: SurfaceKind, deadline_ms: u64) -> SurfaceRequest {
+        SurfaceRequest {
+            seq: 7,
+            pid: std::process::id(),
+            kind,
+            deadline_ms,
+            max_bytes: 4096,
+        }
+    }
+
+    #[test]
+    fn a_request_without_deadline_is_refused() {
+        let r = refusal(PROTOCOL_VERSION, &req(SurfaceKind::Cmdline, 0)).unwrap();
+        assert!(r.contains("no deadline"), "{r}");
+        assert!(refusal(PROTOCOL_VERSION, &req(SurfaceKind::Cmdline, 100)).is_none());
+        assert!(refusal(2, &req(SurfaceKind::Cmdline, 100)).is_some());
+    }
+
+    #[test]
+    fn serve_streams_one_response_per_surface_in_order() {
+        let me = std::process::id();
+        let request = Request {
+            version: PROTOCOL_VERSION,
+            surfaces: vec![
+                req(SurfaceKind::Wchan { tid: me }, 100),
+                SurfaceRequest {
+                    seq: 8,
+                    ..req(SurfaceKind::Cmdline, 0)
+                },
+                SurfaceRequest {
+                    seq: 9,
+                    ..req(SurfaceKind::Environ, 100)
+                },
+            ],
+        };
+        let input = encode(&request, MAX_FRAME).unwrap();
+        let mut out = Vec::new();
+        serve(&mut std::io::Cursor::new(input), &mut out).unwrap();
+        let mut cursor = std::io::Cursor::new(out);
+        let a: Response = read_frame(&mut cursor, MAX_FRAME).unwrap().unwrap();
+        let b: Response = read_frame(&mut cursor, MAX_FRAME).unwrap().unwrap();
+        let c: Response = read_frame(&mut cursor, MAX_FRAME).unwrap().unwrap();
+        assert_eq!((a.seq, b.seq, c.seq), (7, 8, 9));
+        assert!(matches!(a.outcome, Outcome::Ok { .. }), "{a:?}");
+        assert!(matches!(b.outcome, Outcome::Refused { .. }), "{b:?}");
+        match c.outcome {
+            Outcome::Ok { facts, .. } => {
+                assert!(facts.get("names").is_some() && !facts.to_string().contains("="))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            read_frame::<Response>(&mut cursor, MAX_FRAME).unwrap(),
+            None
+        );
+    }
+}
