@@ -1,0 +1,69 @@
+-- pstack-store schema v1 (SQLite). Exact sealed bytes live in envelopes.body.
+CREATE TABLE envelopes (
+    id           INTEGER PRIMARY KEY,
+    digest       TEXT    NOT NULL UNIQUE,
+    subject_key  TEXT    NOT NULL,
+    kind         TEXT    NOT NULL,
+    locator      TEXT    NOT NULL,
+    pid          INTEGER,
+    identity     TEXT    NOT NULL,
+    wall_ns      INTEGER NOT NULL,
+    received_ns  INTEGER NOT NULL,
+    completeness TEXT    NOT NULL,
+    key_id       TEXT    NOT NULL,
+    size         INTEGER NOT NULL,
+    body         BLOB    NOT NULL
+);
+CREATE INDEX envelopes_subject  ON envelopes (subject_key, wall_ns, digest);
+CREATE INDEX envelopes_locator  ON envelopes (kind, locator, pid, wall_ns, digest);
+CREATE INDEX envelopes_received ON envelopes (received_ns);
+
+CREATE TABLE unknowns (
+    digest   TEXT    NOT NULL REFERENCES envelopes (digest) ON DELETE CASCADE,
+    ord      INTEGER NOT NULL,
+    question TEXT    NOT NULL,
+    blocks   TEXT    NOT NULL,
+    owner    TEXT    NOT NULL,
+    probe    TEXT    NOT NULL,
+    surface  TEXT,
+    PRIMARY KEY (digest, ord)
+) WITHOUT ROWID;
+
+CREATE TABLE subjects (
+    subject_key    TEXT    PRIMARY KEY,
+    kind           TEXT    NOT NULL,
+    identity       TEXT    NOT NULL,
+    latest_digest  TEXT    NOT NULL,
+    latest_wall_ns INTEGER NOT NULL
+);
+CREATE INDEX subjects_latest ON subjects (latest_wall_ns);
+
+CREATE TABLE api_keys (
+    id         TEXT    PRIMARY KEY,
+    name       TEXT    NOT NULL,
+    key_hash   TEXT    NOT NULL,
+    created_ns INTEGER NOT NULL,
+    revoked_ns INTEGER
+);
+
+CREATE TABLE receipts (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    subject_key TEXT    NOT NULL,
+    change_id   TEXT    NOT NULL,
+    kind        TEXT    NOT NULL,
+    revision    TEXT,
+    realized_ns INTEGER,
+    soak_ms     INTEGER,
+    note        TEXT,
+    key_id      TEXT    NOT NULL,
+    created_ns  INTEGER NOT NULL,
+    UNIQUE (subject_key, change_id, kind)
+);
+
+-- RESTRICT: the database itself refuses to drop an envelope a receipt cites.
+CREATE TABLE receipt_evidence (
+    receipt_id INTEGER NOT NULL REFERENCES receipts (id),
+    digest     TEXT    NOT NULL REFERENCES envelopes (digest) ON DELETE RESTRICT,
+    PRIMARY KEY (receipt_id, digest)
+);
+CREATE INDEX receipt_evidence_digest ON receipt_evidence (digest);

@@ -1,0 +1,1478 @@
+//! The storage layer: one API over SQLite (embedded default) and PostgreSQL.
+//!
+//! **Why sqlx.** One async crate speaks both databases with the same query
+//! API, the same connection pooling and the same transaction type, on tokio,
+//! so the store's SQL is written once (numbered `$n` parameters work in both
+//! dialects; `ON CONFLICT`, `RETURNING` and JSON extraction are the only
+//! fragments that differ). No compile-time query macros are used: builds need
+//! no `DATABASE_URL`. rusqlite + tokio-postgres would mean two APIs, a
+//! hand-made blocking-thread bridge for SQLite and every query written twice.
+//!
+//! Invariants:
+//! - **Exact bytes.** `envelopes.body` holds the bytes exactly as received;
+//!   nothing re-serializes an envelope. The digest is the primary identity
+//!   (`UNIQUE`), so a replay or a concurrent duplicate inserts nothing
+//!   (`ON CONFLICT (digest) DO NOTHING`) and answers with the stored record.
+//! - **Batch atomicity.** The verified items of one request are written in one
+//!   transaction (envelope, its unknowns, its subject's newest pointer). Either
+//!   all of them are stored or none is and the request fails with 503; a
+//!   shipper retries the batch and duplicates are harmless.
+//! - **Deadlock-free under concurrency.** Rows are written in digest order and
+//!   subject pointers in subject-key order, so overlapping PostgreSQL batches
+//!   wait rather than deadlock; transient serialization/deadlock errors are
+//!   retried a bounded number of times anyway.
+//! - **SQLite** runs in WAL mode with one writer connection (SQLite admits one
+//!   writer; queueing in the pool beats `SQLITE_BUSY` retries) and a pool of
+//!   readers. `synchronous=NORMAL`: a power loss can drop the last commits
+//!   but never corrupts; the agents' spools still hold whatever was not acked
+//!   before that, so nothing acknowledged... see README for the exact window.
+//! - **Cited evidence is permanent.** `receipt_evidence.digest` references
+//!   `envelopes.digest ON DELETE RESTRICT`; retention additionally never
+//!   selects a cited envelope.
+//! - **Migrations** are versioned SQL files per backend, applied in order in
+//!   one transaction each and recorded in `pstack_schema_migrations`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::Row;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use crate::ident::{format_ns, identity_fields, locator_field, subject_key};
+use crate::ingest::VerifiedItem;
+use crate::keys::{self, KeyError};
+use crate::receipts::{
+    self, EvidenceFacts, PriorReceipt, ReceiptContext, ReceiptKind, ReceiptRefusal, ReceiptRequest,
+};
+
+/// Versioned migrations: (version, name, SQLite SQL, PostgreSQL SQL).
+const MIGRATIONS: &[(i64, &str, &str, &str)] = &[(
+    1,
+    "core",
+    include_str!("../migrations/sqlite/0001_core.sql"),
+    include_str!("../migrations/postgres/0001_core.sql"),
+)];
+
+/// Everything that can go wrong in the storage layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database failed.
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    /// The URL names no supported backend.
+    #[error("unsupported database URL {0:?}: give a file path, sqlite://PATH, or postgres://...")]
+    BadUrl(String),
+    /// A migration failed to apply.
+    #[error("migration {version} ({name}) failed: {source}")]
+    Migration {
+        version: i64,
+        name: &'static str,
+        source: sqlx::Error,
+    },
+    /// A stored envelope no longer parses (the database was edited by hand).
+    #[error("stored envelope {digest} does not parse: {reason}")]
+    Corrupt { digest: String, reason: String },
+    /// A receipt was refused.
+    #[error(transparent)]
+    Receipt(#[from] ReceiptRefusal),
+    /// Key generation failed.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// `keys revoke` of an id that does not exist.
+    #[error("no API key with id {0:?}")]
+    NoSuchKey(String),
+}
+
+impl StoreError {
+    fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Db(sqlx::Error::Database(e)) => {
+                matches!(e.code().as_deref(), Some("40P01" | "40001"))
+            }
+            _ => false,
+        }
+    }
+
+    fn is_unique_violation(&self) -> bool {
+        matches!(self, StoreError::Db(sqlx::Error::Database(e)) if e.is_unique_violation())
+    }
+}
+
+/// Which database is behind the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// Embedded SQLite file.
+    Sqlite,
+    /// PostgreSQL server.
+    Postgres,
+}
+
+/// Knobs for [`Store::open`].
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// PostgreSQL schema to create (if missing) and use; `None` uses the
+    /// connection's default search path. Lets tests share one database.
+    pub pg_schema: Option<String>,
+    /// PostgreSQL pool size. Default 16 (more only queues inside the server).
+    pub pg_max_connections: u32,
+    /// SQLite reader pool size. Default 4.
+    pub sqlite_readers: u32,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            pg_schema: None,
+            pg_max_connections: 16,
+            sqlite_readers: 4,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Pools {
+    Sqlite {
+        writer: SqlitePool,
+        reader: SqlitePool,
+    },
+    Postgres(PgPool),
+}
+
+/// The store's database handle (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct Store {
+    pools: std::sync::Arc<Pools>,
+}
+
+/// Expand `$body` once per backend with `$p` bound to that backend's pool and
+/// `$pg` to whether it is PostgreSQL. `write` uses SQLite's single writer.
+macro_rules! with_pool {
+    ($self:expr, write, |$p:ident, $pg:ident| $body:block) => {
+        match &*$self.pools {
+            Pools::Sqlite { writer, .. } => {
+                let $p = writer;
+                #[allow(unused_variables)]
+                let $pg = false;
+                $body
+            }
+            Pools::Postgres(pool) => {
+                let $p = pool;
+                #[allow(unused_variables)]
+                let $pg = true;
+                $body
+            }
+        }
+    };
+    ($self:expr, read, |$p:ident, $pg:ident| $body:block) => {
+        match &*$self.pools {
+            Pools::Sqlite { reader, .. } => {
+                let $p = reader;
+                #[allow(unused_variables)]
+                let $pg = false;
+                $body
+            }
+            Pools::Postgres(pool) => {
+                let $p = pool;
+                #[allow(unused_variables)]
+                let $pg = true;
+                $body
+            }
+        }
+    };
+}
+
+/// Whether a new envelope was stored or was already there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoredStatus {
+    /// Stored by this request.
+    Accepted,
+    /// Already stored (by an earlier request, or earlier in this batch).
+    Duplicate,
+}
+
+/// The stored record of one ingested envelope.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StoredRecord {
+    /// Accepted now or duplicate.
+    pub status: StoredStatus,
+    /// When the store first received it, ns since the epoch.
+    pub received_ns: i64,
+    /// Which API key first shipped it.
+    pub key_id: String,
+}
+
+/// One row of a subject history.
+#[derive(Debug, Clone, Serialize)]
+pub struct EnvelopeSummary {
+    /// Envelope digest.
+    pub digest: String,
+    /// Subject key.
+    pub subject_key: String,
+    /// Subject kind.
+    pub kind: String,
+    /// Flattened identity fields.
+    pub identity: serde_json::Value,
+    /// Capture wall time (RFC 3339, ms).
+    pub wall_time: String,
+    /// Capture wall time, ns.
+    pub wall_ns: i64,
+    /// When the store received it (RFC 3339, ms).
+    pub received_at: String,
+    /// Completeness.
+    pub completeness: String,
+    /// Key that shipped it.
+    pub key_id: String,
+    /// Stored bytes.
+    pub size: i64,
+}
+
+/// A history query, already validated.
+#[derive(Debug, Clone, Default)]
+pub struct HistoryQuery {
+    /// Exact subject key (used when the full identity is known).
+    pub subject_key: Option<String>,
+    /// Kind.
+    pub kind: String,
+    /// Locator value (required without `subject_key`).
+    pub locator: String,
+    /// PID (process/thread).
+    pub pid: Option<i64>,
+    /// Other identity fields to match exactly.
+    pub filters: Vec<(String, String)>,
+    /// Keyset cursor: strictly older than (wall_ns, digest).
+    pub before: Option<(i64, String)>,
+    /// Page size.
+    pub limit: i64,
+}
+
+/// One unknown in the fleet view.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetUnknown {
+    /// Envelope that carries it.
+    pub digest: String,
+    /// Subject key.
+    pub subject_key: String,
+    /// Subject kind.
+    pub kind: String,
+    /// Flattened identity.
+    pub identity: serde_json::Value,
+    /// Capture time of that envelope.
+    pub wall_time: String,
+    /// Whether it is still open (carried by the subject's newest envelope).
+    pub open: bool,
+    /// The question.
+    pub question: String,
+    /// The transition it blocks.
+    pub blocks: String,
+    /// Who answers it.
+    pub owner: String,
+    /// The probe that answers it.
+    pub probe: String,
+    /// Surface whose failure raised it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub surface: Option<String>,
+}
+
+/// An API key as listed (never its hash).
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyInfo {
+    /// Public id.
+    pub id: String,
+    /// Name given at creation.
+    pub name: String,
+    /// Created at (RFC 3339).
+    pub created_at: String,
+    /// Revoked at, if revoked.
+    pub revoked_at: Option<String>,
+}
+
+/// Outcome of authenticating a presented key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyCheck {
+    /// Valid and live: the key id.
+    Valid(String),
+    /// Matches a revoked key.
+    Revoked(String),
+    /// Matches nothing.
+    Unknown,
+}
+
+/// A recorded receipt.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReceiptRecord {
+    /// Row id.
+    pub id: i64,
+    /// Kind.
+    pub kind: ReceiptKind,
+    /// Subject key.
+    pub subject_key: String,
+    /// Change id.
+    pub change: String,
+    /// Revision, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// Effective time of the change (REALIZED).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub realized_at: Option<String>,
+    /// Soak (SOAKED).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub soak_ms: Option<i64>,
+    /// Note.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Evidence digests.
+    pub evidence: Vec<String>,
+    /// Key that recorded it.
+    pub key_id: String,
+    /// When.
+    pub created_at: String,
+}
+
+/// Retention knobs. Both limits apply; cited envelopes are always kept.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RetentionPolicy {
+    /// Drop envelopes received longer ago than this.
+    pub max_age: Option<Duration>,
+    /// Drop the oldest envelopes while stored bytes exceed this.
+    pub max_bytes: Option<u64>,
+}
+
+/// What one retention pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RetentionReport {
+    /// Envelopes deleted.
+    pub deleted: u64,
+    /// Bytes freed.
+    pub freed_bytes: u64,
+    /// Envelopes kept only because a receipt cites them.
+    pub cited_kept: u64,
+    /// Stored bytes after the pass.
+    pub stored_bytes: u64,
+}
+
+enum Bind {
+    I64(i64),
+    Str(String),
+    Blob(Vec<u8>),
+}
+
+macro_rules! bind_all {
+    ($q:expr, $binds:expr) => {{
+        let mut q = $q;
+        for b in $binds {
+            q = match b {
+                Bind::I64(v) => q.bind(*v),
+                Bind::Str(s) => q.bind(s.as_str()),
+                Bind::Blob(b) => q.bind(b.as_slice()),
+            };
+        }
+        q
+    }};
+}
+
+fn dollar_list(start: usize, n: usize) -> String {
+    (start..start + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn parse_identity(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
+}
+
+impl Store {
+    /// Open (creating if needed) and migrate. `url` is a file path or
+    /// `sqlite://PATH` for SQLite, `postgres://` / `postgresql://` for PostgreSQL.
+    pub async fn open(url: &str, opts: &OpenOptions) -> Result<Store, StoreError> {
+        let pools = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let base = PgConnectOptions::from_str(url)?;
+            let connect = if let Some(schema) = &opts.pg_schema {
+                if !schema
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                {
+                    return Err(StoreError::BadUrl(format!("schema name {schema:?}")));
+                }
+                let boot = PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect_with(base.clone())
+                    .await?;
+                sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+                    .execute(&boot)
+                    .await?;
+                boot.close().await;
+                base.options([("search_path", schema.as_str())])
+            } else {
+                base
+            };
+            let pool = PgPoolOptions::new()
+                .max_connections(opts.pg_max_connections)
+                .acquire_timeout(Duration::from_secs(30))
+                .connect_with(connect)
+                .await?;
+            Pools::Postgres(pool)
+        } else {
+            let path = url
+                .strip_prefix("sqlite://")
+                .or_else(|| url.strip_prefix("sqlite:"))
+                .unwrap_or(url);
+            if path.is_empty()
+                || path.contains(":memory:")
+                || url.contains("://") && !url.starts_with("sqlite://")
+            {
+                return Err(StoreError::BadUrl(url.into()));
+            }
+            let base = SqliteConnectOptions::new()
+                .filename(path)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(Duration::from_secs(30))
+                .foreign_keys(true)
+                .pragma("cache_size", "-65536");
+            let writer = SqlitePoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_secs(60))
+                .connect_with(base.clone())
+                .await?;
+            let reader = SqlitePoolOptions::new()
+                .max_connections(opts.sqlite_readers.max(1))
+                .acquire_timeout(Duration::from_secs(30))
+                .connect_with(base.read_only(false))
+                .await?;
+            Pools::Sqlite { writer, reader }
+        };
+        let store = Store {
+            pools: std::sync::Arc::new(pools),
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Which backend this is.
+    pub fn backend(&self) -> Backend {
+        match &*self.pools {
+            Pools::Sqlite { .. } => Backend::Sqlite,
+            Pools::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// Close every pool (waits for in-flight queries).
+    pub async fn close(&self) {
+        match &*self.pools {
+            Pools::Sqlite { writer, reader } => {
+                reader.close().await;
+                writer.close().await;
+            }
+            Pools::Postgres(p) => p.close().await,
+        }
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        with_pool!(self, write, |pool, pg| {
+            let mut conn = pool.acquire().await?;
+            if pg {
+                // One migrator at a time across processes.
+                sqlx::query("SELECT pg_advisory_lock(7470530001)")
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            let result: Result<(), StoreError> = async {
+                sqlx::raw_sql(
+                    "CREATE TABLE IF NOT EXISTS pstack_schema_migrations (
+                        version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_ns BIGINT NOT NULL)",
+                )
+                .execute(&mut *conn)
+                .await?;
+                let applied: Option<i64> =
+                    sqlx::query_scalar("SELECT MAX(version) FROM pstack_schema_migrations")
+                        .fetch_one(&mut *conn)
+                        .await?;
+                let applied = applied.unwrap_or(0);
+                for (version, name, lite, post) in MIGRATIONS {
+                    if *version <= applied {
+                        continue;
+                    }
+                    let sql = if pg { *post } else { *lite };
+                    let wrap = |source| StoreError::Migration {
+                        version: *version,
+                        name,
+                        source,
+                    };
+                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                    sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(wrap)?;
+                    sqlx::query(
+                        "INSERT INTO pstack_schema_migrations (version, name, applied_ns) VALUES ($1, $2, $3)",
+                    )
+                    .bind(*version)
+                    .bind(*name)
+                    .bind(crate::now_ns())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(wrap)?;
+                    tx.commit().await.map_err(wrap)?;
+                    tracing::info!(version, name, "applied migration");
+                }
+                Ok(())
+            }
+            .await;
+            if pg {
+                sqlx::query("SELECT pg_advisory_unlock(7470530001)")
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            result
+        })
+    }
+
+    /// The schema version applied.
+    pub async fn schema_version(&self) -> Result<i64, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            let v: Option<i64> =
+                sqlx::query_scalar("SELECT MAX(version) FROM pstack_schema_migrations")
+                    .fetch_one(pool)
+                    .await?;
+            Ok(v.unwrap_or(0))
+        })
+    }
+
+    /// Cheap liveness probe of the database.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            sqlx::query("SELECT 1").execute(pool).await?;
+            Ok(())
+        })
+    }
+
+    /// Store verified envelopes atomically; one record per item, in order.
+    pub async fn ingest(
+        &self,
+        items: &[&VerifiedItem],
+        key_id: &str,
+        now_ns: i64,
+    ) -> Result<Vec<StoredRecord>, StoreError> {
+        let mut attempt = 0;
+        loop {
+            match self.ingest_once(items, key_id, now_ns).await {
+                Err(e) if e.is_transient() && attempt < 5 => {
+                    attempt += 1;
+                    tracing::debug!(attempt, "transient conflict during ingest; retrying");
+                    tokio::time::sleep(Duration::from_millis(5 << attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn ingest_once(
+        &self,
+        items: &[&VerifiedItem],
+        key_id: &str,
+        now_ns: i64,
+    ) -> Result<Vec<StoredRecord>, StoreError> {
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by(|a, b| items[*a].digest.cmp(&items[*b].digest));
+        let mut out: Vec<Option<StoredRecord>> = vec![None; items.len()];
+        let mut newest: BTreeMap<&str, &VerifiedItem> = BTreeMap::new();
+        let mut duplicates: Vec<usize> = Vec::new();
+        with_pool!(self, write, |pool, pg| {
+            let mut tx = pool.begin().await?;
+            let mut previous: Option<&str> = None;
+            for &i in &order {
+                let item = items[i];
+                if previous == Some(item.digest.as_str()) {
+                    duplicates.push(i);
+                    continue;
+                }
+                previous = Some(item.digest.as_str());
+                let done = sqlx::query(
+                    "INSERT INTO envelopes (digest, subject_key, kind, locator, pid, identity, wall_ns,
+                        received_ns, completeness, key_id, size, body)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                     ON CONFLICT (digest) DO NOTHING",
+                )
+                .bind(item.digest.as_str())
+                .bind(item.subject.key.as_str())
+                .bind(item.subject.kind)
+                .bind(item.subject.locator.as_str())
+                .bind(item.subject.pid)
+                .bind(item.subject.identity_json.as_str())
+                .bind(item.wall_ns)
+                .bind(now_ns)
+                .bind(item.completeness)
+                .bind(key_id)
+                .bind(i64::try_from(item.bytes.len()).unwrap_or(i64::MAX))
+                .bind(item.bytes.as_slice())
+                .execute(&mut *tx)
+                .await?;
+                if done.rows_affected() == 0 {
+                    duplicates.push(i);
+                    continue;
+                }
+                out[i] = Some(StoredRecord {
+                    status: StoredStatus::Accepted,
+                    received_ns: now_ns,
+                    key_id: key_id.to_string(),
+                });
+                for (ord, u) in item.unknowns.iter().enumerate() {
+                    sqlx::query(
+                        "INSERT INTO unknowns (digest, ord, question, blocks, owner, probe, surface)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                    )
+                    .bind(item.digest.as_str())
+                    .bind(ord as i64)
+                    .bind(u.question.as_str())
+                    .bind(u.blocks.as_str())
+                    .bind(u.owner.as_str())
+                    .bind(u.probe.as_str())
+                    .bind(u.surface.as_deref())
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                let slot = newest.entry(item.subject.key.as_str()).or_insert(item);
+                if (item.wall_ns, item.digest.as_str()) > (slot.wall_ns, slot.digest.as_str()) {
+                    *slot = item;
+                }
+            }
+            for item in newest.values() {
+                sqlx::query(
+                    "INSERT INTO subjects (subject_key, kind, identity, latest_digest, latest_wall_ns)
+                     VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (subject_key) DO UPDATE
+                        SET latest_digest = excluded.latest_digest,
+                            latest_wall_ns = excluded.latest_wall_ns
+                      WHERE excluded.latest_wall_ns > subjects.latest_wall_ns
+                         OR (excluded.latest_wall_ns = subjects.latest_wall_ns
+                             AND excluded.latest_digest > subjects.latest_digest)",
+                )
+                .bind(item.subject.key.as_str())
+                .bind(item.subject.kind)
+                .bind(item.subject.identity_json.as_str())
+                .bind(item.digest.as_str())
+                .bind(item.wall_ns)
+                .execute(&mut *tx)
+                .await?;
+            }
+            for &i in &duplicates {
+                let row =
+                    sqlx::query("SELECT received_ns, key_id FROM envelopes WHERE digest = $1")
+                        .bind(items[i].digest.as_str())
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let (received_ns, first_key) = match row {
+                    Some(r) => (r.try_get::<i64, _>(0)?, r.try_get::<String, _>(1)?),
+                    None => (now_ns, key_id.to_string()),
+                };
+                out[i] = Some(StoredRecord {
+                    status: StoredStatus::Duplicate,
+                    received_ns,
+                    key_id: first_key,
+                });
+            }
+            tx.commit().await?;
+            Ok::<(), StoreError>(())
+        })?;
+        Ok(out
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or(StoredRecord {
+                    status: StoredStatus::Duplicate,
+                    received_ns: now_ns,
+                    key_id: key_id.to_string(),
+                })
+            })
+            .collect())
+    }
+
+    /// The exact stored bytes of an envelope.
+    pub async fn envelope_bytes(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            Ok(
+                sqlx::query_scalar::<_, Vec<u8>>("SELECT body FROM envelopes WHERE digest = $1")
+                    .bind(digest)
+                    .fetch_optional(pool)
+                    .await?,
+            )
+        })
+    }
+
+    /// A stored envelope, parsed.
+    pub async fn envelope(
+        &self,
+        digest: &str,
+    ) -> Result<Option<pstack_envelope::Envelope>, StoreError> {
+        let Some(bytes) = self.envelope_bytes(digest).await? else {
+            return Ok(None);
+        };
+        pstack_envelope::parse(&bytes)
+            .map(|(e, _)| Some(e))
+            .map_err(|e| StoreError::Corrupt {
+                digest: digest.into(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// Number of stored envelopes (exact; scans on large stores).
+    pub async fn count_envelopes(&self) -> Result<i64, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            Ok(
+                sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM envelopes")
+                    .fetch_one(pool)
+                    .await?,
+            )
+        })
+    }
+
+    /// Digests stored, sorted (for tests and tools).
+    pub async fn all_digests(&self) -> Result<Vec<String>, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            Ok(
+                sqlx::query_scalar::<_, String>("SELECT digest FROM envelopes ORDER BY digest")
+                    .fetch_all(pool)
+                    .await?,
+            )
+        })
+    }
+
+    /// One page of a subject history, newest first.
+    pub async fn history(&self, q: &HistoryQuery) -> Result<Vec<EnvelopeSummary>, StoreError> {
+        let mut binds: Vec<Bind> = Vec::new();
+        let mut sql = String::from(
+            "SELECT digest, subject_key, kind, identity, wall_ns, received_ns, completeness, key_id, size
+             FROM envelopes WHERE ",
+        );
+        let pg = self.backend() == Backend::Postgres;
+        if let Some(key) = &q.subject_key {
+            binds.push(Bind::Str(key.clone()));
+            sql.push_str("subject_key = $1");
+        } else {
+            binds.push(Bind::Str(q.kind.clone()));
+            binds.push(Bind::Str(q.locator.clone()));
+            sql.push_str("kind = $1 AND locator = $2");
+            match q.pid {
+                Some(pid) => {
+                    binds.push(Bind::I64(pid));
+                    sql.push_str(&format!(" AND pid = ${}", binds.len()));
+                }
+                None => sql.push_str(" AND pid IS NULL"),
+            }
+            for (field, value) in &q.filters {
+                if pg {
+                    binds.push(Bind::Str(field.clone()));
+                    sql.push_str(&format!(" AND (identity::jsonb ->> ${})", binds.len()));
+                } else {
+                    binds.push(Bind::Str(format!("$.\"{field}\"")));
+                    sql.push_str(&format!(" AND json_extract(identity, ${})", binds.len()));
+                }
+                binds.push(Bind::Str(value.clone()));
+                sql.push_str(&format!(" = ${}", binds.len()));
+            }
+        }
+        if let Some((wall, digest)) = &q.before {
+            binds.push(Bind::I64(*wall));
+            let w = binds.len();
+            binds.push(Bind::Str(digest.clone()));
+            let d = binds.len();
+            sql.push_str(&format!(
+                " AND (wall_ns < ${w} OR (wall_ns = ${w} AND digest < ${d}))"
+            ));
+        }
+        binds.push(Bind::I64(q.limit));
+        sql.push_str(&format!(
+            " ORDER BY wall_ns DESC, digest DESC LIMIT ${}",
+            binds.len()
+        ));
+        with_pool!(self, read, |pool, pg| {
+            let rows = bind_all!(sqlx::query(&sql), &binds).fetch_all(pool).await?;
+            rows.iter()
+                .map(|r| {
+                    let wall_ns: i64 = r.try_get(4)?;
+                    let received_ns: i64 = r.try_get(5)?;
+                    Ok(EnvelopeSummary {
+                        digest: r.try_get(0)?,
+                        subject_key: r.try_get(1)?,
+                        kind: r.try_get(2)?,
+                        identity: parse_identity(&r.try_get::<String, _>(3)?),
+                        wall_time: format_ns(wall_ns),
+                        wall_ns,
+                        received_at: format_ns(received_ns),
+                        completeness: r.try_get(6)?,
+                        key_id: r.try_get(7)?,
+                        size: r.try_get(8)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()
+        })
+    }
+
+    /// Unknowns across the fleet: `open_only` gives those carried by each
+    /// subject's newest envelope; otherwise every unknown ever stored, marked.
+    pub async fn unknowns(
+        &self,
+        open_only: bool,
+        owner: Option<&str>,
+        limit: i64,
+        offset: i64,
+    ) -> Result<Vec<FleetUnknown>, StoreError> {
+        let mut binds = Vec::new();
+        let mut sql = if open_only {
+            String::from(
+                "SELECT u.digest, s.subject_key, s.kind, s.identity, s.latest_wall_ns, 1,
+                        u.question, u.blocks, u.owner, u.probe, u.surface
+                 FROM subjects s JOIN unknowns u ON u.digest = s.latest_digest WHERE 1 = 1",
+            )
+        } else {
+            String::from(
+                "SELECT u.digest, e.subject_key, e.kind, e.identity, e.wall_ns,
+                        CASE WHEN s.subject_key IS NULL THEN 0 ELSE 1 END,
+                        u.question, u.blocks, u.owner, u.probe, u.surface
+                 FROM unknowns u JOIN envelopes e ON e.digest = u.digest
+                 LEFT JOIN subjects s ON s.latest_digest = u.digest WHERE 1 = 1",
+            )
+        };
+        if let Some(owner) = owner {
+            binds.push(Bind::Str(owner.to_string()));
+            sql.push_str(&format!(" AND u.owner = ${}", binds.len()));
+        }
+        let order = if open_only {
+            "s.latest_wall_ns"
+        } else {
+            "e.wall_ns"
+        };
+        binds.push(Bind::I64(limit));
+        binds.push(Bind::I64(offset));
+        sql.push_str(&format!(
+            " ORDER BY {order} DESC, u.digest, u.ord LIMIT ${} OFFSET ${}",
+            binds.len() - 1,
+            binds.len()
+        ));
+        with_pool!(self, read, |pool, pg| {
+            let rows = bind_all!(sqlx::query(&sql), &binds).fetch_all(pool).await?;
+            rows.iter()
+                .map(|r| {
+                    Ok(FleetUnknown {
+                        digest: r.try_get(0)?,
+                        subject_key: r.try_get(1)?,
+                        kind: r.try_get(2)?,
+                        identity: parse_identity(&r.try_get::<String, _>(3)?),
+                        wall_time: format_ns(r.try_get(4)?),
+                        open: r.try_get::<i32, _>(5)? != 0,
+                        question: r.try_get(6)?,
+                        blocks: r.try_get(7)?,
+                        owner: r.try_get(8)?,
+                        probe: r.try_get(9)?,
+                        surface: r.try_get(10)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()
+        })
+    }
+
+    // ---- API keys ----
+
+    /// Create a key; returns its id and the plaintext (shown once).
+    pub async fn create_key(&self, name: &str) -> Result<keys::NewKey, StoreError> {
+        let key = keys::generate()?;
+        with_pool!(self, write, |pool, pg| {
+            sqlx::query(
+                "INSERT INTO api_keys (id, name, key_hash, created_ns) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(key.id.as_str())
+            .bind(name)
+            .bind(key.hash.as_str())
+            .bind(crate::now_ns())
+            .execute(pool)
+            .await?;
+            Ok::<(), StoreError>(())
+        })?;
+        Ok(key)
+    }
+
+    /// Every key, oldest first.
+    pub async fn list_keys(&self) -> Result<Vec<KeyInfo>, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            let rows = sqlx::query(
+                "SELECT id, name, created_ns, revoked_ns FROM api_keys ORDER BY created_ns, id",
+            )
+            .fetch_all(pool)
+            .await?;
+            rows.iter()
+                .map(|r| {
+                    Ok(KeyInfo {
+                        id: r.try_get(0)?,
+                        name: r.try_get(1)?,
+                        created_at: format_ns(r.try_get(2)?),
+                        revoked_at: r.try_get::<Option<i64>, _>(3)?.map(format_ns),
+                    })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()
+        })
+    }
+
+    /// Revoke a key (idempotent); effective on the next request.
+    pub async fn revoke_key(&self, id: &str) -> Result<(), StoreError> {
+        let n = with_pool!(self, write, |pool, pg| {
+            sqlx::query("UPDATE api_keys SET revoked_ns = COALESCE(revoked_ns, $1) WHERE id = $2")
+                .bind(crate::now_ns())
+                .bind(id)
+                .execute(pool)
+                .await?
+                .rows_affected()
+        });
+        if n == 0 {
+            return Err(StoreError::NoSuchKey(id.into()));
+        }
+        Ok(())
+    }
+
+    /// Check a presented key.
+    pub async fn check_key(&self, presented: &str) -> Result<KeyCheck, StoreError> {
+        let Ok(id) = keys::parse_id(presented) else {
+            return Ok(KeyCheck::Unknown);
+        };
+        let row: Option<(String, Option<i64>)> = with_pool!(self, read, |pool, pg| {
+            sqlx::query_as("SELECT key_hash, revoked_ns FROM api_keys WHERE id = $1")
+                .bind(id)
+                .fetch_optional(pool)
+                .await?
+        });
+        let Some((hash, revoked)) = row else {
+            return Ok(KeyCheck::Unknown);
+        };
+        if !keys::hashes_equal(&keys::hash_key(presented), &hash) {
+            return Ok(KeyCheck::Unknown);
+        }
+        Ok(match revoked {
+            Some(_) => KeyCheck::Revoked(id.to_string()),
+            None => KeyCheck::Valid(id.to_string()),
+        })
+    }
+
+    // ---- receipts ----
+
+    /// Check a receipt against every rule and record it, atomically.
+    pub async fn record_receipt(
+        &self,
+        req: &ReceiptRequest,
+        key_id: &str,
+        now_ns: i64,
+    ) -> Result<ReceiptRecord, StoreError> {
+        let realized_ns = receipts::check_request(req)?;
+        let mut evidence: Vec<String> = Vec::new();
+        for d in &req.evidence {
+            if !evidence.contains(d) {
+                evidence.push(d.clone());
+            }
+        }
+        let req = ReceiptRequest {
+            evidence,
+            ..req.clone()
+        };
+        let result = with_pool!(self, write, |pool, pg| {
+            let mut tx = pool.begin().await?;
+            let mut ctx = ReceiptContext::default();
+            for d in &req.evidence {
+                let row = sqlx::query(
+                    "SELECT subject_key, wall_ns, completeness,
+                            (SELECT COUNT(*) FROM unknowns u WHERE u.digest = e.digest)
+                     FROM envelopes e WHERE digest = $1",
+                )
+                .bind(d.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+                ctx.evidence.push(match row {
+                    Some(r) => Some(EvidenceFacts {
+                        digest: d.clone(),
+                        subject_key: r.try_get(0)?,
+                        wall_ns: r.try_get(1)?,
+                        completeness: r.try_get(2)?,
+                        open_unknowns: usize::try_from(r.try_get::<i64, _>(3)?).unwrap_or(0),
+                    }),
+                    None => None,
+                });
+            }
+            let subject = receipts::subject_of(&ctx).unwrap_or_default().to_string();
+            let prior_rows = sqlx::query(
+                "SELECT id, kind, realized_ns FROM receipts WHERE subject_key = $1 AND change_id = $2",
+            )
+            .bind(subject.as_str())
+            .bind(req.change.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+            for r in &prior_rows {
+                let id: i64 = r.try_get(0)?;
+                let kind = ReceiptKind::parse(&r.try_get::<String, _>(1)?);
+                let cited: Vec<String> = sqlx::query_scalar(
+                    "SELECT digest FROM receipt_evidence WHERE receipt_id = $1 ORDER BY digest",
+                )
+                .bind(id)
+                .fetch_all(&mut *tx)
+                .await?;
+                if let Some(kind) = kind {
+                    ctx.prior.push(PriorReceipt {
+                        kind,
+                        realized_ns: r.try_get(2)?,
+                        evidence: cited,
+                    });
+                }
+            }
+            let problem: Vec<String> = ctx
+                .prior
+                .iter()
+                .find(|p| p.kind == ReceiptKind::SourceFixed)
+                .map(|p| p.evidence.clone())
+                .unwrap_or_default();
+            for d in &problem {
+                let w: Option<i64> =
+                    sqlx::query_scalar("SELECT wall_ns FROM envelopes WHERE digest = $1")
+                        .bind(d.as_str())
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                ctx.problem_wall_ns.extend(w);
+            }
+            ctx.latest_of_subject =
+                sqlx::query_scalar("SELECT latest_digest FROM subjects WHERE subject_key = $1")
+                    .bind(subject.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            if req.kind == ReceiptKind::Verified && ctx.evidence.iter().all(Option::is_some) {
+                let mut bodies: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+                for d in req.evidence.iter().chain(&problem) {
+                    if bodies.contains_key(d) {
+                        continue;
+                    }
+                    let b: Option<Vec<u8>> =
+                        sqlx::query_scalar("SELECT body FROM envelopes WHERE digest = $1")
+                            .bind(d.as_str())
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                    if let Some(b) = b {
+                        bodies.insert(d.clone(), b);
+                    }
+                }
+                ctx.unchanged_against_problem = unchanged_pairs(&req.evidence, &problem, &bodies)?;
+            }
+            receipts::check(&req, &ctx)?;
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO receipts (subject_key, change_id, kind, revision, realized_ns, soak_ms, note, key_id, created_ns)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
+            )
+            .bind(subject.as_str())
+            .bind(req.change.as_str())
+            .bind(req.kind.as_str())
+            .bind(req.revision.as_deref())
+            .bind(realized_ns)
+            .bind(req.soak_ms.map(|s| i64::try_from(s).unwrap_or(i64::MAX)))
+            .bind(req.note.as_deref())
+            .bind(key_id)
+            .bind(now_ns)
+            .fetch_one(&mut *tx)
+            .await?;
+            for d in &req.evidence {
+                sqlx::query("INSERT INTO receipt_evidence (receipt_id, digest) VALUES ($1, $2)")
+                    .bind(id)
+                    .bind(d.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok::<ReceiptRecord, StoreError>(ReceiptRecord {
+                id,
+                kind: req.kind,
+                subject_key: subject,
+                change: req.change.clone(),
+                revision: req.revision.clone(),
+                realized_at: realized_ns.map(format_ns),
+                soak_ms: req.soak_ms.map(|s| i64::try_from(s).unwrap_or(i64::MAX)),
+                note: req.note.clone(),
+                evidence: req.evidence.clone(),
+                key_id: key_id.to_string(),
+                created_at: format_ns(now_ns),
+            })
+        });
+        match result {
+            // Two identical receipts raced; the unique constraint decided.
+            Err(e) if e.is_unique_violation() => {
+                Err(ReceiptRefusal::AlreadyRecorded { kind: req.kind }.into())
+            }
+            other => other,
+        }
+    }
+
+    /// Receipts of a subject, oldest first.
+    pub async fn receipts(&self, subject: &str) -> Result<Vec<ReceiptRecord>, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            let rows = sqlx::query(
+                "SELECT id, kind, subject_key, change_id, revision, realized_ns, soak_ms, note, key_id, created_ns
+                 FROM receipts WHERE subject_key = $1 ORDER BY id",
+            )
+            .bind(subject)
+            .fetch_all(pool)
+            .await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for r in &rows {
+                let id: i64 = r.try_get(0)?;
+                let evidence: Vec<String> = sqlx::query_scalar(
+                    "SELECT digest FROM receipt_evidence WHERE receipt_id = $1 ORDER BY digest",
+                )
+                .bind(id)
+                .fetch_all(pool)
+                .await?;
+                let Some(kind) = ReceiptKind::parse(&r.try_get::<String, _>(1)?) else {
+                    continue;
+                };
+                out.push(ReceiptRecord {
+                    id,
+                    kind,
+                    subject_key: r.try_get(2)?,
+                    change: r.try_get(3)?,
+                    revision: r.try_get(4)?,
+                    realized_at: r.try_get::<Option<i64>, _>(5)?.map(format_ns),
+                    soak_ms: r.try_get(6)?,
+                    note: r.try_get(7)?,
+                    evidence,
+                    key_id: r.try_get(8)?,
+                    created_at: format_ns(r.try_get(9)?),
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    // ---- retention ----
+
+    /// Apply a retention policy once. Deletes in chunks (oldest received
+    /// first) so ingest is never blocked for long; never deletes an envelope a
+    /// receipt cites; repoints subjects whose newest envelope was deleted.
+    pub async fn apply_retention(
+        &self,
+        policy: &RetentionPolicy,
+        now_ns: i64,
+    ) -> Result<RetentionReport, StoreError> {
+        const CHUNK: i64 = 500;
+        let mut report = RetentionReport::default();
+        let mut touched: BTreeSet<String> = BTreeSet::new();
+        let uncited =
+            "NOT EXISTS (SELECT 1 FROM receipt_evidence r WHERE r.digest = envelopes.digest)";
+        if let Some(age) = policy.max_age {
+            let cutoff = now_ns.saturating_sub(i64::try_from(age.as_nanos()).unwrap_or(i64::MAX));
+            loop {
+                let sql = format!(
+                    "SELECT id, digest, subject_key, size FROM envelopes
+                     WHERE received_ns < $1 AND {uncited} ORDER BY received_ns, id LIMIT $2"
+                );
+                let victims = self
+                    .select_victims(&sql, &[Bind::I64(cutoff), Bind::I64(CHUNK)])
+                    .await?;
+                if victims.is_empty() {
+                    break;
+                }
+                self.delete_victims(&victims, &mut report, &mut touched)
+                    .await?;
+            }
+        }
+        let mut stored = self.stored_bytes().await?;
+        if let Some(max) = policy.max_bytes {
+            while stored > max {
+                let sql = format!(
+                    "SELECT id, digest, subject_key, size FROM envelopes
+                     WHERE {uncited} ORDER BY received_ns, id LIMIT $1"
+                );
+                let mut victims = self.select_victims(&sql, &[Bind::I64(CHUNK)]).await?;
+                if victims.is_empty() {
+                    break;
+                }
+                // Only as many as needed to get under the cap.
+                let mut excess = stored - max;
+                let mut keep = 0;
+                for (i, v) in victims.iter().enumerate() {
+                    keep = i + 1;
+                    let size = u64::try_from(v.3).unwrap_or(0);
+                    if size >= excess {
+                        break;
+                    }
+                    excess -= size;
+                }
+                victims.truncate(keep);
+                let before = report.freed_bytes;
+                self.delete_victims(&victims, &mut report, &mut touched)
+                    .await?;
+                stored = stored.saturating_sub(report.freed_bytes - before);
+            }
+        }
+        self.repoint_subjects(&touched).await?;
+        report.stored_bytes = self.stored_bytes().await?;
+        report.cited_kept = with_pool!(self, read, |pool, pg| {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM envelopes WHERE EXISTS (SELECT 1 FROM receipt_evidence r WHERE r.digest = envelopes.digest)",
+            )
+            .fetch_one(pool)
+            .await?;
+            u64::try_from(n).unwrap_or(0)
+        });
+        if report.deleted > 0 {
+            tracing::info!(
+                deleted = report.deleted,
+                freed_bytes = report.freed_bytes,
+                cited_kept = report.cited_kept,
+                "retention pass"
+            );
+        }
+        Ok(report)
+    }
+
+    /// Total bytes of stored envelopes.
+    pub async fn stored_bytes(&self) -> Result<u64, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            let n: Option<i64> =
+                sqlx::query_scalar("SELECT CAST(SUM(size) AS BIGINT) FROM envelopes")
+                    .fetch_one(pool)
+                    .await?;
+            Ok(u64::try_from(n.unwrap_or(0)).unwrap_or(0))
+        })
+    }
+
+    async fn select_victims(
+        &self,
+        sql: &str,
+        binds: &[Bind],
+    ) -> Result<Vec<(i64, String, String, i64)>, StoreError> {
+        with_pool!(self, write, |pool, pg| {
+            Ok(
+                bind_all!(sqlx::query_as::<_, (i64, String, String, i64)>(sql), binds)
+                    .fetch_all(pool)
+                    .await?,
+            )
+        })
+    }
+
+    async fn delete_victims(
+        &self,
+        victims: &[(i64, String, String, i64)],
+        report: &mut RetentionReport,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<(), StoreError> {
+        let ids: Vec<Bind> = victims.iter().map(|v| Bind::I64(v.0)).collect();
+        let digests: Vec<Bind> = victims.iter().map(|v| Bind::Str(v.1.clone())).collect();
+        let list = dollar_list(1, victims.len());
+        with_pool!(self, write, |pool, pg| {
+            let mut tx = pool.begin().await?;
+            let del_unknowns = format!("DELETE FROM unknowns WHERE digest IN ({list})");
+            bind_all!(sqlx::query(&del_unknowns), &digests)
+                .execute(&mut *tx)
+                .await?;
+            let del_envelopes = format!("DELETE FROM envelopes WHERE id IN ({list})");
+            let n = bind_all!(sqlx::query(&del_envelopes), &ids)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            tx.commit().await?;
+            report.deleted += n;
+            Ok::<(), StoreError>(())
+        })?;
+        for v in victims {
+            report.freed_bytes += u64::try_from(v.3).unwrap_or(0);
+            touched.insert(v.2.clone());
+        }
+        Ok(())
+    }
+
+    async fn repoint_subjects(&self, touched: &BTreeSet<String>) -> Result<(), StoreError> {
+        with_pool!(self, write, |pool, pg| {
+            for key in touched {
+                let mut tx = pool.begin().await?;
+                let newest: Option<(String, i64)> = sqlx::query_as(
+                    "SELECT digest, wall_ns FROM envelopes WHERE subject_key = $1
+                     ORDER BY wall_ns DESC, digest DESC LIMIT 1",
+                )
+                .bind(key.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+                match newest {
+                    Some((digest, wall)) => {
+                        sqlx::query("UPDATE subjects SET latest_digest = $1, latest_wall_ns = $2 WHERE subject_key = $3")
+                            .bind(digest)
+                            .bind(wall)
+                            .bind(key.as_str())
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    None => {
+                        sqlx::query("DELETE FROM subjects WHERE subject_key = $1")
+                            .bind(key.as_str())
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                }
+                tx.commit().await?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Bulk-insert synthetic history rows directly (benchmarks only): `n`
+    /// rows spread over `subjects` process subjects on one host, all carrying
+    /// the same `body`. Bypasses verification on purpose; never for evidence.
+    pub async fn bench_fill_history(
+        &self,
+        n: u64,
+        subjects: u64,
+        body: &[u8],
+        progress: impl Fn(u64),
+    ) -> Result<(), StoreError> {
+        const ROWS_PER_STMT: u64 = 100;
+        const STMTS_PER_TX: u64 = 50;
+        let mut done = 0u64;
+        while done < n {
+            with_pool!(self, write, |pool, pg| {
+                let mut tx = pool.begin().await?;
+                for _ in 0..STMTS_PER_TX {
+                    if done >= n {
+                        break;
+                    }
+                    let rows = ROWS_PER_STMT.min(n - done);
+                    let mut sql = String::from(
+                        "INSERT INTO envelopes (digest, subject_key, kind, locator, pid, identity, wall_ns,
+                            received_ns, completeness, key_id, size, body) VALUES ",
+                    );
+                    let mut binds = Vec::new();
+                    for r in 0..rows {
+                        let i = done + r;
+                        let s = i % subjects;
+                        let pid = 1000 + i64::try_from(s).unwrap_or(0);
+                        let identity = format!(
+                            "{{\"boot_id\":\"bench-boot\",\"cgroup\":\"0::/bench\",\"host\":\"bench-host\",\"pid\":\"{pid}\",\"pid_ns\":\"4026531836\",\"start_ticks\":\"{s}\",\"uid\":\"0\"}}"
+                        );
+                        let key = subject_key("process", &identity);
+                        let base = binds.len();
+                        sql.push_str(if r == 0 { "(" } else { ",(" });
+                        sql.push_str(&dollar_list(base + 1, 12));
+                        sql.push(')');
+                        binds.push(Bind::Str(pstack_envelope::sha256_digest(
+                            format!("bench-{i}").as_bytes(),
+                        )));
+                        binds.push(Bind::Str(key));
+                        binds.push(Bind::Str("process".into()));
+                        binds.push(Bind::Str("bench-host".into()));
+                        binds.push(Bind::I64(pid));
+                        binds.push(Bind::Str(identity));
+                        let wall =
+                            1_700_000_000_000_000_000 + i64::try_from(i).unwrap_or(0) * 1_000_000;
+                        binds.push(Bind::I64(wall));
+                        binds.push(Bind::I64(wall));
+                        binds.push(Bind::Str("complete".into()));
+                        binds.push(Bind::Str("bench".into()));
+                        binds.push(Bind::I64(i64::try_from(body.len()).unwrap_or(0)));
+                        binds.push(Bind::Blob(body.to_vec()));
+                    }
+                    let q = bind_all!(sqlx::query(&sql), &binds);
+                    q.execute(&mut *tx).await?;
+                    done += rows;
+                }
+                tx.commit().await?;
+                Ok::<(), StoreError>(())
+            })?;
+            progress(done);
+        }
+        Ok(())
+    }
+}
+
+/// (cited, problem) pairs whose envelope diff is empty.
+fn unchanged_pairs(
+    cited: &[String],
+    problem: &[String],
+    bodies: &BTreeMap<String, Vec<u8>>,
+) -> Result<Vec<(String, String)>, StoreError> {
+    let parse = |d: &String| -> Result<Option<pstack_envelope::Envelope>, StoreError> {
+        match bodies.get(d) {
+            None => Ok(None),
+            Some(b) => pstack_envelope::parse(b)
+                .map(|(e, _)| Some(e))
+                .map_err(|e| StoreError::Corrupt {
+                    digest: d.clone(),
+                    reason: e.to_string(),
+                }),
+        }
+    };
+    let mut out = Vec::new();
+    for c in cited {
+        let Some(after) = parse(c)? else { continue };
+        for p in problem {
+            let Some(before) = parse(p)? else { continue };
+            if let Ok(d) = pstack_envelope::diff(&before, &after)
+                && d.is_empty()
+            {
+                out.push((c.clone(), p.clone()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Validate history query parameters into a [`HistoryQuery`]. `params` are the
+/// identity fields given (everything but `kind`, `limit`, `before`).
+pub fn history_query(
+    kind: &str,
+    params: &BTreeMap<String, String>,
+    before: Option<(i64, String)>,
+    limit: i64,
+) -> Result<HistoryQuery, String> {
+    let fields = identity_fields(kind).ok_or_else(|| format!("unknown subject kind {kind:?}"))?;
+    for name in params.keys() {
+        if !fields.contains(&name.as_str()) {
+            return Err(format!(
+                "{name:?} is not an identity field of a {kind} subject (fields: {})",
+                fields.join(", ")
+            ));
+        }
+    }
+    let locator = locator_field(kind).unwrap_or("host");
+    let Some(loc) = params.get(locator) else {
+        return Err(format!("a {kind} history needs {locator}="));
+    };
+    let pid = match params.get("pid") {
+        Some(p) => Some(
+            p.parse::<i64>()
+                .map_err(|_| format!("pid {p:?} is not an integer"))?,
+        ),
+        None if matches!(kind, "process" | "thread") => {
+            return Err(format!(
+                "a {kind} history needs pid= (a host alone names no process)"
+            ));
+        }
+        None => None,
+    };
+    let required: Vec<&str> = fields.iter().copied().filter(|f| *f != "net_ns").collect();
+    let full = required.iter().all(|f| params.contains_key(*f))
+        && (kind != "network_stream" || params.contains_key("net_ns"));
+    let subject_key = full.then(|| {
+        let map: BTreeMap<&str, &str> = params
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        subject_key(kind, &serde_json::to_string(&map).unwrap_or_default())
+    });
+    let filters = params
+        .iter()
+        .filter(|(k, _)| k.as_str() != locator && k.as_str() != "pid")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Ok(HistoryQuery {
+        subject_key,
+        kind: kind.to_string(),
+        locator: loc.clone(),
+        pid,
+        filters,
+        before,
+        limit,
+    })
+}

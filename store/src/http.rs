@@ -1,0 +1,765 @@
+//! The HTTP API (axum). Contract in `store/README.md`.
+//!
+//! Invariants:
+//! - Every `/v1` route authenticates with `Authorization: Bearer <key>` before
+//!   it reads a body; `/healthz` and `/metrics` are open (they expose counts,
+//!   never evidence).
+//! - Errors are JSON `{"error": {"code", "message"}}` with a stable snake_case
+//!   code and the precise status (400 malformed, 401 auth, 404 absent, 413 too
+//!   large, 415 encoding, 422 refused by a rule, 503 database unavailable).
+//! - Envelope verification (CPU-bound) runs on the blocking pool, never on the
+//!   async workers; database work is the only thing awaited in handlers.
+//! - Logs: one structured event per request (route, status, latency, key id,
+//!   item counts). Never bodies, never keys, never envelope contents.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{MatchedPath, Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::db::{self, KeyCheck, Store, StoreError, StoredStatus};
+use crate::ingest::{self, Framing, IngestLimits, ItemVerdict, Reason};
+use crate::receipts::ReceiptRequest;
+
+/// Shared state of the server.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The database.
+    pub store: Store,
+    /// Ingest caps.
+    pub limits: IngestLimits,
+    /// Counters for `/metrics`.
+    pub metrics: Arc<Metrics>,
+}
+
+impl AppState {
+    /// State with default limits and fresh metrics.
+    pub fn new(store: Store, limits: IngestLimits) -> AppState {
+        AppState {
+            store,
+            limits,
+            metrics: Arc::new(Metrics::default()),
+        }
+    }
+}
+
+/// Prometheus counters (text exposition rendered by hand: a handful of
+/// counters does not justify a metrics framework).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    items_accepted: AtomicU64,
+    items_duplicate: AtomicU64,
+    items_rejected: AtomicU64,
+    ingest_bytes: AtomicU64,
+    ingest_batches: AtomicU64,
+    retention_deleted: AtomicU64,
+    rejected_by_rule: Mutex<BTreeMap<String, u64>>,
+    auth_failures: Mutex<BTreeMap<&'static str, u64>>,
+    responses: Mutex<BTreeMap<(String, u16), u64>>,
+    latency: Mutex<BTreeMap<String, Histogram>>,
+}
+
+const BUCKETS_S: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
+
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    counts: [u64; BUCKETS_S.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Metrics {
+    /// Count envelopes deleted by retention.
+    pub fn add_retention_deleted(&self, n: u64) {
+        self.retention_deleted.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn render(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let c = |o: &mut String, name: &str, help: &str| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+        };
+        c(
+            &mut out,
+            "pstack_store_ingest_items_total",
+            "Envelopes received, by outcome.",
+        );
+        for (status, v) in [
+            ("accepted", &self.items_accepted),
+            ("duplicate", &self.items_duplicate),
+            ("rejected", &self.items_rejected),
+        ] {
+            let _ = writeln!(
+                out,
+                "pstack_store_ingest_items_total{{status=\"{status}\"}} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+        c(
+            &mut out,
+            "pstack_store_ingest_rejections_total",
+            "Rule violations in rejected envelopes, by rule.",
+        );
+        for (rule, v) in lock(&self.rejected_by_rule).iter() {
+            let _ = writeln!(
+                out,
+                "pstack_store_ingest_rejections_total{{rule=\"{rule}\"}} {v}"
+            );
+        }
+        c(
+            &mut out,
+            "pstack_store_ingest_bytes_total",
+            "Decoded ingest body bytes.",
+        );
+        let _ = writeln!(
+            out,
+            "pstack_store_ingest_bytes_total {}",
+            self.ingest_bytes.load(Ordering::Relaxed)
+        );
+        c(
+            &mut out,
+            "pstack_store_ingest_batches_total",
+            "Ingest requests that reached the database.",
+        );
+        let _ = writeln!(
+            out,
+            "pstack_store_ingest_batches_total {}",
+            self.ingest_batches.load(Ordering::Relaxed)
+        );
+        c(
+            &mut out,
+            "pstack_store_auth_failures_total",
+            "Refused API keys, by reason.",
+        );
+        for (reason, v) in lock(&self.auth_failures).iter() {
+            let _ = writeln!(
+                out,
+                "pstack_store_auth_failures_total{{reason=\"{reason}\"}} {v}"
+            );
+        }
+        c(
+            &mut out,
+            "pstack_store_retention_deleted_total",
+            "Envelopes deleted by retention.",
+        );
+        let _ = writeln!(
+            out,
+            "pstack_store_retention_deleted_total {}",
+            self.retention_deleted.load(Ordering::Relaxed)
+        );
+        c(
+            &mut out,
+            "pstack_store_http_responses_total",
+            "HTTP responses, by route and status.",
+        );
+        for ((route, status), v) in lock(&self.responses).iter() {
+            let _ = writeln!(
+                out,
+                "pstack_store_http_responses_total{{route=\"{route}\",status=\"{status}\"}} {v}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP pstack_store_http_request_duration_seconds Request latency, by route.\n# TYPE pstack_store_http_request_duration_seconds histogram"
+        );
+        for (route, h) in lock(&self.latency).iter() {
+            let mut cumulative = 0;
+            for (i, le) in BUCKETS_S.iter().enumerate() {
+                cumulative += h.counts[i];
+                let _ = writeln!(
+                    out,
+                    "pstack_store_http_request_duration_seconds_bucket{{route=\"{route}\",le=\"{le}\"}} {cumulative}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "pstack_store_http_request_duration_seconds_bucket{{route=\"{route}\",le=\"+Inf\"}} {}",
+                h.count
+            );
+            let _ = writeln!(
+                out,
+                "pstack_store_http_request_duration_seconds_sum{{route=\"{route}\"}} {}",
+                h.sum
+            );
+            let _ = writeln!(
+                out,
+                "pstack_store_http_request_duration_seconds_count{{route=\"{route}\"}} {}",
+                h.count
+            );
+        }
+        out
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An API error: status, stable code, message.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: String,
+    message: String,
+    detail: Option<serde_json::Value>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: impl Into<String>, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code: code.into(),
+            message: message.into(),
+            detail: None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({"error": {"code": self.code, "message": self.message}});
+        if let Some(d) = self.detail {
+            body["error"]["detail"] = d;
+        }
+        let mut resp = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        match e {
+            StoreError::Receipt(r) => {
+                let detail = serde_json::to_value(&r).ok();
+                ApiError {
+                    status: StatusCode::UNPROCESSABLE_ENTITY,
+                    code: r.rule().into(),
+                    message: r.to_string(),
+                    detail,
+                }
+            }
+            other => {
+                tracing::error!(error = %other, "storage failure");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    other.to_string(),
+                )
+            }
+        }
+    }
+}
+
+/// Build the router.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/v1/envelopes", post(post_envelopes))
+        .route("/v1/envelopes/{digest}", get(get_envelope))
+        .route("/v1/subjects", get(get_subjects))
+        .route("/v1/diff", get(get_diff))
+        .route("/v1/handoff/{digest}", get(get_handoff))
+        .route("/v1/unknowns", get(get_unknowns))
+        .route("/v1/receipts", post(post_receipt).get(get_receipts))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+/// Per-request log line and metrics.
+async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let method = req.method().clone();
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    let elapsed = started.elapsed();
+    let status = resp.status().as_u16();
+    tracing::info!(%method, route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request");
+    *lock(&state.metrics.responses)
+        .entry((route.clone(), status))
+        .or_insert(0) += 1;
+    let mut lat = lock(&state.metrics.latency);
+    let h = lat.entry(route).or_default();
+    let s = elapsed.as_secs_f64();
+    if let Some(i) = BUCKETS_S.iter().position(|le| s <= *le) {
+        h.counts[i] += 1;
+    }
+    h.count += 1;
+    h.sum += s;
+    resp
+}
+
+async fn healthz(State(state): State<AppState>) -> Response {
+    match state.store.ping().await {
+        Ok(()) => Json(json!({"status": "ok", "backend": state.store.backend()})).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "unavailable", "backend": state.store.backend(), "error": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+    let fail = |reason: &'static str, message: &str| {
+        *lock(&state.metrics.auth_failures)
+            .entry(reason)
+            .or_insert(0) += 1;
+        tracing::warn!(reason, "refused API key");
+        ApiError::new(StatusCode::UNAUTHORIZED, reason, message)
+    };
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Err(fail("missing_api_key", "send Authorization: Bearer <key>"));
+    };
+    let Some(key) = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) else {
+        return Err(fail(
+            "missing_api_key",
+            "Authorization must be Bearer <key>",
+        ));
+    };
+    match state.store.check_key(key.trim()).await? {
+        KeyCheck::Valid(id) => Ok(id),
+        KeyCheck::Revoked(_) => Err(fail("revoked_api_key", "this API key was revoked")),
+        KeyCheck::Unknown => Err(fail("unknown_api_key", "no such API key")),
+    }
+}
+
+/// One per-item result of `POST /v1/envelopes`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct ItemResult {
+    /// Position in the batch (0-based).
+    pub index: usize,
+    /// The digest (for rejected items: the declared one, when well-formed).
+    pub digest: Option<String>,
+    /// `accepted`, `duplicate` or `rejected`.
+    pub status: String,
+    /// When the store first received it (accepted/duplicate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received_at: Option<String>,
+    /// Key that first shipped it (accepted/duplicate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// Why it was rejected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<Reason>,
+}
+
+/// Body of a `POST /v1/envelopes` response.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct IngestResponse {
+    /// Newly stored.
+    pub accepted: usize,
+    /// Already stored.
+    pub duplicate: usize,
+    /// Refused.
+    pub rejected: usize,
+    /// One per item, in request order.
+    pub results: Vec<ItemResult>,
+}
+
+async fn post_envelopes(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let key_id = authenticate(&state, &headers).await?;
+    let limits = state.limits;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("request body exceeds {} bytes", limits.max_body_bytes),
+        )
+    };
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && len > limits.max_body_bytes as u64
+    {
+        return Err(too_large());
+    }
+    let raw = axum::body::to_bytes(body, limits.max_body_bytes)
+        .await
+        .map_err(|_| too_large())?;
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("invalid").to_string());
+    let ndjson = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|t| {
+            let t = t
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            t == "application/x-ndjson" || t == "application/ndjson" || t == "application/jsonl"
+        })
+        .unwrap_or(false);
+    let verdicts = tokio::task::spawn_blocking(move || {
+        let decoded = ingest::decode_body(raw.to_vec(), encoding.as_deref(), &limits)?;
+        let (framing, items) = ingest::split_items(&decoded, ndjson, &limits)?;
+        let verdicts: Vec<ItemVerdict> = items
+            .iter()
+            .map(|i| ingest::verify_item(i, &limits))
+            .collect();
+        Ok::<_, ingest::BodyError>((framing, verdicts, decoded.len()))
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    let (framing, verdicts, decoded_len) = verdicts.map_err(|e| {
+        let status = match e {
+            ingest::BodyError::TooLarge { .. }
+            | ingest::BodyError::DecodedTooLarge { .. }
+            | ingest::BodyError::TooManyItems { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ingest::BodyError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        ApiError::new(status, e.code(), e.to_string())
+    })?;
+    let m = &state.metrics;
+    m.ingest_bytes
+        .fetch_add(decoded_len as u64, Ordering::Relaxed);
+    let verified: Vec<&ingest::VerifiedItem> = verdicts
+        .iter()
+        .filter_map(|v| match v {
+            ItemVerdict::Verified(item) => Some(item.as_ref()),
+            ItemVerdict::Rejected(_) => None,
+        })
+        .collect();
+    let records = if verified.is_empty() {
+        Vec::new()
+    } else {
+        m.ingest_batches.fetch_add(1, Ordering::Relaxed);
+        state
+            .store
+            .ingest(&verified, &key_id, crate::now_ns())
+            .await?
+    };
+    let mut records = records.into_iter();
+    let mut resp = IngestResponse {
+        accepted: 0,
+        duplicate: 0,
+        rejected: 0,
+        results: Vec::with_capacity(verdicts.len()),
+    };
+    for (index, v) in verdicts.iter().enumerate() {
+        match v {
+            ItemVerdict::Verified(item) => {
+                let Some(rec) = records.next() else { break };
+                let status = match rec.status {
+                    StoredStatus::Accepted => {
+                        resp.accepted += 1;
+                        "accepted"
+                    }
+                    StoredStatus::Duplicate => {
+                        resp.duplicate += 1;
+                        "duplicate"
+                    }
+                };
+                resp.results.push(ItemResult {
+                    index,
+                    digest: Some(item.digest.clone()),
+                    status: status.into(),
+                    received_at: Some(crate::ident::format_ns(rec.received_ns)),
+                    key_id: Some(rec.key_id),
+                    reasons: Vec::new(),
+                });
+            }
+            ItemVerdict::Rejected(r) => {
+                resp.rejected += 1;
+                let mut by_rule = lock(&m.rejected_by_rule);
+                for reason in &r.reasons {
+                    *by_rule.entry(reason.rule.clone()).or_insert(0) += 1;
+                }
+                resp.results.push(ItemResult {
+                    index,
+                    digest: r.declared_digest.clone(),
+                    status: "rejected".into(),
+                    received_at: None,
+                    key_id: None,
+                    reasons: r.reasons.clone(),
+                });
+            }
+        }
+    }
+    m.items_accepted
+        .fetch_add(resp.accepted as u64, Ordering::Relaxed);
+    m.items_duplicate
+        .fetch_add(resp.duplicate as u64, Ordering::Relaxed);
+    m.items_rejected
+        .fetch_add(resp.rejected as u64, Ordering::Relaxed);
+    tracing::info!(
+        key_id = %key_id,
+        accepted = resp.accepted,
+        duplicate = resp.duplicate,
+        rejected = resp.rejected,
+        bytes = decoded_len,
+        "ingest"
+    );
+    let status = match framing {
+        Framing::Single if resp.rejected == 1 => StatusCode::UNPROCESSABLE_ENTITY,
+        Framing::Single if resp.accepted == 1 => StatusCode::CREATED,
+        _ => StatusCode::OK,
+    };
+    Ok((status, Json(resp)).into_response())
+}
+
+fn check_digest(d: &str) -> Result<(), ApiError> {
+    if pstack_envelope::is_sha256_digest(d) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_digest",
+            format!("{d:?} is not sha256:<64 lowercase hex>"),
+        ))
+    }
+}
+
+fn not_found(d: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "envelope_not_found",
+        format!("no envelope {d} in the store"),
+    )
+}
+
+async fn get_envelope(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(digest): Path<String>,
+) -> Result<Response, ApiError> {
+    authenticate(&state, &headers).await?;
+    check_digest(&digest)?;
+    let bytes = state
+        .store
+        .envelope_bytes(&digest)
+        .await?
+        .ok_or_else(|| not_found(&digest))?;
+    let etag = HeaderValue::from_str(&format!("\"{digest}\"")).ok();
+    let mut resp = ([(header::CONTENT_TYPE, "application/json")], bytes).into_response();
+    if let Some(etag) = etag {
+        resp.headers_mut().insert(header::ETAG, etag);
+    }
+    Ok(resp)
+}
+
+async fn load(state: &AppState, digest: &str) -> Result<pstack_envelope::Envelope, ApiError> {
+    check_digest(digest)?;
+    state
+        .store
+        .envelope(digest)
+        .await?
+        .ok_or_else(|| not_found(digest))
+}
+
+fn bad_query(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", message)
+}
+
+fn parse_limit(v: Option<&String>, default: i64) -> Result<i64, ApiError> {
+    match v {
+        None => Ok(default),
+        Some(s) => match s.parse::<i64>() {
+            Ok(n) if (1..=1000).contains(&n) => Ok(n),
+            _ => Err(bad_query(format!(
+                "limit {s:?} must be an integer in 1..=1000"
+            ))),
+        },
+    }
+}
+
+async fn get_subjects(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(mut params): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    authenticate(&state, &headers).await?;
+    let limit = parse_limit(params.remove("limit").as_ref(), 50)?;
+    let before =
+        match params.remove("before") {
+            None => None,
+            Some(c) => {
+                let parsed = c
+                    .split_once('_')
+                    .and_then(|(w, d)| Some((w.parse::<i64>().ok()?, d.to_string())))
+                    .filter(|(_, d)| pstack_envelope::is_sha256_digest(d));
+                Some(parsed.ok_or_else(|| {
+                    bad_query(format!("cursor {c:?} is not one this store issued"))
+                })?)
+            }
+        };
+    let q = if let Some(key) = params.remove("subject") {
+        check_digest(&key)?;
+        if !params.is_empty() {
+            return Err(bad_query(
+                "subject= names the whole identity; give no other identity fields",
+            ));
+        }
+        db::HistoryQuery {
+            subject_key: Some(key),
+            before,
+            limit,
+            ..Default::default()
+        }
+    } else {
+        let kind = params.remove("kind").ok_or_else(|| {
+            bad_query("give kind= and the subject's identity fields, or subject=<key>")
+        })?;
+        db::history_query(&kind, &params, before, limit).map_err(bad_query)?
+    };
+    let items = state.store.history(&q).await?;
+    let next = (items.len() as i64 == limit)
+        .then(|| items.last().map(|l| format!("{}_{}", l.wall_ns, l.digest)))
+        .flatten();
+    Ok(Json(json!({"items": items, "next": next})).into_response())
+}
+
+async fn get_diff(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    authenticate(&state, &headers).await?;
+    let (Some(b), Some(a)) = (params.get("before"), params.get("after")) else {
+        return Err(bad_query("give before=<digest>&after=<digest>"));
+    };
+    let before = load(&state, b).await?;
+    let after = load(&state, a).await?;
+    match pstack_envelope::diff(&before, &after) {
+        Ok(d) => Ok(Json(d).into_response()),
+        Err(e) => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            e.rule(),
+            e.to_string(),
+        )),
+    }
+}
+
+async fn get_handoff(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(digest): Path<String>,
+) -> Result<Response, ApiError> {
+    authenticate(&state, &headers).await?;
+    let env = load(&state, &digest).await?;
+    Ok(Json(pstack_envelope::handoff(&env)).into_response())
+}
+
+async fn get_unknowns(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    authenticate(&state, &headers).await?;
+    for k in params.keys() {
+        if !matches!(k.as_str(), "open" | "owner" | "limit" | "offset") {
+            return Err(bad_query(format!(
+                "unknown parameter {k:?} (open, owner, limit, offset)"
+            )));
+        }
+    }
+    let open = match params.get("open").map(String::as_str) {
+        None | Some("true") => true,
+        Some("false") => false,
+        Some(o) => return Err(bad_query(format!("open={o:?} must be true or false"))),
+    };
+    let limit = parse_limit(params.get("limit"), 100)?;
+    let offset = match params.get("offset") {
+        None => 0,
+        Some(o) => o
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| bad_query(format!("offset {o:?} must be a non-negative integer")))?,
+    };
+    let items = state
+        .store
+        .unknowns(open, params.get("owner").map(String::as_str), limit, offset)
+        .await?;
+    Ok(Json(json!({"items": items})).into_response())
+}
+
+async fn post_receipt(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let key_id = authenticate(&state, &headers).await?;
+    let bytes = axum::body::to_bytes(body, 1 << 20).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "receipt bodies are at most 1 MiB",
+        )
+    })?;
+    let req: ReceiptRequest = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_receipt", e.to_string()))?;
+    let rec = state
+        .store
+        .record_receipt(&req, &key_id, crate::now_ns())
+        .await?;
+    tracing::info!(kind = %rec.kind, id = rec.id, key_id = %key_id, "receipt recorded");
+    Ok((StatusCode::CREATED, Json(rec)).into_response())
+}
+
+async fn get_receipts(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    authenticate(&state, &headers).await?;
+    let subject = params
+        .get("subject")
+        .ok_or_else(|| bad_query("give subject=<subject key>"))?;
+    check_digest(subject)?;
+    let items = state.store.receipts(subject).await?;
+    Ok(Json(json!({"items": items})).into_response())
+}
+
+/// Serve until `shutdown` resolves, then stop accepting and drain in-flight
+/// requests (axum's graceful shutdown).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
