@@ -48,7 +48,9 @@ struct pstack_tcp_event {
 	__u8 flags;         /* 77: PSTACK_TCP_* */
 	__u16 _pad;         /* 78 */
 	char comm[16];      /* 80: on-CPU comm (swapper/N in softirq) */
-};                          /* 96 */
+	__u64 sk_key;       /* 96: socket address, an opaque in-host key to join a
+			     * socket's events (0 = none). Never leaves the host. */
+};                          /* 104 */
 
 /* Off-CPU state classes (index into pstack_offcpu_totals arrays). */
 #define PSTACK_OFF_RUNNABLE 0 /* preempted: waiting on a runqueue */
@@ -105,5 +107,11 @@ struct pstack_offcpu_start {
 	__u32 _pad;         /* 28 */
 	__u64 stack[PSTACK_OFFCPU_STACK_DEPTH]; /* 32 */
 };                          /* 160 */
+
+/* The Rust decoder (ebpf/src/record.rs) pins these sizes too. */
+_Static_assert(sizeof(struct pstack_tcp_event) == 104, "pstack_tcp_event ABI");
+_Static_assert(sizeof(struct pstack_dstate_event) == 184, "pstack_dstate_event ABI");
+_Static_assert(sizeof(struct pstack_offcpu_totals) == 168, "pstack_offcpu_totals ABI");
+_Static_assert(sizeof(struct pstack_offcpu_start) == 160, "pstack_offcpu_start ABI");
 
 #endif

@@ -95,6 +95,7 @@ static __always_inline struct pstack_tcp_event *reserve(__u8 kind)
 	e->layout = 0;
 	e->flags = 0;
 	e->_pad = 0;
+	e->sk_key = 0;
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 	return e;
 }
@@ -106,6 +107,7 @@ static __always_inline void sock_ids(struct pstack_tcp_event *e, const void *ska
 	if (!sk)
 		return;
 	e->flags |= PSTACK_TCP_HAS_SOCK;
+	e->sk_key = (__u64)sk;
 	struct net *net = BPF_CORE_READ(sk, __sk_common.skc_net.net);
 	if (net) {
 		e->netns_ino = BPF_CORE_READ(net, ns.inum);

@@ -1,1 +1,79 @@
-//! pstack's eBPF surfaces: embedded CO-RE objects loaded with aya, aggregated per flow and per task.
+//! `pstack-ebpf`: pstack's eBPF surfaces — TCP retransmits, resets (with the
+//! direction: which endpoint reset the stream), TCP state changes (stream
+//! lifetimes) and off-CPU / D-state time — from C CO-RE programs loaded with
+//! aya.
+//!
+//! # Layout
+//! - `ebpf/bpf/*.bpf.c` + `pstack_events.h`: the programs and the record ABI.
+//!   Compiled objects are committed and embedded ([`objects`]); `ebpf/build.sh`
+//!   rebuilds them, `ebpf/build.sh --check` proves the committed bytes match.
+//! - [`record`] decodes records (pure), [`aggregate`] and [`offcpu`] fold them
+//!   into bounded per-flow / per-task summaries (pure), [`surface`] turns a
+//!   window into `pstack_envelope::Surface`s, [`session`] owns the kernel side.
+//!
+//! # API for pstackd and `pstackctl capture --window`
+//! ```no_run
+//! use std::time::Duration;
+//! use pstack_ebpf::{EbpfConfig, EbpfSession, EbpfStatus};
+//!
+//! # async fn daemon() {
+//! // pstackd: keep the programs attached while it runs.
+//! let mut cfg = EbpfConfig::tcp();
+//! cfg.offcpu = true;
+//! cfg.watch_pids = vec![];          // add subjects later with session.watch(pid)
+//! cfg.watch_all = false;
+//! # cfg.watch_all = true;
+//! let status = match EbpfSession::start(cfg) {
+//!     Ok(mut session) => {
+//!         // /v1/status and /metrics: programs, events and drops (cumulative).
+//!         let status: EbpfStatus = session.status().expect("counters readable");
+//!         // One capture window; surfaces for the envelope.
+//!         let report = session.run_window(Duration::from_secs(5), |_event| {}).await.unwrap();
+//!         let _surfaces = report.surfaces();
+//!         status
+//!     }
+//!     // Degraded, typed: state is "unsupported" | "permission_denied" | "error".
+//!     Err(e) => EbpfStatus::failed(&e),
+//! };
+//! # let _ = status;
+//! # }
+//! // pstackctl capture --pid N --window 5s (synchronous, never fails: a
+//! // failure comes back as the same surface ids with a non-ok status).
+//! let surfaces = pstack_ebpf::capture_blocking(EbpfConfig::offcpu(vec![4242]), Duration::from_secs(5));
+//! # let _ = surfaces;
+//! ```
+//!
+//! # Invariants
+//! - **Typed degradation.** No kernel BTF → `unsupported`; no privilege (not
+//!   root, no CAP_BPF+CAP_PERFMON / CAP_SYS_ADMIN, or EPERM/EACCES from the
+//!   kernel) → `permission_denied`; anything else → `error` with its cause
+//!   (the verifier log included). Never a panic, never a silent empty `ok`.
+//! - **Bounded.** Ring buffers and maps have fixed sizes; a full one is
+//!   counted by the program (`COUNTERS`) and surfaces as `truncated` with
+//!   `lost_events`. User-space summaries are capped by [`Limits`], counts stay
+//!   exact.
+//! - **Nothing secret or host-internal leaves.** Socket keys (kernel addresses)
+//!   join events in memory only; stacks are symbol names, never addresses.
+//! - **Attribution is honest.** The on-CPU pid/comm of an event is reported as
+//!   such (`on_cpu_pid`): in softirq or timer context (retransmit timers) it is
+//!   not the socket owner.
+
+pub mod aggregate;
+pub mod error;
+pub mod host;
+pub mod objects;
+pub mod offcpu;
+pub mod record;
+pub mod session;
+pub mod surface;
+pub mod symbols;
+
+pub use aggregate::{Limits, TcpAggregate, TcpSurface};
+pub use error::EbpfError;
+pub use offcpu::OffCpuWindow;
+pub use record::{Endpoint, TcpEvent, TcpEventKind, TcpState};
+pub use session::{
+    EbpfConfig, EbpfSession, EbpfStatus, MapSizes, OffCpuStatus, ProgramState, WindowReport, capture_blocking,
+    monotonic_ns,
+};
+pub use surface::{OFFCPU_SURFACE, WindowMeta};

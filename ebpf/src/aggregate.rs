@@ -1,0 +1,507 @@
+//! Bounded aggregation of decoded records over one capture window.
+//!
+//! Pure: records in, summaries out; no kernel, no clock. Memory is bounded by
+//! [`Limits`] whatever the event rate: at most `max_flows` flows (events for
+//! flows beyond the cap are still counted, and counted again as `untracked`,
+//! which makes the surface `truncated`), at most `max_samples` raw events kept
+//! per surface (the rest are counted, `sample_truncated`), at most
+//! `max_transitions_per_flow` transitions per flow. Counts are exact even when
+//! summaries are capped.
+//!
+//! Flows are joined by the socket (an opaque in-host key from the kernel; a
+//! client socket has port 0 in its first `CLOSE -> SYN_SENT` transition) and,
+//! for events without a socket (a RST answering a SYN to a closed port), by
+//! `(netns, local, remote)`. A socket whose flow closed and then starts again
+//! from `CLOSE` (the kernel reused it) opens a new flow.
+
+use std::collections::HashMap;
+
+use sha2::{Digest, Sha256};
+
+use crate::record::{Endpoint, RecordError, TcpEvent, TcpEventKind, TcpState};
+
+/// Caps in force for one window. Each trades memory for detail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most flows summarized (default 1024; more are counted as untracked).
+    pub max_flows: usize,
+    /// Most raw events kept per surface (default 256).
+    pub max_samples: usize,
+    /// Most state transitions kept per flow (default 16).
+    pub max_transitions_per_flow: usize,
+    /// Most tasks listed in the off-CPU surface (default 512).
+    pub max_tasks: usize,
+    /// Most D-state episodes kept (default 256).
+    pub max_episodes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_flows: 1024,
+            max_samples: 256,
+            max_transitions_per_flow: 16,
+            max_tasks: 512,
+            max_episodes: 256,
+        }
+    }
+}
+
+/// Which surface a TCP event kind feeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TcpSurface {
+    /// `ebpf:tcp_retransmits`.
+    Retransmits,
+    /// `ebpf:tcp_resets`.
+    Resets,
+    /// `ebpf:tcp_lifecycle`.
+    Lifecycle,
+}
+
+impl TcpSurface {
+    /// Every TCP surface.
+    pub const ALL: [TcpSurface; 3] = [TcpSurface::Retransmits, TcpSurface::Resets, TcpSurface::Lifecycle];
+
+    /// The surface id.
+    pub fn id(self) -> &'static str {
+        match self {
+            TcpSurface::Retransmits => "ebpf:tcp_retransmits",
+            TcpSurface::Resets => "ebpf:tcp_resets",
+            TcpSurface::Lifecycle => "ebpf:tcp_lifecycle",
+        }
+    }
+
+    /// The surface an event kind feeds.
+    pub fn of(kind: TcpEventKind) -> TcpSurface {
+        match kind {
+            TcpEventKind::Retransmit => TcpSurface::Retransmits,
+            TcpEventKind::ReceiveReset | TcpEventKind::SendReset => TcpSurface::Resets,
+            TcpEventKind::StateChange => TcpSurface::Lifecycle,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// SHA-256 and length of the raw records a surface was built from.
+#[derive(Debug, Clone, Default)]
+pub struct RawDigest {
+    hasher: Sha256,
+    /// Raw bytes consumed.
+    pub bytes: u64,
+}
+
+impl RawDigest {
+    /// Feed one raw record.
+    pub fn update(&mut self, raw: &[u8]) {
+        self.hasher.update(raw);
+        self.bytes += raw.len() as u64;
+    }
+
+    /// `sha256:<hex>` of everything fed, or `None` when nothing was.
+    pub fn digest(&self) -> Option<String> {
+        (self.bytes > 0).then(|| format!("sha256:{}", hex::encode(self.hasher.clone().finalize())))
+    }
+}
+
+/// One state transition of a flow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    /// CLOCK_MONOTONIC ns.
+    pub ts_ns: u64,
+    /// Old state.
+    pub from: TcpState,
+    /// New state.
+    pub to: TcpState,
+}
+
+/// A reset seen on a flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetDirection {
+    /// This host sent the RST (`local` is its sender).
+    Sent,
+    /// This socket received the RST (`remote` is its sender).
+    Received,
+}
+
+impl ResetDirection {
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResetDirection::Sent => "sent",
+            ResetDirection::Received => "received",
+        }
+    }
+}
+
+/// Everything seen on one flow (one socket lifetime, or one sockless tuple).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flow {
+    /// Local endpoint (latest complete one seen).
+    pub local: Endpoint,
+    /// Remote endpoint.
+    pub remote: Endpoint,
+    /// Netns inode, when known.
+    pub netns_ino: Option<u32>,
+    /// Netns cookie, when known.
+    pub netns_cookie: Option<u64>,
+    /// Socket cookie, when the kernel had generated one.
+    pub sock_cookie: Option<u64>,
+    /// The flow's events carried a socket.
+    pub has_sock: bool,
+    /// Retransmits.
+    pub retransmits: u64,
+    /// RSTs this host sent on it.
+    pub resets_sent: u64,
+    /// RSTs this socket received.
+    pub resets_received: u64,
+    /// Last send-reset reason (kernel name).
+    pub last_reset_reason: Option<i32>,
+    /// State changes seen (all of them are counted here).
+    pub state_changes: u64,
+    /// First and last event, CLOCK_MONOTONIC ns.
+    pub first_ns: u64,
+    /// Last event.
+    pub last_ns: u64,
+    /// Transitions kept (capped).
+    pub transitions: Vec<Transition>,
+    /// Transitions beyond the cap.
+    pub transitions_dropped: u64,
+    closed: bool,
+}
+
+impl Flow {
+    fn new(e: &TcpEvent) -> Flow {
+        Flow {
+            local: e.local,
+            remote: e.remote,
+            netns_ino: e.netns_ino,
+            netns_cookie: e.netns_cookie,
+            sock_cookie: e.sock_cookie,
+            has_sock: e.has_sock,
+            retransmits: 0,
+            resets_sent: 0,
+            resets_received: 0,
+            last_reset_reason: None,
+            state_changes: 0,
+            first_ns: e.ts_ns,
+            last_ns: e.ts_ns,
+            transitions: Vec::new(),
+            transitions_dropped: 0,
+            closed: false,
+        }
+    }
+
+    /// Whether the flow saw an event of this surface.
+    pub fn feeds(&self, s: TcpSurface) -> bool {
+        match s {
+            TcpSurface::Retransmits => self.retransmits > 0,
+            TcpSurface::Resets => self.resets_sent + self.resets_received > 0,
+            TcpSurface::Lifecycle => self.state_changes > 0,
+        }
+    }
+
+    /// Whether both endpoints' ports are known.
+    fn complete(e: &TcpEvent) -> bool {
+        e.local.port != 0 && e.remote.port != 0
+    }
+}
+
+type TupleKey = (Option<u32>, Endpoint, Endpoint);
+
+/// Per-window TCP aggregation, bounded by [`Limits`].
+#[derive(Debug, Clone)]
+pub struct TcpAggregate {
+    limits: Limits,
+    flows: Vec<Flow>,
+    by_sock: HashMap<u64, usize>,
+    by_tuple: HashMap<TupleKey, usize>,
+    /// Events per kind (exact), index = `TcpEventKind::ALL` order.
+    pub seen: [u64; 4],
+    /// Events per surface that could not be attributed to a flow (cap).
+    pub untracked: [u64; 3],
+    /// Raw events kept per surface.
+    pub samples: [Vec<TcpEvent>; 3],
+    /// Events per surface not kept in the sample.
+    pub samples_dropped: [u64; 3],
+    /// Raw digest per surface.
+    pub raw: [RawDigest; 3],
+    /// Records that failed to decode.
+    pub undecodable: u64,
+    /// Records the address filter refused.
+    pub filtered_out: u64,
+    /// `LAYOUT_*` bits seen.
+    pub layouts: u8,
+    filter_addr: Option<std::net::IpAddr>,
+}
+
+fn kind_index(k: TcpEventKind) -> usize {
+    TcpEventKind::ALL.iter().position(|x| *x == k).unwrap_or(0)
+}
+
+impl TcpAggregate {
+    /// An empty aggregate. `filter_addr` keeps only events with that address
+    /// at either end (the port filter runs in the kernel).
+    pub fn new(limits: Limits, filter_addr: Option<std::net::IpAddr>) -> TcpAggregate {
+        TcpAggregate {
+            limits,
+            flows: Vec::new(),
+            by_sock: HashMap::new(),
+            by_tuple: HashMap::new(),
+            seen: [0; 4],
+            untracked: [0; 3],
+            samples: Default::default(),
+            samples_dropped: [0; 3],
+            raw: Default::default(),
+            undecodable: 0,
+            filtered_out: 0,
+            layouts: 0,
+            filter_addr,
+        }
+    }
+
+    /// The flows summarized (at most `max_flows`), in first-seen order.
+    pub fn flows(&self) -> &[Flow] {
+        &self.flows
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Events seen of one kind.
+    pub fn seen(&self, k: TcpEventKind) -> u64 {
+        self.seen[kind_index(k)]
+    }
+
+    /// Decode and add one raw record; the decoded event when it passed the filter.
+    pub fn add_raw(&mut self, raw: &[u8]) -> Result<Option<TcpEvent>, RecordError> {
+        let e = match TcpEvent::parse(raw) {
+            Ok(e) => e,
+            Err(err) => {
+                self.undecodable += 1;
+                return Err(err);
+            }
+        };
+        if let Some(a) = self.filter_addr
+            && e.local.addr != a
+            && e.remote.addr != a
+        {
+            self.filtered_out += 1;
+            return Ok(None);
+        }
+        self.raw[TcpSurface::of(e.kind).index()].update(raw);
+        self.add(&e);
+        Ok(Some(e))
+    }
+
+    /// Add one decoded event.
+    pub fn add(&mut self, e: &TcpEvent) {
+        let surface = TcpSurface::of(e.kind).index();
+        self.seen[kind_index(e.kind)] += 1;
+        self.layouts |= e.layout;
+        if self.samples[surface].len() < self.limits.max_samples {
+            self.samples[surface].push(e.clone());
+        } else {
+            self.samples_dropped[surface] += 1;
+        }
+        let Some(idx) = self.flow_index(e) else {
+            self.untracked[surface] += 1;
+            return;
+        };
+        let max_tr = self.limits.max_transitions_per_flow;
+        let f = &mut self.flows[idx];
+        f.last_ns = f.last_ns.max(e.ts_ns);
+        if Flow::complete(e) {
+            f.local = e.local;
+            f.remote = e.remote;
+        }
+        if f.sock_cookie.is_none() {
+            f.sock_cookie = e.sock_cookie;
+        }
+        if f.netns_ino.is_none() {
+            f.netns_ino = e.netns_ino;
+            f.netns_cookie = e.netns_cookie;
+        }
+        match e.kind {
+            TcpEventKind::Retransmit => f.retransmits += 1,
+            TcpEventKind::SendReset => {
+                f.resets_sent += 1;
+                f.last_reset_reason = e.detail;
+            }
+            TcpEventKind::ReceiveReset => f.resets_received += 1,
+            TcpEventKind::StateChange => {
+                f.state_changes += 1;
+                let to = e.new_state.unwrap_or(TcpState(0));
+                if f.transitions.len() < max_tr {
+                    f.transitions.push(Transition { ts_ns: e.ts_ns, from: e.state, to });
+                } else {
+                    f.transitions_dropped += 1;
+                }
+                if to == TcpState(7) {
+                    f.closed = true;
+                }
+            }
+        }
+        if Flow::complete(e) {
+            self.by_tuple.insert((e.netns_ino, e.local, e.remote), idx);
+        }
+    }
+
+    fn flow_index(&mut self, e: &TcpEvent) -> Option<usize> {
+        let reopening = e.kind == TcpEventKind::StateChange && e.state == TcpState(7);
+        let existing = if e.sk_key != 0 {
+            self.by_sock.get(&e.sk_key).copied()
+        } else {
+            self.by_tuple.get(&(e.netns_ino, e.local, e.remote)).copied()
+        };
+        if let Some(i) = existing
+            && !(reopening && self.flows[i].closed)
+        {
+            return Some(i);
+        }
+        if self.flows.len() >= self.limits.max_flows {
+            return None;
+        }
+        self.flows.push(Flow::new(e));
+        let i = self.flows.len() - 1;
+        if e.sk_key != 0 {
+            self.by_sock.insert(e.sk_key, i);
+        }
+        Some(i)
+    }
+
+    /// Whether a cap cut this surface's per-flow summaries (counts stay exact).
+    pub fn truncated(&self, s: TcpSurface) -> bool {
+        self.untracked[s.index()] > 0
+    }
+
+    /// Events of this surface untracked by the flow table.
+    pub fn untracked(&self, s: TcpSurface) -> u64 {
+        self.untracked[s.index()]
+    }
+
+    /// Kept raw events of this surface.
+    pub fn samples(&self, s: TcpSurface) -> &[TcpEvent] {
+        &self.samples[s.index()]
+    }
+
+    /// Raw events of this surface not kept.
+    pub fn samples_dropped(&self, s: TcpSurface) -> u64 {
+        self.samples_dropped[s.index()]
+    }
+
+    /// Raw digest of this surface.
+    pub fn raw(&self, s: TcpSurface) -> &RawDigest {
+        &self.raw[s.index()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    fn ep(port: u16) -> Endpoint {
+        Endpoint { addr: IpAddr::V4(Ipv4Addr::LOCALHOST), port }
+    }
+
+    fn ev(kind: TcpEventKind, sk: u64, lport: u16, rport: u16, from: u8, to: u8) -> TcpEvent {
+        TcpEvent {
+            ts_ns: 1,
+            kind,
+            sock_cookie: None,
+            netns_cookie: None,
+            netns_ino: Some(1),
+            local: ep(lport),
+            remote: ep(rport),
+            family: 2,
+            state: TcpState(from),
+            new_state: (kind == TcpEventKind::StateChange).then_some(TcpState(to)),
+            detail: None,
+            layout: 0,
+            has_sock: sk != 0,
+            pid: 0,
+            comm: String::new(),
+            sk_key: sk,
+        }
+    }
+
+    #[test]
+    fn client_socket_joins_its_portless_syn_sent_transition() {
+        let mut a = TcpAggregate::new(Limits::default(), None);
+        a.add(&ev(TcpEventKind::StateChange, 0xa, 0, 80, 7, 2)); // CLOSE -> SYN_SENT, no port yet
+        a.add(&ev(TcpEventKind::StateChange, 0xa, 5555, 80, 2, 1));
+        a.add(&ev(TcpEventKind::StateChange, 0xa, 5555, 80, 1, 4));
+        a.add(&ev(TcpEventKind::StateChange, 0xa, 5555, 80, 4, 7));
+        assert_eq!(a.flows().len(), 1);
+        let f = &a.flows()[0];
+        assert_eq!(f.local.port, 5555);
+        let seq: Vec<u8> = f.transitions.iter().map(|t| t.to.0).collect();
+        assert_eq!(seq, vec![2, 1, 4, 7]);
+    }
+
+    #[test]
+    fn reset_after_close_stays_on_the_flow_but_a_reopen_starts_a_new_one() {
+        let mut a = TcpAggregate::new(Limits::default(), None);
+        a.add(&ev(TcpEventKind::StateChange, 0xa, 5555, 80, 1, 7));
+        a.add(&ev(TcpEventKind::SendReset, 0xa, 5555, 80, 7, 0)); // linger-0 close: CLOSE then RST
+        assert_eq!(a.flows().len(), 1);
+        assert_eq!(a.flows()[0].resets_sent, 1);
+        a.add(&ev(TcpEventKind::StateChange, 0xa, 0, 81, 7, 2)); // the socket memory reused
+        assert_eq!(a.flows().len(), 2);
+    }
+
+    #[test]
+    fn flow_cap_bounds_memory_and_counts_untracked() {
+        let limits = Limits { max_flows: 4, max_samples: 3, ..Limits::default() };
+        let mut a = TcpAggregate::new(limits, None);
+        for i in 0..100u16 {
+            a.add(&ev(TcpEventKind::Retransmit, 0x1000 + u64::from(i), 1000 + i, 80, 1, 0));
+        }
+        assert_eq!(a.flows().len(), 4);
+        assert_eq!(a.seen(TcpEventKind::Retransmit), 100, "counts stay exact");
+        assert_eq!(a.untracked(TcpSurface::Retransmits), 96);
+        assert!(a.truncated(TcpSurface::Retransmits));
+        assert!(!a.truncated(TcpSurface::Resets));
+        assert_eq!(a.samples(TcpSurface::Retransmits).len(), 3);
+        assert_eq!(a.samples_dropped(TcpSurface::Retransmits), 97);
+    }
+
+    #[test]
+    fn transition_cap_per_flow() {
+        let limits = Limits { max_transitions_per_flow: 2, ..Limits::default() };
+        let mut a = TcpAggregate::new(limits, None);
+        for _ in 0..5 {
+            a.add(&ev(TcpEventKind::StateChange, 0xb, 1, 2, 1, 4));
+        }
+        assert_eq!(a.flows()[0].transitions.len(), 2);
+        assert_eq!(a.flows()[0].transitions_dropped, 3);
+        assert_eq!(a.flows()[0].state_changes, 5);
+    }
+
+    #[test]
+    fn sockless_resets_join_by_tuple() {
+        let mut a = TcpAggregate::new(Limits::default(), None);
+        a.add(&ev(TcpEventKind::SendReset, 0, 9, 40000, 0, 0));
+        a.add(&ev(TcpEventKind::SendReset, 0, 9, 40000, 0, 0));
+        assert_eq!(a.flows().len(), 1);
+        assert_eq!(a.flows()[0].resets_sent, 2);
+        assert!(!a.flows()[0].has_sock);
+    }
+
+    #[test]
+    fn raw_digest_is_absent_until_bytes_arrive() {
+        let mut d = RawDigest::default();
+        assert_eq!(d.digest(), None);
+        d.update(b"abc");
+        assert_eq!(
+            d.digest().unwrap(),
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(d.bytes, 3);
+    }
+}
