@@ -233,7 +233,11 @@ pub struct StreamIdentity {
     /// Socket cookie, decimal.
     pub flow_id: String,
     /// Network namespace inode, decimal, when known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::strict::present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub net_ns: Option<String>,
     /// e.g. `tcp`.
     pub protocol: String,
@@ -357,16 +361,25 @@ pub struct Surface {
     /// Raw bytes read (kept or not).
     pub bytes: u64,
     /// Cause when status is `error` (or detail for other non-ok statuses).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::strict::present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cause: Option<StatusCause>,
     /// Deadline the read ran under, ms.
     pub deadline_ms: u64,
     /// `sha256:<hex>` of the raw bytes read; absent when nothing was read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::strict::present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub digest: Option<String>,
     /// Time the read took (or ran until it was abandoned), µs.
     pub elapsed_us: u64,
     /// Typed facts parsed from the bytes.
+    #[serde(deserialize_with = "crate::strict::deserialize_facts")]
     pub facts: Map<String, Value>,
     /// Unique within the envelope, e.g. `task/4243/stack`.
     pub id: String,
@@ -381,7 +394,11 @@ pub struct Surface {
 #[serde(deny_unknown_fields)]
 pub struct StatusCause {
     /// errno when a syscall failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::strict::present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub errno: Option<i32>,
     /// What happened, for a person.
     pub message: String,
@@ -463,7 +480,11 @@ pub struct Claim {
     /// Typed code, e.g. `thread_in_d_state`.
     pub code: String,
     /// For a hypothesis: the observation that would kill it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::strict::present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub falsifier: Option<String>,
     /// Unique within the envelope.
     pub id: String,
@@ -526,7 +547,11 @@ pub struct Unknown {
     /// The answerable question.
     pub question: String,
     /// The surface whose failure raised it, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::strict::present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub surface: Option<String>,
 }
 

@@ -23,8 +23,13 @@ pub fn from_value(value: &Value) -> Result<Envelope, EnvelopeError> {
         });
     }
     check_schema(value)?;
+    let _stale = crate::strict::take_facts_failure();
     serde_path_to_error::deserialize(value).map_err(|err| {
         let path = err.path().to_string();
+        if let Some(mut typed) = crate::strict::take_facts_failure() {
+            typed.prefix_path(&format!("$.{path}"));
+            return typed;
+        }
         let message = err.inner().to_string();
         classify(value, &path, &message)
     })
@@ -135,6 +140,46 @@ pub fn check_rules(env: &Envelope) -> Vec<EnvelopeError> {
             kind: env.subject.kind().into(),
             field: field.into(),
         });
+    }
+    // Typed integer members must be exact in an IEEE double too (the strict
+    // parser enforces this on bytes; this covers envelopes built in memory).
+    let mut integers = vec![
+        ("$.clock.bundle_deadline_ms", env.clock.bundle_deadline_ms),
+        ("$.universe.expected_count", env.universe.expected_count),
+        ("$.universe.observed_count", env.universe.observed_count),
+        (
+            "$.bounds.surface_deadline_ms",
+            env.bounds.surface_deadline_ms,
+        ),
+        ("$.bounds.bundle_deadline_ms", env.bounds.bundle_deadline_ms),
+        ("$.bounds.max_threads", env.bounds.max_threads),
+        (
+            "$.bounds.max_bytes_per_surface",
+            env.bounds.max_bytes_per_surface,
+        ),
+        ("$.bounds.leak_budget", env.bounds.leak_budget),
+    ];
+    if let crate::model::Subject::Process(p) = &env.subject {
+        integers.push(("$.subject.identity.start_ticks", p.start_ticks));
+    }
+    if let crate::model::Subject::Thread(t) = &env.subject {
+        integers.push((
+            "$.subject.identity.process.start_ticks",
+            t.process.start_ticks,
+        ));
+    }
+    for s in &env.surfaces {
+        integers.push(("$.surfaces[].deadline_ms", s.deadline_ms));
+        integers.push(("$.surfaces[].elapsed_us", s.elapsed_us));
+        integers.push(("$.surfaces[].bytes", s.bytes));
+    }
+    for (path, v) in integers {
+        if v > crate::strict::MAX_SAFE_INTEGER {
+            errors.push(EnvelopeError::NumberOutOfRange {
+                path: path.into(),
+                value: v.to_string(),
+            });
+        }
     }
     if !is_rfc3339_utc(&env.clock.wall_time) {
         errors.push(invalid(

@@ -116,20 +116,25 @@ impl Envelope {
     /// Fill in `digest` without checking rules. For building hostile fixtures
     /// and for tools that re-seal on purpose; never for evidence.
     pub fn seal_unchecked(mut self) -> Result<Envelope, EnvelopeError> {
-        self.digest = match fast_canonical_digest(&self) {
-            Some(d) => d,
+        self.digest = self.canonical_digest()?;
+        Ok(self)
+    }
+
+    /// `sha256:` of the canonical form minus `digest`.
+    pub fn canonical_digest(&self) -> Result<String, EnvelopeError> {
+        match fast_canonical_digest(self) {
+            Some(d) => Ok(d),
             None => {
                 // A float, an unsafe integer or a key beyond U+FFFF: take the
                 // general path, which names the problem and where it is.
                 let value =
-                    serde_json::to_value(&self).map_err(|e| EnvelopeError::InvalidField {
+                    serde_json::to_value(self).map_err(|e| EnvelopeError::InvalidField {
                         path: "$".into(),
                         reason: e.to_string(),
                     })?;
-                compute_digest(&value)?
+                compute_digest(&value)
             }
-        };
-        Ok(self)
+        }
     }
 
     /// Canonical bytes of the envelope minus its digest.
@@ -283,6 +288,8 @@ impl serde_json::ser::Formatter for CanonicalFormatter {
 }
 
 /// Digest via the fast path, or `None` when the general path must decide.
+/// (Streaming into the hasher in blocks, and hashing on a second thread, were
+/// both measured slower here than one buffer hashed once: see BENCHMARKS.md.)
 fn fast_canonical_digest(e: &Envelope) -> Option<String> {
     e.fast_canonical_body().map(|body| sha256_digest(&body))
 }
@@ -298,9 +305,26 @@ pub fn parse(bytes: &[u8]) -> Result<(Envelope, Value), EnvelopeError> {
 /// Parse, check every rule, and check the digest against the canonical form of
 /// the bytes as given. This is what anything receiving an envelope calls.
 pub fn verify(bytes: &[u8]) -> Result<Envelope, Rejection> {
-    let (envelope, value) = parse(bytes)?;
+    let envelope = match parse_typed(bytes) {
+        Some(envelope) => envelope,
+        // Something is wrong with the bytes: the strict two-stage parse names
+        // what and where.
+        None => match parse(bytes) {
+            Err(e) => return Err(e.into()),
+            Ok((envelope, _)) => envelope,
+        },
+    };
+    if envelope.schema != SCHEMA_ID {
+        return Err(EnvelopeError::WrongSchema {
+            found: envelope.schema.clone(),
+        }
+        .into());
+    }
     let mut errors = check_rules(&envelope);
-    let computed = compute_digest(&value)?;
+    // The typed model is a lossless reading of the bytes (closed world, no
+    // duplicate keys, no nulls outside facts, facts kept as parsed), so its
+    // canonical form is the canonical form of the bytes.
+    let computed = envelope.canonical_digest()?;
     if computed != envelope.digest {
         errors.push(EnvelopeError::BadDigest {
             declared: envelope.digest.clone(),
@@ -312,6 +336,17 @@ pub fn verify(bytes: &[u8]) -> Result<Envelope, Rejection> {
     } else {
         Err(Rejection { errors })
     }
+}
+
+/// The fast single-pass typed parse; `None` on any problem (the caller then
+/// takes the strict path to name it).
+fn parse_typed(bytes: &[u8]) -> Option<Envelope> {
+    std::str::from_utf8(bytes).ok()?;
+    let _stale = crate::strict::take_facts_failure();
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let envelope = <Envelope as serde::Deserialize>::deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    Some(envelope)
 }
 
 /// Schema id check used by [`parse`].

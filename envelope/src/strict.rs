@@ -56,6 +56,50 @@ pub fn parse_strict(bytes: &[u8]) -> Result<Value, EnvelopeError> {
     }
 }
 
+thread_local! {
+    /// The typed failure of the last strict `facts` parse on this thread, for
+    /// [`take_facts_failure`]: serde's error type cannot carry it.
+    static FACTS_FAILURE: RefCell<Option<EnvelopeError>> = const { RefCell::new(None) };
+}
+
+/// Deserialize a surface's `facts` object under the strict rules, from any
+/// deserializer (used when the typed model is parsed straight from bytes).
+pub(crate) fn deserialize_facts<'de, D: de::Deserializer<'de>>(
+    d: D,
+) -> Result<Map<String, Value>, D::Error> {
+    let failure = RefCell::new(None);
+    let seed = StrictSeed {
+        depth: 3, // $ -> surfaces -> [i] -> facts
+        failure: &failure,
+    };
+    match seed.deserialize(d) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(de::Error::custom("facts must be a JSON object")),
+        Err(e) => {
+            if let Some(typed) = failure.into_inner() {
+                FACTS_FAILURE.with(|f| *f.borrow_mut() = Some(typed));
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The typed failure raised inside a `facts` object by the last parse on this
+/// thread, if any (its path is relative to the facts object).
+pub(crate) fn take_facts_failure() -> Option<EnvelopeError> {
+    FACTS_FAILURE.with(|f| f.borrow_mut().take())
+}
+
+/// Deserialize an optional member that, when present, must not be `null`:
+/// absent and null would otherwise read the same and re-seal differently.
+pub(crate) fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: de::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
 struct StrictSeed<'a> {
     depth: usize,
     failure: &'a RefCell<Option<EnvelopeError>>,

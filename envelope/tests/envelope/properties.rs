@@ -249,3 +249,51 @@ mod mutation_fuzz {
         }
     }
 }
+
+#[test]
+fn large_envelopes_hash_identically_across_hash_chunks() {
+    // Several 64 KiB hash blocks, and the boundary cases.
+    for n in [0usize, 1, 300, 2000] {
+        let mut e = pstack_envelope::example::example_unsealed();
+        for i in 0..n {
+            let mut s = e.surfaces[0].clone();
+            s.id = format!("task/{i}/stack");
+            s.facts.insert(
+                "frames".into(),
+                json!(vec!["[<0>] do_sys_poll+0x1c0/0x4e0"; 8]),
+            );
+            e.surfaces.push(s);
+        }
+        let general = e.canonical_body().unwrap();
+        let sealed = e.seal_unchecked().unwrap();
+        assert_eq!(
+            sealed.digest,
+            pstack_envelope::sha256_digest(&general),
+            "n = {n}, {} bytes",
+            general.len()
+        );
+        verify(&sealed.to_json_pretty()).unwrap();
+    }
+}
+
+#[test]
+fn explicit_null_in_an_optional_member_is_refused_but_facts_may_hold_null() {
+    let mut v = serde_json::to_value(example_sealed()).unwrap();
+    v["claims"][0]["falsifier"] = Value::Null;
+    let v = crate::fixtures::reseal(v);
+    let e = verify(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+    assert_eq!(e.errors[0].rule(), "invalid_field", "{e}");
+
+    let mut v = serde_json::to_value(example_sealed()).unwrap();
+    v["surfaces"][0]["facts"]["wchan"] = Value::Null;
+    let v = crate::fixtures::reseal(v);
+    verify(&serde_json::to_vec(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn in_memory_unsafe_integers_are_refused_at_seal() {
+    let mut e = pstack_envelope::example::example_unsealed();
+    e.bounds.max_bytes_per_surface = 1 << 60;
+    let r = e.seal().unwrap_err();
+    assert_eq!(r.errors[0].rule(), "number_out_of_range");
+}

@@ -6,6 +6,8 @@ use serde_json::{Value, json};
 
 use crate::fixtures::{base, complete_base, reseal};
 
+type Mutation = Box<dyn Fn(&mut Value)>;
+
 fn validator() -> jsonschema::Validator {
     let schema: Value = serde_json::from_str(JSON_SCHEMA).unwrap();
     jsonschema::validator_for(&schema).unwrap()
@@ -28,7 +30,7 @@ fn schema_accepts_what_the_model_accepts() {
 #[test]
 fn schema_rejects_what_the_model_rejects_structurally() {
     let v = validator();
-    let mutations: Vec<(&str, Box<dyn Fn(&mut Value)>)> = vec![
+    let mutations: Vec<(&str, Mutation)> = vec![
         (
             "unknown top-level field",
             Box::new(|e| e["extra"] = json!(1)),

@@ -1,0 +1,75 @@
+use std::time::Instant;
+fn main() {
+    let mut e = pstack_envelope::example::example_unsealed();
+    let t = e.surfaces[0].clone();
+    for i in 0..760u32 {
+        let mut s = t.clone();
+        s.id = format!("task/{}/stack", 5000 + i);
+        s.facts.insert(
+            "frames".into(),
+            serde_json::json!(
+                (0..24)
+                    .map(|f| format!("[<0>] some_kernel_function_{f}+0x{:x}/0x200", f * 16))
+                    .collect::<Vec<_>>()
+            ),
+        );
+        e.surfaces.push(s);
+    }
+    let v = serde_json::to_value(&e).unwrap();
+    let n = 200;
+    let time = |name: &str, f: &dyn Fn() -> usize| {
+        let t0 = Instant::now();
+        let mut x = 0;
+        for _ in 0..n {
+            x += f();
+        }
+        println!("{name}: {:?} per iter ({x})", t0.elapsed() / n);
+    };
+    time("serde_json::to_vec(typed)", &|| {
+        serde_json::to_vec(&e).unwrap().len()
+    });
+    time("serde_json::to_vec(value)", &|| {
+        serde_json::to_vec(&v).unwrap().len()
+    });
+    time("fast_canonical_body", &|| {
+        e.fast_canonical_body().unwrap().len()
+    });
+    time("canonical_without_digest(value)", &|| {
+        pstack_envelope::canonical_without_digest(&v).unwrap().len()
+    });
+    let b = e.fast_canonical_body().unwrap();
+    time("sha", &|| pstack_envelope::sha256_digest(&b).len());
+    time("canonical_digest (pipelined)", &|| {
+        e.canonical_digest().unwrap().len()
+    });
+    time("fast body + sha inline", &|| {
+        pstack_envelope::sha256_digest(&e.fast_canonical_body().unwrap()).len()
+    });
+    let sealed = e.clone().seal_unchecked().unwrap();
+    let bytes = sealed.to_json_pretty();
+    time(
+        "parse_strict",
+        &|| match pstack_envelope::parse_strict(&bytes).unwrap() {
+            serde_json::Value::Object(m) => m.len(),
+            _ => 0,
+        },
+    );
+    let pv = pstack_envelope::parse_strict(&bytes).unwrap();
+    time("from_value", &|| {
+        pstack_envelope::from_value(&pv).unwrap().surfaces.len()
+    });
+    time("serde_json::from_slice typed", &|| {
+        serde_json::from_slice::<pstack_envelope::Envelope>(&bytes)
+            .unwrap()
+            .surfaces
+            .len()
+    });
+    time("check_rules", &|| {
+        pstack_envelope::check_rules(&sealed).len()
+    });
+    time("verify", &|| {
+        pstack_envelope::verify(&bytes).unwrap().surfaces.len()
+    });
+}
+#[allow(dead_code)]
+fn unused() {}
