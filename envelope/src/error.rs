@@ -13,102 +13,208 @@ pub enum EnvelopeError {
     // --- parsing (strict JSON) ---
     /// The input is not UTF-8.
     #[error("input is not UTF-8 (first bad byte at offset {offset})")]
-    NotUtf8 { offset: usize },
+    NotUtf8 {
+        /// Byte offset of the first invalid byte.
+        offset: usize,
+    },
     /// The input is not JSON at all.
     #[error("not valid JSON at line {line}, column {column}: {message}")]
     Json {
+        /// 1-based line.
         line: usize,
+        /// 1-based column.
         column: usize,
+        /// The parser's message.
         message: String,
     },
     /// An object repeats a member name.
     #[error("duplicate key {key:?} in object at {path}")]
-    DuplicateKey { path: String, key: String },
+    DuplicateKey {
+        /// JSON path where it broke (`$.a.b[0]`).
+        path: String,
+        /// The repeated member name.
+        key: String,
+    },
     /// A number with a fraction or exponent.
     #[error("float {value} at {path}: the envelope carries integers only")]
-    Float { path: String, value: String },
+    Float {
+        /// JSON path where it broke (`$.a.b[0]`).
+        path: String,
+        /// The offending value as written.
+        value: String,
+    },
     /// An integer outside ±(2^53-1); such values travel as decimal strings.
     #[error("integer {value} at {path} is outside ±(2^53-1); carry it as a decimal string")]
-    NumberOutOfRange { path: String, value: String },
+    NumberOutOfRange {
+        /// JSON path where it broke (`$.a.b[0]`).
+        path: String,
+        /// The offending value as written.
+        value: String,
+    },
     /// Arrays/objects nested deeper than the limit.
     #[error("nesting deeper than {limit} levels")]
-    TooDeep { limit: usize },
+    TooDeep {
+        /// The nesting limit.
+        limit: usize,
+    },
 
     // --- structure (closed world) ---
     /// `schema` is not `pstack.envelope/v1`.
     #[error("schema is {found:?}, expected \"pstack.envelope/v1\"")]
-    WrongSchema { found: String },
+    WrongSchema {
+        /// The schema id found.
+        found: String,
+    },
     /// A member the schema does not define.
     #[error("unknown field {field:?} at {path}")]
-    UnknownField { path: String, field: String },
+    UnknownField {
+        /// JSON path where it broke (`$.a.b[0]`).
+        path: String,
+        /// The member name.
+        field: String,
+    },
     /// A required member is absent.
     #[error("missing field {field:?} at {path}")]
-    MissingField { path: String, field: String },
+    MissingField {
+        /// JSON path where it broke (`$.a.b[0]`).
+        path: String,
+        /// The member name.
+        field: String,
+    },
     /// A subject lacks (or has empty) an identity field its kind requires.
     #[error("subject of kind {kind} is missing identity field {field:?}")]
-    MissingIdentityField { kind: String, field: String },
+    MissingIdentityField {
+        /// The subject kind.
+        kind: String,
+        /// The member name.
+        field: String,
+    },
     /// A surface status outside the closed vocabulary.
     #[error("unmapped surface status {value:?} at {path}")]
-    UnmappedStatus { path: String, value: String },
+    UnmappedStatus {
+        /// JSON path where it broke (`$.a.b[0]`).
+        path: String,
+        /// The offending value as written.
+        value: String,
+    },
     /// A member has the wrong type or format.
     #[error("invalid value at {path}: {reason}")]
-    InvalidField { path: String, reason: String },
+    InvalidField {
+        /// JSON path where it broke (`$.a.b[0]`).
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Two surfaces, claims or unknowns share an id.
     #[error("duplicate {what} id {id:?}")]
-    DuplicateId { what: String, id: String },
+    DuplicateId {
+        /// `surface`, `claim` or `unknown`.
+        what: String,
+        /// The repeated id.
+        id: String,
+    },
 
     // --- seal ---
     /// The declared digest does not match the canonical form.
     #[error("bad digest: declared {declared}, canonical form hashes to {computed}")]
-    BadDigest { declared: String, computed: String },
+    BadDigest {
+        /// Digest the envelope declares.
+        declared: String,
+        /// Digest of its canonical form.
+        computed: String,
+    },
 
     // --- semantic rules ---
     /// A `complete` envelope holds a surface whose status is not `ok`.
     #[error("envelope is complete but surface {surface:?} has status {status}")]
-    CompleteWithNonOkSurface { surface: String, status: String },
+    CompleteWithNonOkSurface {
+        /// Surface id.
+        surface: String,
+        /// That surface's status.
+        status: String,
+    },
     /// A `complete` envelope holds a truncated surface.
     #[error("envelope is complete but surface {surface:?} is truncated")]
-    CompleteWithTruncatedSurface { surface: String },
+    CompleteWithTruncatedSurface {
+        /// Surface id.
+        surface: String,
+    },
     /// A `complete` envelope whose universe was not exhausted.
     #[error("envelope is complete but its universe ended by {termination}, not exhausted")]
-    CompleteWithNonExhaustedUniverse { termination: String },
+    CompleteWithNonExhaustedUniverse {
+        /// How the universe ended.
+        termination: String,
+    },
     /// A fact claim that cites no surface.
     #[error("fact {claim:?} is bound to no surface")]
-    FactUnbound { claim: String },
+    FactUnbound {
+        /// Claim id.
+        claim: String,
+    },
     /// A fact claim citing a surface that did not succeed.
     #[error("fact {claim:?} is bound to surface {surface:?} whose status is {status}")]
     FactBoundToNonOkSurface {
+        /// Claim id.
         claim: String,
+        /// Surface id.
         surface: String,
+        /// That surface's status.
         status: String,
     },
     /// A claim citing a surface id the envelope does not have.
     #[error("claim {claim:?} cites surface {surface:?}, which is not in the envelope")]
-    ClaimCitesMissingSurface { claim: String, surface: String },
+    ClaimCitesMissingSurface {
+        /// Claim id.
+        claim: String,
+        /// Surface id.
+        surface: String,
+    },
     /// A universal claim in an envelope that is not `complete`.
     #[error(
         "universal claim {claim:?} in a {completeness} envelope; only complete envelopes support universal claims"
     )]
-    UniversalClaimOutsideComplete { claim: String, completeness: String },
+    UniversalClaimOutsideComplete {
+        /// Claim id.
+        claim: String,
+        /// The envelope's completeness.
+        completeness: String,
+    },
     /// A hypothesis that names nothing that would falsify it.
     #[error("hypothesis {claim:?} has no falsifier")]
-    HypothesisWithoutFalsifier { claim: String },
+    HypothesisWithoutFalsifier {
+        /// Claim id.
+        claim: String,
+    },
     /// An unknown without a discriminating probe.
     #[error("unknown {unknown:?} has no probe")]
-    UnknownWithoutProbe { unknown: String },
+    UnknownWithoutProbe {
+        /// Unknown id.
+        unknown: String,
+    },
     /// An `identity_race` envelope that still attributes facts to the subject.
     #[error(
         "identity_race envelope attributes claim {claim:?} to a subject whose identity changed"
     )]
-    AttributionInIdentityRace { claim: String },
+    AttributionInIdentityRace {
+        /// Claim id.
+        claim: String,
+    },
     /// A surface with status `error` that names no cause.
     #[error("surface {surface:?} has status error but no cause")]
-    ErrorWithoutCause { surface: String },
+    ErrorWithoutCause {
+        /// Surface id.
+        surface: String,
+    },
 
     // --- diff ---
     /// Diff of two envelopes about different subjects.
     #[error("cannot diff envelopes of different subjects: {before} vs {after}")]
-    SubjectMismatch { before: String, after: String },
+    SubjectMismatch {
+        /// The earlier subject.
+        before: String,
+        /// The later subject.
+        after: String,
+    },
 }
 
 impl EnvelopeError {

@@ -17,6 +17,8 @@
 //! - **Sealed means valid.** [`Envelope::seal`] refuses an envelope that breaks
 //!   a rule; [`verify`] re-checks every rule and the digest.
 
+#![warn(missing_docs)]
+
 mod canonical;
 mod diff;
 mod error;
