@@ -6,4 +6,5 @@
 //! block on the task being diagnosed must run inside `pstack-helper`, which
 //! the agent can kill (see `pstack_helper`).
 
+pub mod net;
 pub mod procfs;
