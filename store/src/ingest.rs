@@ -367,7 +367,7 @@ mod tests {
             split_items(b"[]", false, &limits).unwrap_err(),
             BodyError::Empty
         );
-        let many = format!("[{}]", vec!["{}"; 11].join(","));
+        let many = format!("[{}]", ["{}"; 11].join(","));
         let small = IngestLimits {
             max_items: 10,
             ..limits

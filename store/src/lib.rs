@@ -5,6 +5,7 @@ pub mod ident;
 pub mod ingest;
 pub mod keys;
 pub mod receipts;
+pub mod synthetic;
 
 /// Wall-clock now, ns since the Unix epoch.
 pub fn now_ns() -> i64 {

@@ -1,0 +1,106 @@
+//! The `pstack-store` binary: key management, and `serve` exiting cleanly on SIGTERM.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use pstack_store::db::{KeyCheck, OpenOptions, Store};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pstack-store"))
+}
+
+#[tokio::test]
+async fn keys_create_list_revoke_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let db = db.to_str().unwrap();
+    let out = bin()
+        .args(["--db", db, "keys", "create", "--name", "node-a"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(key.starts_with("psk_"), "{key}");
+    let id = key[4..20].to_string();
+
+    let out = bin().args(["--db", db, "keys", "list"]).output().unwrap();
+    let listing = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        listing.contains(&id) && listing.contains("node-a"),
+        "{listing}"
+    );
+    assert!(!listing.contains(&key[21..]), "the secret is never listed");
+
+    let store = Store::open(db, &OpenOptions::default()).await.unwrap();
+    assert_eq!(
+        store.check_key(&key).await.unwrap(),
+        KeyCheck::Valid(id.clone())
+    );
+    let out = bin()
+        .args(["--db", db, "keys", "revoke", &id])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        store.check_key(&key).await.unwrap(),
+        KeyCheck::Revoked(id.clone())
+    );
+
+    let out = bin()
+        .args(["--db", db, "keys", "revoke", "0000000000000000"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no API key"));
+    let out = bin().args(["--db", db, "retention"]).output().unwrap();
+    assert!(!out.status.success(), "retention needs a limit");
+    store.close().await;
+}
+
+#[tokio::test]
+async fn serve_exits_cleanly_on_sigterm_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = bin()
+        .args(["--db", db.to_str().unwrap(), "serve", "--listen", &listen])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let mut up = false;
+    for _ in 0..100 {
+        if let Ok(r) = client.get(format!("http://{listen}/healthz")).send().await
+            && r.status().is_success()
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "server did not come up");
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for _ in 0..100 {
+        if let Some(st) = child.try_wait().unwrap() {
+            assert!(st.success(), "exit status {st}");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    panic!("serve did not exit within 5 s of SIGTERM");
+}

@@ -1,0 +1,257 @@
+//! Test harness: a real `pstack-store` HTTP server on 127.0.0.1:0 over a real
+//! database — a fresh SQLite file, or a fresh schema in the PostgreSQL server
+//! at `PSTACK_TEST_PG_URL` (default [`DEFAULT_PG_URL`], which
+//! `scripts/setup.d/20-postgres.sh` makes work). PostgreSQL unreachable: with
+//! `CI=true` the test fails; otherwise it prints why and returns.
+
+use std::io::Write;
+
+use pstack_store::db::{OpenOptions, Store};
+use pstack_store::http::{AppState, IngestResponse, serve};
+use pstack_store::ingest::IngestLimits;
+use pstack_store::synthetic::Capture;
+use reqwest::StatusCode;
+use serde_json::Value;
+
+/// The URL the setup script provisions.
+pub const DEFAULT_PG_URL: &str = "postgres://pstack:pstack@127.0.0.1:5432/pstack_test";
+
+/// Which database a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Db {
+    Sqlite,
+    Postgres,
+}
+
+/// Run a test body once per backend, as two named tests.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn sqlite() {
+                    super::$name($crate::support::Db::Sqlite).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn postgres() {
+                    super::$name($crate::support::Db::Postgres).await
+                }
+            }
+        )*
+    };
+}
+
+pub struct Harness {
+    pub base: String,
+    pub key: String,
+    pub key_id: String,
+    pub store: Store,
+    pub client: reqwest::Client,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    _dir: Option<tempfile::TempDir>,
+    pg: Option<(String, String)>,
+}
+
+fn pg_url() -> String {
+    std::env::var("PSTACK_TEST_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_string())
+}
+
+/// Open a fresh store on `db`, or `None` (PostgreSQL unreachable, not CI).
+pub async fn fresh_store(
+    db: Db,
+) -> Option<(Store, Option<tempfile::TempDir>, Option<(String, String)>)> {
+    match db {
+        Db::Sqlite => {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("store.db");
+            let store = Store::open(path.to_str().expect("utf-8 path"), &OpenOptions::default())
+                .await
+                .expect("open sqlite store");
+            Some((store, Some(dir), None))
+        }
+        Db::Postgres => {
+            let url = pg_url();
+            let schema = format!("t_{}", hex::encode(rand_bytes()));
+            let opts = OpenOptions {
+                pg_schema: Some(schema.clone()),
+                pg_max_connections: 8,
+                ..OpenOptions::default()
+            };
+            let opened =
+                tokio::time::timeout(std::time::Duration::from_secs(15), Store::open(&url, &opts))
+                    .await;
+            match opened {
+                Ok(Ok(store)) => Some((store, None, Some((url, schema)))),
+                other => {
+                    let why = match other {
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => "timed out after 15 s".to_string(),
+                        Ok(Ok(_)) => unreachable!(),
+                    };
+                    if std::env::var("CI").is_ok_and(|v| v == "true") {
+                        panic!(
+                            "CI=true and PostgreSQL at {url} is unreachable: {why} (scripts/setup.d/20-postgres.sh starts it)"
+                        );
+                    }
+                    eprintln!(
+                        "SKIPPED (PostgreSQL unreachable at {url}: {why}); run scripts/setup.d/20-postgres.sh or set PSTACK_TEST_PG_URL"
+                    );
+                    None
+                }
+            }
+        }
+    }
+}
+
+fn rand_bytes() -> [u8; 6] {
+    let mut b = [0u8; 6];
+    getrandom::fill(&mut b).expect("random");
+    b
+}
+
+impl Harness {
+    pub async fn start(db: Db) -> Option<Harness> {
+        Harness::start_with(db, IngestLimits::default()).await
+    }
+
+    pub async fn start_with(db: Db, limits: IngestLimits) -> Option<Harness> {
+        let (store, dir, pg) = fresh_store(db).await?;
+        let key = store.create_key("test-node").await.expect("create key");
+        let state = AppState::new(store.clone(), limits);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, state, async move {
+            let _ = rx.await;
+        }));
+        Some(Harness {
+            base: format!("http://{addr}"),
+            key: key.plaintext,
+            key_id: key.id,
+            store,
+
+            client: reqwest::Client::builder()
+                .no_gzip()
+                .build()
+                .expect("client"),
+            shutdown: Some(tx),
+            server: Some(server),
+            _dir: dir,
+            pg,
+        })
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Trigger graceful shutdown; returns the server task.
+    pub fn begin_shutdown(&mut self) -> tokio::task::JoinHandle<std::io::Result<()>> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.server.take().expect("server running")
+    }
+
+    /// Stop the server, close the pools, drop the PostgreSQL schema.
+    pub async fn finish(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(s) = self.server.take() {
+            let _ = s.await;
+        }
+        self.store.close().await;
+        if let Some((url, schema)) = self.pg.take() {
+            use sqlx::Connection;
+            if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
+                let _ = sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+                    .execute(&mut c)
+                    .await;
+                let _ = c.close().await;
+            }
+        }
+    }
+
+    /// POST raw bytes to /v1/envelopes with the harness key.
+    pub async fn post_raw(&self, body: Vec<u8>, headers: &[(&str, &str)]) -> (StatusCode, Value) {
+        let mut req = self
+            .client
+            .post(self.url("/v1/envelopes"))
+            .bearer_auth(&self.key);
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
+            req = req.header("content-type", "application/json");
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = req.body(body).send().await.expect("POST /v1/envelopes");
+        let status = resp.status();
+        let body: Value = resp.json().await.expect("JSON response");
+        (status, body)
+    }
+
+    /// POST a JSON array of envelope bytes, gzip-compressed, as the daemon does.
+    pub async fn post_batch(&self, items: &[Vec<u8>]) -> (StatusCode, IngestResponse) {
+        let (status, body) = self
+            .post_raw(gzip(&array(items)), &[("content-encoding", "gzip")])
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        (
+            status,
+            serde_json::from_value(body).expect("ingest response"),
+        )
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let resp = self
+            .client
+            .get(self.url(path))
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .expect("GET");
+        let status = resp.status();
+        let body = resp.json().await.unwrap_or(Value::Null);
+        (status, body)
+    }
+
+    pub async fn count(&self) -> i64 {
+        self.store.count_envelopes().await.expect("count")
+    }
+}
+
+pub fn array(items: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = vec![b'['];
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(item);
+    }
+    out.push(b']');
+    out
+}
+
+pub fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(bytes).expect("gzip");
+    enc.finish().expect("gzip")
+}
+
+/// Sealed capture bytes (digest, bytes).
+pub fn sealed(host: &str, pid: u32, seq: u64) -> (String, Vec<u8>) {
+    Capture::new(host, pid, seq).bytes().expect("valid capture")
+}
+
+/// Error code of an error response.
+pub fn code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("<no error code>")
+}
