@@ -3,3 +3,4 @@
 //! subcommands, and (with `pstackd`) the Unix-socket API, spool and shipper.
 
 pub mod cli;
+pub mod supervisor;

@@ -99,9 +99,20 @@ pub fn read_schedstat(task: TaskRef, max_bytes: u64) -> Result<Reading<SchedStat
     read_parsed(task.file("schedstat"), max_bytes, parse::parse_schedstat)
 }
 
+/// Typed `wchan`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WchanFacts {
+    /// Kernel function the task sleeps in; `None` when running (`0`).
+    pub wchan: Option<String>,
+}
+
 /// `wchan` (risky: helper only).
-pub fn read_wchan(task: TaskRef, max_bytes: u64) -> Result<Reading<Option<String>>, ReadError> {
-    read_parsed(task.file("wchan"), max_bytes, |b| Ok(parse::parse_wchan(b)))
+pub fn read_wchan(task: TaskRef, max_bytes: u64) -> Result<Reading<WchanFacts>, ReadError> {
+    read_parsed(task.file("wchan"), max_bytes, |b| {
+        Ok(WchanFacts {
+            wchan: parse::parse_wchan(b),
+        })
+    })
 }
 
 /// `stack` (risky: helper only; needs CAP_SYS_ADMIN).

@@ -1,0 +1,505 @@
+//! Assembly: from surfaces to a sealed envelope — completeness, claims bound
+//! to surfaces, unknowns with probes, one next transition.
+//!
+//! Rules applied here (the envelope crate re-checks them at seal):
+//! - `identity_race` wins: every read surface becomes `identity_race` with
+//!   its facts withheld (digest kept), and no claim is made.
+//! - otherwise `partial` if any surface is not ok/truncated, `bounded` if a
+//!   surface was truncated or the universe was cut, else `complete`.
+//! - a fact cites only ok/truncated surfaces; the universal
+//!   `no_thread_in_d_state` is made only when `complete`.
+//! - every timed-out, unreaped, denied, failed, skipped or raced surface
+//!   raises an unknown with a probe.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use pstack_envelope::{
+    Bounds, Claim, ClaimKind, Clock, Collector, Completeness, Envelope, NextTransition, Scope, StatusCause,
+    Subject, Surface, SurfaceStatus, Termination, Universe, Unknown, SCHEMA_ID, sha256_digest,
+};
+use serde_json::{Map, Value};
+
+use super::{CaptureRequest, Deadlines, SupervisorConfig};
+
+/// Which flow produced the surfaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A process and its threads.
+    Process,
+    /// One thread.
+    Thread,
+    /// The whole host.
+    Host,
+}
+
+/// Most unknowns listed one by one (the rest are summarized in one more).
+const MAX_UNKNOWNS: usize = 200;
+/// Most per-thread D-state claims.
+const MAX_D_CLAIMS: usize = 200;
+
+/// An envelope being assembled.
+#[derive(Debug)]
+pub struct Assembly {
+    mode: Mode,
+    subject: Subject,
+    collector: Collector,
+    clock: Clock,
+    universe: Universe,
+    bounds: Bounds,
+    /// Surfaces read.
+    pub surfaces: Vec<Surface>,
+    /// What changed, when the identity did.
+    pub identity_race: Option<String>,
+}
+
+fn ok(s: &Surface) -> bool {
+    matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated)
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Assembly {
+    /// Start an assembly.
+    #[allow(clippy::too_many_arguments, reason = "one call site; each argument is a distinct envelope part")]
+    pub fn new(
+        mode: Mode,
+        subject: Subject,
+        config: &SupervisorConfig,
+        request: &CaptureRequest,
+        deadlines: Deadlines,
+        leak_budget: u64,
+        wall_time: String,
+        monotonic_start_ns: u64,
+    ) -> Assembly {
+        Assembly {
+            mode,
+            subject,
+            collector: Collector {
+                name: config.collector_name.clone(),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                source_commit: config.source_commit.clone(),
+            },
+            clock: Clock {
+                wall_time,
+                monotonic_start_ns: monotonic_start_ns.to_string(),
+                monotonic_end_ns: monotonic_start_ns.to_string(),
+                bundle_deadline_ms: ms(deadlines.bundle),
+            },
+            universe: Universe {
+                selector: String::new(),
+                selector_digest: sha256_digest(b""),
+                expected_count: 0,
+                observed_count: 0,
+                termination: Termination::Exhausted,
+            },
+            bounds: Bounds {
+                surface_deadline_ms: ms(deadlines.surface),
+                bundle_deadline_ms: ms(deadlines.bundle),
+                max_threads: request.max_threads,
+                max_bytes_per_surface: request.max_bytes_per_surface,
+                leak_budget,
+            },
+            surfaces: Vec::new(),
+            identity_race: None,
+        }
+    }
+
+    /// Declare the universe.
+    pub fn set_universe(&mut self, selector: String, expected: u64, observed: u64, termination: Termination) {
+        self.universe = Universe {
+            selector_digest: sha256_digest(selector.as_bytes()),
+            selector,
+            expected_count: expected,
+            observed_count: observed,
+            termination,
+        };
+    }
+
+    /// Sort surfaces: process-level first, then by thread id, then by name.
+    pub fn order_surfaces(&mut self) {
+        self.surfaces.sort_by_key(|s| {
+            let mut parts = s.id.split('/');
+            let scope = parts.next().unwrap_or_default().to_string();
+            let n: u64 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+            (scope != "proc", n, s.id.clone())
+        });
+    }
+
+    /// Record the end of the capture.
+    pub fn finish_clock(&mut self, monotonic_end_ns: u64, _started: Instant) {
+        self.clock.monotonic_end_ns = monotonic_end_ns.to_string();
+    }
+
+    fn target_command(&self) -> String {
+        match &self.subject {
+            Subject::Process(p) => format!("pstackctl capture --pid {}", p.pid),
+            Subject::Thread(t) => format!("pstackctl capture --tid {}", t.tid),
+            _ => "pstackctl capture --host".into(),
+        }
+    }
+
+    fn completeness(&self) -> Completeness {
+        if self.identity_race.is_some() {
+            Completeness::IdentityRace
+        } else if self.surfaces.iter().any(|s| !ok(s)) {
+            Completeness::Partial
+        } else if self.surfaces.iter().any(|s| s.truncated) || self.universe.termination != Termination::Exhausted {
+            Completeness::Bounded
+        } else {
+            Completeness::Complete
+        }
+    }
+
+    /// Build claims, unknowns and the next transition, and seal.
+    pub fn seal(mut self) -> Result<Envelope, pstack_envelope::Rejection> {
+        if let Some(why) = &self.identity_race {
+            for s in &mut self.surfaces {
+                if ok(s) {
+                    s.status = SurfaceStatus::IdentityRace;
+                    s.cause = Some(StatusCause { errno: None, message: format!("{why}; facts withheld") });
+                    s.facts = Map::new();
+                }
+            }
+        }
+        let completeness = self.completeness();
+        let (claims, d_threads) = if completeness == Completeness::IdentityRace {
+            (Vec::new(), Vec::new())
+        } else {
+            match self.mode {
+                Mode::Host => self.host_claims(completeness),
+                Mode::Process | Mode::Thread => self.task_claims(completeness),
+            }
+        };
+        let unknowns = self.unknowns();
+        let next_transition = self.next_transition(&d_threads, &unknowns);
+        Envelope {
+            schema: SCHEMA_ID.to_string(),
+            completeness,
+            subject: self.subject,
+            collector: self.collector,
+            clock: self.clock,
+            universe: self.universe,
+            bounds: self.bounds,
+            surfaces: self.surfaces,
+            claims,
+            unknowns,
+            next_transition,
+            digest: String::new(),
+        }
+        .seal()
+    }
+
+    fn surface(&self, id: &str) -> Option<&Surface> {
+        self.surfaces.iter().find(|s| s.id == id)
+    }
+
+    /// Claims of a process/thread capture, and a description of each D thread.
+    fn task_claims(&self, completeness: Completeness) -> (Vec<Claim>, Vec<String>) {
+        let index: BTreeMap<&str, &Surface> = self.surfaces.iter().map(|s| (s.id.as_str(), s)).collect();
+        let mut by_state: BTreeMap<String, Vec<(u64, &Surface)>> = BTreeMap::new();
+        for s in self.surfaces.iter().filter(|s| ok(s) && s.id.starts_with("task/") && s.id.ends_with("/stat")) {
+            let Some(state) = s.facts.get("state").and_then(Value::as_str) else { continue };
+            let tid = s.facts.get("pid").and_then(Value::as_u64).unwrap_or(0);
+            by_state.entry(state.to_string()).or_default().push((tid, s));
+        }
+        let mut claims = Vec::new();
+        let mut d_threads = Vec::new();
+        for (state, members) in &by_state {
+            let tids: Vec<String> = members.iter().take(20).map(|(t, _)| t.to_string()).collect();
+            let more = if members.len() > 20 { format!(" and {} more", members.len() - 20) } else { String::new() };
+            claims.push(Claim {
+                id: format!("state-{state}"),
+                kind: ClaimKind::Fact,
+                code: format!("threads_in_state_{}", state_code(state)),
+                statement: format!("{} thread(s) in state {state} ({}): {}{more}", members.len(), state_name(state), tids.join(", ")),
+                surfaces: members.iter().map(|(_, s)| s.id.clone()).collect(),
+                scope: Scope::Existential,
+                falsifier: None,
+            });
+        }
+        for (tid, stat) in by_state.get("D").map(Vec::as_slice).unwrap_or_default().iter().take(MAX_D_CLAIMS) {
+            let comm = stat.facts.get("comm").and_then(Value::as_str).unwrap_or("?");
+            let mut bound = vec![stat.id.clone()];
+            let mut detail = Vec::new();
+            if let Some(w) = index.get(format!("task/{tid}/wchan").as_str()).filter(|s| ok(s)) {
+                bound.push(w.id.clone());
+                detail.push(format!("wchan {}", w.facts.get("wchan").and_then(Value::as_str).unwrap_or("-")));
+            }
+            if let Some(sc) = index.get(format!("task/{tid}/syscall").as_str()).filter(|s| ok(s)) {
+                bound.push(sc.id.clone());
+                let name = sc.facts.get("name").and_then(Value::as_str).map(str::to_string);
+                let nr = sc.facts.get("nr").and_then(Value::as_i64).map(|n| n.to_string());
+                let mode = sc.facts.get("mode").and_then(Value::as_str).unwrap_or("?");
+                detail.push(format!("syscall {}", name.or(nr).unwrap_or_else(|| mode.to_string())));
+            }
+            if let Some(st) = index.get(format!("task/{tid}/stack").as_str()).filter(|s| ok(s)) {
+                bound.push(st.id.clone());
+                if let Some(top) = st.facts.get("frames").and_then(Value::as_array).and_then(|f| f.first()).and_then(Value::as_str) {
+                    detail.push(format!("top frame {top}"));
+                }
+            }
+            let text = format!("thread {tid} ({comm}) is in D{}{}", if detail.is_empty() { "" } else { ", " }, detail.join(", "));
+            d_threads.push(text.clone());
+            claims.push(Claim {
+                id: format!("d-{tid}"),
+                kind: ClaimKind::Fact,
+                code: "thread_in_d_state".into(),
+                statement: text,
+                surfaces: bound,
+                scope: Scope::Existential,
+                falsifier: None,
+            });
+        }
+        if completeness == Completeness::Complete && !by_state.contains_key("D") {
+            let stats: Vec<String> = by_state.values().flatten().map(|(_, s)| s.id.clone()).collect();
+            if !stats.is_empty() {
+                claims.push(Claim {
+                    id: "no-d".into(),
+                    kind: ClaimKind::Fact,
+                    code: "no_thread_in_d_state".into(),
+                    statement: format!("no thread of the {} observed is in D", stats.len()),
+                    surfaces: stats,
+                    scope: Scope::Universal,
+                    falsifier: None,
+                });
+            }
+        }
+        (claims, d_threads)
+    }
+
+    /// Claims of a host capture.
+    fn host_claims(&self, completeness: Completeness) -> (Vec<Claim>, Vec<String>) {
+        let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+        let mut bound = Vec::new();
+        let mut claims = Vec::new();
+        let mut d_threads = Vec::new();
+        for s in self.surfaces.iter().filter(|s| ok(s) && s.id.ends_with("/tasks")) {
+            bound.push(s.id.clone());
+            let pid = s.facts.get("process").and_then(|p| p.get("pid")).and_then(Value::as_u64).unwrap_or(0);
+            let wchan_id = format!("proc/{pid}/wchan");
+            let wchans: BTreeMap<u64, String> = self
+                .surface(&wchan_id)
+                .filter(|w| ok(w))
+                .and_then(|w| w.facts.get("threads").and_then(Value::as_array))
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|t| Some((t.get("tid")?.as_u64()?, t.get("wchan")?.as_str()?.to_string())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            for t in s.facts.get("threads").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default() {
+                let Some(state) = t.get("state").and_then(Value::as_str) else { continue };
+                *counts.entry(state.to_string()).or_default() += 1;
+                if state == "D" && d_threads.len() < MAX_D_CLAIMS {
+                    let tid = t.get("tid").and_then(Value::as_u64).unwrap_or(0);
+                    let comm = t.get("comm").and_then(Value::as_str).unwrap_or("?");
+                    let mut surfaces = vec![s.id.clone()];
+                    let wchan = match wchans.get(&tid) {
+                        Some(w) => {
+                            surfaces.push(wchan_id.clone());
+                            format!(", wchan {w}")
+                        }
+                        None => String::new(),
+                    };
+                    let text = format!("thread {tid} ({comm}) of pid {pid} is in D{wchan}");
+                    d_threads.push(text.clone());
+                    claims.push(Claim {
+                        id: format!("d-{pid}-{tid}"),
+                        kind: ClaimKind::Fact,
+                        code: "thread_in_d_state".into(),
+                        statement: text,
+                        surfaces,
+                        scope: Scope::Existential,
+                        falsifier: None,
+                    });
+                }
+            }
+        }
+        if !bound.is_empty() {
+            let text: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            claims.insert(
+                0,
+                Claim {
+                    id: "state-counts".into(),
+                    kind: ClaimKind::Fact,
+                    code: "thread_state_counts".into(),
+                    statement: format!("observed threads by state: {}", text.join(", ")),
+                    surfaces: bound.clone(),
+                    scope: Scope::Existential,
+                    falsifier: None,
+                },
+            );
+        }
+        if completeness == Completeness::Complete && !counts.contains_key("D") && !bound.is_empty() {
+            claims.push(Claim {
+                id: "no-d".into(),
+                kind: ClaimKind::Fact,
+                code: "no_thread_in_d_state".into(),
+                statement: "no thread on the host is in D".into(),
+                surfaces: bound,
+                scope: Scope::Universal,
+                falsifier: None,
+            });
+        }
+        (claims, d_threads)
+    }
+
+    fn unknowns(&self) -> Vec<Unknown> {
+        let owner = match &self.subject {
+            Subject::Process(p) => format!("operator of {}", p.host),
+            Subject::Thread(t) => format!("operator of {}", t.process.host),
+            Subject::Host(h) => format!("operator of {}", h.host),
+            _ => "operator".into(),
+        };
+        let again = self.target_command();
+        let mut out = Vec::new();
+        if let Some(why) = &self.identity_race {
+            out.push(Unknown {
+                id: "u-identity".into(),
+                question: format!("Is the subject still the process first observed? ({why})"),
+                blocks: "ATTRIBUTE_EVIDENCE".into(),
+                owner: owner.clone(),
+                probe: again.clone(),
+                surface: None,
+            });
+        }
+        let failed: Vec<&Surface> = self
+            .surfaces
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.status,
+                    SurfaceStatus::Timeout
+                        | SurfaceStatus::TimeoutUnreapedHelper
+                        | SurfaceStatus::PermissionDenied
+                        | SurfaceStatus::Error
+                        | SurfaceStatus::Skipped
+                ) || (s.status == SurfaceStatus::IdentityRace && self.identity_race.is_none())
+            })
+            .collect();
+        for s in failed.iter().take(MAX_UNKNOWNS) {
+            let path = s.authority.strip_prefix("procfs:").unwrap_or(&s.authority).to_string();
+            let look = if path.ends_with("/fd/*") {
+                format!("ls -l {}", path.trim_end_matches('*'))
+            } else {
+                format!("cat {path}")
+            };
+            let cause = s.cause.as_ref().map(|c| c.message.as_str()).unwrap_or("");
+            let (question, probe) = match s.status {
+                SurfaceStatus::Timeout => (
+                    format!("What does {path} show when given longer than {} ms?", s.deadline_ms),
+                    format!("timeout -s KILL 30 {look}"),
+                ),
+                SurfaceStatus::TimeoutUnreapedHelper => {
+                    let helper = cause.split("helper pid ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or("?");
+                    (
+                        format!("Why is the helper (pid {helper}) that read {path} stuck, and what does {path} hold?"),
+                        format!("cat /proc/{helper}/stack; grep -E 'State|Cgroup' /proc/{helper}/status; cat /proc/{helper}/cgroup"),
+                    )
+                }
+                SurfaceStatus::PermissionDenied => (
+                    format!("What does {path} show to a caller allowed to read it?"),
+                    format!("sudo {again}"),
+                ),
+                SurfaceStatus::Skipped if cause.contains("leak budget") => (
+                    format!("What does {path} show once leaked helpers have exited?"),
+                    format!("wait for the helpers journaled as leaked to exit, then {again}"),
+                ),
+                SurfaceStatus::Skipped => (
+                    format!("What does {path} show with more time?"),
+                    format!("{again} --bundle-deadline-ms {}", self.bounds.bundle_deadline_ms.saturating_mul(2)),
+                ),
+                SurfaceStatus::IdentityRace => (
+                    format!("Which process does {path} belong to now? ({cause})"),
+                    look.clone(),
+                ),
+                _ => (format!("Why did reading {path} fail? ({cause})"), look.clone()),
+            };
+            out.push(Unknown {
+                id: format!("u-{}", s.id.replace('/', "-")),
+                question,
+                blocks: "CLASSIFY_BLOCKING".into(),
+                owner: owner.clone(),
+                probe,
+                surface: Some(s.id.clone()),
+            });
+        }
+        if failed.len() > MAX_UNKNOWNS {
+            out.push(Unknown {
+                id: "u-more".into(),
+                question: format!("{} more surfaces did not succeed: what do they show?", failed.len() - MAX_UNKNOWNS),
+                blocks: "CLASSIFY_BLOCKING".into(),
+                owner,
+                probe: format!("{again} --json | jq '.surfaces[] | select(.status != \"ok\")'"),
+                surface: None,
+            });
+        }
+        out
+    }
+
+    fn next_transition(&self, d_threads: &[String], unknowns: &[Unknown]) -> NextTransition {
+        let again = self.target_command();
+        if self.identity_race.is_some() {
+            return NextTransition {
+                action: "CAPTURE_AGAIN".into(),
+                success_receipt: "an envelope whose two identity reads agree".into(),
+                abort_conditions: vec!["the subject keeps exiting or being replaced: capture its parent or the host instead".into()],
+            };
+        }
+        if let Some(first) = d_threads.first() {
+            return NextTransition {
+                action: "INSPECT_BLOCKING_WAIT".into(),
+                success_receipt: format!("the owner of the wait is named with evidence ({first})"),
+                abort_conditions: vec![
+                    "the thread leaves D before inspection (capture again and diff)".into(),
+                    "the identity changes".into(),
+                ],
+            };
+        }
+        if let Some(u) = unknowns.first() {
+            return NextTransition {
+                action: "RESOLVE_UNKNOWN".into(),
+                success_receipt: format!("unknown {} answered by its probe: {}", u.id, u.probe),
+                abort_conditions: vec!["the probe itself blocks past its own deadline".into(), "the identity changes".into()],
+            };
+        }
+        NextTransition {
+            action: "CAPTURE_AGAIN_AFTER_CHANGE".into(),
+            success_receipt: format!("`pstackctl envelope diff` of this envelope and a later `{again}` shows the change"),
+            abort_conditions: vec!["the identity changes (a new process is a new subject)".into()],
+        }
+    }
+}
+
+fn state_code(letter: &str) -> &'static str {
+    match letter {
+        "R" => "running",
+        "S" => "sleeping",
+        "D" => "uninterruptible",
+        "Z" => "zombie",
+        "T" => "stopped",
+        "t" => "tracing_stop",
+        "X" => "dead",
+        "I" => "idle",
+        "P" => "parked",
+        _ => "unknown",
+    }
+}
+
+fn state_name(letter: &str) -> &'static str {
+    match letter {
+        "D" => "uninterruptible sleep",
+        "R" => "running",
+        "S" => "sleeping",
+        "Z" => "zombie",
+        "T" => "stopped",
+        "t" => "tracing stop",
+        "X" => "dead",
+        "I" => "idle",
+        "P" => "parked",
+        _ => "unknown",
+    }
+}

@@ -1,0 +1,453 @@
+//! The capture flows: process/thread and host. Each: identity before, risky
+//! batch sent to a helper, safe reads here while it works, risky results
+//! collected under deadlines, identity after, assembly and seal.
+
+use std::time::{Duration, Instant};
+
+use pstack_collectors::procfs::read::{self, TaskRef};
+use pstack_collectors::procfs::{HostFacts, IdentityReading, ReadError, Reading, json_safe, read_host_facts, read_identity};
+use pstack_envelope::{Envelope, HostIdentity, StatusCause, Subject, Surface, SurfaceStatus, Termination, ThreadIdentity};
+use pstack_helper::protocol::SurfaceKind;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::assemble::{Assembly, Mode};
+use super::clock::{monotonic_ns, wall_time_now};
+use super::leak::LeakBudget;
+use super::risky::{RiskyOutcome, RiskyRead, RiskyRun, cause_of, status_of};
+use super::{CaptureError, CaptureRequest, Deadlines, SupervisorConfig, Target};
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// A surface from a risky outcome.
+fn risky_surface(id: String, authority: String, o: RiskyOutcome) -> Surface {
+    Surface {
+        id,
+        authority,
+        status: o.status,
+        cause: o.cause,
+        deadline_ms: o.deadline_ms,
+        elapsed_us: o.elapsed_us,
+        digest: o.raw.as_ref().map(|r| r.digest.clone()),
+        bytes: o.raw.as_ref().map_or(0, |r| r.bytes),
+        truncated: o.raw.as_ref().is_some_and(|r| r.truncated),
+        facts: o.facts,
+    }
+}
+
+fn facts_of<T: Serialize>(facts: &T) -> Map<String, Value> {
+    match serde_json::to_value(facts).map(json_safe) {
+        Ok(Value::Object(m)) => m,
+        Ok(other) => Map::from_iter([("value".to_string(), other)]),
+        Err(e) => Map::from_iter([("encode_error".to_string(), Value::String(e.to_string()))]),
+    }
+}
+
+/// A surface read in this process (safe reads only).
+struct SafeReader {
+    deadline_ms: u64,
+    bundle_deadline: Instant,
+}
+
+impl SafeReader {
+    fn read<T: Serialize>(&self, id: String, authority: String, f: impl FnOnce() -> Result<Reading<T>, ReadError>) -> Surface {
+        if Instant::now() >= self.bundle_deadline {
+            return skipped(id, authority, self.deadline_ms, "bundle deadline reached before this surface was attempted");
+        }
+        let start = Instant::now();
+        let r = f();
+        let elapsed_us = micros(start.elapsed());
+        match r {
+            Ok(reading) => Surface {
+                id,
+                authority,
+                status: if reading.raw.truncated { SurfaceStatus::Truncated } else { SurfaceStatus::Ok },
+                cause: reading.raw.truncated.then(|| StatusCause { errno: None, message: "cut at the byte cap".into() }),
+                deadline_ms: self.deadline_ms,
+                elapsed_us,
+                digest: Some(reading.raw.digest.clone()),
+                bytes: reading.raw.bytes,
+                truncated: reading.raw.truncated,
+                facts: facts_of(&reading.facts),
+            },
+            Err(e) => Surface {
+                id,
+                authority,
+                status: status_of(&e),
+                cause: Some(cause_of(&e)),
+                deadline_ms: self.deadline_ms,
+                elapsed_us,
+                digest: None,
+                bytes: 0,
+                truncated: false,
+                facts: Map::new(),
+            },
+        }
+    }
+}
+
+fn skipped(id: String, authority: String, deadline_ms: u64, why: &str) -> Surface {
+    with_status(id, authority, deadline_ms, SurfaceStatus::Skipped, why)
+}
+
+fn with_status(id: String, authority: String, deadline_ms: u64, status: SurfaceStatus, why: &str) -> Surface {
+    Surface {
+        id,
+        authority,
+        status,
+        cause: Some(StatusCause { errno: None, message: why.to_string() }),
+        deadline_ms,
+        elapsed_us: 0,
+        digest: None,
+        bytes: 0,
+        truncated: false,
+        facts: Map::new(),
+    }
+}
+
+/// Capture `request.target` and return the sealed envelope.
+pub fn capture(request: &CaptureRequest, config: &SupervisorConfig, budget: &LeakBudget) -> Result<Envelope, CaptureError> {
+    let Some(deadlines) = request.deadlines else {
+        return Err(CaptureError::MissingDeadline { surface: "*".into() });
+    };
+    if deadlines.surface.is_zero() || deadlines.bundle.is_zero() {
+        return Err(CaptureError::MissingDeadline { surface: "*".into() });
+    }
+    let positive = |param: &'static str, v: u64| {
+        if v == 0 {
+            Err(CaptureError::InvalidParameter { param, reason: "must be at least 1".into() })
+        } else {
+            Ok(())
+        }
+    };
+    positive("max_threads", request.max_threads)?;
+    positive("max_bytes_per_surface", request.max_bytes_per_surface)?;
+    if request.max_bytes_per_surface > pstack_helper::protocol::MAX_SURFACE_BYTES {
+        return Err(CaptureError::InvalidParameter {
+            param: "max_bytes_per_surface",
+            reason: format!("at most {}", pstack_helper::protocol::MAX_SURFACE_BYTES),
+        });
+    }
+    let started = Instant::now();
+    let host = read_host_facts().map_err(CaptureError::HostFacts)?;
+    let ctx = Ctx {
+        request,
+        deadlines,
+        config,
+        budget,
+        host,
+        started,
+        bundle_deadline: started + deadlines.bundle,
+        wall_time: wall_time_now(),
+        monotonic_start_ns: monotonic_ns(),
+    };
+    let assembly = match request.target {
+        Target::Process { pid } => capture_task(&ctx, pid, false)?,
+        Target::Thread { tid } => capture_task(&ctx, tid, true)?,
+        Target::Host => capture_host(&ctx)?,
+    };
+    Ok(assembly.seal()?)
+}
+
+struct Ctx<'a> {
+    request: &'a CaptureRequest,
+    deadlines: Deadlines,
+    config: &'a SupervisorConfig,
+    budget: &'a LeakBudget,
+    host: HostFacts,
+    started: Instant,
+    bundle_deadline: Instant,
+    wall_time: String,
+    monotonic_start_ns: u64,
+}
+
+impl Ctx<'_> {
+    fn assembly(&self, mode: Mode, subject: Subject) -> Assembly {
+        Assembly::new(
+            mode,
+            subject,
+            self.config,
+            self.request,
+            self.deadlines,
+            self.budget.capacity(),
+            self.wall_time.clone(),
+            self.monotonic_start_ns,
+        )
+    }
+
+    fn safe(&self) -> SafeReader {
+        SafeReader {
+            deadline_ms: ms(self.deadlines.surface),
+            bundle_deadline: self.bundle_deadline,
+        }
+    }
+
+    fn risky(&self, id: String, pid: u32, kind: SurfaceKind) -> RiskyRead {
+        RiskyRead {
+            id,
+            pid,
+            kind,
+            deadline: Some(self.deadlines.surface),
+            max_bytes: self.request.max_bytes_per_surface,
+        }
+    }
+}
+
+fn identity_error(what: &'static str, id: u32, e: ReadError) -> CaptureError {
+    match e {
+        ReadError::Vanished { .. } => CaptureError::NoSuchProcess { what, id },
+        error => CaptureError::IdentityUnreadable { id, error },
+    }
+}
+
+fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly, CaptureError> {
+    let what = if thread_only { "tid" } else { "pid" };
+    if task == 0 {
+        return Err(CaptureError::InvalidParameter {
+            param: what,
+            reason: "0 is not a process: it names the kernel's idle task (or, to kill(2), the caller's process group)".into(),
+        });
+    }
+    let before = read_identity(&ctx.host, task).map_err(|e| identity_error(what, task, e))?;
+    let pid = before.identity.pid;
+    if !thread_only && pid != task {
+        return Err(CaptureError::InvalidParameter {
+            param: "pid",
+            reason: format!("{task} is a thread of process {pid}: use --tid {task} or --pid {pid}"),
+        });
+    }
+    let (tids, total) = if thread_only {
+        (vec![task], 1)
+    } else {
+        let list = read::list_tasks(pid, ctx.request.max_threads).map_err(|e| identity_error(what, task, e))?;
+        (list.ids, list.total)
+    };
+    let subject = if thread_only {
+        Subject::Thread(ThreadIdentity { process: before.identity.clone(), tid: task })
+    } else {
+        Subject::Process(before.identity.clone())
+    };
+    let subject_text = subject.describe();
+
+    // Risky batch: per-thread wchan, syscall, stack; then the per-process
+    // surfaces most likely to block (fd targets last).
+    let mut reads = Vec::new();
+    let mut authorities = Vec::new();
+    for name in ["wchan", "syscall", "stack"] {
+        for &tid in &tids {
+            let kind = match name {
+                "wchan" => SurfaceKind::Wchan { tid },
+                "syscall" => SurfaceKind::Syscall { tid },
+                _ => SurfaceKind::Stack { tid },
+            };
+            authorities.push(kind.authority(pid));
+            reads.push(ctx.risky(format!("task/{tid}/{name}"), pid, kind));
+        }
+    }
+    if !before.kernel_thread {
+        for kind in [SurfaceKind::Cmdline, SurfaceKind::Environ, SurfaceKind::FdTargets { max_fds: ctx.request.max_fds }] {
+            authorities.push(kind.authority(pid));
+            reads.push(ctx.risky(format!("proc/{}", kind.name()), pid, kind));
+        }
+    }
+    let ids: Vec<String> = reads.iter().map(|r| r.id.clone()).collect();
+    let run = RiskyRun::start(reads, ctx.bundle_deadline, &subject_text, ctx.config, ctx.budget)?;
+
+    // Safe reads while the helper works.
+    let safe = ctx.safe();
+    let proc_ref = TaskRef::process(pid);
+    let mut surfaces = vec![
+        safe.read("proc/status".into(), format!("procfs:/proc/{pid}/status"), || read::read_status(proc_ref, ctx.request.max_bytes_per_surface)),
+        safe.read("proc/io".into(), format!("procfs:/proc/{pid}/io"), || read::read_io(proc_ref, ctx.request.max_bytes_per_surface)),
+    ];
+    if before.kernel_thread {
+        for name in ["cmdline", "environ", "fd"] {
+            let authority = if name == "fd" { format!("procfs:/proc/{pid}/fd/*") } else { format!("procfs:/proc/{pid}/{name}") };
+            surfaces.push(with_status(
+                format!("proc/{name}"),
+                authority,
+                safe.deadline_ms,
+                SurfaceStatus::Unsupported,
+                "kernel thread: no user memory, command line, environment or file table",
+            ));
+        }
+    }
+    for &tid in &tids {
+        let t = TaskRef::thread(pid, tid);
+        let max = ctx.request.max_bytes_per_surface;
+        surfaces.push(safe.read(format!("task/{tid}/stat"), format!("procfs:/proc/{pid}/task/{tid}/stat"), || read::read_stat(t, max)));
+        surfaces.push(safe.read(format!("task/{tid}/status"), format!("procfs:/proc/{pid}/task/{tid}/status"), || read::read_status(t, max)));
+        surfaces.push(safe.read(format!("task/{tid}/schedstat"), format!("procfs:/proc/{pid}/task/{tid}/schedstat"), || read::read_schedstat(t, max)));
+    }
+
+    let outcomes = run.finish();
+    for ((id, authority), o) in ids.into_iter().zip(authorities).zip(outcomes) {
+        surfaces.push(risky_surface(id, authority, o));
+    }
+
+    // Second identity read, before emit.
+    let race = identity_change(&before, read_identity(&ctx.host, task));
+    let mode = if thread_only { Mode::Thread } else { Mode::Process };
+    let mut a = ctx.assembly(mode, subject);
+    let selector = if thread_only { format!("/proc/{pid}/task/{task}") } else { format!("/proc/{pid}/task/*") };
+    let deadline_cut = surfaces.iter().any(|s| s.status == SurfaceStatus::Skipped && s.cause.as_ref().is_some_and(|c| c.message.contains("bundle deadline")));
+    let termination = if total > tids.len() as u64 {
+        Termination::Cap
+    } else if deadline_cut {
+        Termination::Deadline
+    } else {
+        Termination::Exhausted
+    };
+    let observed = surfaces
+        .iter()
+        .filter(|s| s.id.ends_with("/stat") && matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated))
+        .count() as u64;
+    a.set_universe(selector, total, observed, termination);
+    a.surfaces = surfaces;
+    a.identity_race = race;
+    a.order_surfaces();
+    a.finish_clock(monotonic_ns(), ctx.started);
+    Ok(a)
+}
+
+/// `None` when the identity is unchanged, else what changed.
+fn identity_change(before: &IdentityReading, after: Result<IdentityReading, ReadError>) -> Option<String> {
+    match after {
+        Err(e) => Some(format!("the subject could not be re-read before emit ({e})")),
+        Ok(a) if a.identity != before.identity || a.task_start_ticks != before.task_start_ticks => {
+            let b = &before.identity;
+            let n = &a.identity;
+            let mut diffs = Vec::new();
+            for (name, x, y) in [
+                ("boot_id", b.boot_id.clone(), n.boot_id.clone()),
+                ("pid", b.pid.to_string(), n.pid.to_string()),
+                ("start_ticks", b.start_ticks.to_string(), n.start_ticks.to_string()),
+                ("uid", b.uid.to_string(), n.uid.to_string()),
+                ("pid_ns", b.pid_ns.clone(), n.pid_ns.clone()),
+                ("cgroup", b.cgroup.clone(), n.cgroup.clone()),
+                ("task_start_ticks", before.task_start_ticks.to_string(), a.task_start_ticks.to_string()),
+            ] {
+                if x != y {
+                    diffs.push(format!("{name} {x} -> {y}"));
+                }
+            }
+            Some(format!("identity changed between the reads: {}", diffs.join(", ")))
+        }
+        Ok(_) => None,
+    }
+}
+
+fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
+    let subject = Subject::Host(HostIdentity { host: ctx.host.host.clone(), boot_id: ctx.host.boot_id.clone() });
+    let pids = read::list_pids(u64::MAX).map_err(CaptureError::HostFacts)?;
+    let mut remaining = ctx.request.max_threads;
+    let mut expected: u64 = 0;
+    let mut members: Vec<(IdentityReading, Vec<u32>)> = Vec::new();
+    let mut enumeration_cut = false;
+    for &pid in &pids.ids {
+        if remaining == 0 {
+            // Past the cap: count the universe, read nothing.
+            if let Ok(list) = read::list_tasks(pid, 0) {
+                expected += list.total;
+            }
+            continue;
+        }
+        if Instant::now() >= ctx.bundle_deadline {
+            enumeration_cut = true;
+            break;
+        }
+        let Ok(identity) = read_identity(&ctx.host, pid) else {
+            continue; // exited before it was observed: not in the universe
+        };
+        let Ok(list) = read::list_tasks(pid, remaining) else {
+            continue;
+        };
+        expected += list.total;
+        remaining -= list.ids.len() as u64;
+        members.push((identity, list.ids));
+    }
+
+    let reads: Vec<RiskyRead> = members
+        .iter()
+        .map(|(id, tids)| ctx.risky(format!("proc/{}/wchan", id.identity.pid), id.identity.pid, SurfaceKind::ThreadWchans { tids: tids.clone() }))
+        .collect();
+    let subject_text = subject.describe();
+    let run = RiskyRun::start(reads, ctx.bundle_deadline, &subject_text, ctx.config, ctx.budget)?;
+
+    let safe = ctx.safe();
+    let mut states: Vec<Surface> = Vec::with_capacity(members.len());
+    for (id, tids) in &members {
+        let pid = id.identity.pid;
+        let mut s = safe.read(format!("proc/{pid}/tasks"), format!("procfs:/proc/{pid}/task/*/stat"), || {
+            read::read_thread_states(pid, tids, ctx.request.max_bytes_per_surface.max(tids.len() as u64 * 512))
+        });
+        if matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated) {
+            let ident = serde_json::json!({
+                "pid": pid,
+                "comm": id.comm,
+                "start_ticks": id.identity.start_ticks,
+                "uid": id.identity.uid,
+                "pid_ns": id.identity.pid_ns,
+                "cgroup": id.identity.cgroup,
+                "kernel_thread": id.kernel_thread,
+            });
+            s.facts.insert("process".into(), ident);
+        }
+        states.push(s);
+    }
+    let outcomes = run.finish();
+
+    let mut surfaces = Vec::with_capacity(states.len() * 2);
+    for (((id, _), mut state), outcome) in members.iter().zip(states).zip(outcomes) {
+        let pid = id.identity.pid;
+        let mut wchan = risky_surface(format!("proc/{pid}/wchan"), format!("procfs:/proc/{pid}/task/*/wchan"), outcome);
+        let after = read_identity(&ctx.host, pid);
+        let change = match &after {
+            Err(ReadError::Vanished { .. }) => Some((SurfaceStatus::Vanished, "the process exited before the second identity read; facts withheld".to_string())),
+            _ => identity_change(id, after).map(|why| (SurfaceStatus::IdentityRace, format!("{why}; facts withheld"))),
+        };
+        if let Some((status, why)) = change {
+            for s in [&mut state, &mut wchan] {
+                if matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated) {
+                    s.status = status;
+                    s.cause = Some(StatusCause { errno: None, message: why.clone() });
+                    s.facts = Map::new();
+                }
+            }
+        }
+        surfaces.push(state);
+        surfaces.push(wchan);
+    }
+
+    let race = match read_host_facts() {
+        Ok(h) if h.boot_id == ctx.host.boot_id => None,
+        Ok(h) => Some(format!("boot_id changed {} -> {}", ctx.host.boot_id, h.boot_id)),
+        Err(e) => Some(format!("host facts could not be re-read ({e})")),
+    };
+    let mut a = ctx.assembly(Mode::Host, subject);
+    let deadline_cut = enumeration_cut
+        || surfaces.iter().any(|s| s.status == SurfaceStatus::Skipped && s.cause.as_ref().is_some_and(|c| c.message.contains("bundle deadline")));
+    let termination = if remaining == 0 && expected > ctx.request.max_threads {
+        Termination::Cap
+    } else if deadline_cut {
+        Termination::Deadline
+    } else {
+        Termination::Exhausted
+    };
+    let observed = surfaces
+        .iter()
+        .filter(|s| s.id.ends_with("/tasks"))
+        .filter_map(|s| s.facts.get("threads").and_then(Value::as_array).map(|a| a.len() as u64))
+        .sum();
+    a.set_universe("/proc/*/task/*".into(), expected, observed, termination);
+    a.surfaces = surfaces;
+    a.identity_race = race;
+    a.finish_clock(monotonic_ns(), ctx.started);
+    Ok(a)
+}

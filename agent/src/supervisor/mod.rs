@@ -1,0 +1,260 @@
+//! The capture supervisor: risky reads in a killable helper, deadlines,
+//! identity re-reads, and assembly of a sealed envelope. Used by
+//! `pstackctl capture` now and by `pstackd` next (it is synchronous and
+//! runtime-agnostic: call it from `tokio::task::spawn_blocking`).
+//!
+//! # API
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use pstack_agent::supervisor::{capture, CaptureRequest, Deadlines, LeakBudget, LeakJournal, SupervisorConfig, Target};
+//! let config = SupervisorConfig::locate("pstackd").unwrap();
+//! let budget = LeakBudget::new(4, LeakJournal::new("/run/pstack/helper-leaks.jsonl"), &config.boot_id);
+//! let request = CaptureRequest {
+//!     target: Target::Process { pid: 4242 },
+//!     deadlines: Some(Deadlines { surface: Duration::from_secs(2), bundle: Duration::from_secs(10) }),
+//!     ..CaptureRequest::default()
+//! };
+//! let envelope = capture(&request, &config, &budget).unwrap(); // sealed
+//! ```
+//!
+//! One [`LeakBudget`] is meant to live as long as the process (pstackd shares
+//! one across captures; a one-shot CLI adopts leaks still alive from the
+//! journal). The [`SupervisorConfig`] is cheap to clone.
+//!
+//! # Invariants
+//!
+//! - **Risky reads never run in this process** — `stack`, `wchan`,
+//!   `syscall`, `cmdline`, `environ`, fd targets (and `wchan` sweeps in host
+//!   captures) go to `pstack-helper` through [`risky::RiskyRun`]. Only reads
+//!   that do not take the target's locks (`stat`, `status`, `io`,
+//!   `schedstat`, `cgroup`, the `ns/pid` link) run here.
+//! - **No deadline, no capture**: a request without deadlines, or a risky read
+//!   without one, is refused with [`CaptureError::MissingDeadline`].
+//! - **Identity twice**: read before the slow surfaces and again before emit.
+//!   Any change (or the subject vanishing) makes the envelope
+//!   `identity_race`: surfaces keep their status and digest but their facts
+//!   are withheld, and no claim is made. In a host capture, a *process* whose
+//!   identity changed gets `identity_race` surfaces instead.
+//! - **Claims bound to surfaces**: every fact cites the surfaces that show it;
+//!   a universal claim ("no thread is in D") is made only in a `complete`
+//!   envelope; every timed-out, denied, failed or skipped surface raises an
+//!   unknown with a probe; there is exactly one next transition.
+//! - **Timeout is evidence**: each surface records its deadline and elapsed
+//!   time; a timeout names the helper and whether it was reaped.
+//!
+//! # Adding a surface
+//!
+//! A new risky surface is a `pstack_helper::protocol::SurfaceKind` variant
+//! plus a reader in `pstack-collectors`; a new non-risky one is a reader called
+//! from [`capture`]'s safe phase. An eBPF window (off-CPU time) will be a
+//! further phase between the two identity reads with its own deadline.
+
+mod assemble;
+mod capture;
+pub mod clock;
+pub mod helper_process;
+pub mod leak;
+pub mod risky;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pstack_collectors::procfs::ReadError;
+
+pub use capture::capture;
+pub use leak::{HelperIdentity, JournalEntry, LeakBudget, LeakJournal};
+pub use risky::{RiskyOutcome, RiskyRead, RiskyRun, run_risky};
+
+/// What to capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A process and all its threads (up to `max_threads`).
+    Process {
+        /// Its pid (a thread-group id).
+        pid: u32,
+    },
+    /// One thread.
+    Thread {
+        /// Its tid.
+        tid: u32,
+    },
+    /// Every process on the host (threads up to `max_threads`).
+    Host,
+}
+
+/// The deadlines a capture runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Each surface's deadline.
+    pub surface: Duration,
+    /// The whole capture's deadline.
+    pub bundle: Duration,
+}
+
+/// A capture request. `deadlines` must be set: there is no implicit default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureRequest {
+    /// What to capture.
+    pub target: Target,
+    /// Deadlines; `None` is refused.
+    pub deadlines: Option<Deadlines>,
+    /// Universe cap: most threads read.
+    pub max_threads: u64,
+    /// Most raw bytes kept per surface.
+    pub max_bytes_per_surface: u64,
+    /// Most file descriptors read.
+    pub max_fds: u64,
+}
+
+impl Default for CaptureRequest {
+    fn default() -> Self {
+        CaptureRequest {
+            target: Target::Host,
+            deadlines: None,
+            max_threads: 16_384,
+            max_bytes_per_surface: 64 * 1024,
+            max_fds: 1024,
+        }
+    }
+}
+
+/// Hook called with each helper right after it is spawned, before it is sent
+/// its batch (e.g. to place it in a cgroup).
+pub type HelperSpawnHook = Arc<dyn Fn(&HelperIdentity) + Send + Sync>;
+
+/// How the supervisor runs helpers.
+#[derive(Clone)]
+pub struct SupervisorConfig {
+    /// Path of the `pstack-helper` binary.
+    pub helper_path: PathBuf,
+    /// How long to wait for a SIGKILLed helper to be reaped before declaring
+    /// it leaked. Longer tolerates a loaded host; shorter returns sooner.
+    pub reap_deadline: Duration,
+    /// `collector.name` in envelopes.
+    pub collector_name: String,
+    /// `collector.source_commit` in envelopes.
+    pub source_commit: String,
+    /// This boot's id.
+    pub boot_id: String,
+    /// Called with each spawned helper.
+    pub on_helper_spawned: Option<HelperSpawnHook>,
+}
+
+impl std::fmt::Debug for SupervisorConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SupervisorConfig")
+            .field("helper_path", &self.helper_path)
+            .field("reap_deadline", &self.reap_deadline)
+            .field("collector_name", &self.collector_name)
+            .field("source_commit", &self.source_commit)
+            .field("boot_id", &self.boot_id)
+            .field("on_helper_spawned", &self.on_helper_spawned.is_some())
+            .finish()
+    }
+}
+
+/// Default reap deadline.
+pub const DEFAULT_REAP_DEADLINE: Duration = Duration::from_millis(200);
+
+/// Source commit recorded in envelopes (`PSTACK_SOURCE_COMMIT` at build time).
+pub const SOURCE_COMMIT: &str = match option_env!("PSTACK_SOURCE_COMMIT") {
+    Some(c) => c,
+    None => "unrecorded",
+};
+
+impl SupervisorConfig {
+    /// A config using the helper at `helper_path`.
+    pub fn new(collector_name: &str, helper_path: PathBuf) -> Result<SupervisorConfig, CaptureError> {
+        let host = pstack_collectors::procfs::read_host_facts().map_err(CaptureError::HostFacts)?;
+        Ok(SupervisorConfig {
+            helper_path,
+            reap_deadline: DEFAULT_REAP_DEADLINE,
+            collector_name: collector_name.to_string(),
+            source_commit: SOURCE_COMMIT.to_string(),
+            boot_id: host.boot_id,
+            on_helper_spawned: None,
+        })
+    }
+
+    /// A config with the helper found by [`locate_helper`].
+    pub fn locate(collector_name: &str) -> Result<SupervisorConfig, CaptureError> {
+        SupervisorConfig::new(collector_name, locate_helper()?)
+    }
+}
+
+/// Find `pstack-helper`: `$PSTACK_HELPER`, else next to the running
+/// executable, else one directory up (test binaries live in `target/*/deps`).
+pub fn locate_helper() -> Result<PathBuf, CaptureError> {
+    if let Some(p) = std::env::var_os("PSTACK_HELPER") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(CaptureError::HelperNotFound { searched: vec![p] })
+        };
+    }
+    let mut searched = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        let mut dir = exe.parent().map(PathBuf::from);
+        for _ in 0..2 {
+            let Some(d) = dir else { break };
+            let candidate = d.join("pstack-helper");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+            searched.push(candidate);
+            dir = d.parent().map(PathBuf::from);
+        }
+    }
+    Err(CaptureError::HelperNotFound { searched })
+}
+
+/// Why a capture could not produce an envelope at all. Anything that goes
+/// wrong with a *surface* is a surface status instead.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// A request or a risky read without a deadline.
+    #[error("refused: surface {surface} has no deadline (every risky read must carry one)")]
+    MissingDeadline {
+        /// The surface (or `*` for the whole request).
+        surface: String,
+    },
+    /// A parameter out of range.
+    #[error("invalid {param}: {reason}")]
+    InvalidParameter {
+        /// Which.
+        param: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The target names no process.
+    #[error("no such process: {what} {id} does not exist")]
+    NoSuchProcess {
+        /// `pid` or `tid`.
+        what: &'static str,
+        /// The id.
+        id: u32,
+    },
+    /// The target's identity could not be read.
+    #[error("cannot read the identity of {id}: {error}")]
+    IdentityUnreadable {
+        /// The id.
+        id: u32,
+        /// Why.
+        error: ReadError,
+    },
+    /// Host facts (hostname, boot id) could not be read.
+    #[error("cannot read host facts: {0}")]
+    HostFacts(ReadError),
+    /// The helper binary is missing.
+    #[error("pstack-helper not found (searched: {}); set PSTACK_HELPER or install it next to pstackctl", .searched.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
+    HelperNotFound {
+        /// Paths tried.
+        searched: Vec<PathBuf>,
+    },
+    /// The assembled envelope broke a rule (a defect in the supervisor).
+    #[error("internal: the envelope would not seal: {0}")]
+    Seal(#[from] pstack_envelope::Rejection),
+}
