@@ -77,7 +77,8 @@ pub struct EbpfConfig {
     pub port: Option<u16>,
     /// Keep only TCP events with this address at either end (filtered in user space).
     pub addr: Option<IpAddr>,
-    /// Processes whose threads the off-CPU programs watch.
+    /// Processes whose threads the off-CPU programs watch (more can be added
+    /// with [`EbpfSession::watch`]; empty watches nothing until then).
     pub watch_pids: Vec<u32>,
     /// Watch every task (bounded by the map sizes; losses counted).
     pub watch_all: bool,
@@ -150,9 +151,6 @@ impl EbpfConfig {
         }
         if self.port == Some(0) {
             return bad("port", "0 is not a port (omit it to match any)".into());
-        }
-        if self.offcpu && !self.watch_all && self.watch_pids.is_empty() {
-            return bad("watch_pids", "off-CPU needs at least one pid to watch (or watch_all)".into());
         }
         if self.watch_pids.len() > self.maps.watched as usize {
             return bad("watch_pids", format!("{} pids exceed the watched map size {}", self.watch_pids.len(), self.maps.watched));
@@ -296,6 +294,20 @@ pub struct WindowReport {
     pub offcpu: Option<OffCpuWindow>,
     /// Records queued before the window and discarded.
     pub stale_discarded: u64,
+    /// TCP events the programs saw / could not queue during the window, per
+    /// kind (`TcpEventKind::ALL` order), from the kernel counters read after
+    /// the stale drain and after the final drain: `seen = read + lost` once
+    /// traffic has stopped before the window ends.
+    pub tcp_kernel: Option<KernelCounts>,
+}
+
+/// Kernel counter deltas of the TCP programs over a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KernelCounts {
+    /// Events the programs saw (after the port filter), per kind.
+    pub seen: [u64; 4],
+    /// Events lost (ring buffer full), per kind.
+    pub lost: [u64; 4],
 }
 
 impl WindowReport {
@@ -494,7 +506,19 @@ impl EbpfSession {
     pub async fn run_window(
         &mut self,
         window: Duration,
+        on_event: impl FnMut(&TcpEvent),
+    ) -> Result<WindowReport, EbpfError> {
+        self.run_window_until(window, on_event, std::future::pending::<()>()).await
+    }
+
+    /// [`EbpfSession::run_window`] that also ends early when `stop` completes
+    /// (Ctrl-C in `pstackctl trace`, shutdown in pstackd). The report covers
+    /// the time actually run (`meta.end_ns`), `window_ms` stays the request.
+    pub async fn run_window_until(
+        &mut self,
+        window: Duration,
         mut on_event: impl FnMut(&TcpEvent),
+        stop: impl std::future::Future,
     ) -> Result<WindowReport, EbpfError> {
         // Discard what was queued before the window.
         let mut stale = 0u64;
@@ -547,6 +571,8 @@ impl EbpfSession {
         let mut tick = tokio::time::interval(self.cfg.poll_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let result: Result<(), EbpfError> = async {
+            tokio::pin!(stop);
+            let mut stopped = false;
             loop {
                 #[derive(PartialEq)]
                 enum Wake {
@@ -555,6 +581,7 @@ impl EbpfSession {
                 }
                 let wake = tokio::select! {
                     _ = tokio::time::sleep_until(deadline) => Wake::End,
+                    _ = &mut stop, if !stopped => { stopped = true; Wake::End }
                     r = readable(tcp_fd.as_ref()) => { r.map_err(|source| EbpfError::Poll { map: "EVENTS", source })?; Wake::Data }
                     r = readable(off_fd.as_ref()) => { r.map_err(|source| EbpfError::Poll { map: "EPISODES", source })?; Wake::Data }
                     _ = tick.tick() => Wake::Data,
@@ -579,7 +606,15 @@ impl EbpfSession {
         let end_ns = monotonic_ns();
 
         let mut tcp_ctx = TcpSurfaceContext { lost: [0; 3], port: self.cfg.port, addr: self.cfg.addr };
+        let mut tcp_kernel = None;
         if let (Some(before), Some(after)) = (tcp_before, self.tcp_counters()?) {
+            let mut k = KernelCounts::default();
+            for (j, kind) in TcpEventKind::ALL.into_iter().enumerate() {
+                let i = 2 * usize::from(kind.raw());
+                k.seen[j] = after[i].saturating_sub(before[i]);
+                k.lost[j] = after[i + 1].saturating_sub(before[i + 1]);
+            }
+            tcp_kernel = Some(k);
             let lost = |k: TcpEventKind| {
                 let i = 2 * usize::from(k.raw()) + 1;
                 after[i].saturating_sub(before[i])
@@ -615,6 +650,7 @@ impl EbpfSession {
             tcp_ctx,
             offcpu,
             stale_discarded: stale,
+            tcp_kernel,
         })
     }
 
@@ -626,11 +662,21 @@ impl EbpfSession {
         window: Duration,
         on_event: impl FnMut(&TcpEvent),
     ) -> Result<WindowReport, EbpfError> {
+        self.run_window_blocking_until(window, on_event, std::future::pending::<()>())
+    }
+
+    /// [`EbpfSession::run_window_until`] on a private current-thread runtime.
+    pub fn run_window_blocking_until(
+        &mut self,
+        window: Duration,
+        on_event: impl FnMut(&TcpEvent),
+        stop: impl std::future::Future,
+    ) -> Result<WindowReport, EbpfError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|source| EbpfError::Poll { map: "runtime", source })?;
-        rt.block_on(self.run_window(window, on_event))
+        rt.block_on(self.run_window_until(window, on_event, stop))
     }
 }
 
