@@ -17,7 +17,9 @@ use anyhow::Context;
 use pstack_envelope::{Completeness, Envelope, Subject, Surface, SurfaceStatus};
 use serde_json::Value;
 
-use crate::supervisor::{self, CaptureRequest, Deadlines, LeakBudget, LeakJournal, SupervisorConfig, Target};
+use crate::supervisor::{
+    self, CaptureRequest, Deadlines, LeakBudget, LeakJournal, SupervisorConfig, Target,
+};
 
 /// Arguments of `pstackctl capture`.
 #[derive(Debug, clap::Args)]
@@ -60,7 +62,12 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub leak_budget: u64,
     /// Durable journal of leaked (unreaped) helpers.
-    #[arg(long, value_name = "FILE", env = "PSTACK_LEAK_JOURNAL", default_value = "/run/pstack/helper-leaks.jsonl")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "PSTACK_LEAK_JOURNAL",
+        default_value = "/run/pstack/helper-leaks.jsonl"
+    )]
     pub leak_journal: PathBuf,
     /// The pstack-helper binary [default: next to pstackctl].
     #[arg(long, value_name = "FILE", env = "PSTACK_HELPER")]
@@ -79,7 +86,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         None => SupervisorConfig::locate("pstackctl")?,
     };
     config.reap_deadline = Duration::from_millis(args.reap_deadline_ms.max(1));
-    let budget = LeakBudget::new(args.leak_budget, LeakJournal::new(&args.leak_journal), &config.boot_id);
+    let budget = LeakBudget::new(
+        args.leak_budget,
+        LeakJournal::new(&args.leak_journal),
+        &config.boot_id,
+    );
     let request = CaptureRequest {
         target,
         deadlines: Some(Deadlines {
@@ -91,8 +102,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         max_fds: args.max_fds,
     };
     let envelope = supervisor::capture(&request, &config, &budget)?;
-    let path = args.output.clone().unwrap_or_else(|| default_name(&envelope));
-    write_atomically(&path, &envelope.to_json_pretty()).with_context(|| format!("cannot write {}", path.display()))?;
+    let path = args
+        .output
+        .clone()
+        .unwrap_or_else(|| default_name(&envelope));
+    write_atomically(&path, &envelope.to_json_pretty())
+        .with_context(|| format!("cannot write {}", path.display()))?;
     let mut out = std::io::stdout().lock();
     if args.json {
         out.write_all(&envelope.to_json_pretty())?;
@@ -105,7 +120,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 out,
                 "{} helper(s) still unreaped (pids {}); journaled in {}",
                 leaked.len(),
-                leaked.iter().map(|h| h.pid.to_string()).collect::<Vec<_>>().join(", "),
+                leaked
+                    .iter()
+                    .map(|h| h.pid.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 budget.journal().path().display()
             )?;
         }
@@ -124,7 +143,10 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "envelope".into());
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "envelope".into());
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;
@@ -140,17 +162,24 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 fn mark(text: &str, color: bool) -> String {
-    if color { format!("\x1b[1;31m{text}\x1b[0m") } else { text.to_string() }
+    if color {
+        format!("\x1b[1;31m{text}\x1b[0m")
+    } else {
+        text.to_string()
+    }
 }
 
 fn fact<'a>(s: Option<&'a Surface>, key: &str) -> Option<&'a Value> {
-    s.filter(|s| matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated)).and_then(|s| s.facts.get(key))
+    s.filter(|s| matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated))
+        .and_then(|s| s.facts.get(key))
 }
 
 fn cell(s: Option<&Surface>, key: &str, show: impl Fn(&Value) -> Option<String>) -> String {
     match s {
         None => "-".into(),
-        Some(surface) if !matches!(surface.status, SurfaceStatus::Ok | SurfaceStatus::Truncated) => {
+        Some(surface)
+            if !matches!(surface.status, SurfaceStatus::Ok | SurfaceStatus::Truncated) =>
+        {
             format!("!!{}", surface.status.as_str())
         }
         Some(_) => fact(s, key).and_then(show).unwrap_or_else(|| "-".into()),
@@ -193,26 +222,47 @@ pub fn render_summary(env: &Envelope, path: &Path, color: bool) -> String {
         Subject::Host(_) => render_host(&mut o, env, &by_id, color),
         _ => render_task(&mut o, env, &by_id, color),
     }
-    let failed: Vec<&Surface> = env.surfaces.iter().filter(|s| !matches!(s.status, SurfaceStatus::Ok)).collect();
+    let failed: Vec<&Surface> = env
+        .surfaces
+        .iter()
+        .filter(|s| !matches!(s.status, SurfaceStatus::Ok))
+        .collect();
     if !failed.is_empty() {
         let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
         for s in &failed {
             *counts.entry(s.status.as_str()).or_default() += 1;
         }
         let text: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
-        line(&mut o, format!("\n{} ({})", mark("surfaces not ok", color), text.join(", ")));
+        line(
+            &mut o,
+            format!("\n{} ({})", mark("surfaces not ok", color), text.join(", ")),
+        );
         for s in failed.iter().take(15) {
             let cause = s.cause.as_ref().map(|c| c.message.as_str()).unwrap_or("");
-            line(&mut o, format!("  !! {:<28} {:<24} {:>6} ms  {cause}", s.id, s.status.as_str(), s.elapsed_us / 1000));
+            line(
+                &mut o,
+                format!(
+                    "  !! {:<28} {:<24} {:>6} ms  {cause}",
+                    s.id,
+                    s.status.as_str(),
+                    s.elapsed_us / 1000
+                ),
+            );
         }
         if failed.len() > 15 {
-            line(&mut o, format!("  ... and {} more (see the envelope)", failed.len() - 15));
+            line(
+                &mut o,
+                format!("  ... and {} more (see the envelope)", failed.len() - 15),
+            );
         }
     }
     if !env.unknowns.is_empty() {
         line(&mut o, format!("\nunknowns ({}):", env.unknowns.len()));
         for u in env.unknowns.iter().take(8) {
-            line(&mut o, format!("  ? {}\n      probe: {}", u.question, u.probe));
+            line(
+                &mut o,
+                format!("  ? {}\n      probe: {}", u.question, u.probe),
+            );
         }
         if env.unknowns.len() > 8 {
             line(&mut o, format!("  ... and {} more", env.unknowns.len() - 8));
@@ -227,7 +277,13 @@ pub fn render_summary(env: &Envelope, path: &Path, color: bool) -> String {
             line(&mut o, format!("  ... and {} more", env.claims.len() - 12));
         }
     }
-    line(&mut o, format!("\nnext:         {} — {}", env.next_transition.action, env.next_transition.success_receipt));
+    line(
+        &mut o,
+        format!(
+            "\nnext:         {} — {}",
+            env.next_transition.action, env.next_transition.success_receipt
+        ),
+    );
     line(&mut o, format!("digest:       {}", env.digest));
     line(&mut o, format!("written:      {}", path.display()));
     o
@@ -237,16 +293,25 @@ fn render_task(o: &mut String, env: &Envelope, by_id: &BTreeMap<&str, &Surface>,
     let mut tids: Vec<u64> = env
         .surfaces
         .iter()
-        .filter_map(|s| s.id.strip_prefix("task/").and_then(|r| r.split('/').next()).and_then(|t| t.parse().ok()))
+        .filter_map(|s| {
+            s.id.strip_prefix("task/")
+                .and_then(|r| r.split('/').next())
+                .and_then(|t| t.parse().ok())
+        })
         .collect();
     tids.dedup();
-    o.push_str(&format!("{:<9} {:<6} {:<16} {:<28} {:<18} {}\n", "TID", "STATE", "COMM", "WCHAN", "SYSCALL", "STACK TOP"));
+    o.push_str(&format!(
+        "{:<9} {:<6} {:<16} {:<28} {:<18} {}\n",
+        "TID", "STATE", "COMM", "WCHAN", "SYSCALL", "STACK TOP"
+    ));
     for tid in tids.iter().take(200) {
         let get = |name: &str| by_id.get(format!("task/{tid}/{name}").as_str()).copied();
         let stat = get("stat");
         let state = cell(stat, "state", |v| v.as_str().map(str::to_string));
         let comm = cell(stat, "comm", |v| v.as_str().map(str::to_string));
-        let wchan = cell(get("wchan"), "wchan", |v| Some(v.as_str().unwrap_or("-").to_string()));
+        let wchan = cell(get("wchan"), "wchan", |v| {
+            Some(v.as_str().unwrap_or("-").to_string())
+        });
         let syscall = match get("syscall") {
             Some(s) if matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated) => {
                 let mode = s.facts.get("mode").and_then(Value::as_str).unwrap_or("?");
@@ -263,26 +328,49 @@ fn render_task(o: &mut String, env: &Envelope, by_id: &BTreeMap<&str, &Surface>,
             }
             other => cell(other, "", |_| None),
         };
-        let stack = cell(get("stack"), "frames", |v| v.as_array().and_then(|a| a.first()).and_then(Value::as_str).map(str::to_string));
+        let stack = cell(get("stack"), "frames", |v| {
+            v.as_array()
+                .and_then(|a| a.first())
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        });
         let row = format!("{tid:<9} {state:<6} {comm:<16} {wchan:<28} {syscall:<18} {stack}");
         let hot = state == "D" || row.contains("!!");
         o.push_str(&if hot { mark(&row, color) } else { row });
         o.push('\n');
     }
     if tids.len() > 200 {
-        o.push_str(&format!("... and {} more threads (see the envelope)\n", tids.len() - 200));
+        o.push_str(&format!(
+            "... and {} more threads (see the envelope)\n",
+            tids.len() - 200
+        ));
     }
     let mut proc_line = Vec::new();
     for name in ["cmdline", "environ", "fd"] {
         if let Some(s) = by_id.get(format!("proc/{name}").as_str()) {
             let detail = match (name, s.status) {
-                ("cmdline", SurfaceStatus::Ok) => s.facts.get("argv0").and_then(Value::as_str).map(|a| format!("argv0 {a}")),
-                ("environ", SurfaceStatus::Ok) => s.facts.get("names").and_then(Value::as_array).map(|n| format!("{} vars, values redacted", n.len())),
+                ("cmdline", SurfaceStatus::Ok) => s
+                    .facts
+                    .get("argv0")
+                    .and_then(Value::as_str)
+                    .map(|a| format!("argv0 {a}")),
+                ("environ", SurfaceStatus::Ok) => s
+                    .facts
+                    .get("names")
+                    .and_then(Value::as_array)
+                    .map(|n| format!("{} vars, values redacted", n.len())),
                 ("fd", SurfaceStatus::Ok) => s.facts.get("total").map(|t| format!("{t} open")),
                 _ => None,
             };
-            let status = if s.status == SurfaceStatus::Ok { "ok".to_string() } else { mark(&format!("!!{}", s.status.as_str()), color) };
-            proc_line.push(format!("{name} {status}{}", detail.map(|d| format!(" ({d})")).unwrap_or_default()));
+            let status = if s.status == SurfaceStatus::Ok {
+                "ok".to_string()
+            } else {
+                mark(&format!("!!{}", s.status.as_str()), color)
+            };
+            proc_line.push(format!(
+                "{name} {status}{}",
+                detail.map(|d| format!(" ({d})")).unwrap_or_default()
+            ));
         }
     }
     if !proc_line.is_empty() {
@@ -294,20 +382,50 @@ fn render_host(o: &mut String, env: &Envelope, by_id: &BTreeMap<&str, &Surface>,
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     let mut notable = Vec::new();
     for s in env.surfaces.iter().filter(|s| s.id.ends_with("/tasks")) {
-        let Some(threads) = s.facts.get("threads").and_then(Value::as_array) else { continue };
-        let pid = s.facts.get("process").and_then(|p| p.get("pid")).and_then(Value::as_u64).unwrap_or(0);
+        let Some(threads) = s.facts.get("threads").and_then(Value::as_array) else {
+            continue;
+        };
+        let pid = s
+            .facts
+            .get("process")
+            .and_then(|p| p.get("pid"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
         let wchans: BTreeMap<u64, String> = by_id
             .get(format!("proc/{pid}/wchan").as_str())
             .and_then(|w| w.facts.get("threads").and_then(Value::as_array))
-            .map(|a| a.iter().filter_map(|t| Some((t.get("tid")?.as_u64()?, t.get("wchan")?.as_str()?.to_string()))).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|t| {
+                        Some((
+                            t.get("tid")?.as_u64()?,
+                            t.get("wchan")?.as_str()?.to_string(),
+                        ))
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
         for t in threads {
-            let state = t.get("state").and_then(Value::as_str).unwrap_or("?").to_string();
+            let state = t
+                .get("state")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_string();
             *counts.entry(state.clone()).or_default() += 1;
             if matches!(state.as_str(), "D" | "Z" | "T" | "t") {
                 let tid = t.get("tid").and_then(Value::as_u64).unwrap_or(0);
-                let comm = t.get("comm").and_then(Value::as_str).unwrap_or("?").to_string();
-                notable.push((state, pid, tid, comm, wchans.get(&tid).cloned().unwrap_or_else(|| "-".into())));
+                let comm = t
+                    .get("comm")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+                    .to_string();
+                notable.push((
+                    state,
+                    pid,
+                    tid,
+                    comm,
+                    wchans.get(&tid).cloned().unwrap_or_else(|| "-".into()),
+                ));
             }
         }
     }
@@ -315,7 +433,10 @@ fn render_host(o: &mut String, env: &Envelope, by_id: &BTreeMap<&str, &Surface>,
     o.push_str(&format!("threads by state: {}\n", text.join("  ")));
     if !notable.is_empty() {
         notable.sort();
-        o.push_str(&format!("\n{:<6} {:<9} {:<9} {:<16} {}\n", "STATE", "PID", "TID", "COMM", "WCHAN"));
+        o.push_str(&format!(
+            "\n{:<6} {:<9} {:<9} {:<16} {}\n",
+            "STATE", "PID", "TID", "COMM", "WCHAN"
+        ));
         for (state, pid, tid, comm, wchan) in notable.iter().take(40) {
             let row = format!("{state:<6} {pid:<9} {tid:<9} {comm:<16} {wchan}");
             o.push_str(&if state == "D" { mark(&row, color) } else { row });

@@ -15,8 +15,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use pstack_envelope::{
-    Bounds, Claim, ClaimKind, Clock, Collector, Completeness, Envelope, NextTransition, Scope, StatusCause,
-    Subject, Surface, SurfaceStatus, Termination, Universe, Unknown, SCHEMA_ID, sha256_digest,
+    Bounds, Claim, ClaimKind, Clock, Collector, Completeness, Envelope, NextTransition, SCHEMA_ID,
+    Scope, StatusCause, Subject, Surface, SurfaceStatus, Termination, Universe, Unknown,
+    sha256_digest,
 };
 use serde_json::{Map, Value};
 
@@ -63,7 +64,10 @@ fn ms(d: Duration) -> u64 {
 
 impl Assembly {
     /// Start an assembly.
-    #[allow(clippy::too_many_arguments, reason = "one call site; each argument is a distinct envelope part")]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call site; each argument is a distinct envelope part"
+    )]
     pub fn new(
         mode: Mode,
         subject: Subject,
@@ -108,7 +112,13 @@ impl Assembly {
     }
 
     /// Declare the universe.
-    pub fn set_universe(&mut self, selector: String, expected: u64, observed: u64, termination: Termination) {
+    pub fn set_universe(
+        &mut self,
+        selector: String,
+        expected: u64,
+        observed: u64,
+        termination: Termination,
+    ) {
         self.universe = Universe {
             selector_digest: sha256_digest(selector.as_bytes()),
             selector,
@@ -146,7 +156,9 @@ impl Assembly {
             Completeness::IdentityRace
         } else if self.surfaces.iter().any(|s| !ok(s)) {
             Completeness::Partial
-        } else if self.surfaces.iter().any(|s| s.truncated) || self.universe.termination != Termination::Exhausted {
+        } else if self.surfaces.iter().any(|s| s.truncated)
+            || self.universe.termination != Termination::Exhausted
+        {
             Completeness::Bounded
         } else {
             Completeness::Complete
@@ -159,7 +171,10 @@ impl Assembly {
             for s in &mut self.surfaces {
                 if ok(s) {
                     s.status = SurfaceStatus::IdentityRace;
-                    s.cause = Some(StatusCause { errno: None, message: format!("{why}; facts withheld") });
+                    s.cause = Some(StatusCause {
+                        errno: None,
+                        message: format!("{why}; facts withheld"),
+                    });
                     s.facts = Map::new();
                 }
             }
@@ -198,50 +213,116 @@ impl Assembly {
 
     /// Claims of a process/thread capture, and a description of each D thread.
     fn task_claims(&self, completeness: Completeness) -> (Vec<Claim>, Vec<String>) {
-        let index: BTreeMap<&str, &Surface> = self.surfaces.iter().map(|s| (s.id.as_str(), s)).collect();
+        let index: BTreeMap<&str, &Surface> =
+            self.surfaces.iter().map(|s| (s.id.as_str(), s)).collect();
         let mut by_state: BTreeMap<String, Vec<(u64, &Surface)>> = BTreeMap::new();
-        for s in self.surfaces.iter().filter(|s| ok(s) && s.id.starts_with("task/") && s.id.ends_with("/stat")) {
-            let Some(state) = s.facts.get("state").and_then(Value::as_str) else { continue };
+        for s in self
+            .surfaces
+            .iter()
+            .filter(|s| ok(s) && s.id.starts_with("task/") && s.id.ends_with("/stat"))
+        {
+            let Some(state) = s.facts.get("state").and_then(Value::as_str) else {
+                continue;
+            };
             let tid = s.facts.get("pid").and_then(Value::as_u64).unwrap_or(0);
-            by_state.entry(state.to_string()).or_default().push((tid, s));
+            by_state
+                .entry(state.to_string())
+                .or_default()
+                .push((tid, s));
         }
         let mut claims = Vec::new();
         let mut d_threads = Vec::new();
         for (state, members) in &by_state {
-            let tids: Vec<String> = members.iter().take(20).map(|(t, _)| t.to_string()).collect();
-            let more = if members.len() > 20 { format!(" and {} more", members.len() - 20) } else { String::new() };
+            let tids: Vec<String> = members
+                .iter()
+                .take(20)
+                .map(|(t, _)| t.to_string())
+                .collect();
+            let more = if members.len() > 20 {
+                format!(" and {} more", members.len() - 20)
+            } else {
+                String::new()
+            };
             claims.push(Claim {
                 id: format!("state-{state}"),
                 kind: ClaimKind::Fact,
                 code: format!("threads_in_state_{}", state_code(state)),
-                statement: format!("{} thread(s) in state {state} ({}): {}{more}", members.len(), state_name(state), tids.join(", ")),
+                statement: format!(
+                    "{} thread(s) in state {state} ({}): {}{more}",
+                    members.len(),
+                    state_name(state),
+                    tids.join(", ")
+                ),
                 surfaces: members.iter().map(|(_, s)| s.id.clone()).collect(),
                 scope: Scope::Existential,
                 falsifier: None,
             });
         }
-        for (tid, stat) in by_state.get("D").map(Vec::as_slice).unwrap_or_default().iter().take(MAX_D_CLAIMS) {
-            let comm = stat.facts.get("comm").and_then(Value::as_str).unwrap_or("?");
+        for (tid, stat) in by_state
+            .get("D")
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .take(MAX_D_CLAIMS)
+        {
+            let comm = stat
+                .facts
+                .get("comm")
+                .and_then(Value::as_str)
+                .unwrap_or("?");
             let mut bound = vec![stat.id.clone()];
             let mut detail = Vec::new();
-            if let Some(w) = index.get(format!("task/{tid}/wchan").as_str()).filter(|s| ok(s)) {
+            if let Some(w) = index
+                .get(format!("task/{tid}/wchan").as_str())
+                .filter(|s| ok(s))
+            {
                 bound.push(w.id.clone());
-                detail.push(format!("wchan {}", w.facts.get("wchan").and_then(Value::as_str).unwrap_or("-")));
+                detail.push(format!(
+                    "wchan {}",
+                    w.facts.get("wchan").and_then(Value::as_str).unwrap_or("-")
+                ));
             }
-            if let Some(sc) = index.get(format!("task/{tid}/syscall").as_str()).filter(|s| ok(s)) {
+            if let Some(sc) = index
+                .get(format!("task/{tid}/syscall").as_str())
+                .filter(|s| ok(s))
+            {
                 bound.push(sc.id.clone());
-                let name = sc.facts.get("name").and_then(Value::as_str).map(str::to_string);
-                let nr = sc.facts.get("nr").and_then(Value::as_i64).map(|n| n.to_string());
+                let name = sc
+                    .facts
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                let nr = sc
+                    .facts
+                    .get("nr")
+                    .and_then(Value::as_i64)
+                    .map(|n| n.to_string());
                 let mode = sc.facts.get("mode").and_then(Value::as_str).unwrap_or("?");
-                detail.push(format!("syscall {}", name.or(nr).unwrap_or_else(|| mode.to_string())));
+                detail.push(format!(
+                    "syscall {}",
+                    name.or(nr).unwrap_or_else(|| mode.to_string())
+                ));
             }
-            if let Some(st) = index.get(format!("task/{tid}/stack").as_str()).filter(|s| ok(s)) {
+            if let Some(st) = index
+                .get(format!("task/{tid}/stack").as_str())
+                .filter(|s| ok(s))
+            {
                 bound.push(st.id.clone());
-                if let Some(top) = st.facts.get("frames").and_then(Value::as_array).and_then(|f| f.first()).and_then(Value::as_str) {
+                if let Some(top) = st
+                    .facts
+                    .get("frames")
+                    .and_then(Value::as_array)
+                    .and_then(|f| f.first())
+                    .and_then(Value::as_str)
+                {
                     detail.push(format!("top frame {top}"));
                 }
             }
-            let text = format!("thread {tid} ({comm}) is in D{}{}", if detail.is_empty() { "" } else { ", " }, detail.join(", "));
+            let text = format!(
+                "thread {tid} ({comm}) is in D{}{}",
+                if detail.is_empty() { "" } else { ", " },
+                detail.join(", ")
+            );
             d_threads.push(text.clone());
             claims.push(Claim {
                 id: format!("d-{tid}"),
@@ -254,7 +335,11 @@ impl Assembly {
             });
         }
         if completeness == Completeness::Complete && !by_state.contains_key("D") {
-            let stats: Vec<String> = by_state.values().flatten().map(|(_, s)| s.id.clone()).collect();
+            let stats: Vec<String> = by_state
+                .values()
+                .flatten()
+                .map(|(_, s)| s.id.clone())
+                .collect();
             if !stats.is_empty() {
                 claims.push(Claim {
                     id: "no-d".into(),
@@ -276,9 +361,18 @@ impl Assembly {
         let mut bound = Vec::new();
         let mut claims = Vec::new();
         let mut d_threads = Vec::new();
-        for s in self.surfaces.iter().filter(|s| ok(s) && s.id.ends_with("/tasks")) {
+        for s in self
+            .surfaces
+            .iter()
+            .filter(|s| ok(s) && s.id.ends_with("/tasks"))
+        {
             bound.push(s.id.clone());
-            let pid = s.facts.get("process").and_then(|p| p.get("pid")).and_then(Value::as_u64).unwrap_or(0);
+            let pid = s
+                .facts
+                .get("process")
+                .and_then(|p| p.get("pid"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
             let wchan_id = format!("proc/{pid}/wchan");
             let wchans: BTreeMap<u64, String> = self
                 .surface(&wchan_id)
@@ -286,12 +380,25 @@ impl Assembly {
                 .and_then(|w| w.facts.get("threads").and_then(Value::as_array))
                 .map(|a| {
                     a.iter()
-                        .filter_map(|t| Some((t.get("tid")?.as_u64()?, t.get("wchan")?.as_str()?.to_string())))
+                        .filter_map(|t| {
+                            Some((
+                                t.get("tid")?.as_u64()?,
+                                t.get("wchan")?.as_str()?.to_string(),
+                            ))
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
-            for t in s.facts.get("threads").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default() {
-                let Some(state) = t.get("state").and_then(Value::as_str) else { continue };
+            for t in s
+                .facts
+                .get("threads")
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+            {
+                let Some(state) = t.get("state").and_then(Value::as_str) else {
+                    continue;
+                };
                 *counts.entry(state.to_string()).or_default() += 1;
                 if state == "D" && d_threads.len() < MAX_D_CLAIMS {
                     let tid = t.get("tid").and_then(Value::as_u64).unwrap_or(0);
@@ -333,7 +440,8 @@ impl Assembly {
                 },
             );
         }
-        if completeness == Completeness::Complete && !counts.contains_key("D") && !bound.is_empty() {
+        if completeness == Completeness::Complete && !counts.contains_key("D") && !bound.is_empty()
+        {
             claims.push(Claim {
                 id: "no-d".into(),
                 kind: ClaimKind::Fact,
@@ -381,7 +489,11 @@ impl Assembly {
             })
             .collect();
         for s in failed.iter().take(MAX_UNKNOWNS) {
-            let path = s.authority.strip_prefix("procfs:").unwrap_or(&s.authority).to_string();
+            let path = s
+                .authority
+                .strip_prefix("procfs:")
+                .unwrap_or(&s.authority)
+                .to_string();
             let look = if path.ends_with("/fd/*") {
                 format!("ls -l {}", path.trim_end_matches('*'))
             } else {
@@ -390,14 +502,25 @@ impl Assembly {
             let cause = s.cause.as_ref().map(|c| c.message.as_str()).unwrap_or("");
             let (question, probe) = match s.status {
                 SurfaceStatus::Timeout => (
-                    format!("What does {path} show when given longer than {} ms?", s.deadline_ms),
+                    format!(
+                        "What does {path} show when given longer than {} ms?",
+                        s.deadline_ms
+                    ),
                     format!("timeout -s KILL 30 {look}"),
                 ),
                 SurfaceStatus::TimeoutUnreapedHelper => {
-                    let helper = cause.split("helper pid ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or("?");
+                    let helper = cause
+                        .split("helper pid ")
+                        .nth(1)
+                        .and_then(|r| r.split_whitespace().next())
+                        .unwrap_or("?");
                     (
-                        format!("Why is the helper (pid {helper}) that read {path} stuck, and what does {path} hold?"),
-                        format!("cat /proc/{helper}/stack; grep -E 'State|Cgroup' /proc/{helper}/status; cat /proc/{helper}/cgroup"),
+                        format!(
+                            "Why is the helper (pid {helper}) that read {path} stuck, and what does {path} hold?"
+                        ),
+                        format!(
+                            "cat /proc/{helper}/stack; grep -E 'State|Cgroup' /proc/{helper}/status; cat /proc/{helper}/cgroup"
+                        ),
                     )
                 }
                 SurfaceStatus::PermissionDenied => (
@@ -410,13 +533,19 @@ impl Assembly {
                 ),
                 SurfaceStatus::Skipped => (
                     format!("What does {path} show with more time?"),
-                    format!("{again} --bundle-deadline-ms {}", self.bounds.bundle_deadline_ms.saturating_mul(2)),
+                    format!(
+                        "{again} --bundle-deadline-ms {}",
+                        self.bounds.bundle_deadline_ms.saturating_mul(2)
+                    ),
                 ),
                 SurfaceStatus::IdentityRace => (
                     format!("Which process does {path} belong to now? ({cause})"),
                     look.clone(),
                 ),
-                _ => (format!("Why did reading {path} fail? ({cause})"), look.clone()),
+                _ => (
+                    format!("Why did reading {path} fail? ({cause})"),
+                    look.clone(),
+                ),
             };
             out.push(Unknown {
                 id: format!("u-{}", s.id.replace('/', "-")),
@@ -430,7 +559,10 @@ impl Assembly {
         if failed.len() > MAX_UNKNOWNS {
             out.push(Unknown {
                 id: "u-more".into(),
-                question: format!("{} more surfaces did not succeed: what do they show?", failed.len() - MAX_UNKNOWNS),
+                question: format!(
+                    "{} more surfaces did not succeed: what do they show?",
+                    failed.len() - MAX_UNKNOWNS
+                ),
                 blocks: "CLASSIFY_BLOCKING".into(),
                 owner,
                 probe: format!("{again} --json | jq '.surfaces[] | select(.status != \"ok\")'"),
@@ -463,12 +595,17 @@ impl Assembly {
             return NextTransition {
                 action: "RESOLVE_UNKNOWN".into(),
                 success_receipt: format!("unknown {} answered by its probe: {}", u.id, u.probe),
-                abort_conditions: vec!["the probe itself blocks past its own deadline".into(), "the identity changes".into()],
+                abort_conditions: vec![
+                    "the probe itself blocks past its own deadline".into(),
+                    "the identity changes".into(),
+                ],
             };
         }
         NextTransition {
             action: "CAPTURE_AGAIN_AFTER_CHANGE".into(),
-            success_receipt: format!("`pstackctl envelope diff` of this envelope and a later `{again}` shows the change"),
+            success_receipt: format!(
+                "`pstackctl envelope diff` of this envelope and a later `{again}` shows the change"
+            ),
             abort_conditions: vec!["the identity changes (a new process is a new subject)".into()],
         }
     }

@@ -5,8 +5,13 @@
 use std::time::{Duration, Instant};
 
 use pstack_collectors::procfs::read::{self, TaskRef};
-use pstack_collectors::procfs::{HostFacts, IdentityReading, ReadError, Reading, json_safe, read_host_facts, read_identity};
-use pstack_envelope::{Envelope, HostIdentity, StatusCause, Subject, Surface, SurfaceStatus, Termination, ThreadIdentity};
+use pstack_collectors::procfs::{
+    HostFacts, IdentityReading, ReadError, Reading, json_safe, read_host_facts, read_identity,
+};
+use pstack_envelope::{
+    Envelope, HostIdentity, StatusCause, Subject, Surface, SurfaceStatus, Termination,
+    ThreadIdentity,
+};
 use pstack_helper::protocol::SurfaceKind;
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -56,9 +61,19 @@ struct SafeReader {
 }
 
 impl SafeReader {
-    fn read<T: Serialize>(&self, id: String, authority: String, f: impl FnOnce() -> Result<Reading<T>, ReadError>) -> Surface {
+    fn read<T: Serialize>(
+        &self,
+        id: String,
+        authority: String,
+        f: impl FnOnce() -> Result<Reading<T>, ReadError>,
+    ) -> Surface {
         if Instant::now() >= self.bundle_deadline {
-            return skipped(id, authority, self.deadline_ms, "bundle deadline reached before this surface was attempted");
+            return skipped(
+                id,
+                authority,
+                self.deadline_ms,
+                "bundle deadline reached before this surface was attempted",
+            );
         }
         let start = Instant::now();
         let r = f();
@@ -67,8 +82,15 @@ impl SafeReader {
             Ok(reading) => Surface {
                 id,
                 authority,
-                status: if reading.raw.truncated { SurfaceStatus::Truncated } else { SurfaceStatus::Ok },
-                cause: reading.raw.truncated.then(|| StatusCause { errno: None, message: "cut at the byte cap".into() }),
+                status: if reading.raw.truncated {
+                    SurfaceStatus::Truncated
+                } else {
+                    SurfaceStatus::Ok
+                },
+                cause: reading.raw.truncated.then(|| StatusCause {
+                    errno: None,
+                    message: "cut at the byte cap".into(),
+                }),
                 deadline_ms: self.deadline_ms,
                 elapsed_us,
                 digest: Some(reading.raw.digest.clone()),
@@ -96,12 +118,21 @@ fn skipped(id: String, authority: String, deadline_ms: u64, why: &str) -> Surfac
     with_status(id, authority, deadline_ms, SurfaceStatus::Skipped, why)
 }
 
-fn with_status(id: String, authority: String, deadline_ms: u64, status: SurfaceStatus, why: &str) -> Surface {
+fn with_status(
+    id: String,
+    authority: String,
+    deadline_ms: u64,
+    status: SurfaceStatus,
+    why: &str,
+) -> Surface {
     Surface {
         id,
         authority,
         status,
-        cause: Some(StatusCause { errno: None, message: why.to_string() }),
+        cause: Some(StatusCause {
+            errno: None,
+            message: why.to_string(),
+        }),
         deadline_ms,
         elapsed_us: 0,
         digest: None,
@@ -112,16 +143,27 @@ fn with_status(id: String, authority: String, deadline_ms: u64, status: SurfaceS
 }
 
 /// Capture `request.target` and return the sealed envelope.
-pub fn capture(request: &CaptureRequest, config: &SupervisorConfig, budget: &LeakBudget) -> Result<Envelope, CaptureError> {
+pub fn capture(
+    request: &CaptureRequest,
+    config: &SupervisorConfig,
+    budget: &LeakBudget,
+) -> Result<Envelope, CaptureError> {
     let Some(deadlines) = request.deadlines else {
-        return Err(CaptureError::MissingDeadline { surface: "*".into() });
+        return Err(CaptureError::MissingDeadline {
+            surface: "*".into(),
+        });
     };
     if deadlines.surface.is_zero() || deadlines.bundle.is_zero() {
-        return Err(CaptureError::MissingDeadline { surface: "*".into() });
+        return Err(CaptureError::MissingDeadline {
+            surface: "*".into(),
+        });
     }
     let positive = |param: &'static str, v: u64| {
         if v == 0 {
-            Err(CaptureError::InvalidParameter { param, reason: "must be at least 1".into() })
+            Err(CaptureError::InvalidParameter {
+                param,
+                reason: "must be at least 1".into(),
+            })
         } else {
             Ok(())
         }
@@ -225,11 +267,15 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
     let (tids, total) = if thread_only {
         (vec![task], 1)
     } else {
-        let list = read::list_tasks(pid, ctx.request.max_threads).map_err(|e| identity_error(what, task, e))?;
+        let list = read::list_tasks(pid, ctx.request.max_threads)
+            .map_err(|e| identity_error(what, task, e))?;
         (list.ids, list.total)
     };
     let subject = if thread_only {
-        Subject::Thread(ThreadIdentity { process: before.identity.clone(), tid: task })
+        Subject::Thread(ThreadIdentity {
+            process: before.identity.clone(),
+            tid: task,
+        })
     } else {
         Subject::Process(before.identity.clone())
     };
@@ -251,24 +297,46 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
         }
     }
     if !before.kernel_thread {
-        for kind in [SurfaceKind::Cmdline, SurfaceKind::Environ, SurfaceKind::FdTargets { max_fds: ctx.request.max_fds }] {
+        for kind in [
+            SurfaceKind::Cmdline,
+            SurfaceKind::Environ,
+            SurfaceKind::FdTargets {
+                max_fds: ctx.request.max_fds,
+            },
+        ] {
             authorities.push(kind.authority(pid));
             reads.push(ctx.risky(format!("proc/{}", kind.name()), pid, kind));
         }
     }
     let ids: Vec<String> = reads.iter().map(|r| r.id.clone()).collect();
-    let run = RiskyRun::start(reads, ctx.bundle_deadline, &subject_text, ctx.config, ctx.budget)?;
+    let run = RiskyRun::start(
+        reads,
+        ctx.bundle_deadline,
+        &subject_text,
+        ctx.config,
+        ctx.budget,
+    )?;
 
     // Safe reads while the helper works.
     let safe = ctx.safe();
     let proc_ref = TaskRef::process(pid);
     let mut surfaces = vec![
-        safe.read("proc/status".into(), format!("procfs:/proc/{pid}/status"), || read::read_status(proc_ref, ctx.request.max_bytes_per_surface)),
-        safe.read("proc/io".into(), format!("procfs:/proc/{pid}/io"), || read::read_io(proc_ref, ctx.request.max_bytes_per_surface)),
+        safe.read(
+            "proc/status".into(),
+            format!("procfs:/proc/{pid}/status"),
+            || read::read_status(proc_ref, ctx.request.max_bytes_per_surface),
+        ),
+        safe.read("proc/io".into(), format!("procfs:/proc/{pid}/io"), || {
+            read::read_io(proc_ref, ctx.request.max_bytes_per_surface)
+        }),
     ];
     if before.kernel_thread {
         for name in ["cmdline", "environ", "fd"] {
-            let authority = if name == "fd" { format!("procfs:/proc/{pid}/fd/*") } else { format!("procfs:/proc/{pid}/{name}") };
+            let authority = if name == "fd" {
+                format!("procfs:/proc/{pid}/fd/*")
+            } else {
+                format!("procfs:/proc/{pid}/{name}")
+            };
             surfaces.push(with_status(
                 format!("proc/{name}"),
                 authority,
@@ -281,9 +349,21 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
     for &tid in &tids {
         let t = TaskRef::thread(pid, tid);
         let max = ctx.request.max_bytes_per_surface;
-        surfaces.push(safe.read(format!("task/{tid}/stat"), format!("procfs:/proc/{pid}/task/{tid}/stat"), || read::read_stat(t, max)));
-        surfaces.push(safe.read(format!("task/{tid}/status"), format!("procfs:/proc/{pid}/task/{tid}/status"), || read::read_status(t, max)));
-        surfaces.push(safe.read(format!("task/{tid}/schedstat"), format!("procfs:/proc/{pid}/task/{tid}/schedstat"), || read::read_schedstat(t, max)));
+        surfaces.push(safe.read(
+            format!("task/{tid}/stat"),
+            format!("procfs:/proc/{pid}/task/{tid}/stat"),
+            || read::read_stat(t, max),
+        ));
+        surfaces.push(safe.read(
+            format!("task/{tid}/status"),
+            format!("procfs:/proc/{pid}/task/{tid}/status"),
+            || read::read_status(t, max),
+        ));
+        surfaces.push(safe.read(
+            format!("task/{tid}/schedstat"),
+            format!("procfs:/proc/{pid}/task/{tid}/schedstat"),
+            || read::read_schedstat(t, max),
+        ));
     }
 
     let outcomes = run.finish();
@@ -293,10 +373,23 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
 
     // Second identity read, before emit.
     let race = identity_change(&before, read_identity(&ctx.host, task));
-    let mode = if thread_only { Mode::Thread } else { Mode::Process };
+    let mode = if thread_only {
+        Mode::Thread
+    } else {
+        Mode::Process
+    };
     let mut a = ctx.assembly(mode, subject);
-    let selector = if thread_only { format!("/proc/{pid}/task/{task}") } else { format!("/proc/{pid}/task/*") };
-    let deadline_cut = surfaces.iter().any(|s| s.status == SurfaceStatus::Skipped && s.cause.as_ref().is_some_and(|c| c.message.contains("bundle deadline")));
+    let selector = if thread_only {
+        format!("/proc/{pid}/task/{task}")
+    } else {
+        format!("/proc/{pid}/task/*")
+    };
+    let deadline_cut = surfaces.iter().any(|s| {
+        s.status == SurfaceStatus::Skipped
+            && s.cause
+                .as_ref()
+                .is_some_and(|c| c.message.contains("bundle deadline"))
+    });
     let termination = if total > tids.len() as u64 {
         Termination::Cap
     } else if deadline_cut {
@@ -306,7 +399,10 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
     };
     let observed = surfaces
         .iter()
-        .filter(|s| s.id.ends_with("/stat") && matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated))
+        .filter(|s| {
+            s.id.ends_with("/stat")
+                && matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated)
+        })
         .count() as u64;
     a.set_universe(selector, total, observed, termination);
     a.surfaces = surfaces;
@@ -317,9 +413,14 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
 }
 
 /// `None` when the identity is unchanged, else what changed.
-fn identity_change(before: &IdentityReading, after: Result<IdentityReading, ReadError>) -> Option<String> {
+fn identity_change(
+    before: &IdentityReading,
+    after: Result<IdentityReading, ReadError>,
+) -> Option<String> {
     match after {
-        Err(e) => Some(format!("the subject could not be re-read before emit ({e})")),
+        Err(e) => Some(format!(
+            "the subject could not be re-read before emit ({e})"
+        )),
         Ok(a) if a.identity != before.identity || a.task_start_ticks != before.task_start_ticks => {
             let b = &before.identity;
             let n = &a.identity;
@@ -327,24 +428,38 @@ fn identity_change(before: &IdentityReading, after: Result<IdentityReading, Read
             for (name, x, y) in [
                 ("boot_id", b.boot_id.clone(), n.boot_id.clone()),
                 ("pid", b.pid.to_string(), n.pid.to_string()),
-                ("start_ticks", b.start_ticks.to_string(), n.start_ticks.to_string()),
+                (
+                    "start_ticks",
+                    b.start_ticks.to_string(),
+                    n.start_ticks.to_string(),
+                ),
                 ("uid", b.uid.to_string(), n.uid.to_string()),
                 ("pid_ns", b.pid_ns.clone(), n.pid_ns.clone()),
                 ("cgroup", b.cgroup.clone(), n.cgroup.clone()),
-                ("task_start_ticks", before.task_start_ticks.to_string(), a.task_start_ticks.to_string()),
+                (
+                    "task_start_ticks",
+                    before.task_start_ticks.to_string(),
+                    a.task_start_ticks.to_string(),
+                ),
             ] {
                 if x != y {
                     diffs.push(format!("{name} {x} -> {y}"));
                 }
             }
-            Some(format!("identity changed between the reads: {}", diffs.join(", ")))
+            Some(format!(
+                "identity changed between the reads: {}",
+                diffs.join(", ")
+            ))
         }
         Ok(_) => None,
     }
 }
 
 fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
-    let subject = Subject::Host(HostIdentity { host: ctx.host.host.clone(), boot_id: ctx.host.boot_id.clone() });
+    let subject = Subject::Host(HostIdentity {
+        host: ctx.host.host.clone(),
+        boot_id: ctx.host.boot_id.clone(),
+    });
     let pids = read::list_pids(u64::MAX).map_err(CaptureError::HostFacts)?;
     let mut remaining = ctx.request.max_threads;
     let mut expected: u64 = 0;
@@ -375,18 +490,40 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
 
     let reads: Vec<RiskyRead> = members
         .iter()
-        .map(|(id, tids)| ctx.risky(format!("proc/{}/wchan", id.identity.pid), id.identity.pid, SurfaceKind::ThreadWchans { tids: tids.clone() }))
+        .map(|(id, tids)| {
+            ctx.risky(
+                format!("proc/{}/wchan", id.identity.pid),
+                id.identity.pid,
+                SurfaceKind::ThreadWchans { tids: tids.clone() },
+            )
+        })
         .collect();
     let subject_text = subject.describe();
-    let run = RiskyRun::start(reads, ctx.bundle_deadline, &subject_text, ctx.config, ctx.budget)?;
+    let run = RiskyRun::start(
+        reads,
+        ctx.bundle_deadline,
+        &subject_text,
+        ctx.config,
+        ctx.budget,
+    )?;
 
     let safe = ctx.safe();
     let mut states: Vec<Surface> = Vec::with_capacity(members.len());
     for (id, tids) in &members {
         let pid = id.identity.pid;
-        let mut s = safe.read(format!("proc/{pid}/tasks"), format!("procfs:/proc/{pid}/task/*/stat"), || {
-            read::read_thread_states(pid, tids, ctx.request.max_bytes_per_surface.max(tids.len() as u64 * 512))
-        });
+        let mut s = safe.read(
+            format!("proc/{pid}/tasks"),
+            format!("procfs:/proc/{pid}/task/*/stat"),
+            || {
+                read::read_thread_states(
+                    pid,
+                    tids,
+                    ctx.request
+                        .max_bytes_per_surface
+                        .max(tids.len() as u64 * 512),
+                )
+            },
+        );
         if matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated) {
             let ident = serde_json::json!({
                 "pid": pid,
@@ -406,17 +543,32 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
     let mut surfaces = Vec::with_capacity(states.len() * 2);
     for (((id, _), mut state), outcome) in members.iter().zip(states).zip(outcomes) {
         let pid = id.identity.pid;
-        let mut wchan = risky_surface(format!("proc/{pid}/wchan"), format!("procfs:/proc/{pid}/task/*/wchan"), outcome);
+        let mut wchan = risky_surface(
+            format!("proc/{pid}/wchan"),
+            format!("procfs:/proc/{pid}/task/*/wchan"),
+            outcome,
+        );
         let after = read_identity(&ctx.host, pid);
         let change = match &after {
-            Err(ReadError::Vanished { .. }) => Some((SurfaceStatus::Vanished, "the process exited before the second identity read; facts withheld".to_string())),
-            _ => identity_change(id, after).map(|why| (SurfaceStatus::IdentityRace, format!("{why}; facts withheld"))),
+            Err(ReadError::Vanished { .. }) => Some((
+                SurfaceStatus::Vanished,
+                "the process exited before the second identity read; facts withheld".to_string(),
+            )),
+            _ => identity_change(id, after).map(|why| {
+                (
+                    SurfaceStatus::IdentityRace,
+                    format!("{why}; facts withheld"),
+                )
+            }),
         };
         if let Some((status, why)) = change {
             for s in [&mut state, &mut wchan] {
                 if matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated) {
                     s.status = status;
-                    s.cause = Some(StatusCause { errno: None, message: why.clone() });
+                    s.cause = Some(StatusCause {
+                        errno: None,
+                        message: why.clone(),
+                    });
                     s.facts = Map::new();
                 }
             }
@@ -427,12 +579,20 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
 
     let race = match read_host_facts() {
         Ok(h) if h.boot_id == ctx.host.boot_id => None,
-        Ok(h) => Some(format!("boot_id changed {} -> {}", ctx.host.boot_id, h.boot_id)),
+        Ok(h) => Some(format!(
+            "boot_id changed {} -> {}",
+            ctx.host.boot_id, h.boot_id
+        )),
         Err(e) => Some(format!("host facts could not be re-read ({e})")),
     };
     let mut a = ctx.assembly(Mode::Host, subject);
     let deadline_cut = enumeration_cut
-        || surfaces.iter().any(|s| s.status == SurfaceStatus::Skipped && s.cause.as_ref().is_some_and(|c| c.message.contains("bundle deadline")));
+        || surfaces.iter().any(|s| {
+            s.status == SurfaceStatus::Skipped
+                && s.cause
+                    .as_ref()
+                    .is_some_and(|c| c.message.contains("bundle deadline"))
+        });
     let termination = if remaining == 0 && expected > ctx.request.max_threads {
         Termination::Cap
     } else if deadline_cut {
@@ -443,7 +603,12 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
     let observed = surfaces
         .iter()
         .filter(|s| s.id.ends_with("/tasks"))
-        .filter_map(|s| s.facts.get("threads").and_then(Value::as_array).map(|a| a.len() as u64))
+        .filter_map(|s| {
+            s.facts
+                .get("threads")
+                .and_then(Value::as_array)
+                .map(|a| a.len() as u64)
+        })
         .sum();
     a.set_universe("/proc/*/task/*".into(), expected, observed, termination);
     a.surfaces = surfaces;

@@ -5,10 +5,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// CLOCK_MONOTONIC now, ns.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: ts is a live timespec; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// Wall time now as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
@@ -48,7 +53,13 @@ mod tests {
     #[test]
     fn known_instants() {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_millis(951_782_400_123)), "2000-02-29T00:00:00.123Z");
-        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_secs(1_798_761_599)), "2026-12-31T23:59:59.000Z");
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_millis(951_782_400_123)),
+            "2000-02-29T00:00:00.123Z"
+        );
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(1_798_761_599)),
+            "2026-12-31T23:59:59.000Z"
+        );
     }
 }

@@ -73,7 +73,11 @@ fn poll_until(fd: RawFd, events: libc::c_short, deadline: Instant) -> std::io::R
         let wait = deadline - now;
         // Round up so a sub-millisecond remainder does not spin.
         let ms = i32::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
-        let mut pfd = libc::pollfd { fd, events, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
         // SAFETY: pfd is one live pollfd; nfds is 1.
         let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
         if rc < 0 {
@@ -107,7 +111,9 @@ impl HelperProcess {
         set_nonblocking(stdin.as_raw_fd())?;
         set_nonblocking(stdout.as_raw_fd())?;
         let pid = child.id();
-        let start_ticks = read_stat(TaskRef::process(pid), 4096).map(|s| s.facts.start_ticks).unwrap_or(0);
+        let start_ticks = read_stat(TaskRef::process(pid), 4096)
+            .map(|s| s.facts.start_ticks)
+            .unwrap_or(0);
         Ok(HelperProcess {
             child,
             stdin: Some(stdin),
@@ -124,14 +130,19 @@ impl HelperProcess {
     /// Send one request frame; `Ok(false)` if the deadline passed first.
     pub fn send(&mut self, request: &Request, deadline: Instant) -> Result<bool, FrameError> {
         let frame = encode(request, MAX_FRAME)?;
-        let stdin = self.stdin.as_mut().ok_or_else(|| FrameError::Io("stdin already closed".into()))?;
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| FrameError::Io("stdin already closed".into()))?;
         let mut off = 0;
         while off < frame.len() {
             match stdin.write(&frame[off..]) {
                 Ok(0) => return Err(FrameError::Io("helper closed its stdin".into())),
                 Ok(n) => off += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if !poll_until(stdin.as_raw_fd(), libc::POLLOUT, deadline).map_err(|e| FrameError::Io(e.to_string()))? {
+                    if !poll_until(stdin.as_raw_fd(), libc::POLLOUT, deadline)
+                        .map_err(|e| FrameError::Io(e.to_string()))?
+                    {
                         return Ok(false);
                     }
                 }

@@ -132,7 +132,9 @@ impl LeakJournal {
         f.write_all(&line).map_err(err)?;
         f.sync_all().map_err(err)?;
         if !existed && let Some(d) = dir {
-            std::fs::File::open(d).and_then(|d| d.sync_all()).map_err(err)?;
+            std::fs::File::open(d)
+                .and_then(|d| d.sync_all())
+                .map_err(err)?;
         }
         Ok(())
     }
@@ -266,13 +268,23 @@ impl LeakBudget {
 
     /// Identities of helpers currently charged to the budget.
     pub fn leaked_helpers(&self) -> Vec<HelperIdentity> {
-        self.state().leaked.iter().map(|l| l.helper.clone()).collect()
+        self.state()
+            .leaked
+            .iter()
+            .map(|l| l.helper.clone())
+            .collect()
     }
 
     /// Journal a leak (fsynced) and charge one unit. The journal error, if
     /// any, is returned after the unit is charged: an unjournaled leak still
     /// counts.
-    pub(crate) fn charge(&self, child: Child, helper: HelperIdentity, surface: &str, subject: &str) -> Result<(), JournalError> {
+    pub(crate) fn charge(
+        &self,
+        child: Child,
+        helper: HelperIdentity,
+        surface: &str,
+        subject: &str,
+    ) -> Result<(), JournalError> {
         let written = self.inner.journal.append(&JournalEntry::Leaked {
             helper: helper.clone(),
             surface: surface.to_string(),
@@ -371,9 +383,24 @@ mod tests {
     fn journal_appends_and_reads_back_skipping_torn_lines() {
         let dir = tempfile::tempdir().unwrap();
         let j = LeakJournal::new(dir.path().join("sub/leaks.jsonl"));
-        let helper = HelperIdentity { pid: 1, start_ticks: 2, boot_id: "b".into() };
-        j.append(&JournalEntry::Leaked { helper: helper.clone(), surface: "s".into(), subject: "p".into(), at: "t".into() }).unwrap();
-        std::fs::OpenOptions::new().append(true).open(j.path()).unwrap().write_all(b"{\"event\":\"lea").unwrap();
+        let helper = HelperIdentity {
+            pid: 1,
+            start_ticks: 2,
+            boot_id: "b".into(),
+        };
+        j.append(&JournalEntry::Leaked {
+            helper: helper.clone(),
+            surface: "s".into(),
+            subject: "p".into(),
+            at: "t".into(),
+        })
+        .unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(j.path())
+            .unwrap()
+            .write_all(b"{\"event\":\"lea")
+            .unwrap();
         assert_eq!(j.entries().len(), 1);
     }
 
@@ -381,8 +408,18 @@ mod tests {
     fn adopted_leak_of_a_dead_helper_is_not_charged() {
         let dir = tempfile::tempdir().unwrap();
         let j = LeakJournal::new(dir.path().join("leaks.jsonl"));
-        let helper = HelperIdentity { pid: u32::MAX - 1, start_ticks: 1, boot_id: "boot".into() };
-        j.append(&JournalEntry::Leaked { helper, surface: "s".into(), subject: "p".into(), at: "t".into() }).unwrap();
+        let helper = HelperIdentity {
+            pid: u32::MAX - 1,
+            start_ticks: 1,
+            boot_id: "boot".into(),
+        };
+        j.append(&JournalEntry::Leaked {
+            helper,
+            surface: "s".into(),
+            subject: "p".into(),
+            at: "t".into(),
+        })
+        .unwrap();
         let b = LeakBudget::new(2, j, "boot");
         assert_eq!(b.available(), 2);
     }
@@ -391,15 +428,33 @@ mod tests {
     fn adopted_leak_of_a_live_process_is_charged_until_it_exits() {
         let dir = tempfile::tempdir().unwrap();
         let j = LeakJournal::new(dir.path().join("leaks.jsonl"));
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
-        let start_ticks = read_stat(TaskRef::process(child.id()), 4096).unwrap().facts.start_ticks;
-        let helper = HelperIdentity { pid: child.id(), start_ticks, boot_id: "boot".into() };
-        j.append(&JournalEntry::Leaked { helper: helper.clone(), surface: "s".into(), subject: "p".into(), at: "t".into() }).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let start_ticks = read_stat(TaskRef::process(child.id()), 4096)
+            .unwrap()
+            .facts
+            .start_ticks;
+        let helper = HelperIdentity {
+            pid: child.id(),
+            start_ticks,
+            boot_id: "boot".into(),
+        };
+        j.append(&JournalEntry::Leaked {
+            helper: helper.clone(),
+            surface: "s".into(),
+            subject: "p".into(),
+            at: "t".into(),
+        })
+        .unwrap();
         let b = LeakBudget::new(2, j, "boot");
         assert_eq!((b.in_use(), b.available()), (1, 1));
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(b.wait_until_whole(Duration::from_secs(5)));
-        assert!(matches!(b.journal().entries().last(), Some(JournalEntry::Reaped { helper: h, .. }) if *h == helper));
+        assert!(
+            matches!(b.journal().entries().last(), Some(JournalEntry::Reaped { helper: h, .. }) if *h == helper)
+        );
     }
 }

@@ -166,7 +166,10 @@ pub const SOURCE_COMMIT: &str = match option_env!("PSTACK_SOURCE_COMMIT") {
 
 impl SupervisorConfig {
     /// A config using the helper at `helper_path`.
-    pub fn new(collector_name: &str, helper_path: PathBuf) -> Result<SupervisorConfig, CaptureError> {
+    pub fn new(
+        collector_name: &str,
+        helper_path: PathBuf,
+    ) -> Result<SupervisorConfig, CaptureError> {
         let host = pstack_collectors::procfs::read_host_facts().map_err(CaptureError::HostFacts)?;
         Ok(SupervisorConfig {
             helper_path,
@@ -238,7 +241,7 @@ pub enum CaptureError {
         id: u32,
     },
     /// The target's identity could not be read.
-    #[error("cannot read the identity of {id}: {error}")]
+    #[error("cannot read the identity of {id}: {error}{}", if matches!(.error, ReadError::PermissionDenied { .. }) { " (run as root to capture other users' processes)" } else { "" })]
     IdentityUnreadable {
         /// The id.
         id: u32,

@@ -69,7 +69,12 @@ pub struct RiskyOutcome {
 }
 
 impl RiskyOutcome {
-    fn without_facts(status: SurfaceStatus, cause: StatusCause, deadline_ms: u64, elapsed_us: u64) -> RiskyOutcome {
+    fn without_facts(
+        status: SurfaceStatus,
+        cause: StatusCause,
+        deadline_ms: u64,
+        elapsed_us: u64,
+    ) -> RiskyOutcome {
         RiskyOutcome {
             status,
             cause: Some(cause),
@@ -111,9 +116,13 @@ fn millis(d: Duration) -> u64 {
 pub fn describe_exit(status: Option<ExitStatus>) -> String {
     match status {
         Some(st) => match (st.code(), st.signal()) {
-            (_, Some(libc::SIGSYS)) => "helper killed by SIGSYS: its seccomp filter refused a syscall".into(),
+            (_, Some(libc::SIGSYS)) => {
+                "helper killed by SIGSYS: its seccomp filter refused a syscall".into()
+            }
             (_, Some(sig)) => format!("helper killed by signal {sig}"),
-            (Some(3), _) => "helper refused to serve: it could not confine itself (see its stderr)".into(),
+            (Some(3), _) => {
+                "helper refused to serve: it could not confine itself (see its stderr)".into()
+            }
             (Some(code), _) => format!("helper exited with code {code} mid-batch"),
             (None, None) => "helper ended for an unknown reason".into(),
         },
@@ -156,8 +165,13 @@ impl<'a> RiskyRun<'a> {
         config: &'a SupervisorConfig,
         budget: &'a LeakBudget,
     ) -> Result<RiskyRun<'a>, CaptureError> {
-        if let Some(r) = reads.iter().find(|r| r.deadline.is_none_or(|d| d.is_zero())) {
-            return Err(CaptureError::MissingDeadline { surface: r.id.clone() });
+        if let Some(r) = reads
+            .iter()
+            .find(|r| r.deadline.is_none_or(|d| d.is_zero()))
+        {
+            return Err(CaptureError::MissingDeadline {
+                surface: r.id.clone(),
+            });
         }
         let n = reads.len();
         let mut run = RiskyRun {
@@ -192,7 +206,10 @@ impl<'a> RiskyRun<'a> {
             let d = self.deadline_ms(i);
             self.outcomes[i] = Some(RiskyOutcome::without_facts(
                 SurfaceStatus::Skipped,
-                StatusCause { errno: None, message: message.clone() },
+                StatusCause {
+                    errno: None,
+                    message: message.clone(),
+                },
                 d,
                 0,
             ));
@@ -217,23 +234,30 @@ impl<'a> RiskyRun<'a> {
                 self.skip_rest(msg);
                 return;
             }
-            let mut helper = match HelperProcess::spawn(&self.config.helper_path, &self.config.boot_id) {
-                Ok(h) => h,
-                Err(e) => {
-                    let message = format!("cannot spawn helper {}: {e}", self.config.helper_path.display());
-                    for i in self.next..self.reads.len() {
-                        let d = self.deadline_ms(i);
-                        self.outcomes[i] = Some(RiskyOutcome::without_facts(
-                            SurfaceStatus::Error,
-                            StatusCause { errno: e.raw_os_error(), message: message.clone() },
-                            d,
-                            0,
-                        ));
+            let mut helper =
+                match HelperProcess::spawn(&self.config.helper_path, &self.config.boot_id) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        let message = format!(
+                            "cannot spawn helper {}: {e}",
+                            self.config.helper_path.display()
+                        );
+                        for i in self.next..self.reads.len() {
+                            let d = self.deadline_ms(i);
+                            self.outcomes[i] = Some(RiskyOutcome::without_facts(
+                                SurfaceStatus::Error,
+                                StatusCause {
+                                    errno: e.raw_os_error(),
+                                    message: message.clone(),
+                                },
+                                d,
+                                0,
+                            ));
+                        }
+                        self.next = self.reads.len();
+                        return;
                     }
-                    self.next = self.reads.len();
-                    return;
-                }
-            };
+                };
             self.helpers_spawned += 1;
             if let Some(hook) = &self.config.on_helper_spawned {
                 hook(&helper.identity);
@@ -254,10 +278,16 @@ impl<'a> RiskyRun<'a> {
             };
             self.window_start = Instant::now();
             let first = self.next;
-            let send_deadline = (self.window_start + self.reads[first].deadline.unwrap_or_default()).min(self.bundle_deadline);
+            let send_deadline = (self.window_start
+                + self.reads[first].deadline.unwrap_or_default())
+            .min(self.bundle_deadline);
             match helper.send(&request, send_deadline) {
                 Ok(true) => self.helper = Some(helper),
-                Ok(false) => self.abandon(helper, first, "the helper did not accept its request before the deadline"),
+                Ok(false) => self.abandon(
+                    helper,
+                    first,
+                    "the helper did not accept its request before the deadline",
+                ),
                 Err(e) => {
                     let status = helper.wait_exit(self.config.reap_deadline);
                     let _ = helper.kill_and_reap(self.config.reap_deadline);
@@ -267,7 +297,13 @@ impl<'a> RiskyRun<'a> {
                         first,
                         RiskyOutcome::without_facts(
                             SurfaceStatus::Error,
-                            StatusCause { errno: None, message: format!("sending the request failed ({e}); {}", describe_exit(status)) },
+                            StatusCause {
+                                errno: None,
+                                message: format!(
+                                    "sending the request failed ({e}); {}",
+                                    describe_exit(status)
+                                ),
+                            },
                             d,
                             elapsed,
                         ),
@@ -282,19 +318,28 @@ impl<'a> RiskyRun<'a> {
         let elapsed = micros(self.window_start.elapsed());
         let d = self.deadline_ms(i);
         let identity = helper.identity.clone();
-        let bundle = if Instant::now() >= self.bundle_deadline { " (bundle deadline)" } else { "" };
+        let bundle = if Instant::now() >= self.bundle_deadline {
+            " (bundle deadline)"
+        } else {
+            ""
+        };
         let outcome = match helper.kill_and_reap(self.config.reap_deadline) {
             Reap::Reaped(_) => RiskyOutcome::without_facts(
                 SurfaceStatus::Timeout,
                 StatusCause {
                     errno: None,
-                    message: format!("{why}{bundle}: no result within {d} ms; helper pid {} killed and reaped", identity.pid),
+                    message: format!(
+                        "{why}{bundle}: no result within {d} ms; helper pid {} killed and reaped",
+                        identity.pid
+                    ),
                 },
                 d,
                 elapsed,
             ),
             Reap::Unreaped(child) => {
-                let journaled = self.budget.charge(child, identity.clone(), &self.reads[i].id, &self.subject);
+                let journaled =
+                    self.budget
+                        .charge(child, identity.clone(), &self.reads[i].id, &self.subject);
                 let journal_note = match journaled {
                     Ok(()) => format!("journaled in {}", self.budget.journal().path().display()),
                     Err(e) => format!("JOURNAL WRITE FAILED: {e}"),
@@ -330,16 +375,24 @@ impl<'a> RiskyRun<'a> {
                 continue;
             };
             let i = self.next;
-            let deadline = (self.window_start + self.reads[i].deadline.unwrap_or_default()).min(self.bundle_deadline);
+            let deadline = (self.window_start + self.reads[i].deadline.unwrap_or_default())
+                .min(self.bundle_deadline);
             match helper.next_response(deadline) {
                 Received::Response(resp) if resp.seq as usize == i => {
                     let d = self.deadline_ms(i);
                     let outcome = match resp.outcome {
                         Outcome::Ok { facts, raw } => RiskyOutcome {
-                            status: if raw.truncated { SurfaceStatus::Truncated } else { SurfaceStatus::Ok },
+                            status: if raw.truncated {
+                                SurfaceStatus::Truncated
+                            } else {
+                                SurfaceStatus::Ok
+                            },
                             cause: raw.truncated.then(|| StatusCause {
                                 errno: None,
-                                message: format!("cut at the byte cap of {} bytes", self.reads[i].max_bytes),
+                                message: format!(
+                                    "cut at the byte cap of {} bytes",
+                                    self.reads[i].max_bytes
+                                ),
                             }),
                             deadline_ms: d,
                             elapsed_us: resp.elapsed_us,
@@ -350,12 +403,18 @@ impl<'a> RiskyRun<'a> {
                             raw: Some(raw),
                             leaked_helper: None,
                         },
-                        Outcome::Failed { error } => {
-                            RiskyOutcome::without_facts(status_of(&error), cause_of(&error), d, resp.elapsed_us)
-                        }
+                        Outcome::Failed { error } => RiskyOutcome::without_facts(
+                            status_of(&error),
+                            cause_of(&error),
+                            d,
+                            resp.elapsed_us,
+                        ),
                         Outcome::Refused { reason } => RiskyOutcome::without_facts(
                             SurfaceStatus::Error,
-                            StatusCause { errno: None, message: format!("helper refused: {reason}") },
+                            StatusCause {
+                                errno: None,
+                                message: format!("helper refused: {reason}"),
+                            },
                             d,
                             resp.elapsed_us,
                         ),
@@ -365,10 +424,15 @@ impl<'a> RiskyRun<'a> {
                     self.helper = Some(helper);
                 }
                 Received::Response(resp) => {
-                    let why = format!("protocol violation: got result {} while {i} was in flight", resp.seq);
+                    let why = format!(
+                        "protocol violation: got result {} while {i} was in flight",
+                        resp.seq
+                    );
                     self.kill_with_error(helper, i, why);
                 }
-                Received::Protocol(e) => self.kill_with_error(helper, i, format!("protocol violation: {e}")),
+                Received::Protocol(e) => {
+                    self.kill_with_error(helper, i, format!("protocol violation: {e}"))
+                }
                 Received::Timeout => self.abandon(helper, i, "deadline missed"),
                 Received::Closed => {
                     let status = helper.wait_exit(self.config.reap_deadline);
@@ -378,7 +442,18 @@ impl<'a> RiskyRun<'a> {
                     } else {
                         let d = self.deadline_ms(i);
                         let elapsed = micros(self.window_start.elapsed());
-                        self.settle(i, RiskyOutcome::without_facts(SurfaceStatus::Error, StatusCause { errno: None, message }, d, elapsed));
+                        self.settle(
+                            i,
+                            RiskyOutcome::without_facts(
+                                SurfaceStatus::Error,
+                                StatusCause {
+                                    errno: None,
+                                    message,
+                                },
+                                d,
+                                elapsed,
+                            ),
+                        );
                     }
                 }
             }
@@ -395,7 +470,9 @@ impl<'a> RiskyRun<'a> {
                     start_ticks: 0,
                     boot_id: self.config.boot_id.clone(),
                 };
-                let _ = self.budget.charge(child, helper_id, "<after batch>", &self.subject);
+                let _ = self
+                    .budget
+                    .charge(child, helper_id, "<after batch>", &self.subject);
             }
         }
         self.outcomes
@@ -404,7 +481,10 @@ impl<'a> RiskyRun<'a> {
                 o.unwrap_or_else(|| {
                     RiskyOutcome::without_facts(
                         SurfaceStatus::Error,
-                        StatusCause { errno: None, message: "internal: surface was never settled".into() },
+                        StatusCause {
+                            errno: None,
+                            message: "internal: surface was never settled".into(),
+                        },
                         1,
                         0,
                     )
@@ -417,13 +497,39 @@ impl<'a> RiskyRun<'a> {
         let d = self.deadline_ms(i);
         let elapsed = micros(self.window_start.elapsed());
         match helper.kill_and_reap(self.config.reap_deadline) {
-            Reap::Reaped(_) => {
-                self.settle(i, RiskyOutcome::without_facts(SurfaceStatus::Error, StatusCause { errno: None, message }, d, elapsed))
-            }
+            Reap::Reaped(_) => self.settle(
+                i,
+                RiskyOutcome::without_facts(
+                    SurfaceStatus::Error,
+                    StatusCause {
+                        errno: None,
+                        message,
+                    },
+                    d,
+                    elapsed,
+                ),
+            ),
             Reap::Unreaped(child) => {
-                let id = HelperIdentity { pid: child.id(), start_ticks: 0, boot_id: self.config.boot_id.clone() };
-                let _ = self.budget.charge(child, id, &self.reads[i].id, &self.subject);
-                self.settle(i, RiskyOutcome::without_facts(SurfaceStatus::Error, StatusCause { errno: None, message }, d, elapsed))
+                let id = HelperIdentity {
+                    pid: child.id(),
+                    start_ticks: 0,
+                    boot_id: self.config.boot_id.clone(),
+                };
+                let _ = self
+                    .budget
+                    .charge(child, id, &self.reads[i].id, &self.subject);
+                self.settle(
+                    i,
+                    RiskyOutcome::without_facts(
+                        SurfaceStatus::Error,
+                        StatusCause {
+                            errno: None,
+                            message,
+                        },
+                        d,
+                        elapsed,
+                    ),
+                )
             }
         }
     }

@@ -1,0 +1,23 @@
+//! Integration tests of `pstackctl capture` and the capture supervisor, on
+//! real processes and the real kernel. One test binary of modules.
+//!
+//! Most tests need root (cgroup-v1 freezer, FUSE mounts, `/proc/<pid>/stack`,
+//! pid reuse through `ns_last_pid`); each says so in its name and skips with a
+//! printed reason only when the kernel feature is truly absent.
+//!
+//! The helper binary must be built (`cargo test --workspace` builds it; with
+//! `-p pstack-agent` alone run `cargo build -p pstack-helper` first).
+#![allow(
+    clippy::unwrap_in_result,
+    reason = "fixtures panic on setup failure by design"
+)]
+
+mod bad_input;
+mod confinement;
+mod deadlines;
+mod fixtures;
+mod fuse_hang;
+mod host;
+mod identity_race;
+mod states;
+mod unreapable;
