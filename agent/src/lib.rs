@@ -3,4 +3,6 @@
 //! subcommands, and (with `pstackd`) the Unix-socket API, spool and shipper.
 
 pub mod cli;
+pub mod client;
+pub mod daemon;
 pub mod supervisor;

@@ -1,0 +1,98 @@
+//! `pstackd`: the pstack node daemon. See `pstack_agent::daemon`.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use pstack_agent::daemon::config::{Config, DEFAULT_CONFIG_PATH};
+use pstack_agent::daemon::run::{RunOptions, pre_runtime, run};
+
+/// Serve captures on a Unix socket and ship sealed envelopes to the store.
+#[derive(Debug, Parser)]
+#[command(name = "pstackd", version)]
+struct Args {
+    /// Configuration file (TOML). Default /etc/pstack/pstackd.toml (optional
+    /// at the default path; required when given).
+    #[arg(long, short = 'c')]
+    config: Option<PathBuf>,
+    /// Validate the configuration and exit (0 valid, 2 invalid).
+    #[arg(long)]
+    check_config: bool,
+    /// Log format: `text` (journald-friendly when under systemd) or `json`.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+fn init_logging(format: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("PSTACKD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // Under systemd the journal timestamps each line; plain text, no colour.
+    let journald = std::env::var_os("JOURNAL_STREAM").is_some();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false);
+    if format == "json" {
+        builder.json().init();
+    } else if journald {
+        builder.without_time().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let explicit = args.config.is_some();
+    let config_path = args
+        .config
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));
+    if args.check_config {
+        match Config::load(&config_path, explicit) {
+            Ok(_) => {
+                println!("{}: valid", config_path.display());
+                std::process::exit(0);
+            }
+            Err(e) => {
+                eprintln!("pstackd: {e}");
+                std::process::exit(2);
+            }
+        }
+    }
+    init_logging(&args.log_format);
+    // Take the systemd socket while we are still single-threaded.
+    let activated = match pre_runtime() {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start");
+            std::process::exit(1);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(64)
+        .thread_keep_alive(std::time::Duration::from_secs(5))
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the runtime");
+            std::process::exit(1);
+        }
+    };
+    let opts = RunOptions {
+        config_path,
+        explicit,
+    };
+    match runtime.block_on(run(opts, activated)) {
+        Ok(()) => {
+            runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+            std::process::exit(0)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start");
+            std::process::exit(1);
+        }
+    }
+}

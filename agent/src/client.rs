@@ -1,0 +1,321 @@
+//! A small synchronous client for `pstackd`'s Unix-socket API, used by
+//! `pstackctl` (which has no async runtime).
+//!
+//! Invariants:
+//! - One request per connection (`Connection: close`); responses are read to
+//!   EOF with a size cap ([`MAX_RESPONSE_BYTES`]) and a whole-call timeout.
+//! - An envelope received from the daemon is verified
+//!   (`pstack_envelope::verify`) before it is returned: the client trusts the
+//!   bytes, not the daemon.
+//! - "No daemon" (socket missing, nothing listening) is its own error so a
+//!   caller can fall back to a one-shot capture; every other failure is not.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use pstack_envelope::Envelope;
+
+pub use crate::daemon::capture::{
+    CaptureRequestBody, RequestedCaps, RequestedDeadlines, SubjectSelector,
+};
+
+/// Default socket path.
+pub const DEFAULT_SOCKET: &str = "/run/pstack/pstackd.sock";
+
+/// Largest response read.
+pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
+
+/// Why a call to the daemon failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Nothing listens at the path (missing file, refused connection).
+    #[error("pstackd is not running at {path}: {source}")]
+    NoDaemon {
+        /// The socket path.
+        path: PathBuf,
+        /// The connect error.
+        source: std::io::Error,
+    },
+    /// The socket exists but we may not connect (file mode).
+    #[error("permission denied connecting to {path} (are you root or in the pstack group?)")]
+    SocketPermission {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// The daemon answered with an error status.
+    #[error("pstackd answered {status} {code}: {message}")]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// The error code from the body (or `unknown`).
+        code: String,
+        /// The message from the body.
+        message: String,
+        /// `Retry-After` seconds, when sent.
+        retry_after: Option<u64>,
+    },
+    /// The call took longer than its timeout.
+    #[error("pstackd did not answer within {0:?}")]
+    Timeout(Duration),
+    /// Reading or writing the socket failed.
+    #[error("socket I/O: {0}")]
+    Io(std::io::Error),
+    /// The response is not HTTP we understand.
+    #[error("malformed response from pstackd: {0}")]
+    Protocol(String),
+    /// The envelope returned does not verify.
+    #[error("pstackd returned an envelope that does not verify: {0}")]
+    InvalidEnvelope(pstack_envelope::Rejection),
+}
+
+/// A raw HTTP response.
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    /// Status code.
+    pub status: u16,
+    /// Headers, names lowercased.
+    pub headers: Vec<(String, String)>,
+    /// Body (de-chunked).
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    /// First header named `name` (lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Send one request and read the whole response.
+pub fn request(
+    socket: &Path,
+    method: &str,
+    target: &str,
+    body: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<HttpResponse, ClientError> {
+    let started = Instant::now();
+    let mut stream = UnixStream::connect(socket).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+            ClientError::NoDaemon {
+                path: socket.to_owned(),
+                source: e,
+            }
+        }
+        std::io::ErrorKind::PermissionDenied => ClientError::SocketPermission {
+            path: socket.to_owned(),
+        },
+        _ => ClientError::Io(e),
+    })?;
+    let to = |e: std::io::Error| {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ) {
+            ClientError::Timeout(timeout)
+        } else {
+            ClientError::Io(e)
+        }
+    };
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(ClientError::Io)?;
+    let mut head = format!(
+        "{method} {target} HTTP/1.1\r\nHost: pstackd\r\nConnection: close\r\nAccept: application/json\r\n"
+    );
+    if let Some(b) = body {
+        head.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            b.len()
+        ));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).map_err(to)?;
+    if let Some(b) = body {
+        stream.write_all(b).map_err(to)?;
+    }
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16 << 10];
+    loop {
+        let left = timeout
+            .checked_sub(started.elapsed())
+            .ok_or(ClientError::Timeout(timeout))?;
+        stream
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .map_err(ClientError::Io)?;
+        let n = stream.read(&mut buf).map_err(to)?;
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        if raw.len() > MAX_RESPONSE_BYTES {
+            return Err(ClientError::Protocol(format!(
+                "response exceeds {MAX_RESPONSE_BYTES} bytes"
+            )));
+        }
+    }
+    parse_response(&raw)
+}
+
+/// Parse an HTTP/1.1 response read to EOF.
+pub fn parse_response(raw: &[u8]) -> Result<HttpResponse, ClientError> {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| ClientError::Protocol("no end of headers".into()))?;
+    let head = std::str::from_utf8(&raw[..end])
+        .map_err(|_| ClientError::Protocol("headers are not UTF-8".into()))?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or("");
+    let mut parts = status_line.splitn(3, ' ');
+    let (Some(version), Some(code)) = (parts.next(), parts.next()) else {
+        return Err(ClientError::Protocol(format!(
+            "bad status line {status_line:?}"
+        )));
+    };
+    if !version.starts_with("HTTP/1.") {
+        return Err(ClientError::Protocol(format!(
+            "bad status line {status_line:?}"
+        )));
+    }
+    let status: u16 = code
+        .parse()
+        .map_err(|_| ClientError::Protocol(format!("bad status code {code:?}")))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let rest = &raw[end + 4..];
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)?
+    } else if let Some((_, len)) = headers.iter().find(|(k, _)| k == "content-length") {
+        let len: usize = len
+            .parse()
+            .map_err(|_| ClientError::Protocol(format!("bad content-length {len:?}")))?;
+        if rest.len() < len {
+            return Err(ClientError::Protocol(format!(
+                "body truncated: {} of {len} bytes",
+                rest.len()
+            )));
+        }
+        rest[..len].to_vec()
+    } else {
+        rest.to_vec()
+    };
+    Ok(HttpResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn dechunk(mut rest: &[u8]) -> Result<Vec<u8>, ClientError> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or_else(|| ClientError::Protocol("truncated chunk size".into()))?;
+        let size_text = std::str::from_utf8(&rest[..line_end])
+            .map_err(|_| ClientError::Protocol("bad chunk size".into()))?;
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+            .map_err(|_| ClientError::Protocol(format!("bad chunk size {size_text:?}")))?;
+        rest = &rest[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if rest.len() < size + 2 {
+            return Err(ClientError::Protocol("truncated chunk".into()));
+        }
+        out.extend_from_slice(&rest[..size]);
+        rest = &rest[size + 2..];
+    }
+}
+
+fn api_error(resp: &HttpResponse) -> ClientError {
+    let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();
+    ClientError::Api {
+        status: resp.status,
+        code: v["error"]["code"].as_str().unwrap_or("unknown").to_string(),
+        message: v["error"]["message"]
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| {
+                String::from_utf8_lossy(&resp.body)
+                    .chars()
+                    .take(500)
+                    .collect()
+            }),
+        retry_after: resp.header("retry-after").and_then(|v| v.parse().ok()),
+    }
+}
+
+/// Ask the daemon for a capture; returns the verified sealed envelope.
+pub fn capture_via_socket(
+    socket: &Path,
+    request: &CaptureRequestBody,
+    timeout: Duration,
+) -> Result<Envelope, ClientError> {
+    let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    let resp = self::request(socket, "POST", "/v1/captures", Some(&body), timeout)?;
+    if resp.status != 200 {
+        return Err(api_error(&resp));
+    }
+    pstack_envelope::verify(&resp.body).map_err(ClientError::InvalidEnvelope)
+}
+
+/// `GET /v1/status`.
+pub fn status(socket: &Path, timeout: Duration) -> Result<serde_json::Value, ClientError> {
+    let resp = request(socket, "GET", "/v1/status", None, timeout)?;
+    if resp.status != 200 {
+        return Err(api_error(&resp));
+    }
+    serde_json::from_slice(&resp.body).map_err(|e| ClientError::Protocol(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_content_length_and_chunked_bodies() {
+        let r = parse_response(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhiXX").unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"hi"[..]));
+        let r = parse_response(b"HTTP/1.1 403 Forbidden\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (403, &b"abcde"[..]));
+    }
+
+    #[test]
+    fn truncated_or_garbage_responses_are_protocol_errors() {
+        for raw in [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc"[..],
+            b"garbage",
+            b"SMTP 200 OK\r\n\r\n",
+            b"HTTP/1.1 abc OK\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+        ] {
+            assert!(
+                matches!(parse_response(raw), Err(ClientError::Protocol(_))),
+                "{raw:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn missing_socket_is_no_daemon() {
+        let e = status(
+            Path::new("/nonexistent/pstackd.sock"),
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+        assert!(matches!(e, ClientError::NoDaemon { .. }), "{e}");
+    }
+}

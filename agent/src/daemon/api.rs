@@ -1,0 +1,605 @@
+//! The HTTP API served on the Unix socket.
+//!
+//! Routes: `POST /v1/captures`, `GET /v1/envelopes/{digest}`, `GET /v1/status`,
+//! `GET /metrics`. Every error is JSON `{"error":{"code","message"}}` with a
+//! precise status: 400 malformed or invalid request, 403 peer not authorized,
+//! 404 unknown route or absent envelope, 405 wrong method, 413 body too large,
+//! 429 over the capture limit (with `Retry-After`), 503 draining or no helper,
+//! 504 supervisor overran its deadline, 507 spool full under `refuse_new`.
+//!
+//! Invariants:
+//! - Authorization runs before any handler: a refused peer never reaches
+//!   body parsing. The refusal log carries uid, gid and pid, never the request.
+//! - A capture answers 200 only after its envelope is durably spooled (see
+//!   `spool`): a 200 is the daemon's promise that the envelope will be shipped
+//!   (or, under `drop_oldest`, counted and journaled if it is ever dropped).
+//! - Over-limit captures are refused at once with 429; nothing queues.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+
+use super::capture::parse_request;
+use super::peer::PeerCred;
+use super::spool::SpoolError;
+use super::state::DaemonState;
+use crate::supervisor::{self, CaptureError};
+
+/// Extra time the supervisor gets past its bundle deadline before the
+/// request is answered 504 (it still finishes in the background).
+pub const OVERRUN_GRACE: Duration = Duration::from_secs(2);
+
+/// An API error response.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    retry_after: Option<u64>,
+}
+
+impl ApiError {
+    /// A new error.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        if let Some(secs) = self.retry_after
+            && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+        {
+            resp.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        resp
+    }
+}
+
+/// The router, with authorization applied to every route.
+pub fn router(state: Arc<DaemonState>) -> Router {
+    Router::new()
+        .route("/v1/captures", post(post_capture))
+        .route("/v1/envelopes/{digest}", get(get_envelope))
+        .route("/v1/status", get(get_status))
+        .route("/metrics", get(get_metrics))
+        .fallback(fallback)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .with_state(state)
+}
+
+async fn authorize(State(state): State<Arc<DaemonState>>, req: Request, next: Next) -> Response {
+    let peer = req.extensions().get::<PeerCred>().copied();
+    let policy = state.policy();
+    match peer {
+        Some(p) if policy.allows(&p) => next.run(req).await,
+        _ => {
+            state.counters.unauthorized.fetch_add(1, Ordering::Relaxed);
+            let (uid, gid, pid) =
+                peer.map(|p| (p.uid, p.gid, p.pid.unwrap_or(0)))
+                    .unwrap_or((u32::MAX, u32::MAX, 0));
+            tracing::warn!(
+                uid,
+                gid,
+                pid,
+                "refused a peer that is neither root nor in the configured group"
+            );
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!(
+                    "uid {uid} (gid {gid}) may not use pstackd: only root and members of group {:?} may",
+                    policy.group_name
+                ),
+            )
+            .into_response()
+        }
+    }
+}
+
+async fn fallback(State(state): State<Arc<DaemonState>>) -> ApiError {
+    state.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_such_route",
+        "routes: POST /v1/captures, GET /v1/envelopes/{digest}, GET /v1/status, GET /metrics",
+    )
+}
+
+async fn method_not_allowed(State(state): State<Arc<DaemonState>>) -> ApiError {
+    state.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this route",
+    )
+}
+
+fn capture_status(e: &CaptureError) -> (StatusCode, &'static str) {
+    match e {
+        CaptureError::NoSuchProcess { .. } => (StatusCode::NOT_FOUND, "no_such_subject"),
+        CaptureError::InvalidParameter { .. } | CaptureError::MissingDeadline { .. } => {
+            (StatusCode::BAD_REQUEST, "invalid_request")
+        }
+        CaptureError::IdentityUnreadable { .. } => {
+            (StatusCode::UNPROCESSABLE_ENTITY, "identity_unreadable")
+        }
+        CaptureError::HelperNotFound { .. } => {
+            (StatusCode::SERVICE_UNAVAILABLE, "helper_not_found")
+        }
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "capture_failed"),
+    }
+}
+
+async fn post_capture(
+    State(state): State<Arc<DaemonState>>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let config = state.config();
+    let bytes = axum::body::to_bytes(body, config.max_request_bytes)
+        .await
+        .map_err(|_| {
+            state.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("request body exceeds {} bytes", config.max_request_bytes),
+            )
+        })?;
+    let request = parse_request(&bytes, &config).map_err(|e| {
+        state.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
+        ApiError::new(StatusCode::BAD_REQUEST, e.code(), e.to_string())
+    })?;
+    if state.draining.load(Ordering::SeqCst) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "draining",
+            "pstackd is shutting down; retry against the restarted daemon",
+        ));
+    }
+    let Some(slot) = state.admit() else {
+        state.counters.captures_busy.fetch_add(1, Ordering::Relaxed);
+        let mut e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_captures",
+            format!(
+                "{} captures are running (the limit); retry later",
+                config.max_concurrent_captures
+            ),
+        );
+        e.retry_after = Some(1);
+        return Err(e);
+    };
+    if !state.spool.has_room_for(64 << 10) {
+        state
+            .counters
+            .captures_spool_full
+            .fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "spool_full",
+            "the spool is full and the overflow policy refuses new captures until shipping makes room",
+        ));
+    }
+    let supervisor = match &state.engine.supervisor {
+        Ok(s) => s.clone(),
+        Err(reason) => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "helper_not_found",
+                reason.clone(),
+            ));
+        }
+    };
+    let Some(budget) = state.engine.budget.clone() else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "helper_not_found",
+            "no leak budget",
+        ));
+    };
+    let bundle = request
+        .deadlines
+        .map(|d| d.bundle)
+        .unwrap_or(Duration::from_millis(config.capture.bundle_deadline_ms));
+    let spool = state.spool.clone();
+    let work = tokio::task::spawn_blocking(move || {
+        let _slot = slot; // held until the supervisor really returns
+        let envelope = supervisor::capture(&request, &supervisor, &budget)?;
+        let bytes = serde_json::to_vec(&envelope)
+            .map_err(|e| CaptureErrorOrSpool::Encode(e.to_string()))?;
+        let put = spool
+            .put(&envelope.digest, &bytes)
+            .map_err(CaptureErrorOrSpool::Spool)?;
+        Ok::<_, CaptureErrorOrSpool>((envelope.digest, bytes, put))
+    });
+    let result = match tokio::time::timeout(bundle + OVERRUN_GRACE, work).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(join)) => {
+            state
+                .counters
+                .captures_failed
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "capture_panicked",
+                format!("the capture task failed: {join}"),
+            ));
+        }
+        Err(_) => {
+            state
+                .counters
+                .captures_overran
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "capture_overran",
+                format!(
+                    "the capture did not finish within its {} ms deadline plus {} ms grace",
+                    bundle.as_millis(),
+                    OVERRUN_GRACE.as_millis()
+                ),
+            ));
+        }
+    };
+    match result {
+        Ok((digest, bytes, put)) => {
+            state.counters.captures_ok.fetch_add(1, Ordering::Relaxed);
+            state.shipper_wake.notify_one();
+            tracing::info!(digest = %digest, bytes = bytes.len(), outcome = ?put, "capture spooled");
+            let mut resp = Response::new(Body::from(bytes));
+            let h = resp.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            if let Ok(v) = HeaderValue::from_str(&digest) {
+                h.insert("x-pstack-digest", v);
+            }
+            Ok(resp)
+        }
+        Err(CaptureErrorOrSpool::Capture(e)) => {
+            state
+                .counters
+                .captures_failed
+                .fetch_add(1, Ordering::Relaxed);
+            let (status, code) = capture_status(&e);
+            Err(ApiError::new(status, code, e.to_string()))
+        }
+        Err(CaptureErrorOrSpool::Spool(e)) => {
+            let (status, code) = match e {
+                SpoolError::Full { .. } | SpoolError::NoSpace { .. } => {
+                    state
+                        .counters
+                        .captures_spool_full
+                        .fetch_add(1, Ordering::Relaxed);
+                    (StatusCode::INSUFFICIENT_STORAGE, "spool_full")
+                }
+                _ => {
+                    state
+                        .counters
+                        .captures_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                    (StatusCode::INTERNAL_SERVER_ERROR, "spool_failed")
+                }
+            };
+            tracing::error!(error = %e, "captured envelope could not be spooled; not acknowledged");
+            Err(ApiError::new(status, code, e.to_string()))
+        }
+        Err(CaptureErrorOrSpool::Encode(e)) => {
+            state
+                .counters
+                .captures_failed
+                .fetch_add(1, Ordering::Relaxed);
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "encode_failed",
+                e,
+            ))
+        }
+    }
+}
+
+#[derive(Debug)]
+enum CaptureErrorOrSpool {
+    Capture(CaptureError),
+    Spool(SpoolError),
+    Encode(String),
+}
+
+impl From<CaptureError> for CaptureErrorOrSpool {
+    fn from(e: CaptureError) -> Self {
+        CaptureErrorOrSpool::Capture(e)
+    }
+}
+
+async fn get_envelope(
+    State(state): State<Arc<DaemonState>>,
+    Path(digest): Path<String>,
+) -> Result<Response, ApiError> {
+    if !pstack_envelope::is_sha256_digest(&digest) {
+        state.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_digest",
+            format!("{digest:?} is not sha256:<64 lowercase hex>"),
+        ));
+    }
+    let spool = state.spool.clone();
+    let d = digest.clone();
+    let read = tokio::task::spawn_blocking(move || spool.read_verified(&d))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    match read {
+        Ok(Some(bytes)) => {
+            let mut resp = Response::new(Body::from(bytes));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            Ok(resp)
+        }
+        Ok(None) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "envelope_not_spooled",
+            format!(
+                "{digest} is not in the spool (never captured here, or already shipped: ask the store)"
+            ),
+        )),
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "spool_failed",
+            e.to_string(),
+        )),
+    }
+}
+
+fn lag_seconds(state: &DaemonState) -> u64 {
+    state
+        .spool
+        .oldest_spooled_at()
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The status document (also used by `pstackctl status`).
+pub fn status_json(state: &DaemonState) -> serde_json::Value {
+    let config = state.config();
+    let s = &state.shipper_stats;
+    let failures: serde_json::Map<String, serde_json::Value> = s
+        .failures
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), json!(v)))
+        .collect();
+    let (leaked, budget, available) = match &state.engine.budget {
+        Some(b) => (b.in_use(), b.capacity(), b.available()),
+        None => (0, 0, 0),
+    };
+    let in_flight = state.in_flight.load(Ordering::SeqCst);
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_seconds": state.started.elapsed().as_secs(),
+        "draining": state.draining.load(Ordering::SeqCst),
+        "captures": {
+            "in_flight": in_flight,
+            "max_concurrent": config.max_concurrent_captures,
+            "ok_total": state.counters.captures_ok.load(Ordering::Relaxed),
+            "failed_total": state.counters.captures_failed.load(Ordering::Relaxed),
+            "busy_total": state.counters.captures_busy.load(Ordering::Relaxed),
+        },
+        "helpers": {
+            "live": in_flight,
+            "leaked": leaked,
+            "leak_budget": budget,
+            "leak_budget_available": available,
+            "helper": match &state.engine.supervisor {
+                Ok(s) => json!({"path": s.helper_path.display().to_string()}),
+                Err(e) => json!({"error": e}),
+            },
+        },
+        "spool": state.spool.snapshot(),
+        "shipping": {
+            "enabled": !config.shipper.url.is_empty(),
+            "collector": config.shipper.url,
+            "lag_seconds": lag_seconds(state),
+            "last_error": s.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            "last_success_unix": s.last_success_unix.load(Ordering::Relaxed),
+            "next_retry_ms": s.next_delay_ms.load(Ordering::Relaxed),
+            "batches_total": s.batches.load(Ordering::Relaxed),
+            "accepted_total": s.accepted.load(Ordering::Relaxed),
+            "duplicate_total": s.duplicate.load(Ordering::Relaxed),
+            "rejected_total": s.rejected.load(Ordering::Relaxed),
+            "failures_total": failures,
+        },
+        "ebpf": {"state": "not_loaded", "reason": "pstackd does not load eBPF programs yet; captures carry no eBPF surfaces"},
+    })
+}
+
+async fn get_status(State(state): State<Arc<DaemonState>>) -> Response {
+    axum::Json(status_json(&state)).into_response()
+}
+
+async fn get_metrics(State(state): State<Arc<DaemonState>>) -> Response {
+    let mut resp = Response::new(Body::from(metrics_text(&state)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    resp
+}
+
+/// Prometheus text exposition.
+pub fn metrics_text(state: &DaemonState) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(4096);
+    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, v) in samples {
+            if labels.is_empty() {
+                let _ = writeln!(out, "{name} {v}");
+            } else {
+                let _ = writeln!(out, "{name}{{{labels}}} {v}");
+            }
+        }
+    };
+    let c = &state.counters;
+    let r = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    metric(
+        "pstackd_captures_total",
+        "counter",
+        "Capture requests by outcome.",
+        &[
+            ("outcome=\"ok\"", r(&c.captures_ok)),
+            ("outcome=\"failed\"", r(&c.captures_failed)),
+            ("outcome=\"busy\"", r(&c.captures_busy)),
+            ("outcome=\"spool_full\"", r(&c.captures_spool_full)),
+            ("outcome=\"overran\"", r(&c.captures_overran)),
+        ],
+    );
+    metric(
+        "pstackd_captures_in_flight",
+        "gauge",
+        "Captures running now (each holds one helper).",
+        &[("", state.in_flight.load(Ordering::SeqCst) as u64)],
+    );
+    metric(
+        "pstackd_requests_refused_total",
+        "counter",
+        "Requests refused.",
+        &[
+            ("reason=\"unauthorized\"", r(&c.unauthorized)),
+            ("reason=\"bad_request\"", r(&c.bad_requests)),
+        ],
+    );
+    metric(
+        "pstackd_connections_open",
+        "gauge",
+        "Connections open.",
+        &[("", r(&c.connections_open))],
+    );
+    metric(
+        "pstackd_connections_refused_total",
+        "counter",
+        "Connections closed at accept (over max_connections).",
+        &[("", r(&c.connections_refused))],
+    );
+    metric(
+        "pstackd_reloads_total",
+        "counter",
+        "Configuration reloads.",
+        &[
+            ("result=\"applied\"", r(&c.reloads_ok)),
+            ("result=\"rejected\"", r(&c.reloads_rejected)),
+        ],
+    );
+    let sp = state.spool.snapshot();
+    metric(
+        "pstackd_spool_files",
+        "gauge",
+        "Envelopes in the spool.",
+        &[("", sp.files)],
+    );
+    metric(
+        "pstackd_spool_bytes",
+        "gauge",
+        "Bytes in the spool.",
+        &[("", sp.bytes)],
+    );
+    metric(
+        "pstackd_spool_written_total",
+        "counter",
+        "Envelopes spooled.",
+        &[("", sp.written_total)],
+    );
+    metric(
+        "pstackd_spool_dropped_total",
+        "counter",
+        "Envelopes dropped by the drop_oldest overflow policy.",
+        &[("", sp.dropped_total)],
+    );
+    metric(
+        "pstackd_spool_refused_total",
+        "counter",
+        "Envelopes the spool refused.",
+        &[("", sp.refused_total)],
+    );
+    metric(
+        "pstackd_spool_quarantined_total",
+        "counter",
+        "Spool files quarantined (corrupt, stray, rejected).",
+        &[("", sp.quarantined_total)],
+    );
+    let s = &state.shipper_stats;
+    metric(
+        "pstackd_ship_items_total",
+        "counter",
+        "Items acknowledged by the collector.",
+        &[
+            ("status=\"accepted\"", r(&s.accepted)),
+            ("status=\"duplicate\"", r(&s.duplicate)),
+            ("status=\"rejected\"", r(&s.rejected)),
+        ],
+    );
+    metric(
+        "pstackd_ship_batches_total",
+        "counter",
+        "Batches sent.",
+        &[("", r(&s.batches))],
+    );
+    let failures: Vec<(String, u64)> = s
+        .failures
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(k, v)| (format!("class=\"{k}\""), *v))
+        .collect();
+    let failures: Vec<(&str, u64)> = failures.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    metric(
+        "pstackd_ship_failures_total",
+        "counter",
+        "Failed batch attempts by class.",
+        &failures,
+    );
+    metric(
+        "pstackd_ship_lag_seconds",
+        "gauge",
+        "Age of the oldest unshipped envelope.",
+        &[("", lag_seconds(state))],
+    );
+    if let Some(b) = &state.engine.budget {
+        metric(
+            "pstackd_helpers_leaked",
+            "gauge",
+            "Helpers killed but not reaped.",
+            &[("", b.in_use())],
+        );
+        metric(
+            "pstackd_leak_budget",
+            "gauge",
+            "Leak budget capacity.",
+            &[("", b.capacity())],
+        );
+    }
+    out
+}

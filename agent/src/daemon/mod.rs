@@ -1,0 +1,30 @@
+//! `pstackd`: the privileged node daemon.
+//!
+//! It serves HTTP/1.1 on a Unix socket (`curl --unix-socket` is enough):
+//! `POST /v1/captures` runs the capture supervisor and answers the sealed
+//! envelope once it is durably spooled; `GET /v1/envelopes/{digest}`,
+//! `GET /v1/status` and `GET /metrics` describe what it holds. The shipper
+//! delivers spooled envelopes to the collector and deletes each only after
+//! the collector acknowledges its digest.
+//!
+//! Data flows one way: supervisor → envelope → [`spool`] → [`shipper`] →
+//! collector. Invariants of each stage are stated in its module:
+//! - [`peer`]: who may call (SO_PEERCRED uid/gid; the PID is never identity);
+//! - [`privilege`]: the capability set kept and why; `no_new_privs`;
+//! - [`api`]: status codes; a 200 means "spooled"; no queueing past the limit;
+//! - [`spool`]: on-disk format, durability window, who deletes what;
+//! - [`shipper`]: delete only after per-item ack; retry and backoff;
+//! - [`notify`]: readiness and watchdog semantics;
+//! - [`run`]: startup order, drain and reload.
+
+pub mod api;
+pub mod capture;
+pub mod config;
+pub mod listener;
+pub mod notify;
+pub mod peer;
+pub mod privilege;
+pub mod run;
+pub mod shipper;
+pub mod spool;
+pub mod state;

@@ -1,0 +1,713 @@
+//! The shipper: spooled envelopes → the collector (`POST {url}/v1/envelopes`).
+//!
+//! Invariants:
+//! - **Delete only after acknowledgement, per item.** A batch is a JSON array
+//!   of the exact spooled bytes (gzip, `Authorization: Bearer`). A spooled file
+//!   is deleted only when the collector's per-item result at its index names
+//!   its digest with status `accepted` or `duplicate`. A `rejected` item is a
+//!   permanent refusal: it is quarantined (counted, journaled), never deleted
+//!   silently, never retried forever. Anything else — no result, a different
+//!   digest, an unknown status, an unreadable response — keeps the file.
+//! - **Never ship a torn envelope.** Every file is verified (digest recomputed
+//!   and matched to its name) when the batch is read; a file that fails is
+//!   quarantined by the spool and left out of the batch.
+//! - **Delivery is at-least-once**: a crash between the collector's ack and
+//!   the delete re-sends the item, and the collector dedupes by digest.
+//! - **Bounded.** One batch in flight; at most `batch_max_items` files and
+//!   `batch_max_bytes` bytes read at once, one file open at a time.
+//! - **Retry.** Transport failures, timeouts, 5xx, 408, 401/403 and unreadable
+//!   responses back off exponentially with jitter (`backoff_initial_ms` doubling
+//!   up to `backoff_max_ms`, each delay drawn from [d/2, d]); 429 and 503
+//!   honour `Retry-After` (seconds or HTTP date), capped at `backoff_max_ms`.
+//!   Time comes from `tokio::time`, so tests drive it with a paused clock.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use serde::Deserialize;
+use tokio::sync::{Notify, watch};
+
+use super::config::ShipperConfig;
+use super::spool::{QuarantineReason, Spool};
+
+/// Why a batch was not (fully) delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailureClass {
+    /// Could not connect.
+    Connect,
+    /// The request or response timed out.
+    Timeout,
+    /// The connection broke mid-request or mid-response.
+    Transport,
+    /// 429 or 503: the collector asked us to slow down.
+    Throttled {
+        /// HTTP status.
+        status: u16,
+        /// Its Retry-After, if it sent one we could read.
+        retry_after: Option<Duration>,
+    },
+    /// Other 5xx (and 408).
+    Server {
+        /// HTTP status.
+        status: u16,
+    },
+    /// 4xx other than 408/429 (auth, size): retried slowly; an operator must act.
+    Client {
+        /// HTTP status.
+        status: u16,
+    },
+    /// 2xx whose body is not a per-item result list.
+    BadResponse,
+}
+
+impl FailureClass {
+    /// Stable label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            FailureClass::Connect => "connect",
+            FailureClass::Timeout => "timeout",
+            FailureClass::Transport => "transport",
+            FailureClass::Throttled { .. } => "throttled",
+            FailureClass::Server { .. } => "server_error",
+            FailureClass::Client { .. } => "client_error",
+            FailureClass::BadResponse => "bad_response",
+        }
+    }
+}
+
+/// What one batch attempt achieved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchOutcome {
+    /// The collector answered per item.
+    Answered {
+        /// Acked as newly stored (deleted).
+        accepted: usize,
+        /// Acked as already stored (deleted).
+        duplicate: usize,
+        /// Refused permanently (quarantined).
+        rejected: usize,
+        /// No usable result (kept for retry).
+        unacknowledged: usize,
+    },
+    /// Nothing acknowledged.
+    Failed(FailureClass),
+    /// Nothing to send.
+    Empty,
+}
+
+/// Exponential backoff with jitter.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    attempt: u32,
+    rng: fastrand::Rng,
+}
+
+impl Backoff {
+    /// A fresh schedule.
+    pub fn new(initial: Duration, max: Duration, seed: u64) -> Backoff {
+        Backoff {
+            initial,
+            max,
+            attempt: 0,
+            rng: fastrand::Rng::with_seed(seed),
+        }
+    }
+
+    /// The next delay: `min(max, initial·2^n)` scaled by a factor in [0.5, 1].
+    pub fn next_delay(&mut self) -> Duration {
+        let exp = self.initial.saturating_mul(1u32 << self.attempt.min(20));
+        let ceiling = exp.min(self.max);
+        self.attempt = self.attempt.saturating_add(1);
+        let half = ceiling / 2;
+        let jitter_ns = self.rng.u64(0..=half.as_nanos() as u64);
+        half + Duration::from_nanos(jitter_ns)
+    }
+
+    /// After a success.
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+
+    /// Retries since the last success.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}
+
+/// Parse `Retry-After`: delta-seconds or an HTTP date (relative to `now`).
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let v = value.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let when = httpdate(v)?;
+    Some(when.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// IMF-fixdate only (`Sun, 06 Nov 1994 08:49:37 GMT`), as RFC 9110 requires senders to use.
+fn httpdate(v: &str) -> Option<SystemTime> {
+    let parts: Vec<&str> = v.split_whitespace().collect();
+    if parts.len() != 6 || parts[5] != "GMT" {
+        return None;
+    }
+    let day: u64 = parts[1].parse().ok()?;
+    let month = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ]
+    .iter()
+    .position(|m| *m == parts[2])? as u64
+        + 1;
+    let year: u64 = parts[3].parse().ok()?;
+    let hms: Vec<u64> = parts[4]
+        .split(':')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    if hms.len() != 3 || !(1..=31).contains(&day) || year < 1970 {
+        return None;
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let (y, m) = if month <= 2 {
+        (year - 1, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hms[0] * 3600 + hms[1] * 60 + hms[2];
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+/// The collector's per-item result (the store's `ItemResult`, read leniently
+/// except for what decides deletion).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ItemResult {
+    /// Position in the batch.
+    pub index: usize,
+    /// Digest the collector attributes to that item.
+    #[serde(default)]
+    pub digest: Option<String>,
+    /// `accepted`, `duplicate` or `rejected`.
+    pub status: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct IngestResponse {
+    results: Vec<ItemResult>,
+}
+
+/// Classify a response that is not a 2xx.
+pub fn classify_status(status: u16, retry_after: Option<&str>, now: SystemTime) -> FailureClass {
+    match status {
+        429 | 503 => FailureClass::Throttled {
+            status,
+            retry_after: retry_after.and_then(|v| parse_retry_after(v, now)),
+        },
+        408 | 500..=599 => FailureClass::Server { status },
+        _ => FailureClass::Client { status },
+    }
+}
+
+/// Shipping state for `/v1/status` and `/metrics`.
+#[derive(Debug, Default)]
+pub struct ShipperStats {
+    /// Batches attempted.
+    pub batches: AtomicU64,
+    /// Items acknowledged accepted.
+    pub accepted: AtomicU64,
+    /// Items acknowledged duplicate.
+    pub duplicate: AtomicU64,
+    /// Items rejected (quarantined).
+    pub rejected: AtomicU64,
+    /// Failed attempts, by class label.
+    pub failures: Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// Last failure, for people (never contains the key or payloads).
+    pub last_error: Mutex<Option<String>>,
+    /// Unix seconds of the last batch that acknowledged something.
+    pub last_success_unix: AtomicU64,
+    /// Delay chosen before the next attempt, ms (0 when not backing off).
+    pub next_delay_ms: AtomicU64,
+}
+
+impl ShipperStats {
+    fn fail(&self, class: &FailureClass, message: String) {
+        *self
+            .failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(class.label())
+            .or_insert(0) += 1;
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(message);
+    }
+}
+
+/// The shipper.
+#[derive(Debug)]
+pub struct Shipper {
+    spool: Arc<Spool>,
+    config: watch::Receiver<ShipperConfig>,
+    /// Woken when an envelope is spooled.
+    pub wake: Arc<Notify>,
+    /// Counters.
+    pub stats: Arc<ShipperStats>,
+}
+
+/// Why the HTTP client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ShipperError {
+    /// CA file unreadable or invalid.
+    #[error("shipper.ca_file {path}: {reason}")]
+    CaFile {
+        /// Path.
+        path: String,
+        /// Reason.
+        reason: String,
+    },
+    /// reqwest refused the configuration.
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+}
+
+/// Build the HTTP client for a configuration (rustls, no proxies from env).
+pub fn build_client(config: &ShipperConfig) -> Result<reqwest::Client, ShipperError> {
+    let mut b = reqwest::Client::builder()
+        .use_rustls_tls()
+        .no_proxy()
+        .timeout(Duration::from_millis(config.timeout_ms))
+        .connect_timeout(Duration::from_millis(config.timeout_ms.min(5_000)))
+        .pool_max_idle_per_host(1)
+        .user_agent(concat!("pstackd/", env!("CARGO_PKG_VERSION")));
+    if !config.ca_file.as_os_str().is_empty() {
+        let path = config.ca_file.display().to_string();
+        let pem = std::fs::read(&config.ca_file).map_err(|e| ShipperError::CaFile {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        let certs =
+            reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ShipperError::CaFile {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    b.build().map_err(|e| ShipperError::Client(e.to_string()))
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(bytes.len() / 4 + 64),
+        flate2::Compression::fast(),
+    );
+    // Writing into a Vec cannot fail.
+    let _ = enc.write_all(bytes);
+    enc.finish().unwrap_or_default()
+}
+
+fn transport_class(e: &reqwest::Error) -> FailureClass {
+    if e.is_timeout() {
+        FailureClass::Timeout
+    } else if e.is_connect() {
+        FailureClass::Connect
+    } else {
+        FailureClass::Transport
+    }
+}
+
+/// Describe a reqwest error without its URL (which is config, not a secret,
+/// but keeps the log short) and with its source chain.
+fn describe(e: &reqwest::Error) -> String {
+    let mut s = e.without_url_ref().to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+trait WithoutUrl {
+    fn without_url_ref(&self) -> String;
+}
+
+impl WithoutUrl for reqwest::Error {
+    fn without_url_ref(&self) -> String {
+        let mut s = self.to_string();
+        if let Some(url) = self.url() {
+            s = s.replace(&format!(" ({url})"), "");
+        }
+        s
+    }
+}
+
+impl Shipper {
+    /// A shipper over `spool` following `config` (reloadable).
+    pub fn new(spool: Arc<Spool>, config: watch::Receiver<ShipperConfig>) -> Shipper {
+        Shipper {
+            spool,
+            config,
+            wake: Arc::new(Notify::new()),
+            stats: Arc::new(ShipperStats::default()),
+        }
+    }
+
+    /// Send one batch of the oldest spooled envelopes and apply the answer.
+    pub async fn ship_once(
+        &self,
+        client: &reqwest::Client,
+        config: &ShipperConfig,
+    ) -> BatchOutcome {
+        let entries = self
+            .spool
+            .oldest(config.batch_max_items, config.batch_max_bytes);
+        if entries.is_empty() {
+            return BatchOutcome::Empty;
+        }
+        let spool = self.spool.clone();
+        let digests: Vec<String> = entries.iter().map(|e| e.digest()).collect();
+        let read = tokio::task::spawn_blocking(move || {
+            let mut body = Vec::with_capacity(2 + digests.len());
+            body.push(b'[');
+            let mut kept = Vec::new();
+            for d in digests {
+                // A file that fails verification is quarantined by the spool.
+                if let Ok(Some(bytes)) = spool.read_verified(&d) {
+                    if !kept.is_empty() {
+                        body.push(b',');
+                    }
+                    body.extend_from_slice(&bytes);
+                    kept.push(d);
+                }
+            }
+            body.push(b']');
+            let gz = gzip(&body);
+            (kept, gz)
+        })
+        .await;
+        let Ok((batch, body)) = read else {
+            return BatchOutcome::Failed(FailureClass::BadResponse);
+        };
+        if batch.is_empty() {
+            return BatchOutcome::Answered {
+                accepted: 0,
+                duplicate: 0,
+                rejected: 0,
+                unacknowledged: 0,
+            };
+        }
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        let url = format!("{}/v1/envelopes", config.url.trim_end_matches('/'));
+        let mut req = client
+            .post(url)
+            .header("content-type", "application/json")
+            .header("content-encoding", "gzip")
+            .body(body);
+        if let Some(key) = &config.api_key {
+            req = req.bearer_auth(key);
+        }
+        let resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                let class = transport_class(&e);
+                self.stats.fail(&class, describe(&e));
+                return BatchOutcome::Failed(class);
+            }
+        };
+        let status = resp.status().as_u16();
+        if !(200..300).contains(&status) {
+            let retry_after = resp
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let class = classify_status(status, retry_after.as_deref(), SystemTime::now());
+            self.stats
+                .fail(&class, format!("collector answered HTTP {status}"));
+            return BatchOutcome::Failed(class);
+        }
+        let bytes = match resp.bytes().await {
+            Ok(b) => b,
+            Err(e) => {
+                let class = transport_class(&e);
+                self.stats.fail(&class, describe(&e));
+                return BatchOutcome::Failed(class);
+            }
+        };
+        let Ok(parsed) = serde_json::from_slice::<IngestResponse>(&bytes) else {
+            let class = FailureClass::BadResponse;
+            self.stats.fail(
+                &class,
+                format!("collector answered HTTP {status} without a per-item result list"),
+            );
+            return BatchOutcome::Failed(class);
+        };
+        self.apply(&batch, parsed.results).await
+    }
+
+    async fn apply(&self, batch: &[String], results: Vec<ItemResult>) -> BatchOutcome {
+        let spool = self.spool.clone();
+        let batch = batch.to_vec();
+        let stats = self.stats.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            let mut done = vec![false; batch.len()];
+            let (mut accepted, mut duplicate, mut rejected) = (0, 0, 0);
+            for r in results {
+                let Some(expected) = batch.get(r.index) else {
+                    continue;
+                };
+                if done[r.index] || r.digest.as_deref() != Some(expected.as_str()) {
+                    continue;
+                }
+                match r.status.as_str() {
+                    "accepted" | "duplicate" => {
+                        if spool.acknowledge(expected).is_ok() {
+                            done[r.index] = true;
+                            if r.status == "accepted" {
+                                accepted += 1;
+                            } else {
+                                duplicate += 1;
+                            }
+                        }
+                    }
+                    "rejected" => {
+                        tracing::warn!(digest = %expected, "collector rejected an envelope; quarantined");
+                        if spool
+                            .quarantine(expected, QuarantineReason::RejectedByCollector)
+                            .is_ok()
+                        {
+                            done[r.index] = true;
+                            rejected += 1;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let unacknowledged = done.iter().filter(|d| !**d).count();
+            stats.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
+            stats.duplicate.fetch_add(duplicate as u64, Ordering::Relaxed);
+            stats.rejected.fetch_add(rejected as u64, Ordering::Relaxed);
+            BatchOutcome::Answered {
+                accepted,
+                duplicate,
+                rejected,
+                unacknowledged,
+            }
+        })
+        .await;
+        outcome.unwrap_or(BatchOutcome::Failed(FailureClass::BadResponse))
+    }
+
+    /// Ship until `shutdown` turns true.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut config = self.config.borrow_and_update().clone();
+        let mut client = build_client(&config).ok();
+        let mut backoff = Backoff::new(
+            Duration::from_millis(config.backoff_initial_ms),
+            Duration::from_millis(config.backoff_max_ms),
+            u64::from(std::process::id()) ^ 0x9e37_79b9_7f4a_7c15,
+        );
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            if self.config.has_changed().unwrap_or(false) {
+                config = self.config.borrow_and_update().clone();
+                client = match build_client(&config) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        tracing::error!(error = %e, "shipper client not rebuilt");
+                        None
+                    }
+                };
+                backoff = Backoff::new(
+                    Duration::from_millis(config.backoff_initial_ms),
+                    Duration::from_millis(config.backoff_max_ms),
+                    u64::from(std::process::id()),
+                );
+            }
+            let delay = match (&client, config.url.is_empty()) {
+                (Some(client), false) => match self.ship_once(client, &config).await {
+                    BatchOutcome::Empty => None,
+                    BatchOutcome::Answered {
+                        accepted,
+                        duplicate,
+                        rejected,
+                        unacknowledged,
+                    } => {
+                        if accepted + duplicate + rejected > 0 {
+                            backoff.reset();
+                            self.stats
+                                .last_success_unix
+                                .store(unix_now(), Ordering::Relaxed);
+                        }
+                        if unacknowledged > 0 {
+                            tracing::warn!(
+                                unacknowledged,
+                                "collector left items unacknowledged; retrying"
+                            );
+                            Some(backoff.next_delay())
+                        } else {
+                            Some(Duration::ZERO)
+                        }
+                    }
+                    BatchOutcome::Failed(class) => {
+                        let d = match &class {
+                            FailureClass::Throttled {
+                                retry_after: Some(ra),
+                                ..
+                            } => (*ra).min(Duration::from_millis(config.backoff_max_ms)),
+                            _ => backoff.next_delay(),
+                        };
+                        tracing::warn!(
+                            class = class.label(),
+                            retry_in_ms = d.as_millis() as u64,
+                            attempt = backoff.attempt(),
+                            "shipping failed; will retry"
+                        );
+                        Some(d)
+                    }
+                },
+                _ => None,
+            };
+            self.stats.next_delay_ms.store(
+                delay.map(|d| d.as_millis() as u64).unwrap_or(0),
+                Ordering::Relaxed,
+            );
+            match delay {
+                Some(d) if d.is_zero() => continue,
+                Some(d) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(d) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                }
+                None => {
+                    // Idle: wait for a new envelope, a reload, or a slow poll.
+                    tokio::select! {
+                        _ = self.wake.notified() => {}
+                        _ = self.config.changed() => {}
+                        _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_caps() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(2), 7);
+        let mut ceilings = vec![];
+        for _ in 0..8 {
+            ceilings.push(b.next_delay());
+        }
+        let expected_ceiling = [100u64, 200, 400, 800, 1600, 2000, 2000, 2000];
+        for (d, c) in ceilings.iter().zip(expected_ceiling) {
+            let c = Duration::from_millis(c);
+            assert!(*d >= c / 2 && *d <= c, "{d:?} not in [{:?}, {c:?}]", c / 2);
+        }
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn jitter_spreads_retries() {
+        let mut a = Backoff::new(Duration::from_secs(1), Duration::from_secs(60), 1);
+        let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(60), 2);
+        let da: Vec<_> = (0..5).map(|_| a.next_delay()).collect();
+        let db: Vec<_> = (0..5).map(|_| b.next_delay()).collect();
+        assert_ne!(da, db);
+    }
+
+    #[test]
+    fn retry_after_seconds_and_http_date() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_717); // Sun, 06 Nov 1994 08:48:37 GMT
+        assert_eq!(
+            parse_retry_after("120", now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:40:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-5", now), None);
+    }
+
+    #[test]
+    fn statuses_are_classified() {
+        let now = SystemTime::now();
+        assert_eq!(
+            classify_status(429, Some("3"), now),
+            FailureClass::Throttled {
+                status: 429,
+                retry_after: Some(Duration::from_secs(3))
+            }
+        );
+        assert_eq!(
+            classify_status(503, None, now),
+            FailureClass::Throttled {
+                status: 503,
+                retry_after: None
+            }
+        );
+        assert_eq!(
+            classify_status(500, None, now),
+            FailureClass::Server { status: 500 }
+        );
+        assert_eq!(
+            classify_status(408, None, now),
+            FailureClass::Server { status: 408 }
+        );
+        assert_eq!(
+            classify_status(401, None, now),
+            FailureClass::Client { status: 401 }
+        );
+    }
+
+    /// Retry waits are tokio timers: with a paused clock a 30 s Retry-After
+    /// passes instantly but in order.
+    #[tokio::test(start_paused = true)]
+    async fn paused_clock_drives_backoff_sleeps() {
+        let start = tokio::time::Instant::now();
+        let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(8), 3);
+        let mut total = Duration::ZERO;
+        for _ in 0..4 {
+            let d = b.next_delay();
+            total += d;
+            tokio::time::sleep(d).await;
+        }
+        // The timer wheel rounds each sleep up to the next millisecond.
+        let waited = tokio::time::Instant::now() - start;
+        assert!(
+            waited >= total && waited <= total + Duration::from_millis(4),
+            "{waited:?} vs {total:?}"
+        );
+        assert!(total >= Duration::from_millis(500 + 1000 + 2000 + 4000));
+    }
+}
