@@ -63,8 +63,8 @@ pub const COUNTER_FILES: [&str; 2] = [
 ];
 
 /// Every counter of `/proc/net/snmp` and `/proc/net/netstat` of the calling
-/// thread's netns, and the raw bytes' meta (both files, concatenated).
-pub fn read_counters() -> Result<(Counters, RawMeta), CountersError> {
+/// thread's netns, and the raw bytes (both files, concatenated).
+pub fn read_counters() -> Result<(Counters, Vec<u8>), CountersError> {
     let mut all = Counters::new();
     let mut raw = Vec::new();
     for path in COUNTER_FILES {
@@ -79,5 +79,5 @@ pub fn read_counters() -> Result<(Counters, RawMeta), CountersError> {
         })?;
         raw.extend_from_slice(text.as_bytes());
     }
-    Ok((all, RawMeta::of(&raw, false)))
+    Ok((all, raw))
 }

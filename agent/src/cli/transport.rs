@@ -1,0 +1,1928 @@
+//! `pstackctl capture transport`: one sealed `network_stream` envelope per TCP
+//! flow to a peer, sampled over a window, inside the right network namespace.
+//!
+//! What a capture does, in order:
+//! 1. Validates the request (peer `ADDR[:PORT]`, optional local, window,
+//!    default port range) — every bad parameter is a typed
+//!    [`TransportError::InvalidParameter`] naming it.
+//! 2. Opens the target netns (`--netns-pid` or `--netns`) up front: a PID that
+//!    is gone is [`TransportError::Netns`] before anything is read.
+//! 3. In a dedicated thread inside that netns ([`netns::run_in`]): samples
+//!    sock_diag (every TCP socket, filtered here), every snmp/netstat counter,
+//!    the route to the peer, the egress link and (for veth) its peer link,
+//!    conntrack occupancy and CPU load; sleeps the window; samples again.
+//!    When eBPF is available its TCP window runs concurrently and is joined to
+//!    flows by socket cookie.
+//! 4. Builds one envelope per flow (union of flows matched at start and at
+//!    end, capped by `--max-flows`) and seals it.
+//!
+//! Invariants:
+//! - **Facts are per flow, or say whose they are.** Per-flow claims bind the
+//!   flow's own `tcp/start`/`tcp/end` surfaces; netns-wide counter deltas are
+//!   claimed as `netns_*` facts, never as the flow's.
+//! - **CPU load is a hypothesis surface.** `host/cpu` facts only ever bind a
+//!   hypothesis (`cpu_starvation`), never a stream fact.
+//! - **No fault → no fault claimed.** Absent every fault signature, the only
+//!   claim is the universal `no_fault_observed`, and only in a `complete`
+//!   envelope; otherwise there is no claim at all.
+//! - **Exact numbers.** u64 counters (`bytes_acked`, link byte counters, …) are
+//!   decimal strings; deltas are numbers only within ±(2^53−1).
+//! - **Which side reset.** A RST is attributed only from eBPF events joined by
+//!   socket cookie (`received` = the peer endpoint sent it, `sent` = this
+//!   host). Without eBPF the capture states what it saw (the flow left
+//!   ESTABLISHED for CLOSE, EstabResets/OutRsts deltas) as facts, the reset
+//!   direction as an inference, and leaves an unknown with its probe.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use pstack_collectors::net::conntrack::{ConntrackError, ConntrackFacts, read_conntrack};
+use pstack_collectors::net::load::{LoadFacts, read_load};
+use pstack_collectors::net::netlink::NetlinkError;
+use pstack_collectors::net::netns::{self, NetnsError, NetnsTarget};
+use pstack_collectors::net::rtnl::{self, Answer, LinkFacts, RouteFacts};
+use pstack_collectors::net::sockdiag::{self, FlowFilter, PortRange, TcpDump, TcpSocket};
+use pstack_collectors::net::{Counters, CountersError, TcpInfo, read_counters, snmp};
+use pstack_envelope::{
+    Bounds, Claim, ClaimKind, Clock, Collector, Completeness, Envelope, HostIdentity,
+    NextTransition, SCHEMA_ID, Scope, StatusCause, StreamIdentity, Subject, Surface, SurfaceStatus,
+    Termination, Universe, Unknown, sha256_digest,
+};
+use serde_json::{Map, Value, json};
+
+/// Longhorn's instance-manager data port range: the default port filter.
+pub const LONGHORN_PORTS: PortRange = PortRange {
+    lo: 10000,
+    hi: 30000,
+};
+/// Default and limits of `--window`.
+pub const MIN_WINDOW: Duration = Duration::from_millis(100);
+/// Longest window accepted.
+pub const MAX_WINDOW: Duration = Duration::from_secs(3600);
+/// Per-surface budget recorded in the envelope (net reads do not block on a task).
+pub const SURFACE_DEADLINE_MS: u64 = 2000;
+/// Conntrack fill (ppm of max) from which pressure is claimed.
+pub const CONNTRACK_PRESSURE_PPM: u64 = 900_000;
+/// PSI cpu `some avg10` (hundredths of a percent) from which CPU starvation is hypothesized.
+pub const CPU_PSI_HYPOTHESIS_CENTI: u64 = 1000;
+const MAX_SAFE: i128 = 9_007_199_254_740_991;
+
+/// Source commit recorded in envelopes (`PSTACK_SOURCE_COMMIT` at build time).
+pub const SOURCE_COMMIT: &str = match option_env!("PSTACK_SOURCE_COMMIT") {
+    Some(c) => c,
+    None => "unrecorded",
+};
+
+/// Arguments of `pstackctl capture transport`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Remote endpoint: ADDR or ADDR:PORT (IPv6 with a port in brackets: [fd00::2]:10001).
+    #[arg(long)]
+    pub peer: String,
+    /// Local endpoint: ADDR or ADDR:PORT.
+    #[arg(long)]
+    pub local: Option<String>,
+    /// Read the network namespace of this process.
+    #[arg(long, conflicts_with = "netns")]
+    pub netns_pid: Option<u32>,
+    /// Read this named network namespace (/run/netns/NAME).
+    #[arg(long)]
+    pub netns: Option<String>,
+    /// Sampling window (e.g. 30s, 500ms, 2m).
+    #[arg(long, default_value = "30s")]
+    pub window: String,
+    /// With no port pinned, match flows whose local or remote port is in this range.
+    #[arg(long, default_value = "10000-30000")]
+    pub ports: String,
+    /// Most flows enveloped; more matching flows make every envelope `bounded`.
+    #[arg(long, default_value_t = 64)]
+    pub max_flows: usize,
+    /// Do not load the eBPF TCP programs (reset attribution becomes an unknown).
+    #[arg(long)]
+    pub no_ebpf: bool,
+    /// Print envelopes as JSON, one per line, instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write each envelope to DIR/<digest>.json.
+    #[arg(long)]
+    pub out_dir: Option<std::path::PathBuf>,
+}
+
+/// Why a capture could not run (as opposed to evidence it gathered).
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// A parameter is invalid.
+    #[error("invalid --{param}: {reason}")]
+    InvalidParameter {
+        /// The flag.
+        param: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The target network namespace cannot be entered.
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    /// Host identity could not be read.
+    #[error("host identity: {0}")]
+    Host(String),
+    /// An envelope was refused by the validator (a bug in this module).
+    #[error("envelope refused: {0}")]
+    Sealing(#[from] pstack_envelope::Rejection),
+}
+
+fn invalid(param: &'static str, reason: impl Into<String>) -> TransportError {
+    TransportError::InvalidParameter {
+        param,
+        reason: reason.into(),
+    }
+}
+
+/// `ADDR` or `ADDR:PORT` (`[v6]:PORT`); a port must be 1–65535.
+pub fn parse_endpoint(
+    param: &'static str,
+    s: &str,
+) -> Result<(IpAddr, Option<u16>), TransportError> {
+    let s = s.trim();
+    if let Ok(a) = s.parse::<IpAddr>() {
+        return Ok((a, None));
+    }
+    if let Ok(sa) = s.parse::<SocketAddr>() {
+        if sa.port() == 0 {
+            return Err(invalid(param, "port 0 is not a port (use 1–65535)"));
+        }
+        return Ok((sa.ip(), Some(sa.port())));
+    }
+    // Say why: an address with an out-of-range port, or not an address at all.
+    if let Some((host, port)) = s.rsplit_once(':') {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.parse::<IpAddr>().is_ok() {
+            return Err(invalid(param, format!("port {port:?} is outside 1–65535")));
+        }
+    }
+    Err(invalid(
+        param,
+        format!("{s:?} is not ADDR, ADDR:PORT or [IPv6]:PORT"),
+    ))
+}
+
+/// `30s`, `500ms`, `2m`, or bare seconds; within [`MIN_WINDOW`, `MAX_WINDOW`].
+pub fn parse_window(s: &str) -> Result<Duration, TransportError> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| invalid("window", format!("{s:?} is not a duration like 30s")))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        u => return Err(invalid("window", format!("unknown unit {u:?} (ms, s, m)"))),
+    };
+    if d < MIN_WINDOW || d > MAX_WINDOW {
+        return Err(invalid("window", format!("{s} is outside 100ms–60m")));
+    }
+    Ok(d)
+}
+
+/// `LO-HI` with 1 ≤ LO ≤ HI ≤ 65535.
+pub fn parse_port_range(s: &str) -> Result<PortRange, TransportError> {
+    let (lo, hi) = s
+        .split_once('-')
+        .ok_or_else(|| invalid("ports", format!("{s:?} is not LO-HI")))?;
+    let p = |v: &str| -> Result<u16, TransportError> {
+        match v.trim().parse::<u32>() {
+            Ok(n) if (1..=65535).contains(&n) => Ok(n as u16),
+            _ => Err(invalid("ports", format!("{v:?} is outside 1–65535"))),
+        }
+    };
+    let (lo, hi) = (p(lo)?, p(hi)?);
+    if lo > hi {
+        return Err(invalid("ports", format!("{lo} > {hi}")));
+    }
+    Ok(PortRange { lo, hi })
+}
+
+/// What one capture covers.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Which flows.
+    pub filter: FlowFilter,
+    /// Which network namespace.
+    pub target: NetnsTarget,
+    /// Sampling window.
+    pub window: Duration,
+    /// Most flows enveloped.
+    pub max_flows: usize,
+    /// Whether to run the eBPF TCP window.
+    pub ebpf: bool,
+}
+
+impl Plan {
+    /// Validate CLI arguments into a plan.
+    pub fn from_args(a: &Args) -> Result<Plan, TransportError> {
+        let (peer, peer_port) = parse_endpoint("peer", &a.peer)?;
+        let (local, local_port) = match &a.local {
+            Some(l) => {
+                let (ip, port) = parse_endpoint("local", l)?;
+                (Some(ip), port)
+            }
+            None => (None, None),
+        };
+        if let Some(l) = local
+            && l.is_ipv4() != sockdiag::normalize(peer).is_ipv4()
+        {
+            return Err(invalid("local", "address family differs from --peer"));
+        }
+        if a.max_flows == 0 || a.max_flows > 4096 {
+            return Err(invalid("max-flows", "must be 1–4096"));
+        }
+        let target = match (&a.netns_pid, &a.netns) {
+            (Some(pid), None) => NetnsTarget::Pid(*pid),
+            (None, Some(n)) => NetnsTarget::Named(n.clone()),
+            (None, None) => NetnsTarget::Current,
+            (Some(_), Some(_)) => {
+                return Err(invalid("netns", "give --netns-pid or --netns, not both"));
+            }
+        };
+        Ok(Plan {
+            filter: FlowFilter {
+                peer,
+                peer_port,
+                local,
+                local_port,
+                either_port_in: Some(parse_port_range(&a.ports)?),
+            },
+            target,
+            window: parse_window(&a.window)?,
+            max_flows: a.max_flows,
+            ebpf: !a.no_ebpf,
+        })
+    }
+}
+
+/// A read with its timing.
+#[derive(Debug, Clone)]
+struct Timed<T> {
+    value: T,
+    elapsed_us: u64,
+}
+
+fn timed<T>(f: impl FnOnce() -> T) -> Timed<T> {
+    let t = Instant::now();
+    let value = f();
+    Timed {
+        value,
+        elapsed_us: t.elapsed().as_micros() as u64,
+    }
+}
+
+/// Everything read at one end of the window.
+#[derive(Debug, Clone)]
+struct Sample {
+    tcp: Timed<Result<TcpDump, NetlinkError>>,
+    counters: Timed<Result<(Counters, Vec<u8>), CountersError>>,
+    conntrack: Timed<Result<(ConntrackFacts, Vec<u8>), ConntrackError>>,
+    route: Timed<Result<Answer<RouteFacts>, NetlinkError>>,
+    link: Option<Timed<Result<Answer<LinkFacts>, NetlinkError>>>,
+    peer_link: Option<Timed<Result<Answer<LinkFacts>, NetlinkError>>>,
+    load: Timed<Result<(LoadFacts, Vec<u8>), String>>,
+}
+
+fn sample(filter: &FlowFilter) -> Sample {
+    let f = filter.clone();
+    let tcp = timed(|| sockdiag::dump_tcp(&|s| f.matches(s)));
+    let counters = timed(read_counters);
+    let conntrack = timed(read_conntrack);
+    let route = timed(|| rtnl::route_get(filter.peer));
+    let link = route
+        .value
+        .as_ref()
+        .ok()
+        .and_then(|r| r.value.oif)
+        .map(|oif| timed(|| rtnl::link_get(oif as i32, None)));
+    let peer_link = link.as_ref().and_then(|l| {
+        let l = l.value.as_ref().ok()?;
+        if l.value.kind.as_deref() != Some("veth") {
+            return None;
+        }
+        let peer = l.value.link?;
+        Some(timed(|| rtnl::link_get(peer, l.value.link_netnsid)))
+    });
+    let load = timed(read_load);
+    Sample {
+        tcp,
+        counters,
+        conntrack,
+        route,
+        link,
+        peer_link,
+        load,
+    }
+}
+
+/// CLOCK_MONOTONIC now, ns.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a live timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// RFC 3339 UTC with milliseconds.
+pub fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+/// eBPF view of one flow for the window.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EbpfFlow {
+    /// Socket cookie.
+    pub cookie: u64,
+    /// Retransmit events.
+    pub retransmits: u64,
+    /// RSTs this host sent on the flow.
+    pub resets_sent: u64,
+    /// RSTs the flow received (sent by the remote endpoint).
+    pub resets_received: u64,
+    /// Kernel reset reason name of the last RST sent, if any.
+    pub last_reset_reason: Option<String>,
+    /// State transitions (`FROM>TO@monotonic_ns`).
+    pub transitions: Vec<String>,
+    /// First and last event, CLOCK_MONOTONIC ns.
+    pub first_ns: u64,
+    /// Last event.
+    pub last_ns: u64,
+}
+
+/// The eBPF side of a window.
+#[derive(Debug, Clone)]
+pub enum EbpfWindow {
+    /// Not requested (`--no-ebpf`).
+    NotRequested,
+    /// Requested but this host cannot provide it.
+    Unavailable {
+        /// `unsupported`, `permission_denied` or `error`.
+        status: SurfaceStatus,
+        /// Why.
+        message: String,
+    },
+    /// Events joined by socket cookie.
+    Flows {
+        /// Per-flow summaries.
+        flows: Vec<EbpfFlow>,
+        /// Digest of the raw records.
+        digest: Option<String>,
+        /// Raw bytes.
+        bytes: u64,
+        /// Whether a ring or cap dropped events.
+        truncated: bool,
+    },
+}
+
+/// Runs the eBPF TCP window concurrently with sampling. Implemented over
+/// `pstack-ebpf` where available (see [`ebpf_window`]).
+pub type EbpfRunner = fn(Duration, IpAddr) -> EbpfWindow;
+
+/// The eBPF window runner in this build.
+pub fn ebpf_window(_window: Duration, _peer: IpAddr) -> EbpfWindow {
+    EbpfWindow::Unavailable {
+        status: SurfaceStatus::Unsupported,
+        message: "this pstackctl build does not link pstack-ebpf's TCP window".into(),
+    }
+}
+
+/// One capture's result: envelopes per flow, or the evidence that none matched.
+#[derive(Debug, Clone)]
+pub struct CaptureResult {
+    /// Network namespace inode read.
+    pub net_ns: u64,
+    /// One sealed envelope per flow.
+    pub flows: Vec<Envelope>,
+    /// When no flow matched: a sealed `host` envelope saying so.
+    pub no_match: Option<Envelope>,
+}
+
+/// Run a capture.
+pub fn capture(plan: &Plan) -> Result<CaptureResult, TransportError> {
+    let host = pstack_collectors::procfs::read_host_facts()
+        .map_err(|e| TransportError::Host(e.to_string()))?;
+    let filter = plan.filter.clone();
+    let window = plan.window;
+    let want_ebpf = plan.ebpf;
+    let peer = plan.filter.peer;
+    let (raw, net_ns) = netns::run_in(&plan.target, move || {
+        let wall = rfc3339(SystemTime::now());
+        let mono_start = monotonic_ns();
+        let ebpf = want_ebpf.then(|| std::thread::spawn(move || ebpf_window(window, peer)));
+        let start = sample(&filter);
+        std::thread::sleep(window);
+        let end = sample(&filter);
+        let ebpf = match ebpf {
+            None => EbpfWindow::NotRequested,
+            Some(h) => h.join().unwrap_or(EbpfWindow::Unavailable {
+                status: SurfaceStatus::Error,
+                message: "eBPF window thread panicked".into(),
+            }),
+        };
+        let mono_end = monotonic_ns();
+        Raw {
+            wall,
+            mono_start,
+            mono_end,
+            start,
+            end,
+            ebpf,
+        }
+    })?;
+    let ctx = Ctx {
+        plan,
+        host: HostIdentity {
+            host: host.host,
+            boot_id: host.boot_id,
+        },
+        net_ns,
+        raw: &raw,
+    };
+    ctx.build()
+}
+
+#[derive(Debug)]
+struct Raw {
+    wall: String,
+    mono_start: u64,
+    mono_end: u64,
+    start: Sample,
+    end: Sample,
+    ebpf: EbpfWindow,
+}
+
+struct Ctx<'a> {
+    plan: &'a Plan,
+    host: HostIdentity,
+    net_ns: u64,
+    raw: &'a Raw,
+}
+
+/// A JSON number when exact, otherwise a decimal string.
+pub fn num(v: i128) -> Value {
+    if (-MAX_SAFE..=MAX_SAFE).contains(&v) {
+        json!(v as i64)
+    } else {
+        json!(v.to_string())
+    }
+}
+
+fn obj(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+/// tcp_info fields that are u64 in the uapi: always decimal strings.
+const TCP_INFO_U64: [&str; 9] = [
+    "pacing_rate",
+    "bytes_acked",
+    "bytes_received",
+    "delivery_rate",
+    "busy_time_us",
+    "rwnd_limited_us",
+    "sndbuf_limited_us",
+    "bytes_sent",
+    "bytes_retrans",
+];
+
+fn tcp_info_facts(i: &TcpInfo) -> Value {
+    let mut m = obj(serde_json::to_value(i).unwrap_or(Value::Null));
+    m.retain(|_, v| !v.is_null());
+    for k in TCP_INFO_U64 {
+        if let Some(v) = m.get_mut(k)
+            && let Some(n) = v.as_u64()
+        {
+            *v = json!(n.to_string());
+        }
+    }
+    m.insert("state_name".into(), json!(sockdiag::state_name(i.state)));
+    Value::Object(m)
+}
+
+fn socket_facts(s: &TcpSocket) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("state".into(), json!(sockdiag::state_name(s.state)));
+    m.insert("timer".into(), json!(s.timer.as_str()));
+    m.insert("timer_expires_ms".into(), json!(s.timer_expires_ms));
+    m.insert("timer_retrans".into(), json!(s.timer_retrans));
+    m.insert("rqueue".into(), json!(s.rqueue));
+    m.insert("wqueue".into(), json!(s.wqueue));
+    m.insert("uid".into(), json!(s.uid));
+    m.insert("inode".into(), json!(s.inode.to_string()));
+    if let Some(c) = &s.congestion {
+        m.insert("congestion".into(), json!(c));
+    }
+    if let Some(sh) = s.shutdown {
+        m.insert("shutdown".into(), json!(sh));
+    }
+    if let Some(mem) = s.mem {
+        m.insert(
+            "skmem".into(),
+            serde_json::to_value(mem).unwrap_or(Value::Null),
+        );
+    }
+    match &s.info {
+        Some(i) => {
+            m.insert("tcp_info".into(), tcp_info_facts(i));
+        }
+        None => {
+            m.insert("tcp_info".into(), Value::Null);
+        }
+    }
+    m
+}
+
+/// Per-flow deltas end − start of the cumulative tcp_info counters.
+fn tcp_deltas(a: &TcpInfo, b: &TcpInfo) -> BTreeMap<&'static str, i128> {
+    let mut d = BTreeMap::new();
+    let mut put = |k: &'static str, x: Option<i128>, y: Option<i128>| {
+        if let (Some(x), Some(y)) = (x, y) {
+            d.insert(k, y - x);
+        }
+    };
+    let s = |v: u32| Some(i128::from(v));
+    put("total_retrans", s(a.total_retrans), s(b.total_retrans));
+    put(
+        "total_rto",
+        a.total_rto.map(i128::from),
+        b.total_rto.map(i128::from),
+    );
+    put(
+        "total_rto_recoveries",
+        a.total_rto_recoveries.map(i128::from),
+        b.total_rto_recoveries.map(i128::from),
+    );
+    put(
+        "bytes_acked",
+        a.bytes_acked.map(i128::from),
+        b.bytes_acked.map(i128::from),
+    );
+    put(
+        "bytes_received",
+        a.bytes_received.map(i128::from),
+        b.bytes_received.map(i128::from),
+    );
+    put(
+        "bytes_retrans",
+        a.bytes_retrans.map(i128::from),
+        b.bytes_retrans.map(i128::from),
+    );
+    put(
+        "segs_out",
+        a.segs_out.map(i128::from),
+        b.segs_out.map(i128::from),
+    );
+    put(
+        "segs_in",
+        a.segs_in.map(i128::from),
+        b.segs_in.map(i128::from),
+    );
+    put(
+        "data_segs_out",
+        a.data_segs_out.map(i128::from),
+        b.data_segs_out.map(i128::from),
+    );
+    put(
+        "dsack_dups",
+        a.dsack_dups.map(i128::from),
+        b.dsack_dups.map(i128::from),
+    );
+    put(
+        "rcv_ooopack",
+        a.rcv_ooopack.map(i128::from),
+        b.rcv_ooopack.map(i128::from),
+    );
+    d
+}
+
+/// Counters whose movement is a transport fault signature (netns-wide).
+pub const FAULT_COUNTERS: [&str; 14] = [
+    "Tcp.OutRsts",
+    "Tcp.EstabResets",
+    "Tcp.RetransSegs",
+    "TcpExt.TCPTimeouts",
+    "TcpExt.TCPAbortOnData",
+    "TcpExt.TCPAbortOnTimeout",
+    "TcpExt.TCPAbortOnClose",
+    "TcpExt.TCPAbortOnMemory",
+    "TcpExt.TCPAbortOnLinger",
+    "TcpExt.TCPZeroWindowDrop",
+    "TcpExt.TCPToZeroWindowAdv",
+    "TcpExt.TCPWantZeroWindowAdv",
+    "TcpExt.ListenDrops",
+    "TcpExt.ListenOverflows",
+];
+
+fn surface(
+    id: impl Into<String>,
+    authority: impl Into<String>,
+    elapsed_us: u64,
+    raw: Option<(String, u64)>,
+    facts: Map<String, Value>,
+) -> Surface {
+    let (digest, bytes) = match raw {
+        Some((d, b)) => (Some(d), b),
+        None => (None, 0),
+    };
+    Surface {
+        id: id.into(),
+        authority: authority.into(),
+        status: SurfaceStatus::Ok,
+        cause: None,
+        deadline_ms: SURFACE_DEADLINE_MS,
+        elapsed_us,
+        digest,
+        bytes,
+        truncated: false,
+        facts,
+    }
+}
+
+fn failed(
+    id: impl Into<String>,
+    authority: impl Into<String>,
+    elapsed_us: u64,
+    status: SurfaceStatus,
+    errno: Option<i32>,
+    message: impl Into<String>,
+) -> Surface {
+    Surface {
+        id: id.into(),
+        authority: authority.into(),
+        status,
+        cause: Some(StatusCause {
+            errno,
+            message: message.into(),
+        }),
+        deadline_ms: SURFACE_DEADLINE_MS,
+        elapsed_us,
+        digest: None,
+        bytes: 0,
+        truncated: false,
+        facts: Map::new(),
+    }
+}
+
+fn status_of_errno(errno: Option<i32>) -> SurfaceStatus {
+    match errno {
+        Some(libc::EPERM) | Some(libc::EACCES) => SurfaceStatus::PermissionDenied,
+        Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) | Some(libc::EAFNOSUPPORT) => {
+            SurfaceStatus::Unsupported
+        }
+        _ => SurfaceStatus::Error,
+    }
+}
+
+fn link_stats_delta(a: &LinkFacts, b: &LinkFacts) -> Map<String, Value> {
+    let mut m = Map::new();
+    if let (Some(x), Some(y)) = (a.stats, b.stats) {
+        let pairs: [(&str, u64, u64); 11] = [
+            ("rx_packets", x.rx_packets, y.rx_packets),
+            ("tx_packets", x.tx_packets, y.tx_packets),
+            ("rx_bytes", x.rx_bytes, y.rx_bytes),
+            ("tx_bytes", x.tx_bytes, y.tx_bytes),
+            ("rx_errors", x.rx_errors, y.rx_errors),
+            ("tx_errors", x.tx_errors, y.tx_errors),
+            ("rx_dropped", x.rx_dropped, y.rx_dropped),
+            ("tx_dropped", x.tx_dropped, y.tx_dropped),
+            ("rx_over_errors", x.rx_over_errors, y.rx_over_errors),
+            ("rx_missed_errors", x.rx_missed_errors, y.rx_missed_errors),
+            (
+                "tx_carrier_errors",
+                x.tx_carrier_errors,
+                y.tx_carrier_errors,
+            ),
+        ];
+        for (k, a, b) in pairs {
+            m.insert(k.into(), num(i128::from(b) - i128::from(a)));
+        }
+    }
+    m
+}
+
+fn link_facts(l: &LinkFacts) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("ifindex".into(), json!(l.index));
+    m.insert("name".into(), json!(l.name));
+    m.insert("mtu".into(), json!(l.mtu));
+    m.insert("operstate".into(), json!(l.operstate));
+    m.insert("kind".into(), json!(l.kind));
+    if let Some(s) = l.stats {
+        m.insert(
+            "totals".into(),
+            json!({
+                "rx_dropped": s.rx_dropped.to_string(),
+                "tx_dropped": s.tx_dropped.to_string(),
+                "rx_errors": s.rx_errors.to_string(),
+                "tx_errors": s.tx_errors.to_string(),
+            }),
+        );
+    }
+    m
+}
+
+fn drops_in(delta: &Map<String, Value>) -> i64 {
+    [
+        "rx_errors",
+        "tx_errors",
+        "rx_dropped",
+        "tx_dropped",
+        "rx_over_errors",
+        "rx_missed_errors",
+    ]
+    .iter()
+    .filter_map(|k| delta.get(*k).and_then(Value::as_i64))
+    .sum()
+}
+
+/// What the node-wide (netns-wide) surfaces showed, for claims.
+#[derive(Debug, Default)]
+struct NetnsView {
+    surfaces: Vec<Surface>,
+    counter_delta: BTreeMap<String, i128>,
+    link_mtu: Option<u32>,
+    link_name: Option<String>,
+    peer_mtu: Option<u32>,
+    peer_name: Option<String>,
+    route_pmtu: Option<u32>,
+    route_mtu: Option<u32>,
+    link_drops: Vec<(String, i64)>,
+    conntrack: Option<(u64, u64, u64, BTreeMap<String, i128>)>,
+    load: Option<LoadFacts>,
+}
+
+impl Ctx<'_> {
+    fn netns_view(&self) -> NetnsView {
+        let (s, e) = (&self.raw.start, &self.raw.end);
+        let mut v = NetnsView::default();
+
+        // Counters.
+        let auth = "procfs:/proc/thread-self/net/{snmp,netstat}";
+        match (&s.counters.value, &e.counters.value) {
+            (Ok((a, ra)), Ok((b, rb))) => {
+                let (delta, one_sided) = snmp::delta(a, b);
+                let mut raw = ra.clone();
+                raw.extend_from_slice(rb);
+                let mut d = Map::new();
+                let mut other = Map::new();
+                for (k, x) in &delta {
+                    if k.starts_with("Tcp.") || k.starts_with("TcpExt.") {
+                        d.insert(k.clone(), num(*x));
+                    } else if *x != 0 {
+                        other.insert(k.clone(), num(*x));
+                    }
+                }
+                let mut facts = Map::new();
+                facts.insert("scope".into(), json!("netns"));
+                facts.insert("tcp_delta".into(), Value::Object(d));
+                facts.insert("other_nonzero_delta".into(), Value::Object(other));
+                facts.insert("one_sided".into(), json!(one_sided));
+                facts.insert("counters_read".into(), json!(b.len()));
+                v.surfaces.push(surface(
+                    "netstat",
+                    auth,
+                    s.counters.elapsed_us + e.counters.elapsed_us,
+                    Some((sha256_digest(&raw), raw.len() as u64)),
+                    facts,
+                ));
+                v.counter_delta = delta;
+            }
+            (Err(err), _) | (_, Err(err)) => {
+                let errno = match err {
+                    CountersError::Io { errno, .. } => Some(*errno),
+                    CountersError::Parse { .. } => None,
+                };
+                v.surfaces.push(failed(
+                    "netstat",
+                    auth,
+                    s.counters.elapsed_us + e.counters.elapsed_us,
+                    status_of_errno(errno),
+                    errno,
+                    err.to_string(),
+                ));
+            }
+        }
+
+        // Route.
+        let auth = format!("rtnetlink:RTM_GETROUTE dst {}", self.plan.filter.peer);
+        match (&s.route.value, &e.route.value) {
+            (Ok(a), Ok(b)) => {
+                let f = |r: &RouteFacts| {
+                    json!({
+                        "oif": r.oif, "gateway": r.gateway.map(|g| g.to_string()),
+                        "prefsrc": r.prefsrc.map(|g| g.to_string()), "table": r.table,
+                        "mtu": r.mtu, "advmss": r.advmss, "cached_exception": r.cloned,
+                        "expires_s": r.expires_s, "pmtu": r.pmtu(),
+                    })
+                };
+                v.route_pmtu = b.value.pmtu().or(a.value.pmtu());
+                v.route_mtu = b.value.mtu;
+                let mut raw = a.raw.digest.clone();
+                raw.push_str(&b.raw.digest);
+                v.surfaces.push(surface(
+                    "route",
+                    auth,
+                    s.route.elapsed_us + e.route.elapsed_us,
+                    Some((b.raw.digest.clone(), b.raw.bytes)),
+                    obj(json!({"start": f(&a.value), "end": f(&b.value), "start_digest": a.raw.digest})),
+                ));
+            }
+            (Err(err), _) | (_, Err(err)) => v.surfaces.push(failed(
+                "route",
+                auth,
+                s.route.elapsed_us + e.route.elapsed_us,
+                status_of_errno(err.errno()),
+                err.errno(),
+                err.to_string(),
+            )),
+        }
+
+        // Egress link and its veth peer.
+        for (id, a, b, is_peer) in [
+            ("link", &s.link, &e.link, false),
+            ("link/peer", &s.peer_link, &e.peer_link, true),
+        ] {
+            match (a, b) {
+                (Some(a), Some(b)) => match (&a.value, &b.value) {
+                    (Ok(x), Ok(y)) => {
+                        let auth = format!(
+                            "rtnetlink:RTM_GETLINK ifindex {}{}",
+                            y.value.index,
+                            if is_peer {
+                                " (veth peer, IFLA_TARGET_NETNSID)"
+                            } else {
+                                ""
+                            }
+                        );
+                        let delta = link_stats_delta(&x.value, &y.value);
+                        let drops = drops_in(&delta);
+                        if drops > 0 {
+                            v.link_drops.push((y.value.name.clone(), drops));
+                        }
+                        if is_peer {
+                            v.peer_mtu = y.value.mtu;
+                            v.peer_name = Some(y.value.name.clone());
+                        } else {
+                            v.link_mtu = y.value.mtu;
+                            v.link_name = Some(y.value.name.clone());
+                        }
+                        let mut facts = link_facts(&y.value);
+                        facts.insert("mtu_at_start".into(), json!(x.value.mtu));
+                        facts.insert("operstate_at_start".into(), json!(x.value.operstate));
+                        facts.insert("delta".into(), Value::Object(delta));
+                        v.surfaces.push(surface(
+                            id,
+                            auth,
+                            a.elapsed_us + b.elapsed_us,
+                            Some((y.raw.digest.clone(), y.raw.bytes)),
+                            facts,
+                        ));
+                    }
+                    (Err(err), _) | (_, Err(err)) => v.surfaces.push(failed(
+                        id,
+                        "rtnetlink:RTM_GETLINK",
+                        a.elapsed_us + b.elapsed_us,
+                        status_of_errno(err.errno()),
+                        err.errno(),
+                        err.to_string(),
+                    )),
+                },
+                (None, None) => {}
+                _ => v.surfaces.push(failed(
+                    id,
+                    "rtnetlink:RTM_GETLINK",
+                    0,
+                    SurfaceStatus::Vanished,
+                    None,
+                    "the egress link changed during the window (present at one end only)",
+                )),
+            }
+        }
+
+        // Conntrack.
+        let auth = "procfs:/proc/sys/net/netfilter/nf_conntrack_{count,max} + /proc/thread-self/net/stat/nf_conntrack";
+        let el = s.conntrack.elapsed_us + e.conntrack.elapsed_us;
+        match (&s.conntrack.value, &e.conntrack.value) {
+            (Ok((a, ra)), Ok((b, rb))) => {
+                let mut raw = ra.clone();
+                raw.extend_from_slice(rb);
+                let mut sd = BTreeMap::new();
+                for (k, y) in &b.stats {
+                    let x = a.stats.get(k).copied().unwrap_or(0);
+                    sd.insert(k.clone(), i128::from(*y) - i128::from(x));
+                }
+                let facts = obj(json!({
+                    "loaded": true,
+                    "count": b.count, "max": b.max, "fill_ppm": b.fill_ppm(),
+                    "count_at_start": a.count,
+                    "stat_delta": sd.iter().map(|(k, x)| (k.clone(), num(*x))).collect::<Map<_, _>>(),
+                }));
+                v.conntrack = Some((b.count, b.max, b.fill_ppm(), sd));
+                v.surfaces.push(surface(
+                    "conntrack",
+                    auth,
+                    el,
+                    Some((sha256_digest(&raw), raw.len() as u64)),
+                    facts,
+                ));
+            }
+            (Err(ConntrackError::NotLoaded(p)), Err(ConntrackError::NotLoaded(_))) => {
+                // No conntrack in this kernel: there is no table to fill. An observation, not a gap.
+                v.surfaces.push(surface(
+                    "conntrack",
+                    auth,
+                    el,
+                    Some((sha256_digest(p.as_bytes()), 0)),
+                    obj(json!({"loaded": false, "absent": p})),
+                ));
+            }
+            (Err(err), _) | (_, Err(err)) => {
+                let errno = match err {
+                    ConntrackError::Io { errno, .. } => Some(*errno),
+                    _ => None,
+                };
+                v.surfaces.push(failed(
+                    "conntrack",
+                    auth,
+                    el,
+                    status_of_errno(errno),
+                    errno,
+                    err.to_string(),
+                ));
+            }
+        }
+
+        // CPU load: hypothesis-only.
+        let auth = "procfs:/proc/loadavg + /proc/stat + /proc/pressure/cpu";
+        match &e.load.value {
+            Ok((l, raw)) => {
+                let mut facts = obj(serde_json::to_value(l).unwrap_or(Value::Null));
+                facts.insert("role".into(), json!("hypothesis_only"));
+                v.load = Some(l.clone());
+                v.surfaces.push(surface(
+                    "host/cpu",
+                    auth,
+                    e.load.elapsed_us,
+                    Some((sha256_digest(raw), raw.len() as u64)),
+                    facts,
+                ));
+            }
+            Err(m) => v.surfaces.push(failed(
+                "host/cpu",
+                auth,
+                e.load.elapsed_us,
+                SurfaceStatus::Error,
+                None,
+                m.clone(),
+            )),
+        }
+        v
+    }
+
+    fn build(&self) -> Result<CaptureResult, TransportError> {
+        let (s, e) = (&self.raw.start, &self.raw.end);
+        let selector = format!("{} netns={}", self.plan.filter.selector(), self.net_ns);
+        // Flows: union of matches at start and end, by cookie, in first-seen order.
+        let mut order: Vec<u64> = Vec::new();
+        let mut at_start: BTreeMap<u64, &TcpSocket> = BTreeMap::new();
+        let mut at_end: BTreeMap<u64, &TcpSocket> = BTreeMap::new();
+        if let Ok(d) = &s.tcp.value {
+            for x in &d.sockets {
+                at_start.insert(x.cookie, x);
+                order.push(x.cookie);
+            }
+        }
+        if let Ok(d) = &e.tcp.value {
+            for x in &d.sockets {
+                at_end.insert(x.cookie, x);
+                if !at_start.contains_key(&x.cookie) {
+                    order.push(x.cookie);
+                }
+            }
+        }
+        let tcp_failed = s.tcp.value.as_ref().err().or(e.tcp.value.as_ref().err());
+        if order.is_empty() {
+            return Ok(CaptureResult {
+                net_ns: self.net_ns,
+                flows: Vec::new(),
+                no_match: Some(self.no_match_envelope(&selector, tcp_failed)?),
+            });
+        }
+        let expected = order.len() as u64;
+        let termination = if order.len() > self.plan.max_flows {
+            Termination::Cap
+        } else {
+            Termination::Exhausted
+        };
+        order.truncate(self.plan.max_flows);
+        let view = self.netns_view();
+        let mut flows = Vec::new();
+        for cookie in &order {
+            let env = self.flow_envelope(
+                *cookie,
+                at_start.get(cookie).copied(),
+                at_end.get(cookie).copied(),
+                &view,
+                &selector,
+                expected,
+                order.len() as u64,
+                termination,
+            )?;
+            flows.push(env);
+        }
+        Ok(CaptureResult {
+            net_ns: self.net_ns,
+            flows,
+            no_match: None,
+        })
+    }
+
+    fn clock(&self) -> Clock {
+        Clock {
+            wall_time: self.raw.wall.clone(),
+            monotonic_start_ns: self.raw.mono_start.to_string(),
+            monotonic_end_ns: self.raw.mono_end.to_string(),
+            bundle_deadline_ms: self.bundle_deadline_ms(),
+        }
+    }
+
+    fn bundle_deadline_ms(&self) -> u64 {
+        self.plan.window.as_millis() as u64 + 4 * SURFACE_DEADLINE_MS
+    }
+
+    fn bounds(&self) -> Bounds {
+        Bounds {
+            surface_deadline_ms: SURFACE_DEADLINE_MS,
+            bundle_deadline_ms: self.bundle_deadline_ms(),
+            max_threads: self.plan.max_flows as u64,
+            max_bytes_per_surface: 0,
+            leak_budget: 0,
+        }
+    }
+
+    fn collector() -> Collector {
+        Collector {
+            name: "pstackctl capture transport".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            source_commit: SOURCE_COMMIT.into(),
+        }
+    }
+
+    fn no_match_envelope(
+        &self,
+        selector: &str,
+        tcp_failed: Option<&NetlinkError>,
+    ) -> Result<Envelope, TransportError> {
+        let (s, e) = (&self.raw.start, &self.raw.end);
+        let mut surfaces = Vec::new();
+        let mut claims = Vec::new();
+        for (id, t) in [("tcp/start", &s.tcp), ("tcp/end", &e.tcp)] {
+            match &t.value {
+                Ok(d) => surfaces.push(surface(
+                    id,
+                    "netlink:NETLINK_SOCK_DIAG inet_diag tcp (AF_INET, AF_INET6)",
+                    t.elapsed_us,
+                    Some((d.raw.digest.clone(), d.raw.bytes)),
+                    obj(json!({"matched": 0, "net_ns": self.net_ns.to_string()})),
+                )),
+                Err(err) => surfaces.push(failed(
+                    id,
+                    "netlink:NETLINK_SOCK_DIAG",
+                    t.elapsed_us,
+                    status_of_errno(err.errno()),
+                    err.errno(),
+                    err.to_string(),
+                )),
+            }
+        }
+        let completeness = if tcp_failed.is_some() {
+            Completeness::Partial
+        } else {
+            claims.push(Claim {
+                id: "c1".into(),
+                kind: ClaimKind::Fact,
+                code: "no_matching_flow".into(),
+                statement: format!(
+                    "no TCP socket in netns {} matched `{}` at window start or end",
+                    self.net_ns,
+                    self.plan.filter.selector()
+                ),
+                surfaces: vec!["tcp/start".into(), "tcp/end".into()],
+                scope: Scope::Universal,
+                falsifier: None,
+            });
+            Completeness::Complete
+        };
+        let env = Envelope {
+            schema: SCHEMA_ID.into(),
+            completeness,
+            subject: Subject::Host(self.host.clone()),
+            collector: Self::collector(),
+            clock: self.clock(),
+            universe: Universe {
+                selector: selector.into(),
+                selector_digest: sha256_digest(selector.as_bytes()),
+                expected_count: 0,
+                observed_count: 0,
+                termination: Termination::Exhausted,
+            },
+            bounds: self.bounds(),
+            surfaces,
+            claims,
+            unknowns: vec![Unknown {
+                id: "u1".into(),
+                question:
+                    "is the stream in another network namespace (a pod's) or to another address?"
+                        .into(),
+                blocks: "CAPTURE_STREAM".into(),
+                owner: "node operator".into(),
+                probe: format!(
+                    "ss -tin dst {} ; for p in $(pgrep -f longhorn-instance-manager); do nsenter -t $p -n ss -tin dst {}; done",
+                    self.plan.filter.peer, self.plan.filter.peer
+                ),
+                surface: None,
+            }],
+            next_transition: NextTransition {
+                action: "CAPTURE_IN_STREAM_NETNS".into(),
+                success_receipt: "a network_stream envelope for a flow to the peer".into(),
+                abort_conditions: vec!["the transfer has ended".into()],
+            },
+            digest: String::new(),
+        };
+        Ok(env.seal()?)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn flow_envelope(
+        &self,
+        cookie: u64,
+        start: Option<&TcpSocket>,
+        end: Option<&TcpSocket>,
+        view: &NetnsView,
+        selector: &str,
+        expected: u64,
+        observed: u64,
+        termination: Termination,
+    ) -> Result<Envelope, TransportError> {
+        let (s, e) = (&self.raw.start, &self.raw.end);
+        let id_sock = start.or(end).expect("a flow is seen at one end at least");
+        let mut surfaces = Vec::new();
+        let auth = format!(
+            "netlink:NETLINK_SOCK_DIAG inet_diag tcp cookie {cookie} netns {}",
+            self.net_ns
+        );
+        for (id, t, sock, absent_status, absent) in [
+            (
+                "tcp/start",
+                &s.tcp,
+                start,
+                SurfaceStatus::Skipped,
+                "the flow did not exist at window start (opened during the window)",
+            ),
+            (
+                "tcp/end",
+                &e.tcp,
+                end,
+                SurfaceStatus::Vanished,
+                "the socket was gone at window end (closed and released during the window)",
+            ),
+        ] {
+            match (&t.value, sock) {
+                (Ok(d), Some(x)) => surfaces.push(surface(
+                    id,
+                    auth.clone(),
+                    t.elapsed_us,
+                    Some((d.raw.digest.clone(), d.raw.bytes)),
+                    socket_facts(x),
+                )),
+                (Ok(_), None) => surfaces.push(failed(
+                    id,
+                    auth.clone(),
+                    t.elapsed_us,
+                    absent_status,
+                    None,
+                    absent,
+                )),
+                (Err(err), _) => surfaces.push(failed(
+                    id,
+                    auth.clone(),
+                    t.elapsed_us,
+                    status_of_errno(err.errno()),
+                    err.errno(),
+                    err.to_string(),
+                )),
+            }
+        }
+        let deltas = match (
+            start.and_then(|x| x.info.as_ref()),
+            end.and_then(|x| x.info.as_ref()),
+        ) {
+            (Some(a), Some(b)) => Some(tcp_deltas(a, b)),
+            _ => None,
+        };
+        if let (Some(d), Some(sf)) = (&deltas, surfaces.iter_mut().find(|x| x.id == "tcp/end"))
+            && sf.status == SurfaceStatus::Ok
+        {
+            sf.facts.insert(
+                "delta".into(),
+                Value::Object(d.iter().map(|(k, v)| (k.to_string(), num(*v))).collect()),
+            );
+        }
+        surfaces.extend(view.surfaces.iter().cloned());
+
+        // eBPF.
+        let ebpf_flow = match &self.raw.ebpf {
+            EbpfWindow::NotRequested => None,
+            EbpfWindow::Unavailable { status, message } => {
+                surfaces.push(failed(
+                    "ebpf/tcp",
+                    "ebpf:tracepoint/tcp/{tcp_retransmit_skb,tcp_receive_reset,tcp_send_reset},sock/inet_sock_set_state",
+                    0,
+                    *status,
+                    None,
+                    message.clone(),
+                ));
+                None
+            }
+            EbpfWindow::Flows {
+                flows,
+                digest,
+                bytes,
+                truncated,
+            } => {
+                let f = flows
+                    .iter()
+                    .find(|f| f.cookie == cookie)
+                    .cloned()
+                    .unwrap_or(EbpfFlow {
+                        cookie,
+                        ..EbpfFlow::default()
+                    });
+                let mut sf = surface(
+                    "ebpf/tcp",
+                    "ebpf:tracepoint/tcp/{tcp_retransmit_skb,tcp_receive_reset,tcp_send_reset},sock/inet_sock_set_state",
+                    self.plan.window.as_micros() as u64,
+                    digest.clone().map(|d| (d, *bytes)),
+                    obj(json!({
+                        "cookie": cookie.to_string(),
+                        "retransmits": f.retransmits,
+                        "resets_sent": f.resets_sent,
+                        "resets_received": f.resets_received,
+                        "last_reset_reason": f.last_reset_reason,
+                        "transitions": f.transitions,
+                        "first_event_ns": f.first_ns.to_string(),
+                        "last_event_ns": f.last_ns.to_string(),
+                    })),
+                );
+                if *truncated {
+                    sf.status = SurfaceStatus::Truncated;
+                    sf.truncated = true;
+                }
+                surfaces.push(sf);
+                Some(f)
+            }
+        };
+
+        let mut claims: Vec<Claim> = Vec::new();
+        let mut unknowns: Vec<Unknown> = Vec::new();
+        let ok = |id: &str| {
+            surfaces.iter().any(|x| {
+                x.id == id && matches!(x.status, SurfaceStatus::Ok | SurfaceStatus::Truncated)
+            })
+        };
+        let mut add = |kind: ClaimKind,
+                       code: &str,
+                       statement: String,
+                       binds: &[&str],
+                       falsifier: Option<String>| {
+            let n = claims.len() + 1;
+            claims.push(Claim {
+                id: format!("c{n}"),
+                kind,
+                code: code.into(),
+                statement,
+                surfaces: binds.iter().map(|x| x.to_string()).collect(),
+                scope: Scope::Existential,
+                falsifier,
+            });
+        };
+        let remote = id_sock.remote;
+        let local = id_sock.local;
+        let mut fault = false;
+        let d = |k: &str| deltas.as_ref().and_then(|d| d.get(k).copied()).unwrap_or(0);
+
+        // Retransmits and RTOs on this flow.
+        if deltas.is_some() && d("total_retrans") > 0 {
+            fault = true;
+            add(
+                ClaimKind::Fact,
+                "flow_retransmits",
+                format!(
+                    "flow {local} -> {remote} retransmitted {} segments in the window ({} bytes; {} RTO timeouts)",
+                    d("total_retrans"),
+                    d("bytes_retrans"),
+                    d("total_rto")
+                ),
+                &["tcp/start", "tcp/end"],
+                None,
+            );
+        }
+        if deltas.is_some() && d("total_rto") > 0 {
+            fault = true;
+            add(
+                ClaimKind::Fact,
+                "flow_rto_timeouts",
+                format!(
+                    "the retransmission timer fired {} times on this flow in the window",
+                    d("total_rto")
+                ),
+                &["tcp/start", "tcp/end"],
+                None,
+            );
+        }
+        // Zero window (sender side): the peer advertises 0 and the probe timer runs.
+        if let Some(x) = end
+            && ok("tcp/end")
+        {
+            let zero_wnd = x.info.as_ref().and_then(|i| i.snd_wnd) == Some(0);
+            let probe = x.timer == sockdiag::SocketTimer::ZeroWindowProbe;
+            if zero_wnd || probe {
+                fault = true;
+                add(
+                    ClaimKind::Fact,
+                    "peer_zero_window",
+                    format!(
+                        "at window end the peer {remote} advertises a {} receive window; pending timer: {} ({} unanswered probes, {} bytes unacknowledged in the send queue)",
+                        if zero_wnd { "zero" } else { "non-zero" },
+                        x.timer.as_str(),
+                        x.info.as_ref().map(|i| i.probes).unwrap_or(0),
+                        x.wqueue
+                    ),
+                    &["tcp/end"],
+                    None,
+                );
+            }
+            // Receiver side: this end's own window is closed (application not reading).
+            if x.info.as_ref().and_then(|i| i.rcv_wnd) == Some(0) {
+                fault = true;
+                add(
+                    ClaimKind::Fact,
+                    "local_zero_window",
+                    format!(
+                        "this end advertises a zero receive window to {remote}: {} bytes unread in its receive queue",
+                        x.rqueue
+                    ),
+                    &["tcp/end"],
+                    None,
+                );
+            }
+        }
+        // Left ESTABLISHED during the window.
+        let state_end = end.map(|x| x.state);
+        if let Some(a) = start
+            && a.state == 1
+            && ok("tcp/start")
+            && state_end != Some(1)
+        {
+            fault = true;
+            let (what, binds): (String, Vec<&str>) = match state_end {
+                Some(st) => (
+                    format!("is in {} at window end", sockdiag::state_name(st)),
+                    vec!["tcp/start", "tcp/end"],
+                ),
+                None => ("was released before window end".into(), vec!["tcp/start"]),
+            };
+            add(
+                ClaimKind::Fact,
+                "flow_left_established",
+                format!("flow {local} -> {remote} was ESTABLISHED at window start and {what}"),
+                &binds,
+                None,
+            );
+            // Who reset it: eBPF fact, else inference from counters, plus an unknown.
+            match &ebpf_flow {
+                Some(f) if f.resets_received > 0 => add(
+                    ClaimKind::Fact,
+                    "rst_received_from_peer",
+                    format!(
+                        "RST received from {remote} (the remote endpoint sent it) on flow cookie {cookie}; last event at monotonic {} ns",
+                        f.last_ns
+                    ),
+                    &["ebpf/tcp"],
+                    None,
+                ),
+                Some(f) if f.resets_sent > 0 => add(
+                    ClaimKind::Fact,
+                    "rst_sent_by_local",
+                    format!(
+                        "this host ({local}) sent a RST to {remote} on flow cookie {cookie} (reason {})",
+                        f.last_reset_reason
+                            .clone()
+                            .unwrap_or_else(|| "unknown".into())
+                    ),
+                    &["ebpf/tcp"],
+                    None,
+                ),
+                _ => {
+                    let estab = view
+                        .counter_delta
+                        .get("Tcp.EstabResets")
+                        .copied()
+                        .unwrap_or(0);
+                    let out = view.counter_delta.get("Tcp.OutRsts").copied().unwrap_or(0);
+                    if ok("netstat") && estab > 0 && out == 0 && state_end.is_none_or(|s| s == 7) {
+                        add(
+                            ClaimKind::Inference,
+                            "reset_by_peer_inferred",
+                            format!(
+                                "the flow was reset from the remote side ({remote}): it went from ESTABLISHED to CLOSE while Tcp.EstabResets rose by {estab} and this netns sent no RST (Tcp.OutRsts +0)"
+                            ),
+                            &["tcp/start", "netstat"],
+                            None,
+                        );
+                    }
+                    if ebpf_flow.is_none() {
+                        unknowns.push(Unknown {
+                            id: format!("u{}", unknowns.len() + 1),
+                            question: format!("which endpoint sent the RST that ended flow {local} -> {remote}?"),
+                            blocks: "ATTRIBUTE_RESET".into(),
+                            owner: "node operator".into(),
+                            probe: format!(
+                                "pstackctl trace --addr {} (or: bpftrace -e 'tracepoint:tcp:tcp_receive_reset, tracepoint:tcp:tcp_send_reset {{ printf(\"%s %d\\n\", probe, args->dport); }}') during the next failure",
+                                remote.ip()
+                            ),
+                            surface: surfaces.iter().any(|x| x.id == "ebpf/tcp").then(|| "ebpf/tcp".to_string()),
+                        });
+                    }
+                }
+            }
+        } else if let Some(f) = &ebpf_flow {
+            if f.resets_received > 0 {
+                fault = true;
+                add(
+                    ClaimKind::Fact,
+                    "rst_received_from_peer",
+                    format!("RST received from {remote} on flow cookie {cookie}"),
+                    &["ebpf/tcp"],
+                    None,
+                );
+            }
+            if f.resets_sent > 0 {
+                fault = true;
+                add(
+                    ClaimKind::Fact,
+                    "rst_sent_by_local",
+                    format!("this host ({local}) sent a RST to {remote} on flow cookie {cookie}"),
+                    &["ebpf/tcp"],
+                    None,
+                );
+            }
+        }
+
+        // Netns-wide counters that moved (scoped to the netns, not this flow).
+        if ok("netstat") {
+            let moved: Vec<String> = FAULT_COUNTERS
+                .iter()
+                .filter_map(|k| {
+                    view.counter_delta
+                        .get(*k)
+                        .filter(|v| **v > 0)
+                        .map(|v| format!("{k} +{v}"))
+                })
+                .collect();
+            if !moved.is_empty() {
+                fault = true;
+                add(
+                    ClaimKind::Fact,
+                    "netns_tcp_fault_counters_moved",
+                    format!(
+                        "in netns {} (all flows, not only this one): {}",
+                        self.net_ns,
+                        moved.join(", ")
+                    ),
+                    &["netstat"],
+                    None,
+                );
+            }
+        }
+
+        // MTU / PMTU.
+        let mut mtus: Vec<(String, u32)> = Vec::new();
+        if let (Some(n), Some(m)) = (&view.link_name, view.link_mtu) {
+            mtus.push((format!("egress {n}"), m));
+        }
+        if let (Some(n), Some(m)) = (&view.peer_name, view.peer_mtu) {
+            mtus.push((format!("veth peer {n}"), m));
+        }
+        if let Some(p) = view.route_pmtu {
+            mtus.push(("route cached PMTU".into(), p));
+        }
+        if let Some(p) = end
+            .or(start)
+            .and_then(|x| x.info.as_ref())
+            .map(|i| i.pmtu)
+            .filter(|p| *p > 0)
+        {
+            mtus.push(("socket pmtu".into(), p));
+        }
+        // An IP packet cannot exceed 65535 bytes: a 65536-byte loopback MTU and a
+        // 65535 socket PMTU agree.
+        let min_mtu = mtus.iter().map(|(_, m)| (*m).min(65535)).min();
+        let max_mtu = mtus.iter().map(|(_, m)| (*m).min(65535)).max();
+        let mut mtu_binds: Vec<&str> = Vec::new();
+        for id in ["link", "link/peer", "route", "tcp/end"] {
+            if ok(id) {
+                mtu_binds.push(id);
+            }
+        }
+        if let (Some(lo), Some(hi)) = (min_mtu, max_mtu)
+            && lo != hi
+            && !mtu_binds.is_empty()
+        {
+            fault = true;
+            let listing = mtus
+                .iter()
+                .map(|(n, m)| format!("{n} {m}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            add(
+                ClaimKind::Fact,
+                "mtu_mismatch",
+                format!("MTUs on the path disagree: {listing}"),
+                &mtu_binds,
+                None,
+            );
+            let mss = end
+                .or(start)
+                .and_then(|x| x.info.as_ref())
+                .map(|i| i.snd_mss)
+                .unwrap_or(0);
+            let hdr = if remote.is_ipv4() { 40 } else { 60 };
+            if mss + hdr > lo {
+                let stalled = deltas.is_some() && d("total_retrans") > 0;
+                add(
+                    ClaimKind::Hypothesis,
+                    "pmtu_black_hole",
+                    format!(
+                        "full-size segments ({mss} bytes + {hdr} header = {} bytes) exceed the smallest MTU on the path ({lo}) and no PMTU was learned{}: they are dropped silently (ICMP fragmentation-needed not delivered)",
+                        mss + hdr,
+                        if stalled {
+                            "; the flow is retransmitting"
+                        } else {
+                            ""
+                        }
+                    ),
+                    &mtu_binds,
+                    Some(format!(
+                        "full-size segments are acknowledged: tcp_info bytes_acked advances by more than {mss} bytes per segment while snd_mss stays {mss}, or the route to {} shows a cached PMTU of {lo} or less",
+                        remote.ip()
+                    )),
+                );
+            }
+        }
+
+        // Link drops.
+        if !view.link_drops.is_empty() {
+            fault = true;
+            let listing = view
+                .link_drops
+                .iter()
+                .map(|(n, d)| format!("{n} +{d}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let binds: Vec<&str> = ["link", "link/peer"]
+                .into_iter()
+                .filter(|id| ok(id))
+                .collect();
+            add(
+                ClaimKind::Fact,
+                "link_drops",
+                format!("interface drops/errors in the window: {listing}"),
+                &binds,
+                None,
+            );
+        }
+
+        // Conntrack pressure.
+        if let Some((count, max, ppm, sd)) = &view.conntrack {
+            let dropped: i128 = ["drop", "early_drop", "insert_failed"]
+                .iter()
+                .filter_map(|k| sd.get(*k))
+                .sum();
+            if *ppm >= CONNTRACK_PRESSURE_PPM || dropped > 0 {
+                fault = true;
+                add(
+                    ClaimKind::Fact,
+                    "conntrack_pressure",
+                    format!(
+                        "conntrack table in netns {} holds {count} of {max} entries ({}.{}%); drop+early_drop+insert_failed +{dropped} in the window",
+                        self.net_ns,
+                        ppm / 10_000,
+                        ppm % 10_000 / 1000
+                    ),
+                    &["conntrack"],
+                    None,
+                );
+            }
+        }
+
+        // CPU: hypothesis only.
+        if let Some(l) = &view.load {
+            let psi = l.psi_some_avg10_centi.unwrap_or(0);
+            if psi >= CPU_PSI_HYPOTHESIS_CENTI || l.procs_running > 2 * l.cpus {
+                add(
+                    ClaimKind::Hypothesis,
+                    "cpu_starvation",
+                    format!(
+                        "CPU contention (PSI some avg10 {}.{:02}%, {} runnable on {} CPUs) delays the endpoints' processing of this flow",
+                        psi / 100,
+                        psi % 100,
+                        l.procs_running,
+                        l.cpus
+                    ),
+                    &["host/cpu"],
+                    Some("the flow's stall recurs while /proc/pressure/cpu some avg10 stays below 1%, or tcp_info shows the peer's window or the network (retransmits), not the application, limiting it".into()),
+                );
+            }
+        }
+
+        let mut completeness = if surfaces
+            .iter()
+            .all(|x| x.status == SurfaceStatus::Ok && !x.truncated)
+        {
+            Completeness::Complete
+        } else if surfaces
+            .iter()
+            .any(|x| !matches!(x.status, SurfaceStatus::Ok | SurfaceStatus::Truncated))
+        {
+            Completeness::Partial
+        } else {
+            Completeness::Bounded
+        };
+        if termination == Termination::Cap && completeness == Completeness::Complete {
+            completeness = Completeness::Bounded;
+        }
+        if !fault
+            && claims.iter().all(|c| c.kind == ClaimKind::Hypothesis)
+            && completeness == Completeness::Complete
+        {
+            let n = claims.len() + 1;
+            claims.push(Claim {
+                id: format!("c{n}"),
+                kind: ClaimKind::Fact,
+                code: "no_fault_observed".into(),
+                statement: format!(
+                    "over the {} ms window: no retransmit, RTO, reset, zero window, state change, MTU disagreement, interface drop, fault-counter movement or conntrack pressure on flow {local} -> {remote}",
+                    self.plan.window.as_millis()
+                ),
+                surfaces: surfaces.iter().filter(|x| x.id != "host/cpu").map(|x| x.id.clone()).collect(),
+                scope: Scope::Universal,
+                falsifier: None,
+            });
+        }
+        if matches!(self.raw.ebpf, EbpfWindow::NotRequested)
+            && !unknowns.iter().any(|u| u.blocks == "ATTRIBUTE_RESET")
+            && fault
+        {
+            unknowns.push(Unknown {
+                id: format!("u{}", unknowns.len() + 1),
+                question: "did either endpoint send a RST on this flow during the window?".into(),
+                blocks: "ATTRIBUTE_RESET".into(),
+                owner: "node operator".into(),
+                probe: "re-run without --no-ebpf (root, kernel BTF) so reset events are joined to the flow".into(),
+                surface: None,
+            });
+        }
+        unknowns.push(Unknown {
+            id: format!("u{}", unknowns.len() + 1),
+            question: "what are this socket's TCP_USER_TIMEOUT and keepalive settings (sock_diag does not expose them)?".into(),
+            blocks: "EXPLAIN_TIMEOUT".into(),
+            owner: "node operator".into(),
+            probe: format!(
+                "find the owner: ss -tinpe src {local} dst {remote}; then inspect the owning process's setsockopt calls (strace -e setsockopt -p PID) or its configuration"
+            ),
+            surface: Some("tcp/end".into()).filter(|_| ok("tcp/end")),
+        });
+
+        let next = if claims.iter().any(|c| c.kind == ClaimKind::Hypothesis) {
+            NextTransition {
+                action: "TEST_FALSIFIER".into(),
+                success_receipt: "a second envelope of this flow after the falsifier's probe, with the hypothesis killed or standing".into(),
+                abort_conditions: vec!["the flow's cookie changes (a new connection)".into()],
+            }
+        } else if fault {
+            NextTransition {
+                action: "CAPTURE_PEER_SIDE".into(),
+                success_receipt: format!(
+                    "a sealed envelope of the same flow captured on the node owning {remote}"
+                ),
+                abort_conditions: vec!["the transfer has finished or was cancelled".into()],
+            }
+        } else {
+            NextTransition {
+                action: "CAPTURE_DURING_FAILURE".into(),
+                success_receipt: "an envelope of this flow whose window covers the failure".into(),
+                abort_conditions: vec!["the flow's cookie changes (a new connection)".into()],
+            }
+        };
+        let env = Envelope {
+            schema: SCHEMA_ID.into(),
+            completeness,
+            subject: Subject::NetworkStream(StreamIdentity {
+                src: local.to_string(),
+                dst: remote.to_string(),
+                protocol: "tcp".into(),
+                flow_id: cookie.to_string(),
+                net_ns: Some(self.net_ns.to_string()),
+            }),
+            collector: Self::collector(),
+            clock: self.clock(),
+            universe: Universe {
+                selector: selector.into(),
+                selector_digest: sha256_digest(selector.as_bytes()),
+                expected_count: expected,
+                observed_count: observed,
+                termination,
+            },
+            bounds: self.bounds(),
+            surfaces,
+            claims,
+            unknowns,
+            next_transition: next,
+            digest: String::new(),
+        };
+        Ok(env.seal()?)
+    }
+}
+
+/// Emit envelopes per `args` (JSON lines or a summary) and write them to `out_dir`.
+pub fn emit(
+    result: &CaptureResult,
+    json: bool,
+    out_dir: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let all: Vec<&Envelope> = result.flows.iter().chain(result.no_match.iter()).collect();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    for env in &all {
+        if let Some(dir) = out_dir {
+            std::fs::create_dir_all(dir)?;
+            let name = env.digest.trim_start_matches("sha256:");
+            let tmp = dir.join(format!(".{name}.tmp"));
+            std::fs::write(&tmp, env.to_json_pretty())?;
+            std::fs::rename(&tmp, dir.join(format!("{name}.json")))?;
+        }
+        if json {
+            writeln!(out, "{}", serde_json::to_string(env)?)?;
+        } else {
+            writeln!(
+                out,
+                "{} [{}] {}",
+                env.subject.describe(),
+                env.completeness.as_str(),
+                env.digest
+            )?;
+            for c in &env.claims {
+                writeln!(out, "  {} {}: {}", c.kind.as_str(), c.code, c.statement)?;
+                if let Some(f) = &c.falsifier {
+                    writeln!(out, "    falsifier: {f}")?;
+                }
+            }
+            for u in &env.unknowns {
+                writeln!(out, "  unknown: {} (probe: {})", u.question, u.probe)?;
+            }
+            writeln!(out, "  next: {}", env.next_transition.action)?;
+        }
+    }
+    Ok(())
+}
+
+/// Run `pstackctl capture transport`.
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let plan = match Plan::from_args(&args) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("pstackctl capture transport: {e}");
+            return Ok(2);
+        }
+    };
+    if !args.json {
+        eprintln!(
+            "capturing {} for {} ms in netns {} ...",
+            plan.filter.selector(),
+            plan.window.as_millis(),
+            plan.target.path()
+        );
+    }
+    let result = match capture(&plan) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("pstackctl capture transport: {e}");
+            return Ok(2);
+        }
+    };
+    emit(&result, args.json, args.out_dir.as_deref())?;
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_ports_and_windows_are_validated() {
+        assert_eq!(
+            parse_endpoint("peer", "10.0.0.2").unwrap(),
+            ("10.0.0.2".parse().unwrap(), None)
+        );
+        assert_eq!(
+            parse_endpoint("peer", "10.0.0.2:10001").unwrap().1,
+            Some(10001)
+        );
+        assert_eq!(
+            parse_endpoint("peer", "[fd00::2]:10001").unwrap().1,
+            Some(10001)
+        );
+        assert_eq!(parse_endpoint("peer", "fd00::2").unwrap().1, None);
+        for bad in [
+            "10.0.0.2:70000",
+            "10.0.0.2:0",
+            "host:1",
+            "",
+            "[fd00::2]:99999",
+        ] {
+            assert!(
+                matches!(
+                    parse_endpoint("peer", bad),
+                    Err(TransportError::InvalidParameter { param: "peer", .. })
+                ),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(parse_window("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_window("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_window("2m").unwrap(), Duration::from_secs(120));
+        for bad in ["0s", "10ms", "2h", "61m", "x", "5 s"] {
+            assert!(parse_window(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_port_range("10000-30000").unwrap(), LONGHORN_PORTS);
+        for bad in ["0-5", "5-1", "1-70000", "10000"] {
+            assert!(parse_port_range(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn wide_values_become_strings() {
+        assert_eq!(num(5), json!(5));
+        assert_eq!(num(-1), json!(-1));
+        assert_eq!(num(1 << 60), json!((1u64 << 60).to_string()));
+        let i = TcpInfo {
+            bytes_acked: Some(1 << 60),
+            pacing_rate: Some(7),
+            ..TcpInfo::default()
+        };
+        let f = tcp_info_facts(&i);
+        assert_eq!(f["bytes_acked"], json!((1u64 << 60).to_string()));
+        assert_eq!(f["pacing_rate"], json!("7"));
+        assert!(
+            f.get("total_rto").is_none(),
+            "absent fields are left out, not zero"
+        );
+    }
+}
