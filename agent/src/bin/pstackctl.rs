@@ -19,6 +19,8 @@ enum Command {
     Envelope(cli::envelope::Args),
     /// Capture a sealed envelope of a process, thread or host.
     Capture(cli::capture::Args),
+    /// Show what the running pstackd holds: captures, helpers, spool, shipping.
+    Status(cli::status::Args),
     /// Watch TCP retransmits, resets and state changes live (eBPF).
     Trace(cli::trace::Args),
 }
@@ -36,6 +38,7 @@ fn main() {
         Command::Envelope(a) => cli::envelope::run(a),
         Command::Capture(a) => cli::capture::run(a),
         Command::Trace(a) => cli::trace::run(a),
+        Command::Status(a) => cli::status::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

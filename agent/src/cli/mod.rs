@@ -4,4 +4,5 @@
 
 pub mod capture;
 pub mod envelope;
+pub mod status;
 pub mod trace;
