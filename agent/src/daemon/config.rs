@@ -138,7 +138,8 @@ pub struct ShipperConfig {
     pub timeout_ms: u64,
     /// First retry delay, ms. Default 500.
     pub backoff_initial_ms: u64,
-    /// Largest retry delay, ms (also caps Retry-After). Default 60 s.
+    /// Largest backoff delay, ms (a collector's Retry-After is honoured
+    /// separately, up to 15 min). Default 60 s.
     pub backoff_max_ms: u64,
     /// Bearer key, read from `api_key_file` at load. Never logged.
     #[serde(skip)]

@@ -18,7 +18,9 @@
 //! - **Retry.** Transport failures, timeouts, 5xx, 408, 401/403 and unreadable
 //!   responses back off exponentially with jitter (`backoff_initial_ms` doubling
 //!   up to `backoff_max_ms`, each delay drawn from [d/2, d]); 429 and 503
-//!   honour `Retry-After` (seconds or HTTP date), capped at `backoff_max_ms`.
+//!   honour `Retry-After` (seconds or HTTP date) exactly, up to
+//!   [`MAX_RETRY_AFTER`] (a broken collector cannot park the shipper for days);
+//!   without one they back off like a 5xx.
 //!   Time comes from `tokio::time`, so tests drive it with a paused clock.
 
 use std::sync::Arc;
@@ -31,6 +33,9 @@ use tokio::sync::{Notify, watch};
 
 use super::config::ShipperConfig;
 use super::spool::{QuarantineReason, Spool};
+
+/// Longest `Retry-After` honoured.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
 
 /// Why a batch was not (fully) delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -564,7 +569,7 @@ impl Shipper {
                             FailureClass::Throttled {
                                 retry_after: Some(ra),
                                 ..
-                            } => (*ra).min(Duration::from_millis(config.backoff_max_ms)),
+                            } => (*ra).min(MAX_RETRY_AFTER),
                             _ => backoff.next_delay(),
                         };
                         tracing::warn!(

@@ -1,0 +1,179 @@
+//! Authorization by SO_PEERCRED: root and the configured group get
+//! envelopes; anyone else gets 403 with a clear body and a logged refusal.
+
+use std::process::{Command, Output};
+
+use super::common::*;
+
+/// Run `curl --unix-socket` as `uid:gid` (setgid/setuid in the child before
+/// it connects; supplementary groups cleared).
+fn curl_as(uid: u32, gid: u32, socket: &std::path::Path, args: &[&str]) -> Output {
+    use std::os::unix::process::CommandExt;
+    Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-w",
+            "\n%{http_code}",
+            "--unix-socket",
+        ])
+        .arg(socket)
+        .args(args)
+        .uid(uid)
+        .gid(gid)
+        .output()
+        .expect("run curl (apt-get install curl)")
+}
+
+fn code_and_body(o: &Output) -> (u16, String) {
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+#[test]
+fn root_only_unprivileged_peer_gets_403_root_and_group_members_get_envelopes() {
+    if !is_root() {
+        eprintln!("skipping: needs root to setuid the test client");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // 0666 so an outsider can reach the API at all and meet SO_PEERCRED.
+    let d = Daemon::start(
+        dir.path(),
+        &Settings {
+            socket_mode: "0666",
+            // `users` (gid 100): uid 65534 (`nobody`, primary group `nogroup`) is no member.
+            group: "users",
+            ..Settings::default()
+        },
+    );
+    // The temp dir must be traversable by the unprivileged clients.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let users = nix::unistd::Group::from_name("users")
+        .unwrap()
+        .expect("group users")
+        .gid
+        .as_raw();
+    let target = Sleeper::spawn();
+    let body = format!(r#"{{"subject":{{"pid":{}}}}}"#, target.pid());
+    let capture_args = ["-XPOST", "-d", body.as_str(), "http://pstackd/v1/captures"];
+
+    // An outsider: uid 65534 (nobody), gid 65534 (not the group).
+    let o = curl_as(65534, 65534, &d.socket, &capture_args);
+    let (code, text) = code_and_body(&o);
+    assert_eq!(code, 403, "outsider: {text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["code"], "forbidden");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("uid 65534"),
+        "{text}"
+    );
+    let (code, _) = code_and_body(&curl_as(
+        65534,
+        65534,
+        &d.socket,
+        &["http://pstackd/v1/status"],
+    ));
+    assert_eq!(code, 403, "status is refused too");
+
+    // A group member (gid = users) gets an envelope that verifies.
+    let o = curl_as(65533, users, &d.socket, &capture_args);
+    let (code, text) = code_and_body(&o);
+    assert_eq!(code, 200, "group member: {text}");
+    pstack_envelope::verify(text.as_bytes()).expect("member's envelope verifies");
+
+    // Root too, through the library client.
+    let env = d.capture_pid(target.pid()).expect("root capture");
+    assert!(env.digest.starts_with("sha256:"));
+
+    // The refusal was logged with uid and pid, never the request body.
+    let log = d.log_text();
+    let refusal = log
+        .lines()
+        .find(|l| l.contains("refused a peer"))
+        .expect("refusal logged");
+    assert!(
+        refusal.contains("uid=65534") && refusal.contains("pid="),
+        "{refusal}"
+    );
+    assert!(
+        !log.contains("\"subject\""),
+        "request payload leaked into the log"
+    );
+    assert_eq!(
+        d.metric("pstackd_requests_refused_total{reason=\"unauthorized\"}"),
+        2
+    );
+}
+
+#[test]
+fn root_only_default_socket_mode_keeps_outsiders_from_connecting() {
+    if !is_root() {
+        eprintln!("skipping: needs root to setuid the test client");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &Settings::default());
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let meta = std::fs::metadata(&d.socket).unwrap();
+    assert_eq!(meta.mode() & 0o777, 0o660);
+    let nogroup = nix::unistd::Group::from_name("nogroup")
+        .unwrap()
+        .unwrap()
+        .gid
+        .as_raw();
+    assert_eq!(
+        meta.gid(),
+        nogroup,
+        "socket belongs to the configured group"
+    );
+    // curl exit 7: could not connect (EACCES on the socket file).
+    let o = curl_as(65534, 65533, &d.socket, &["http://pstackd/v1/status"]);
+    assert_eq!(o.status.code(), Some(7), "{o:?}");
+}
+
+#[test]
+fn root_only_daemon_drops_capabilities_and_sets_no_new_privs() {
+    if !is_root() {
+        eprintln!("skipping: needs root (an unprivileged daemon has no capabilities to drop)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &Settings::default());
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| u64::from_str_radix(v.trim(), 16).unwrap_or(u64::MAX))
+            .unwrap()
+    };
+    let mut expected = 0u64;
+    for cap in pstack_agent::daemon::privilege::KEPT {
+        expected |= 1 << cap.index();
+    }
+    assert_eq!(
+        field("CapEff:"),
+        expected,
+        "effective set is exactly the documented set"
+    );
+    assert_eq!(field("CapPrm:"), expected);
+    assert_eq!(field("CapBnd:"), expected, "bounding set narrowed too");
+    assert_eq!(field("CapInh:"), 0);
+    assert_eq!(field("CapAmb:"), 0);
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("NoNewPrivs:") && l.trim_end().ends_with('1'))
+    );
+    // And it still captures with that set.
+    let target = Sleeper::spawn();
+    d.capture_pid(target.pid()).expect("capture after the drop");
+}

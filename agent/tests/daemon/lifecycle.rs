@@ -1,0 +1,280 @@
+//! systemd integration and signals: sd_notify, watchdog, SIGHUP reload,
+//! SIGTERM drain, socket activation.
+
+use std::os::unix::net::{UnixDatagram, UnixListener};
+use std::time::{Duration, Instant};
+
+use pstack_agent::client;
+
+use super::common::*;
+
+fn recv_until(sock: &UnixDatagram, within: Duration, want: &str) -> Vec<(Instant, String)> {
+    let deadline = Instant::now() + within;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        sock.set_read_timeout(Some(
+            (deadline - Instant::now()).max(Duration::from_millis(1)),
+        ))
+        .unwrap();
+        match sock.recv(&mut buf) {
+            Ok(n) => {
+                let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+                let done = msg.lines().any(|l| l == want);
+                got.push((Instant::now(), msg));
+                if done {
+                    break;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    got
+}
+
+fn collect_for(sock: &UnixDatagram, dur: Duration) -> Vec<(Instant, String)> {
+    recv_until(sock, dur, "\u{0}never")
+}
+
+#[test]
+fn sd_notify_ready_after_serving_watchdog_at_half_interval_stops_when_sigstopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let notify_path = dir.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    let watchdog_usec = 400_000u64; // pings expected every ~200 ms
+    let mut d = Daemon::start_with(dir.path(), &Settings::default(), |cmd| {
+        cmd.env("NOTIFY_SOCKET", &notify_path)
+            .env("WATCHDOG_USEC", watchdog_usec.to_string());
+    });
+    let first = recv_until(&notify, Duration::from_secs(10), "READY=1");
+    let ready = first
+        .iter()
+        .find(|(_, m)| m.lines().any(|l| l == "READY=1"))
+        .expect("READY=1");
+    assert!(ready.1.contains("STATUS=serving on"), "{}", ready.1);
+    // Ready means serving: a request right now is answered.
+    client::status(&d.socket, Duration::from_secs(2)).expect("serving at READY");
+
+    let pings: Vec<Instant> = collect_for(&notify, Duration::from_millis(1_300))
+        .into_iter()
+        .filter(|(_, m)| m == "WATCHDOG=1")
+        .map(|(t, _)| t)
+        .collect();
+    assert!(
+        (4..=9).contains(&pings.len()),
+        "{} pings in 1.3 s at a 200 ms period",
+        pings.len()
+    );
+    let gaps: Vec<Duration> = pings.windows(2).map(|w| w[1] - w[0]).collect();
+    let mean = gaps.iter().sum::<Duration>() / gaps.len() as u32;
+    assert!(
+        mean > Duration::from_millis(150) && mean < Duration::from_millis(260),
+        "mean watchdog period {mean:?}, expected ~200 ms (half of WATCHDOG_USEC)"
+    );
+
+    // Wedged (stopped): no pings.
+    d.signal(libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(50));
+    let _ = collect_for(&notify, Duration::from_millis(10)); // drain anything in flight
+    let during = collect_for(&notify, Duration::from_millis(700));
+    assert!(
+        during.iter().all(|(_, m)| m != "WATCHDOG=1"),
+        "watchdog pinged while the daemon was stopped: {during:?}"
+    );
+    d.signal(libc::SIGCONT);
+    let after = collect_for(&notify, Duration::from_millis(600));
+    assert!(
+        after.iter().any(|(_, m)| m == "WATCHDOG=1"),
+        "pings resume after SIGCONT"
+    );
+
+    let (st, _) = d.terminate(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(0));
+    let stopping = collect_for(&notify, Duration::from_millis(200));
+    assert!(
+        stopping
+            .iter()
+            .any(|(_, m)| m.lines().any(|l| l == "STOPPING=1")),
+        "STOPPING=1 sent: {stopping:?}"
+    );
+}
+
+#[test]
+fn sighup_with_a_broken_config_keeps_the_old_one_and_a_good_one_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = Settings {
+        max_concurrent: 4,
+        ..Settings::default()
+    };
+    let d = Daemon::start(dir.path(), &settings);
+    let cfg = dir.path().join("pstackd.toml");
+    for broken in [
+        "this is = not [ toml".to_string(),
+        settings
+            .toml(dir.path())
+            .replace("max_concurrent_captures = 4", "max_concurrent_captures = 0"),
+        settings.toml(dir.path()) + "\nunknown_knob = 1\n",
+    ] {
+        std::fs::write(&cfg, broken).unwrap();
+        let before = d.metric("pstackd_reloads_total{result=\"rejected\"}");
+        d.signal(libc::SIGHUP);
+        wait_until(Duration::from_secs(5), "reload rejected", || {
+            d.metric("pstackd_reloads_total{result=\"rejected\"}") == before + 1
+        });
+        assert_eq!(
+            d.status()["captures"]["max_concurrent"],
+            4,
+            "old config kept"
+        );
+    }
+    assert!(
+        d.log_text()
+            .contains("reload rejected; keeping the running configuration")
+    );
+    // A good config applies.
+    let good = Settings {
+        max_concurrent: 2,
+        ..settings.clone()
+    };
+    std::fs::write(&cfg, good.toml(dir.path())).unwrap();
+    d.signal(libc::SIGHUP);
+    d.wait_status(Duration::from_secs(5), "reload applied", |s| {
+        s["captures"]["max_concurrent"] == 2
+    });
+    // Still serving captures.
+    let target = Sleeper::spawn();
+    d.capture_pid(target.pid()).expect("capture after reloads");
+}
+
+#[test]
+fn sigterm_with_captures_in_flight_exits_zero_within_the_drain_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let drain_ms = 3_000;
+    let mut d = Daemon::start(
+        dir.path(),
+        &Settings {
+            drain_timeout_ms: drain_ms,
+            max_concurrent: 4,
+            ..Settings::default()
+        },
+    );
+    let target = Sleeper::spawn();
+    let socket = d.socket.clone();
+    let pid = target.pid();
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                let mut answered = 0;
+                while start.elapsed() < Duration::from_secs(3) {
+                    match capture(&socket, pid, 2_000) {
+                        Ok(_) => answered += 1,
+                        Err(client::ClientError::NoDaemon { .. }) => break,
+                        Err(client::ClientError::Api {
+                            status: 503 | 429, ..
+                        }) => {}
+                        Err(client::ClientError::Io(_)) | Err(client::ClientError::Protocol(_)) => {
+                            break;
+                        }
+                        Err(e) => panic!("unexpected during drain: {e}"),
+                    }
+                }
+                answered
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(150));
+    let (st, took) = d.terminate(Duration::from_millis(drain_ms + 2_000));
+    assert_eq!(st.code(), Some(0), "log:\n{}", d.log_text());
+    assert!(
+        took < Duration::from_millis(drain_ms + 1_000),
+        "drain took {took:?}"
+    );
+    let answered: u32 = clients.into_iter().map(|c| c.join().unwrap()).sum();
+    assert!(answered > 0);
+    assert!(!d.socket.exists(), "socket file removed at exit");
+    assert!(d.log_text().contains("draining"));
+}
+
+#[test]
+fn socket_activation_serves_the_listen_fds_socket() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("activated.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let fd = listener.as_raw_fd();
+    // Start through `sh` so LISTEN_PID can be the exec'd daemon's own pid.
+    let settings = Settings::default();
+    std::fs::create_dir_all(dir.path()).unwrap();
+    std::fs::write(dir.path().join("pstackd.toml"), settings.toml(dir.path())).unwrap();
+    let log = dir.path().join("activated.log");
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "LISTEN_PID=$$ LISTEN_FDS=1 exec {} --config {}",
+            pstackd_bin().display(),
+            dir.path().join("pstackd.toml").display()
+        ))
+        .stderr(std::fs::File::create(&log).unwrap());
+    // SAFETY: dup2 is async-signal-safe; it places the listener on fd 3 in
+    // the child between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(listener);
+    let mut status = None;
+    wait_until(Duration::from_secs(10), "activated daemon serving", || {
+        status = client::status(&path, Duration::from_secs(1)).ok();
+        status.is_some()
+    });
+    // It did not bind its configured path: the activated socket is the one.
+    assert!(!dir.path().join("pstackd.sock").exists());
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().unwrap();
+    assert_eq!(
+        st.code(),
+        Some(0),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
+#[test]
+fn pstackctl_status_reports_the_running_daemon_and_fails_clearly_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &Settings::default());
+    let out = std::process::Command::new(pstackctl_bin())
+        .args(["status", "--socket"])
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("spool") && text.contains("helpers") && text.contains("shipping"),
+        "{text}"
+    );
+    let out = std::process::Command::new(pstackctl_bin())
+        .args(["status", "--json", "--socket"])
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["spool"]["files"], 0);
+    let out = std::process::Command::new(pstackctl_bin())
+        .args(["status", "--socket"])
+        .arg(dir.path().join("absent.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not running"));
+}

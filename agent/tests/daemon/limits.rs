@@ -1,0 +1,217 @@
+//! Concurrency limits and hostile requests on the socket.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use pstack_agent::client::{self, ClientError};
+
+use super::common::*;
+
+#[test]
+fn fifty_concurrent_captures_are_all_answered_envelope_or_429_none_hung_rss_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(
+        dir.path(),
+        &Settings {
+            max_concurrent: 4,
+            ..Settings::default()
+        },
+    );
+    let target = Sleeper::spawn();
+    let bundle_ms = 2_000;
+    let rss_before = d.rss_kib();
+    let socket = d.socket.clone();
+    let pid = target.pid();
+    let handles: Vec<_> = (0..50)
+        .map(|_| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                let r = capture(&socket, pid, bundle_ms);
+                (r, start.elapsed())
+            })
+        })
+        .collect();
+    let (mut ok, mut busy) = (0, 0);
+    for h in handles {
+        let (r, took) = h.join().unwrap();
+        assert!(
+            took < Duration::from_millis(bundle_ms) + Duration::from_secs(2),
+            "a request hung past its deadline: {took:?}"
+        );
+        match r {
+            Ok(env) => {
+                ok += 1;
+                assert!(env.digest.starts_with("sha256:"));
+            }
+            Err(ClientError::Api {
+                status: 429,
+                retry_after,
+                ..
+            }) => {
+                busy += 1;
+                assert_eq!(retry_after, Some(1), "429 carries Retry-After");
+            }
+            Err(e) => panic!("unexpected answer: {e}"),
+        }
+    }
+    assert_eq!(ok + busy, 50);
+    assert!(
+        ok >= 4,
+        "at least the admitted captures succeed ({ok} ok, {busy} busy)"
+    );
+    let rss_after = d.rss_kib();
+    eprintln!(
+        "50 concurrent: {ok} envelopes, {busy} x 429; RSS {rss_before} KiB -> {rss_after} KiB"
+    );
+    assert!(rss_after < 96 * 1024, "RSS {rss_after} KiB is not bounded");
+    let s = d.status();
+    assert_eq!(s["captures"]["in_flight"], 0);
+    assert_eq!(s["captures"]["busy_total"], busy);
+    assert_eq!(s["spool"]["files"], ok);
+}
+
+fn raw(socket: &std::path::Path, bytes: &[u8]) -> String {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(bytes);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn status_of(resp: &str) -> u16 {
+    resp.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn malformed_http_oversized_bodies_unknown_fields_and_bad_selectors_get_clear_4xx() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &Settings::default());
+    let post = |body: &str| {
+        client::request(
+            &d.socket,
+            "POST",
+            "/v1/captures",
+            Some(body.as_bytes()),
+            Duration::from_secs(10),
+        )
+        .unwrap()
+    };
+    let json = |r: &client::HttpResponse| -> serde_json::Value {
+        serde_json::from_slice(&r.body).unwrap()
+    };
+
+    // Malformed HTTP: garbage request line, bad header, a lying content-length.
+    assert_eq!(status_of(&raw(&d.socket, b"GARBAGE\r\n\r\n")), 400);
+    assert_eq!(
+        status_of(&raw(
+            &d.socket,
+            b"GET /v1/status HTTP/1.1\r\nbad header\r\n\r\n"
+        )),
+        400
+    );
+    let huge_header = format!(
+        "GET /v1/status HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(64 << 10)
+    );
+    let r = raw(&d.socket, huge_header.as_bytes());
+    assert!(matches!(status_of(&r), 431 | 400), "oversized headers: {r}");
+
+    // Oversized body (the limit is 64 KiB).
+    let big = format!(
+        r#"{{"subject":{{"pid":1}},"pad":"{}"}}"#,
+        "x".repeat(100 << 10)
+    );
+    let r = post(&big);
+    assert_eq!(r.status, 413);
+    assert_eq!(json(&r)["error"]["code"], "body_too_large");
+
+    // Unknown fields, wrong types, not JSON.
+    let r = post(r#"{"subject":{"pid":1},"surfaces":["stack"],"bogus":1}"#);
+    assert_eq!(r.status, 400);
+    let v = json(&r);
+    assert_eq!(v["error"]["code"], "malformed_request");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field"),
+        "{v}"
+    );
+    assert_eq!(post(r#"{"subject":{"pid":"abc"}}"#).status, 400);
+    assert_eq!(post("{").status, 400);
+
+    // Bad selectors.
+    for bad in [
+        r#"{"subject":{}}"#,
+        r#"{"subject":{"pid":0}}"#,
+        r#"{"subject":{"pid":1,"tid":1}}"#,
+        r#"{"subject":{"host":false}}"#,
+    ] {
+        let r = post(bad);
+        assert_eq!(r.status, 400, "{bad}");
+        assert_eq!(json(&r)["error"]["code"], "bad_selector", "{bad}");
+    }
+    let r = post(r#"{"subject":{"pid":1},"deadlines":{"bundle_ms":0}}"#);
+    assert_eq!(
+        (r.status, json(&r)["error"]["code"].as_str()),
+        (400, Some("out_of_range"))
+    );
+    // A pid that does not exist is a clean 404.
+    let r = post(r#"{"subject":{"pid":4194303}}"#);
+    assert_eq!(
+        (r.status, json(&r)["error"]["code"].as_str()),
+        (404, Some("no_such_subject"))
+    );
+
+    // Routes and methods.
+    let r = client::request(&d.socket, "GET", "/v1/nope", None, Duration::from_secs(5)).unwrap();
+    assert_eq!(r.status, 404);
+    let r = client::request(
+        &d.socket,
+        "DELETE",
+        "/v1/captures",
+        None,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!(r.status, 405);
+    let r = client::request(
+        &d.socket,
+        "GET",
+        "/v1/envelopes/sha256:zz",
+        None,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!(
+        (r.status, json(&r)["error"]["code"].as_str()),
+        (400, Some("invalid_digest"))
+    );
+    let absent = format!("/v1/envelopes/sha256:{}", "0".repeat(64));
+    let r = client::request(&d.socket, "GET", &absent, None, Duration::from_secs(5)).unwrap();
+    assert_eq!(r.status, 404);
+
+    // A client that connects and sends nothing does not hold anything hostage.
+    let idle = UnixStream::connect(&d.socket).unwrap();
+
+    // The daemon is unaffected: it still captures, and serves the envelope back.
+    let target = Sleeper::spawn();
+    let env = d.capture_pid(target.pid()).expect("capture after abuse");
+    let r = client::request(
+        &d.socket,
+        "GET",
+        &format!("/v1/envelopes/{}", env.digest),
+        None,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(pstack_envelope::verify(&r.body).unwrap().digest, env.digest);
+    drop(idle);
+}

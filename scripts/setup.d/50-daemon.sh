@@ -1,0 +1,12 @@
+# shellcheck shell=bash
+# Setup for pstackd's tests (agent/tests/daemon), sourced by scripts/test (uses apt_need).
+#
+# - curl: the authorization test connects as an unprivileged uid with
+#   `curl --unix-socket` (the UX the API promises);
+# - systemd: provides `systemd-analyze verify` for systemd/pstackd.{service,socket};
+# - util-linux (mount/umount): the tiny-tmpfs spool test mounts a tmpfs;
+# - the `nogroup` group (Debian base) is the test's "configured group"; the
+#   tests create nothing in /etc.
+# No services are started: every test spawns its own pstackd and collector.
+
+apt_need curl systemd util-linux
