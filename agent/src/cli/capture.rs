@@ -52,9 +52,10 @@ pub struct Args {
     /// Most threads read (the universe cap; the envelope says when it cut).
     #[arg(long, value_name = "N", default_value_t = 16_384)]
     pub max_threads: u64,
-    /// Most raw bytes kept per surface (truncation is reported).
-    #[arg(long, value_name = "BYTES", default_value_t = 65_536)]
-    pub max_bytes: u64,
+    /// Most raw bytes kept per surface (truncation is reported) [default: 65536; 4194304 with
+    /// --host, where one surface holds the stat or wchan text of every thread of a process].
+    #[arg(long, value_name = "BYTES")]
+    pub max_bytes: Option<u64>,
     /// Most file descriptors read.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_fds: u64,
@@ -98,7 +99,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             bundle: Duration::from_millis(args.bundle_deadline_ms),
         }),
         max_threads: args.max_threads,
-        max_bytes_per_surface: args.max_bytes,
+        max_bytes_per_surface: args
+            .max_bytes
+            .unwrap_or(if args.host { 4 << 20 } else { 64 << 10 }),
         max_fds: args.max_fds,
     };
     let envelope = supervisor::capture(&request, &config, &budget)?;
@@ -106,8 +109,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         .output
         .clone()
         .unwrap_or_else(|| default_name(&envelope));
-    write_atomically(&path, &envelope.to_json_pretty())
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    // Compact on disk (any formatting verifies: the digest is over the canonical form).
+    let mut bytes = serde_json::to_vec(&envelope)?;
+    bytes.push(b'\n');
+    write_atomically(&path, &bytes).with_context(|| format!("cannot write {}", path.display()))?;
     let mut out = std::io::stdout().lock();
     if args.json {
         out.write_all(&envelope.to_json_pretty())?;

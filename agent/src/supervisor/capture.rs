@@ -514,15 +514,7 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
         let mut s = safe.read(
             format!("proc/{pid}/tasks"),
             format!("procfs:/proc/{pid}/task/*/stat"),
-            || {
-                read::read_thread_states(
-                    pid,
-                    tids,
-                    ctx.request
-                        .max_bytes_per_surface
-                        .max(tids.len() as u64 * 512),
-                )
-            },
+            || read::read_thread_states(pid, tids, ctx.request.max_bytes_per_surface),
         );
         if matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated) {
             let ident = serde_json::json!({

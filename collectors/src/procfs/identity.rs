@@ -9,7 +9,7 @@
 use pstack_envelope::ProcessIdentity;
 
 use super::parse;
-use super::raw::{ReadError, read_capped};
+use super::raw::{ReadError, read_seq_capped as read_capped};
 use super::read::TaskRef;
 
 /// Facts about the host shared by every identity.

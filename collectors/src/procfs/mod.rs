@@ -30,7 +30,7 @@ pub use parse::{
     FdKind, FdTarget, IoCounters, SchedStat, StackFacts, StatusFacts, SyscallFacts, TaskStat,
     TaskState, syscall_name,
 };
-pub use raw::{RawMeta, RawRead, ReadError, Reading, json_safe};
+pub use raw::{ProcDir, RawMeta, RawRead, ReadError, Reading, json_safe};
 
 /// Surfaces that can block on the task being diagnosed; they run only in the
 /// helper process.

@@ -12,7 +12,7 @@ use super::parse::{
     self, FdTarget, IoCounters, SchedStat, StackFacts, StatusFacts, SyscallFacts, TaskStat,
     TaskState, classify_fd,
 };
-use super::raw::{RawMeta, RawRead, ReadError, Reading, read_capped};
+use super::raw::{ProcDir, RawMeta, RawRead, ReadError, Reading, read_capped, read_seq_capped};
 
 /// Root of procfs. Overridable only so parsers can be exercised on captured
 /// trees; production always reads `/proc`.
@@ -70,12 +70,13 @@ fn parsed<T>(
     })
 }
 
+/// Read a `seq_file` (one `read(2)` when it fits) and parse it.
 fn read_parsed<T>(
     path: PathBuf,
     max_bytes: u64,
     f: impl FnOnce(&[u8]) -> Result<T, String>,
 ) -> Result<Reading<T>, ReadError> {
-    let raw = read_capped(&path, max_bytes)?;
+    let raw = read_seq_capped(&path, max_bytes)?;
     parsed(&path, &raw, f)
 }
 
@@ -128,16 +129,18 @@ pub fn read_syscall(task: TaskRef, max_bytes: u64) -> Result<Reading<SyscallFact
 /// `cmdline`, redacted to argv[0] + a digest of the rest (risky: helper only).
 /// The raw digest covers the unredacted bytes so two captures compare equal.
 pub fn read_cmdline(pid: u32, max_bytes: u64) -> Result<Reading<RedactedCommand>, ReadError> {
-    read_parsed(TaskRef::process(pid).file("cmdline"), max_bytes, |b| {
-        Ok(redact_cmdline(b))
-    })
+    // Not a seq_file: the kernel serves at most a page per read.
+    let path = TaskRef::process(pid).file("cmdline");
+    let raw = read_capped(&path, max_bytes)?;
+    parsed(&path, &raw, |b| Ok(redact_cmdline(b)))
 }
 
 /// `environ`, redacted to variable names + a digest (risky: helper only).
 pub fn read_environ(pid: u32, max_bytes: u64) -> Result<Reading<RedactedEnviron>, ReadError> {
-    read_parsed(TaskRef::process(pid).file("environ"), max_bytes, |b| {
-        Ok(redact_environ(b))
-    })
+    // Not a seq_file: the kernel serves at most a page per read.
+    let path = TaskRef::process(pid).file("environ");
+    let raw = read_capped(&path, max_bytes)?;
+    parsed(&path, &raw, |b| Ok(redact_environ(b)))
 }
 
 /// The fd table: `lsof`-style readlink + stat of every target.
@@ -300,12 +303,13 @@ pub fn read_thread_states(
     let mut raw = Vec::new();
     let mut threads = Vec::with_capacity(tids.len());
     let mut vanished = 0;
+    let dir = ProcDir::open(&TaskRef::process(pid).file("task"))?;
     for &tid in tids {
-        let path = TaskRef::thread(pid, tid).file("stat");
-        match read_capped(&path, 4096) {
+        let rel = format!("{tid}/stat");
+        match dir.read_seq(&rel, 4096) {
             Ok(r) => {
                 let st = parse::parse_stat(&r.bytes).map_err(|reason| ReadError::Parse {
-                    path: path.display().to_string(),
+                    path: format!("/proc/{pid}/task/{rel}"),
                     reason,
                 })?;
                 raw.extend_from_slice(&r.bytes);
@@ -361,9 +365,10 @@ pub fn read_thread_wchans(
     let mut raw = Vec::new();
     let mut threads = Vec::with_capacity(tids.len());
     let mut vanished = 0;
+    let dir = ProcDir::open(&TaskRef::process(pid).file("task"))?;
     for &tid in tids {
-        let path = TaskRef::thread(pid, tid).file("wchan");
-        match read_capped(&path, 256) {
+        let rel = format!("{tid}/wchan");
+        match dir.read_seq(&rel, 256) {
             Ok(r) => {
                 raw.extend_from_slice(&r.bytes);
                 raw.push(b'\n');

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Host-wide state snapshot, side by side in one run:
+#   pstackctl capture --host   (identity, state, wchan of every thread; sealed envelope written)
+#   ps -eLo pid,tid,stat,wchan:32,lstart
+# over ~THREADS extra idle threads spawned here (in processes of 500 threads).
+# Prints the median wall time of each over RUNS alternating runs, and the ratio.
+# Usage (root): bench/proc/host_snapshot.sh [THREADS=5000] [RUNS=15]
+set -euo pipefail
+THREADS=${1:-5000}
+RUNS=${2:-15}
+cd "$(dirname "$0")/../.."
+source bench/proc/common.sh
+build_release
+TMP=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
+trap cleanup EXIT
+left=$THREADS
+while [ "$left" -gt 0 ]; do
+    n=$(( left > 500 ? 500 : left ))
+    spawn_threads "$n"
+    pids+=("$HOLDER_PID")
+    left=$(( left - n ))
+done
+total=$(ps -eLo tid= | wc -l)
+echo "threads on host: $total (spawned $THREADS in ${#pids[@]} processes); runs: $RUNS"
+export PSTACK_LEAK_JOURNAL=$TMP/leaks.jsonl
+cap() { "$BIN/pstackctl" capture --host --max-threads 1000000 --bundle-deadline-ms 60000 -o "$TMP/host.json" >/dev/null; }
+psrun() { ps -eLo pid,tid,stat,wchan:32,lstart >/dev/null; }
+cap; psrun  # warm caches
+for _ in $(seq "$RUNS"); do
+    t0=$(now_ns); psrun; t1=$(now_ns); echo $(( (t1 - t0) / 1000 )) >>"$TMP/ps"
+    t0=$(now_ns); cap; t1=$(now_ns); echo $(( (t1 - t0) / 1000 )) >>"$TMP/pstack"
+done
+ps_us=$(median "$TMP/ps")
+pstack_us=$(median "$TMP/pstack")
+"$BIN/pstackctl" envelope verify "$TMP/host.json" | sed -n '1,3p'
+observed=$(python3 -c "import json,sys; e=json.load(open(sys.argv[1])); u=e['universe']; print(u['observed_count'], u['expected_count'], e['completeness'], len(e['surfaces']), 'surfaces')" "$TMP/host.json")
+echo "envelope: observed/expected threads, completeness: $observed; size $(stat -c %s "$TMP/host.json") bytes"
+printf 'ps -eLo pid,tid,stat,wchan:32,lstart   median %8.1f ms\n' "$(echo "$ps_us/1000" | bc -l)"
+printf 'pstackctl capture --host (sealed)      median %8.1f ms\n' "$(echo "$pstack_us/1000" | bc -l)"
+printf 'ratio pstackctl/ps: %.2fx (target <= 1.00x)\n' "$(echo "$pstack_us/$ps_us" | bc -l)"
