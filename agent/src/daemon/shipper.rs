@@ -472,28 +472,24 @@ impl Shipper {
                 if done[r.index] || r.digest.as_deref() != Some(expected.as_str()) {
                     continue;
                 }
-                match r.status.as_str() {
-                    "accepted" | "duplicate" => {
-                        if spool.acknowledge(expected).is_ok() {
-                            done[r.index] = true;
-                            if r.status == "accepted" {
-                                accepted += 1;
-                            } else {
-                                duplicate += 1;
-                            }
-                        }
-                    }
+                let status = r.status.as_str();
+                let acked = match status {
+                    "accepted" | "duplicate" => spool.acknowledge(expected).is_ok(),
                     "rejected" => {
                         tracing::warn!(digest = %expected, "collector rejected an envelope; quarantined");
-                        if spool
+                        spool
                             .quarantine(expected, QuarantineReason::RejectedByCollector)
                             .is_ok()
-                        {
-                            done[r.index] = true;
-                            rejected += 1;
-                        }
                     }
-                    _ => {}
+                    _ => false,
+                };
+                if acked {
+                    done[r.index] = true;
+                    match status {
+                        "accepted" => accepted += 1,
+                        "duplicate" => duplicate += 1,
+                        _ => rejected += 1,
+                    }
                 }
             }
             let unacknowledged = done.iter().filter(|d| !**d).count();
