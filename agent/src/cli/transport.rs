@@ -1344,6 +1344,7 @@ impl Ctx<'_> {
         let remote = id_sock.remote;
         let local = id_sock.local;
         let mut fault = false;
+        let mut stalled_locally = false;
         let d = |k: &str| deltas.as_ref().and_then(|d| d.get(k).copied()).unwrap_or(0);
 
         // Retransmits and RTOs on this flow.
@@ -1379,19 +1380,37 @@ impl Ctx<'_> {
         if let Some(x) = end
             && ok("tcp/end")
         {
-            let zero_wnd = x.info.as_ref().and_then(|i| i.snd_wnd) == Some(0);
+            let snd_wnd = x.info.as_ref().and_then(|i| i.snd_wnd);
             let probe = x.timer == sockdiag::SocketTimer::ZeroWindowProbe;
-            if zero_wnd || probe {
+            let probes = x.info.as_ref().map(|i| i.probes).unwrap_or(0);
+            if snd_wnd == Some(0) {
                 fault = true;
                 add(
                     ClaimKind::Fact,
                     "peer_zero_window",
                     format!(
-                        "at window end the peer {remote} advertises a {} receive window; pending timer: {} ({} unanswered probes, {} bytes unacknowledged in the send queue)",
-                        if zero_wnd { "zero" } else { "non-zero" },
+                        "at window end the peer {remote} advertises a zero receive window; pending timer: {} ({probes} unanswered probes, {} bytes unacknowledged in the send queue)",
                         x.timer.as_str(),
-                        x.info.as_ref().map(|i| i.probes).unwrap_or(0),
                         x.wqueue
+                    ),
+                    &["tcp/end"],
+                    None,
+                );
+            } else if probe && x.wqueue > 0 {
+                stalled_locally = true;
+                // The probe timer also runs when the window is open but nothing can
+                // leave this host (the device refused the segment: a local send
+                // failure, which TCP does not count as a retransmit).
+                fault = true;
+                add(
+                    ClaimKind::Fact,
+                    "send_stalled_locally",
+                    format!(
+                        "at window end {} bytes wait in the send queue to {remote} with the peer's window open ({} bytes) and no segment in flight: the probe timer is pending ({probes} probes), so segments are not leaving this host",
+                        x.wqueue,
+                        snd_wnd
+                            .map(|w| w.to_string())
+                            .unwrap_or_else(|| "unknown".into())
                     ),
                     &["tcp/end"],
                     None,
@@ -1594,7 +1613,7 @@ impl Ctx<'_> {
                 .unwrap_or(0);
             let hdr = if remote.is_ipv4() { 40 } else { 60 };
             if mss + hdr > lo {
-                let stalled = deltas.is_some() && d("total_retrans") > 0;
+                let stalled = (deltas.is_some() && d("total_retrans") > 0) || stalled_locally;
                 add(
                     ClaimKind::Hypothesis,
                     "pmtu_black_hole",

@@ -1,0 +1,158 @@
+//! `capture longhorn`: the storage_transfer envelope links the stream
+//! envelopes by digest; the manager API is read when configured, else unknown.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+
+use pstack_envelope::{Completeness, Subject, SurfaceStatus};
+
+use crate::testbed::*;
+
+fn longhorn_args<'a>(ns: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "capture",
+        "longhorn",
+        "--volume",
+        "pvc-7",
+        "--engine",
+        "pvc-7-e-0",
+        "--source-node",
+        "node-a",
+        "--target-node",
+        "node-b",
+        "--netns",
+        ns,
+        "--peer",
+        B_V4,
+        "--window",
+        "1s",
+        "--json",
+        "--no-ebpf",
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+#[test]
+fn root_transfer_links_stream_digests_and_leaves_manager_and_hubble_as_probes() {
+    if !root_or_skip("root_transfer_links_stream_digests_and_leaves_manager_and_hubble_as_probes") {
+        return;
+    }
+    let _s = serial();
+    let bed = Testbed::new("lh");
+    let _t = Transfer::start(&bed, false, None);
+    let (code, out, err) = pstackctl(&longhorn_args(&bed.a.name, &[]));
+    assert_eq!(code, 0, "{err}");
+    let envs = envelopes(&out);
+    let transfer = envs.last().unwrap();
+    let Subject::StorageTransfer(t) = &transfer.subject else {
+        panic!("last envelope is the transfer")
+    };
+    assert_eq!(
+        (t.volume.as_str(), t.engine.as_str()),
+        ("pvc-7", "pvc-7-e-0")
+    );
+    assert!(t.transfer_id.starts_with("derived-"));
+    let links = surface(transfer, "streams").facts["links"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let streams: Vec<_> = envs
+        .iter()
+        .filter(|e| matches!(e.subject, Subject::NetworkStream(_)))
+        .collect();
+    assert_eq!(links.len(), streams.len());
+    assert_eq!(streams.len(), 2);
+    for s in &streams {
+        assert!(
+            links.iter().any(|l| l["digest"] == s.digest.as_str()),
+            "stream {} not linked",
+            s.digest
+        );
+    }
+    let probes: Vec<&str> = transfer.unknowns.iter().map(|u| u.probe.as_str()).collect();
+    assert!(
+        probes
+            .iter()
+            .any(|p| p.contains("kubectl -n longhorn-system get engines.longhorn.io pvc-7-e-0")),
+        "{probes:?}"
+    );
+    assert!(
+        probes
+            .iter()
+            .any(|p| p.starts_with("hubble observe --ip 10.77.0.2")),
+        "{probes:?}"
+    );
+    assert_eq!(transfer.completeness, Completeness::Complete);
+}
+
+/// A stand-in manager on loopback answers with a volume document of the
+/// manager's shape; an unreachable one becomes a non-ok surface plus the probe.
+#[test]
+fn root_transfer_reads_manager_api_when_configured() {
+    if !root_or_skip("root_transfer_reads_manager_api_when_configured") {
+        return;
+    }
+    let _s = serial();
+    let bed = Testbed::new("lhapi");
+    let _t = Transfer::start(&bed, false, None);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut req = vec![0u8; 4096];
+        let n = s.read(&mut req).unwrap();
+        let req = String::from_utf8_lossy(&req[..n]).into_owned();
+        let body = r#"{"name":"pvc-7","state":"attached","robustness":"degraded","controllers":[{"name":"pvc-7-e-0"}],"rebuildStatus":[{"replica":"pvc-7-r-1","fromReplicaAddress":"tcp://10.77.0.2:10001","state":"in_progress","progress":37,"isRebuilding":true,"error":""}]}"#;
+        write!(
+            s,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        req
+    });
+    let api = format!("http://127.0.0.1:{port}");
+    let (code, out, err) = pstackctl(&longhorn_args(&bed.a.name, &["--longhorn-api", &api]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        server
+            .join()
+            .unwrap()
+            .starts_with("GET /v1/volumes/pvc-7 HTTP/1.1")
+    );
+    let envs = envelopes(&out);
+    let transfer = envs.last().unwrap();
+    let m = surface(transfer, "longhorn/manager");
+    assert_eq!(m.status, SurfaceStatus::Ok);
+    assert_eq!(m.facts["rebuild_status"][0]["progress_percent"], 37);
+    assert!(
+        transfer
+            .claims
+            .iter()
+            .any(|c| c.code == "longhorn_manager_reports_rebuild")
+    );
+    assert!(
+        !transfer
+            .unknowns
+            .iter()
+            .any(|u| u.blocks == "CLASSIFY_TRANSFER_TERMINAL")
+    );
+
+    // Nothing listens there now: refused, partial, and the kubectl probe is back.
+    let (code, out, err) = pstackctl(&longhorn_args(&bed.a.name, &["--longhorn-api", &api]));
+    assert_eq!(code, 0, "{err}");
+    let envs = envelopes(&out);
+    let transfer = envs.last().unwrap();
+    assert_eq!(
+        surface(transfer, "longhorn/manager").status,
+        SurfaceStatus::Error
+    );
+    assert_eq!(transfer.completeness, Completeness::Partial);
+    assert!(
+        transfer
+            .unknowns
+            .iter()
+            .any(|u| u.probe.contains("kubectl"))
+    );
+}
