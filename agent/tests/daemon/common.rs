@@ -74,6 +74,7 @@ pub struct Settings {
     pub backoff_max_ms: u64,
     pub batch_max_items: usize,
     pub spool_dir: Option<PathBuf>,
+    pub api_key: Option<String>,
     pub extra: String,
 }
 
@@ -93,6 +94,7 @@ impl Default for Settings {
             backoff_max_ms: 300,
             batch_max_items: 100,
             spool_dir: None,
+            api_key: None,
             extra: String::new(),
         }
     }
@@ -170,7 +172,11 @@ impl Daemon {
 
     pub fn start_with(dir: &Path, settings: &Settings, tweak: impl FnOnce(&mut Command)) -> Daemon {
         std::fs::create_dir_all(dir).unwrap();
-        std::fs::write(dir.join("api-key"), format!("{API_KEY}\n")).unwrap();
+        std::fs::write(
+            dir.join("api-key"),
+            format!("{}\n", settings.api_key.as_deref().unwrap_or(API_KEY)),
+        )
+        .unwrap();
         std::fs::write(dir.join("pstackd.toml"), settings.toml(dir)).unwrap();
         let log = dir.join(format!("pstackd-{:016x}.log", rand_u64()));
         let mut cmd = Command::new(pstackd_bin());

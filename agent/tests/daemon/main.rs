@@ -15,4 +15,5 @@ mod faults;
 mod lifecycle;
 mod limits;
 mod spool;
+mod store_e2e;
 mod unit_files;
