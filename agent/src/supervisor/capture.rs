@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 use super::assemble::{Assembly, Mode};
 use super::clock::{monotonic_ns, wall_time_now};
 use super::leak::LeakBudget;
-use super::risky::{RiskyOutcome, RiskyRead, RiskyRun, cause_of, status_of};
+use super::risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, cause_of, status_of};
 use super::{CaptureError, CaptureRequest, Deadlines, SupervisorConfig, Target};
 
 fn micros(d: Duration) -> u64 {
@@ -460,6 +460,8 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
         host: ctx.host.host.clone(),
         boot_id: ctx.host.boot_id.clone(),
     });
+    // The helper's exec and confinement overlap with the enumeration.
+    let early = EarlyHelper::spawn(ctx.config, ctx.budget);
     let pids = read::list_pids(u64::MAX).map_err(CaptureError::HostFacts)?;
     let mut remaining = ctx.request.max_threads;
     let mut expected: u64 = 0;
@@ -499,12 +501,13 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
         })
         .collect();
     let subject_text = subject.describe();
-    let run = RiskyRun::start(
+    let run = RiskyRun::start_with(
         reads,
         ctx.bundle_deadline,
         &subject_text,
         ctx.config,
         ctx.budget,
+        early,
     )?;
 
     let safe = ctx.safe();
@@ -530,17 +533,23 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
         }
         states.push(s);
     }
-    let outcomes = run.finish();
+    // Second identity read of each process as soon as its slow surface is in.
+    let mut after: Vec<Option<Result<IdentityReading, ReadError>>> = vec![None; members.len()];
+    let outcomes = run.finish_with(|i| {
+        after[i] = Some(read_identity(&ctx.host, members[i].0.identity.pid));
+    });
 
     let mut surfaces = Vec::with_capacity(states.len() * 2);
-    for (((id, _), mut state), outcome) in members.iter().zip(states).zip(outcomes) {
+    for ((((id, _), mut state), outcome), after) in
+        members.iter().zip(states).zip(outcomes).zip(after)
+    {
         let pid = id.identity.pid;
         let mut wchan = risky_surface(
             format!("proc/{pid}/wchan"),
             format!("procfs:/proc/{pid}/task/*/wchan"),
             outcome,
         );
-        let after = read_identity(&ctx.host, pid);
+        let after = after.unwrap_or_else(|| read_identity(&ctx.host, pid));
         let change = match &after {
             Err(ReadError::Vanished { .. }) => Some((
                 SurfaceStatus::Vanished,

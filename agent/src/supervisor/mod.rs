@@ -65,7 +65,7 @@ use pstack_collectors::procfs::ReadError;
 
 pub use capture::capture;
 pub use leak::{HelperIdentity, JournalEntry, LeakBudget, LeakJournal};
-pub use risky::{RiskyOutcome, RiskyRead, RiskyRun, run_risky};
+pub use risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, run_risky};
 
 /// What to capture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

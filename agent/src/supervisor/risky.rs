@@ -130,6 +130,40 @@ pub fn describe_exit(status: Option<ExitStatus>) -> String {
     }
 }
 
+/// Spawn a helper and call the spawn hook.
+fn spawn_helper(config: &SupervisorConfig) -> std::io::Result<HelperProcess> {
+    let helper = HelperProcess::spawn(&config.helper_path, &config.boot_id)?;
+    if let Some(hook) = &config.on_helper_spawned {
+        hook(&helper.identity);
+    }
+    Ok(helper)
+}
+
+/// A helper spawned before its batch is known, so its exec and confinement
+/// overlap with the caller's work. Sending it nothing is harmless: it is
+/// killed (and reaped) when the batch finishes.
+#[derive(Debug)]
+pub struct EarlyHelper {
+    helper: Option<HelperProcess>,
+}
+
+impl EarlyHelper {
+    /// No early helper.
+    pub fn none() -> EarlyHelper {
+        EarlyHelper { helper: None }
+    }
+
+    /// Spawn one now if the leak budget allows (else the batch will skip).
+    pub fn spawn(config: &SupervisorConfig, budget: &LeakBudget) -> EarlyHelper {
+        if budget.available() == 0 {
+            return EarlyHelper::none();
+        }
+        EarlyHelper {
+            helper: spawn_helper(config).ok(),
+        }
+    }
+}
+
 /// A batch in progress.
 pub struct RiskyRun<'a> {
     reads: Vec<RiskyRead>,
@@ -141,6 +175,7 @@ pub struct RiskyRun<'a> {
     subject: String,
     config: &'a SupervisorConfig,
     budget: &'a LeakBudget,
+    prespawned: Option<HelperProcess>,
     /// Helpers spawned for this batch.
     pub helpers_spawned: u32,
 }
@@ -165,6 +200,27 @@ impl<'a> RiskyRun<'a> {
         config: &'a SupervisorConfig,
         budget: &'a LeakBudget,
     ) -> Result<RiskyRun<'a>, CaptureError> {
+        RiskyRun::start_with(
+            reads,
+            bundle_deadline,
+            subject,
+            config,
+            budget,
+            EarlyHelper::none(),
+        )
+    }
+
+    /// [`RiskyRun::start`] using a helper spawned earlier with
+    /// [`EarlyHelper::spawn`] (its exec and confinement overlapped with the
+    /// caller's enumeration).
+    pub fn start_with(
+        reads: Vec<RiskyRead>,
+        bundle_deadline: Instant,
+        subject: &str,
+        config: &'a SupervisorConfig,
+        budget: &'a LeakBudget,
+        early: EarlyHelper,
+    ) -> Result<RiskyRun<'a>, CaptureError> {
         if let Some(r) = reads
             .iter()
             .find(|r| r.deadline.is_none_or(|d| d.is_zero()))
@@ -184,6 +240,7 @@ impl<'a> RiskyRun<'a> {
             subject: subject.to_string(),
             config,
             budget,
+            prespawned: early.helper,
             helpers_spawned: 0,
         };
         run.launch();
@@ -234,34 +291,34 @@ impl<'a> RiskyRun<'a> {
                 self.skip_rest(msg);
                 return;
             }
-            let mut helper =
-                match HelperProcess::spawn(&self.config.helper_path, &self.config.boot_id) {
-                    Ok(h) => h,
-                    Err(e) => {
-                        let message = format!(
-                            "cannot spawn helper {}: {e}",
-                            self.config.helper_path.display()
-                        );
-                        for i in self.next..self.reads.len() {
-                            let d = self.deadline_ms(i);
-                            self.outcomes[i] = Some(RiskyOutcome::without_facts(
-                                SurfaceStatus::Error,
-                                StatusCause {
-                                    errno: e.raw_os_error(),
-                                    message: message.clone(),
-                                },
-                                d,
-                                0,
-                            ));
-                        }
-                        self.next = self.reads.len();
-                        return;
+            let spawned = match self.prespawned.take() {
+                Some(h) => Ok(h),
+                None => spawn_helper(self.config),
+            };
+            let mut helper = match spawned {
+                Ok(h) => h,
+                Err(e) => {
+                    let message = format!(
+                        "cannot spawn helper {}: {e}",
+                        self.config.helper_path.display()
+                    );
+                    for i in self.next..self.reads.len() {
+                        let d = self.deadline_ms(i);
+                        self.outcomes[i] = Some(RiskyOutcome::without_facts(
+                            SurfaceStatus::Error,
+                            StatusCause {
+                                errno: e.raw_os_error(),
+                                message: message.clone(),
+                            },
+                            d,
+                            0,
+                        ));
                     }
-                };
+                    self.next = self.reads.len();
+                    return;
+                }
+            };
             self.helpers_spawned += 1;
-            if let Some(hook) = &self.config.on_helper_spawned {
-                hook(&helper.identity);
-            }
             let request = Request {
                 version: PROTOCOL_VERSION,
                 surfaces: self.reads[self.next..]
@@ -368,8 +425,23 @@ impl<'a> RiskyRun<'a> {
     }
 
     /// Collect every result, enforcing deadlines, respawning as needed.
-    pub fn finish(mut self) -> Vec<RiskyOutcome> {
-        while self.next < self.reads.len() {
+    pub fn finish(self) -> Vec<RiskyOutcome> {
+        self.finish_with(|_| {})
+    }
+
+    /// [`RiskyRun::finish`], calling `settled(i)` as soon as surface `i` has
+    /// its outcome (in order), so a caller can do per-surface follow-up work
+    /// (e.g. the second identity read) while later surfaces are still read.
+    pub fn finish_with(mut self, mut settled: impl FnMut(usize)) -> Vec<RiskyOutcome> {
+        let mut reported = 0;
+        loop {
+            while reported < self.next {
+                settled(reported);
+                reported += 1;
+            }
+            if self.next >= self.reads.len() {
+                break;
+            }
             let Some(mut helper) = self.helper.take() else {
                 self.launch();
                 continue;
@@ -460,19 +532,23 @@ impl<'a> RiskyRun<'a> {
         }
         if let Some(mut helper) = self.helper.take() {
             helper.close_input();
+            let identity = helper.identity.clone();
             if helper.wait_exit(self.config.reap_deadline).is_none()
                 && let Reap::Unreaped(child) = helper.kill_and_reap(self.config.reap_deadline)
             {
-                let identity = child.id();
-                let _ = identity;
-                let helper_id = HelperIdentity {
-                    pid: child.id(),
-                    start_ticks: 0,
-                    boot_id: self.config.boot_id.clone(),
-                };
+                // Every surface was answered, yet the helper would not exit:
+                // still a leak, journaled and charged.
                 let _ = self
                     .budget
-                    .charge(child, helper_id, "<after batch>", &self.subject);
+                    .charge(child, identity, "<after batch>", &self.subject);
+            }
+        }
+        if let Some(spare) = self.prespawned.take() {
+            let identity = spare.identity.clone();
+            if let Reap::Unreaped(child) = spare.kill_and_reap(self.config.reap_deadline) {
+                let _ = self
+                    .budget
+                    .charge(child, identity, "<unused helper>", &self.subject);
             }
         }
         self.outcomes
@@ -496,6 +572,7 @@ impl<'a> RiskyRun<'a> {
     fn kill_with_error(&mut self, helper: HelperProcess, i: usize, message: String) {
         let d = self.deadline_ms(i);
         let elapsed = micros(self.window_start.elapsed());
+        let identity = helper.identity.clone();
         match helper.kill_and_reap(self.config.reap_deadline) {
             Reap::Reaped(_) => self.settle(
                 i,
@@ -510,14 +587,9 @@ impl<'a> RiskyRun<'a> {
                 ),
             ),
             Reap::Unreaped(child) => {
-                let id = HelperIdentity {
-                    pid: child.id(),
-                    start_ticks: 0,
-                    boot_id: self.config.boot_id.clone(),
-                };
                 let _ = self
                     .budget
-                    .charge(child, id, &self.reads[i].id, &self.subject);
+                    .charge(child, identity, &self.reads[i].id, &self.subject);
                 self.settle(
                     i,
                     RiskyOutcome::without_facts(
