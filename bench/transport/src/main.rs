@@ -1,0 +1,139 @@
+//! Benchmark: a TCP snapshot (every socket with `tcp_info`) of N established
+//! loopback sockets, pstack's sock_diag reader vs `ss -tin`, in the same run,
+//! in a private network namespace (so nothing else on the host is counted).
+//!
+//! Two comparisons, both printed with their ratio (pstack / ss; ≤ 1.0 means
+//! pstack is at least as fast):
+//! - **process vs process**: `ss -tin` vs this binary re-executed in
+//!   `--snapshot` mode, which dumps every socket and writes one JSON line per
+//!   socket (state, endpoints, cookie, full tcp_info) to stdout — the same job
+//!   `ss` does, output read to the end by the parent in both cases;
+//! - **in-process**: the reader alone (`dump_tcp`, parse included), the cost
+//!   pstackctl pays per sample.
+//!
+//! With `--pstackctl PATH`, it also runs `pstackctl capture transport` over
+//! the same sockets (`--max-flows 200`) and reports envelope bytes per flow.
+//!
+//! Usage (root): `cargo run --release --manifest-path bench/transport/Cargo.toml -- \
+//!   [--sockets 10000] [--runs 15] [--pstackctl target/release/pstackctl]`
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pstack_collectors::net::sockdiag::dump_tcp;
+
+fn arg(name: &str) -> Option<String> {
+    let mut it = std::env::args();
+    while let Some(a) = it.next() {
+        if a == name {
+            return it.next();
+        }
+    }
+    None
+}
+
+fn snapshot_to_stdout() {
+    let dump = dump_tcp(&|_| true).expect("sock_diag dump");
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+    for s in &dump.sockets {
+        serde_json::to_writer(&mut out, s).expect("write");
+        out.write_all(b"\n").expect("write");
+    }
+    out.flush().expect("flush");
+}
+
+/// Run a command to completion, reading all its output; returns (elapsed, bytes).
+fn timed_run(cmd: &mut Command) -> (Duration, usize) {
+    let t = Instant::now();
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("spawn");
+    let mut buf = Vec::with_capacity(16 << 20);
+    child.stdout.take().unwrap().read_to_end(&mut buf).expect("read");
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{cmd:?} failed");
+    (t.elapsed(), buf.len())
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--snapshot") {
+        snapshot_to_stdout();
+        return;
+    }
+    let sockets: usize = arg("--sockets").and_then(|s| s.parse().ok()).unwrap_or(10_000);
+    let runs: usize = arg("--runs").and_then(|s| s.parse().ok()).unwrap_or(15);
+    let pstackctl = arg("--pstackctl");
+
+    // A private netns, still single-threaded here.
+    // SAFETY: unshare with a constant flag; checked.
+    assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare(CLONE_NEWNET) needs root");
+    let st = Command::new("ip").args(["link", "set", "lo", "up"]).status().expect("ip");
+    assert!(st.success());
+    let want = libc::rlimit { rlim_cur: 65_536, rlim_max: 65_536 };
+    // SAFETY: valid rlimit pointer.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) };
+
+    let l = TcpListener::bind("127.0.0.1:10001").expect("bind");
+    let pairs = sockets / 2;
+    let mut keep = Vec::with_capacity(sockets);
+    for _ in 0..pairs {
+        let c = TcpStream::connect("127.0.0.1:10001").expect("connect");
+        let (s, _) = l.accept().expect("accept");
+        keep.push(c);
+        keep.push(s);
+    }
+    let exe = std::env::current_exe().expect("exe");
+    let check = dump_tcp(&|s| s.state == 1).expect("dump");
+    println!("established sockets in the bench netns: {}", check.sockets.len());
+    assert_eq!(check.sockets.len(), pairs * 2);
+
+    // Warm both (page cache, binaries).
+    timed_run(Command::new("ss").arg("-tin"));
+    timed_run(Command::new(&exe).arg("--snapshot"));
+
+    let (mut ss_t, mut ps_t, mut inproc_t) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ss_bytes, mut ps_bytes) = (0, 0);
+    for _ in 0..runs {
+        // Interleaved so both see the same machine state.
+        let (t, b) = timed_run(Command::new("ss").arg("-tin"));
+        ss_t.push(t);
+        ss_bytes = b;
+        let (t, b) = timed_run(Command::new(&exe).arg("--snapshot"));
+        ps_t.push(t);
+        ps_bytes = b;
+        let t = Instant::now();
+        let d = dump_tcp(&|_| true).expect("dump");
+        inproc_t.push(t.elapsed());
+        assert!(d.sockets.len() >= pairs * 2);
+    }
+    let (ss_m, ps_m, in_m) = (median(ss_t), median(ps_t), median(inproc_t));
+    println!("runs: {runs} (medians)");
+    println!("ss -tin                         : {:>8.2} ms  ({ss_bytes} bytes of output)", ss_m.as_secs_f64() * 1e3);
+    println!("pstack reader, as a process     : {:>8.2} ms  ({ps_bytes} bytes of JSON lines)", ps_m.as_secs_f64() * 1e3);
+    println!("pstack reader, in-process       : {:>8.2} ms", in_m.as_secs_f64() * 1e3);
+    println!("ratio process/ss                : {:.2}x", ps_m.as_secs_f64() / ss_m.as_secs_f64());
+    println!("ratio in-process/ss             : {:.2}x", in_m.as_secs_f64() / ss_m.as_secs_f64());
+
+    if let Some(p) = pstackctl {
+        let out = Command::new(&p)
+            .args(["capture", "transport", "--peer", "127.0.0.1:10001", "--window", "100ms", "--max-flows", "200", "--json", "--no-ebpf"])
+            .output()
+            .expect("pstackctl");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let lines: Vec<&[u8]> = out.stdout.split(|b| *b == b'\n').filter(|l| !l.is_empty()).collect();
+        let total: usize = lines.iter().map(|l| l.len()).sum();
+        let max = lines.iter().map(|l| l.len()).max().unwrap_or(0);
+        println!(
+            "envelope per flow (compact JSON, {} flows): mean {} bytes, max {max} bytes",
+            lines.len(),
+            total / lines.len().max(1)
+        );
+    }
+    drop(keep);
+}
