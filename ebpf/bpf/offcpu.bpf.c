@@ -173,10 +173,13 @@ static __always_inline void switch_in(struct trace_event_raw_sched_switch *tp, _
 			bpf_core_read(e->comm, sizeof(e->comm), &tp->next_comm);
 			__builtin_memcpy(e->stack, st->stack, sizeof(e->stack));
 			__u64 flag = 0;
-			if (wakeup_bytes)
-				flag = bpf_ringbuf_query(&EPISODES, BPF_RB_AVAIL_DATA) >= wakeup_bytes
+			if (wakeup_bytes) {
+				/* Wake once, when the backlog crosses wakeup_bytes (the reader also polls). */
+				__u64 avail = bpf_ringbuf_query(&EPISODES, BPF_RB_AVAIL_DATA);
+				flag = avail >= wakeup_bytes && avail < wakeup_bytes + sizeof(*e)
 					       ? BPF_RB_FORCE_WAKEUP
 					       : BPF_RB_NO_WAKEUP;
+			}
 			bpf_ringbuf_submit(e, flag);
 			count(PSTACK_OFF_EPISODES);
 		}

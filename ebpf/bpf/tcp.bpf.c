@@ -62,12 +62,17 @@ static __always_inline int port_filtered(__u16 sport, __u16 dport)
 	return filter_port != 0 && sport != filter_port && dport != filter_port;
 }
 
+/* Wake the reader once, when the backlog crosses wakeup_bytes; below it (and
+ * while a woken reader catches up) stay quiet: the reader also polls on a
+ * tick. A wakeup per event under a flood costs more than the event itself. */
 static __always_inline __u64 wake_flag(void)
 {
 	if (wakeup_bytes == 0)
 		return 0;
-	return bpf_ringbuf_query(&EVENTS, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
-									       : BPF_RB_NO_WAKEUP;
+	__u64 avail = bpf_ringbuf_query(&EVENTS, BPF_RB_AVAIL_DATA);
+	if (avail >= wakeup_bytes && avail < wakeup_bytes + sizeof(struct pstack_tcp_event))
+		return BPF_RB_FORCE_WAKEUP;
+	return BPF_RB_NO_WAKEUP;
 }
 
 static __always_inline struct pstack_tcp_event *reserve(__u8 kind)

@@ -60,7 +60,11 @@ pub enum TcpSurface {
 
 impl TcpSurface {
     /// Every TCP surface.
-    pub const ALL: [TcpSurface; 3] = [TcpSurface::Retransmits, TcpSurface::Resets, TcpSurface::Lifecycle];
+    pub const ALL: [TcpSurface; 3] = [
+        TcpSurface::Retransmits,
+        TcpSurface::Resets,
+        TcpSurface::Lifecycle,
+    ];
 
     /// The surface id.
     pub fn id(self) -> &'static str {
@@ -170,6 +174,7 @@ pub struct Flow {
     /// Transitions beyond the cap.
     pub transitions_dropped: u64,
     closed: bool,
+    tuple_indexed: bool,
 }
 
 impl Flow {
@@ -191,6 +196,7 @@ impl Flow {
             transitions: Vec::new(),
             transitions_dropped: 0,
             closed: false,
+            tuple_indexed: false,
         }
     }
 
@@ -211,12 +217,34 @@ impl Flow {
 
 type TupleKey = (Option<u32>, Endpoint, Endpoint);
 
+/// A multiplicative hasher for socket keys (kernel addresses: distinct, not
+/// attacker-chosen), cheaper per event than SipHash.
+#[derive(Debug, Default, Clone, Copy)]
+struct SockKeyHasher(u64);
+
+impl std::hash::Hasher for SockKeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 =
+                (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type SockMap = HashMap<u64, usize, std::hash::BuildHasherDefault<SockKeyHasher>>;
+
 /// Per-window TCP aggregation, bounded by [`Limits`].
 #[derive(Debug, Clone)]
 pub struct TcpAggregate {
     limits: Limits,
     flows: Vec<Flow>,
-    by_sock: HashMap<u64, usize>,
+    by_sock: SockMap,
     by_tuple: HashMap<TupleKey, usize>,
     /// Events per kind (exact), index = `TcpEventKind::ALL` order.
     pub seen: [u64; 4],
@@ -248,7 +276,7 @@ impl TcpAggregate {
         TcpAggregate {
             limits,
             flows: Vec::new(),
-            by_sock: HashMap::new(),
+            by_sock: SockMap::default(),
             by_tuple: HashMap::new(),
             seen: [0; 4],
             untracked: [0; 3],
@@ -315,9 +343,12 @@ impl TcpAggregate {
         let max_tr = self.limits.max_transitions_per_flow;
         let f = &mut self.flows[idx];
         f.last_ns = f.last_ns.max(e.ts_ns);
+        let index_tuple =
+            Flow::complete(e) && (!f.tuple_indexed || f.local != e.local || f.remote != e.remote);
         if Flow::complete(e) {
             f.local = e.local;
             f.remote = e.remote;
+            f.tuple_indexed = true;
         }
         if f.sock_cookie.is_none() {
             f.sock_cookie = e.sock_cookie;
@@ -337,7 +368,11 @@ impl TcpAggregate {
                 f.state_changes += 1;
                 let to = e.new_state.unwrap_or(TcpState(0));
                 if f.transitions.len() < max_tr {
-                    f.transitions.push(Transition { ts_ns: e.ts_ns, from: e.state, to });
+                    f.transitions.push(Transition {
+                        ts_ns: e.ts_ns,
+                        from: e.state,
+                        to,
+                    });
                 } else {
                     f.transitions_dropped += 1;
                 }
@@ -346,7 +381,7 @@ impl TcpAggregate {
                 }
             }
         }
-        if Flow::complete(e) {
+        if index_tuple {
             self.by_tuple.insert((e.netns_ino, e.local, e.remote), idx);
         }
     }
@@ -356,7 +391,9 @@ impl TcpAggregate {
         let existing = if e.sk_key != 0 {
             self.by_sock.get(&e.sk_key).copied()
         } else {
-            self.by_tuple.get(&(e.netns_ino, e.local, e.remote)).copied()
+            self.by_tuple
+                .get(&(e.netns_ino, e.local, e.remote))
+                .copied()
         };
         if let Some(i) = existing
             && !(reopening && self.flows[i].closed)
@@ -406,7 +443,10 @@ mod tests {
     use std::net::{IpAddr, Ipv4Addr};
 
     fn ep(port: u16) -> Endpoint {
-        Endpoint { addr: IpAddr::V4(Ipv4Addr::LOCALHOST), port }
+        Endpoint {
+            addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port,
+        }
     }
 
     fn ev(kind: TcpEventKind, sk: u64, lport: u16, rport: u16, from: u8, to: u8) -> TcpEvent {
@@ -425,7 +465,7 @@ mod tests {
             layout: 0,
             has_sock: sk != 0,
             pid: 0,
-            comm: String::new(),
+            comm: crate::record::Comm::default(),
             sk_key: sk,
         }
     }
@@ -457,10 +497,21 @@ mod tests {
 
     #[test]
     fn flow_cap_bounds_memory_and_counts_untracked() {
-        let limits = Limits { max_flows: 4, max_samples: 3, ..Limits::default() };
+        let limits = Limits {
+            max_flows: 4,
+            max_samples: 3,
+            ..Limits::default()
+        };
         let mut a = TcpAggregate::new(limits, None);
         for i in 0..100u16 {
-            a.add(&ev(TcpEventKind::Retransmit, 0x1000 + u64::from(i), 1000 + i, 80, 1, 0));
+            a.add(&ev(
+                TcpEventKind::Retransmit,
+                0x1000 + u64::from(i),
+                1000 + i,
+                80,
+                1,
+                0,
+            ));
         }
         assert_eq!(a.flows().len(), 4);
         assert_eq!(a.seen(TcpEventKind::Retransmit), 100, "counts stay exact");
@@ -473,7 +524,10 @@ mod tests {
 
     #[test]
     fn transition_cap_per_flow() {
-        let limits = Limits { max_transitions_per_flow: 2, ..Limits::default() };
+        let limits = Limits {
+            max_transitions_per_flow: 2,
+            ..Limits::default()
+        };
         let mut a = TcpAggregate::new(limits, None);
         for _ in 0..5 {
             a.add(&ev(TcpEventKind::StateChange, 0xb, 1, 2, 1, 4));

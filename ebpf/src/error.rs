@@ -114,7 +114,8 @@ fn chain_errno(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
         {
             return Some(n);
         }
-        if let Some(aya::sys::SyscallError { io_error, .. }) = e.downcast_ref::<aya::sys::SyscallError>()
+        if let Some(aya::sys::SyscallError { io_error, .. }) =
+            e.downcast_ref::<aya::sys::SyscallError>()
             && let Some(n) = io_error.raw_os_error()
         {
             return Some(n);
@@ -132,7 +133,9 @@ impl EbpfError {
     /// The surface status this failure maps to (closed vocabulary).
     pub fn status(&self) -> SurfaceStatus {
         match self {
-            EbpfError::NoBtf { .. } | EbpfError::MissingTracepoint { .. } => SurfaceStatus::Unsupported,
+            EbpfError::NoBtf { .. } | EbpfError::MissingTracepoint { .. } => {
+                SurfaceStatus::Unsupported
+            }
             EbpfError::PermissionDenied { .. } => SurfaceStatus::PermissionDenied,
             other if is_permission(other.errno()) => SurfaceStatus::PermissionDenied,
             _ => SurfaceStatus::Error,
@@ -143,7 +146,9 @@ impl EbpfError {
     pub fn errno(&self) -> Option<i32> {
         match self {
             EbpfError::PermissionDenied { errno, .. } => *errno,
-            EbpfError::Tracefs { source, .. } | EbpfError::Poll { source, .. } => source.raw_os_error(),
+            EbpfError::Tracefs { source, .. } | EbpfError::Poll { source, .. } => {
+                source.raw_os_error()
+            }
             EbpfError::Load { source, .. } => chain_errno(source.as_ref()),
             EbpfError::Program { source, .. } => chain_errno(source.as_ref()),
             EbpfError::Map { source, .. } => chain_errno(source.as_ref()),
@@ -152,7 +157,10 @@ impl EbpfError {
     }
 
     pub(crate) fn load(object: &'static str, source: aya::EbpfError) -> EbpfError {
-        let e = EbpfError::Load { object, source: Box::new(source) };
+        let e = EbpfError::Load {
+            object,
+            source: Box::new(source),
+        };
         e.promote_permission(format!("loading {object}"))
     }
 
@@ -161,12 +169,19 @@ impl EbpfError {
         tracepoint: &'static str,
         source: aya::programs::ProgramError,
     ) -> EbpfError {
-        let e = EbpfError::Program { program, tracepoint, source: Box::new(source) };
+        let e = EbpfError::Program {
+            program,
+            tracepoint,
+            source: Box::new(source),
+        };
         e.promote_permission(format!("loading/attaching {program} on {tracepoint}"))
     }
 
     pub(crate) fn map(map: &'static str, source: aya::maps::MapError) -> EbpfError {
-        let e = EbpfError::Map { map, source: Box::new(source) };
+        let e = EbpfError::Map {
+            map,
+            source: Box::new(source),
+        };
         e.promote_permission(format!("map {map}"))
     }
 
@@ -174,7 +189,10 @@ impl EbpfError {
     fn promote_permission(self, what: String) -> EbpfError {
         let errno = self.errno();
         if is_permission(errno) {
-            EbpfError::PermissionDenied { what: format!("{what}: {self}"), errno }
+            EbpfError::PermissionDenied {
+                what: format!("{what}: {self}"),
+                errno,
+            }
         } else {
             self
         }
@@ -187,16 +205,28 @@ mod tests {
 
     #[test]
     fn statuses_are_typed() {
-        let e = EbpfError::NoBtf { path: "/nope".into() };
+        let e = EbpfError::NoBtf {
+            path: "/nope".into(),
+        };
         assert_eq!(e.status(), SurfaceStatus::Unsupported);
-        let e = EbpfError::PermissionDenied { what: "x".into(), errno: Some(libc::EPERM) };
+        let e = EbpfError::PermissionDenied {
+            what: "x".into(),
+            errno: Some(libc::EPERM),
+        };
         assert_eq!(e.status(), SurfaceStatus::PermissionDenied);
         let e = EbpfError::Tracefs {
             path: "/sys/kernel/tracing".into(),
             source: io::Error::from_raw_os_error(libc::EPERM),
         };
-        assert_eq!(e.status(), SurfaceStatus::PermissionDenied, "EPERM mounting tracefs is a permission problem");
-        let e = EbpfError::Poll { map: "EVENTS", source: io::Error::from_raw_os_error(libc::EBADF) };
+        assert_eq!(
+            e.status(),
+            SurfaceStatus::PermissionDenied,
+            "EPERM mounting tracefs is a permission problem"
+        );
+        let e = EbpfError::Poll {
+            map: "EVENTS",
+            source: io::Error::from_raw_os_error(libc::EBADF),
+        };
         assert_eq!(e.status(), SurfaceStatus::Error);
     }
 }

@@ -34,10 +34,11 @@ pub fn caps_allow_tracing(cap_eff: u64) -> bool {
 
 /// Refuse early, with a clear typed error, when this process cannot trace.
 pub fn check_privileges() -> Result<(), EbpfError> {
-    let status = std::fs::read_to_string("/proc/self/status").map_err(|e| EbpfError::PermissionDenied {
-        what: format!("cannot read /proc/self/status to check capabilities: {e}"),
-        errno: e.raw_os_error(),
-    })?;
+    let status =
+        std::fs::read_to_string("/proc/self/status").map_err(|e| EbpfError::PermissionDenied {
+            what: format!("cannot read /proc/self/status to check capabilities: {e}"),
+            errno: e.raw_os_error(),
+        })?;
     let caps = parse_cap_eff(&status).ok_or_else(|| EbpfError::PermissionDenied {
         what: "no CapEff line in /proc/self/status".into(),
         errno: None,
@@ -48,7 +49,9 @@ pub fn check_privileges() -> Result<(), EbpfError> {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let euid = unsafe { libc::geteuid() };
         Err(EbpfError::PermissionDenied {
-            what: format!("euid {euid} has effective capabilities {caps:#x}, without CAP_BPF+CAP_PERFMON or CAP_SYS_ADMIN"),
+            what: format!(
+                "euid {euid} has effective capabilities {caps:#x}, without CAP_BPF+CAP_PERFMON or CAP_SYS_ADMIN"
+            ),
             errno: Some(libc::EPERM),
         })
     }
@@ -58,7 +61,9 @@ pub fn check_privileges() -> Result<(), EbpfError> {
 pub fn check_btf(path: &Path) -> Result<(), EbpfError> {
     match std::fs::metadata(path) {
         Ok(m) if m.len() > 0 => Ok(()),
-        _ => Err(EbpfError::NoBtf { path: path.to_path_buf() }),
+        _ => Err(EbpfError::NoBtf {
+            path: path.to_path_buf(),
+        }),
     }
 }
 
@@ -82,7 +87,10 @@ pub fn ensure_tracefs(path: &Path) -> Result<(), EbpfError> {
                 errno: Some(errno as i32),
             }
         } else {
-            EbpfError::Tracefs { path: path.to_path_buf(), source }
+            EbpfError::Tracefs {
+                path: path.to_path_buf(),
+                source,
+            }
         }
     })
 }
@@ -93,7 +101,10 @@ pub fn check_tracepoint(tracefs: &Path, tracepoint: &'static str) -> Result<(), 
     if dir.is_dir() {
         Ok(())
     } else {
-        Err(EbpfError::MissingTracepoint { tracepoint, path: dir })
+        Err(EbpfError::MissingTracepoint {
+            tracepoint,
+            path: dir,
+        })
     }
 }
 
@@ -108,8 +119,14 @@ mod tests {
         let nobody = "CapEff:\t0000000000000000\n";
         assert!(!caps_allow_tracing(parse_cap_eff(nobody).unwrap()));
         let bpf_only = format!("CapEff:\t{:016x}\n", 1u64 << CAP_BPF);
-        assert!(!caps_allow_tracing(parse_cap_eff(&bpf_only).unwrap()), "CAP_BPF alone cannot attach tracepoints");
-        let bpf_perfmon = format!("CapEff:\t{:016x}\n", (1u64 << CAP_BPF) | (1u64 << CAP_PERFMON));
+        assert!(
+            !caps_allow_tracing(parse_cap_eff(&bpf_only).unwrap()),
+            "CAP_BPF alone cannot attach tracepoints"
+        );
+        let bpf_perfmon = format!(
+            "CapEff:\t{:016x}\n",
+            (1u64 << CAP_BPF) | (1u64 << CAP_PERFMON)
+        );
         assert!(caps_allow_tracing(parse_cap_eff(&bpf_perfmon).unwrap()));
         assert_eq!(parse_cap_eff("CapEff:\tzz\n"), None);
         assert_eq!(parse_cap_eff(""), None);

@@ -73,7 +73,7 @@ pub use error::EbpfError;
 pub use offcpu::OffCpuWindow;
 pub use record::{Endpoint, TcpEvent, TcpEventKind, TcpState};
 pub use session::{
-    EbpfConfig, EbpfSession, EbpfStatus, KernelCounts, MapSizes, OffCpuStatus, ProgramState, WindowReport, capture_blocking,
-    monotonic_ns,
+    EbpfConfig, EbpfSession, EbpfStatus, KernelCounts, MapSizes, OffCpuStatus, ProgramState,
+    WindowReport, capture_blocking, monotonic_ns,
 };
 pub use surface::{OFFCPU_SURFACE, WindowMeta};

@@ -9,7 +9,9 @@
 //! programs and carried here; any of them makes the surface truncated.
 
 use crate::aggregate::{Limits, RawDigest};
-use crate::record::{DStateEpisode, OFF_CLASSES, OffCpuClass, OffCpuStart, OffCpuTotals, RecordError};
+use crate::record::{
+    DStateEpisode, OFF_CLASSES, OffCpuClass, OffCpuStart, OffCpuTotals, RecordError,
+};
 use crate::symbols::Kallsyms;
 
 /// Off-CPU totals of one task over the window.
@@ -69,7 +71,13 @@ pub struct OffCpuCounters {
 impl OffCpuCounters {
     /// From the five counter slots (summed over CPUs).
     pub fn from_slots(s: [u64; 5]) -> OffCpuCounters {
-        OffCpuCounters { switches: s[0], episodes: s[1], lost_ring: s[2], lost_start: s[3], lost_totals: s[4] }
+        OffCpuCounters {
+            switches: s[0],
+            episodes: s[1],
+            lost_ring: s[2],
+            lost_start: s[3],
+            lost_totals: s[4],
+        }
     }
 
     /// `self - before`, saturating.
@@ -131,7 +139,12 @@ impl OffCpuBuilder {
     pub fn new(limits: Limits, watched: Vec<u32>, watch_all: bool, d_min_ns: u64) -> OffCpuBuilder {
         OffCpuBuilder {
             limits,
-            window: OffCpuWindow { watched, watch_all, d_min_ns, ..OffCpuWindow::default() },
+            window: OffCpuWindow {
+                watched,
+                watch_all,
+                d_min_ns,
+                ..OffCpuWindow::default()
+            },
             ..OffCpuBuilder::default()
         }
     }
@@ -143,7 +156,8 @@ impl OffCpuBuilder {
         self.window.episodes_completed += 1;
         // Keep at most 2x the cap while streaming; the final cut keeps the longest.
         if self.completed.len() >= 2 * self.limits.max_episodes.max(1) {
-            self.completed.sort_unstable_by(|a, b| b.duration_ns.cmp(&a.duration_ns));
+            self.completed
+                .sort_unstable_by_key(|e| std::cmp::Reverse(e.duration_ns));
             let cut = self.completed.len() - self.limits.max_episodes;
             self.completed.truncate(self.limits.max_episodes);
             self.window.episodes_dropped += cut as u64;
@@ -171,24 +185,40 @@ impl OffCpuBuilder {
     }
 
     /// Finish: rank, cap and symbolize. `now_ns` is CLOCK_MONOTONIC at the end.
-    pub fn finish(mut self, counters: OffCpuCounters, now_ns: u64, syms: impl FnOnce() -> Kallsyms) -> OffCpuWindow {
+    pub fn finish(
+        mut self,
+        counters: OffCpuCounters,
+        now_ns: u64,
+        syms: impl FnOnce() -> Kallsyms,
+    ) -> OffCpuWindow {
         let mut w = self.window;
         w.counters = counters;
         self.tasks.sort_unstable_by(|a, b| {
             let d = OffCpuClass::Uninterruptible as usize;
             let total = |t: &TaskOffCpu| t.totals.ns.iter().take(OFF_CLASSES).sum::<u64>();
-            b.totals.ns[d].cmp(&a.totals.ns[d]).then(total(b).cmp(&total(a))).then(a.tid.cmp(&b.tid))
+            b.totals.ns[d]
+                .cmp(&a.totals.ns[d])
+                .then(total(b).cmp(&total(a)))
+                .then(a.tid.cmp(&b.tid))
         });
         if self.tasks.len() > self.limits.max_tasks {
             w.tasks_dropped = (self.tasks.len() - self.limits.max_tasks) as u64;
             self.tasks.truncate(self.limits.max_tasks);
         }
         let comm_of = |tid: u32, tasks: &[TaskOffCpu]| {
-            tasks.iter().find(|t| t.tid == tid).map(|t| t.totals.comm.clone()).unwrap_or_default()
+            tasks
+                .iter()
+                .find(|t| t.tid == tid)
+                .map(|t| t.totals.comm.clone())
+                .unwrap_or_default()
         };
         let needs_syms = self.completed.iter().any(|e| !e.stack.is_empty())
             || self.open.iter().any(|(_, s)| !s.stack.is_empty());
-        let k = if needs_syms { syms() } else { Kallsyms::default() };
+        let k = if needs_syms {
+            syms()
+        } else {
+            Kallsyms::default()
+        };
         let mut episodes: Vec<Episode> = self
             .completed
             .into_iter()
@@ -242,7 +272,10 @@ mod tests {
 
     #[test]
     fn episode_cap_keeps_the_longest_and_counts_the_rest() {
-        let limits = Limits { max_episodes: 3, ..Limits::default() };
+        let limits = Limits {
+            max_episodes: 3,
+            ..Limits::default()
+        };
         let mut b = OffCpuBuilder::new(limits, vec![1], false, 0);
         for i in 0..50u32 {
             b.add_episode_raw(&episode(i, u64::from(i) * 10)).unwrap();

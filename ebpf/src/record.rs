@@ -64,9 +64,41 @@ fn comm_at(b: &[u8], o: usize) -> String {
         .map(|c| if c.is_control() { '?' } else { c })
         .collect()
 }
+/// A task comm as the kernel stores it (16 bytes, NUL-padded), kept inline
+/// so decoding an event allocates nothing.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Comm(pub [u8; 16]);
+
+impl Comm {
+    /// The name, lossily decoded, control characters replaced by `?`.
+    pub fn name(&self) -> String {
+        let end = self.0.iter().position(|&c| c == 0).unwrap_or(16);
+        String::from_utf8_lossy(&self.0[..end])
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect()
+    }
+}
+
+impl fmt::Display for Comm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl fmt::Debug for Comm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.name())
+    }
+}
+
 fn check(what: &'static str, b: &[u8], want: usize) -> Result<(), RecordError> {
     if b.len() < want {
-        return Err(RecordError { what, got: b.len(), want });
+        return Err(RecordError {
+            what,
+            got: b.len(),
+            want,
+        });
     }
     Ok(())
 }
@@ -266,7 +298,7 @@ pub struct TcpEvent {
     /// On-CPU tgid (0 in softirq; not the socket owner there).
     pub pid: u32,
     /// On-CPU comm.
-    pub comm: String,
+    pub comm: Comm,
     /// Opaque in-host socket key joining one socket's events (0 = none).
     /// It is a kernel address: used for joining only, never emitted.
     pub sk_key: u64,
@@ -304,7 +336,11 @@ impl TcpEvent {
             layout,
             has_sock: b[77] & 0x01 != 0,
             pid: u32_at(b, 28),
-            comm: comm_at(b, 80),
+            comm: {
+                let mut c = [0u8; 16];
+                c.copy_from_slice(&b[80..96]);
+                Comm(c)
+            },
             sk_key: u64_at(b, 96),
         })
     }
@@ -503,7 +539,11 @@ mod tests {
     fn short_records_are_typed_errors_not_guesses() {
         assert_eq!(
             TcpEvent::parse(&[0u8; 95]).unwrap_err(),
-            RecordError { what: "tcp event", got: 95, want: 104 }
+            RecordError {
+                what: "tcp event",
+                got: 95,
+                want: 104
+            }
         );
         assert!(DStateEpisode::parse(&[0u8; 10]).is_err());
         assert!(OffCpuStart::parse(&[]).is_err());
@@ -528,7 +568,7 @@ mod tests {
         assert_eq!(e.detail, Some(12));
         assert_eq!(reset_reason_name(12), "TCP_ABORT_ON_LINGER");
         assert_eq!(e.new_state, None);
-        assert_eq!(e.comm, "curl");
+        assert_eq!(e.comm.name(), "curl");
         assert!(e.has_sock);
     }
 

@@ -40,13 +40,18 @@ use crate::symbols::Kallsyms;
 
 /// CLOCK_MONOTONIC now, ns (the clock `bpf_ktime_get_ns` reads).
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     if rc != 0 {
         return 0;
     }
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// Sizes of the kernel maps (fixed at load).
@@ -62,7 +67,11 @@ pub struct MapSizes {
 
 impl Default for MapSizes {
     fn default() -> Self {
-        MapSizes { watched: 1024, start: 16384, totals: 8192 }
+        MapSizes {
+            watched: 1024,
+            start: 16384,
+            totals: 8192,
+        }
     }
 }
 
@@ -131,35 +140,64 @@ impl EbpfConfig {
 
     /// Off-CPU programs only, watching these processes.
     pub fn offcpu(pids: Vec<u32>) -> EbpfConfig {
-        EbpfConfig { tcp: false, offcpu: true, watch_pids: pids, ..EbpfConfig::default() }
+        EbpfConfig {
+            tcp: false,
+            offcpu: true,
+            watch_pids: pids,
+            ..EbpfConfig::default()
+        }
     }
 
     /// Check every value, naming the parameter that is wrong.
     pub fn validate(&self) -> Result<(), EbpfError> {
-        let bad = |param: &'static str, reason: String| Err(EbpfError::InvalidConfig { param, reason });
+        let bad =
+            |param: &'static str, reason: String| Err(EbpfError::InvalidConfig { param, reason });
         if !self.tcp && !self.offcpu {
             return bad("programs", "neither tcp nor offcpu selected".into());
         }
-        if !self.ring_bytes.is_power_of_two() || self.ring_bytes < 4096 || self.ring_bytes > 1 << 30 {
-            return bad("ring_bytes", format!("{} is not a power of two in 4096..=1GiB", self.ring_bytes));
+        if !self.ring_bytes.is_power_of_two() || self.ring_bytes < 4096 || self.ring_bytes > 1 << 30
+        {
+            return bad(
+                "ring_bytes",
+                format!("{} is not a power of two in 4096..=1GiB", self.ring_bytes),
+            );
         }
         if self.wakeup_bytes > u64::from(self.ring_bytes) {
-            return bad("wakeup_bytes", format!("{} exceeds ring_bytes {}", self.wakeup_bytes, self.ring_bytes));
+            return bad(
+                "wakeup_bytes",
+                format!(
+                    "{} exceeds ring_bytes {}",
+                    self.wakeup_bytes, self.ring_bytes
+                ),
+            );
         }
         if self.poll_interval.is_zero() || self.poll_interval > Duration::from_secs(10) {
-            return bad("poll_interval", format!("{:?} not in (0, 10s]", self.poll_interval));
+            return bad(
+                "poll_interval",
+                format!("{:?} not in (0, 10s]", self.poll_interval),
+            );
         }
         if self.port == Some(0) {
             return bad("port", "0 is not a port (omit it to match any)".into());
         }
         if self.watch_pids.len() > self.maps.watched as usize {
-            return bad("watch_pids", format!("{} pids exceed the watched map size {}", self.watch_pids.len(), self.maps.watched));
+            return bad(
+                "watch_pids",
+                format!(
+                    "{} pids exceed the watched map size {}",
+                    self.watch_pids.len(),
+                    self.maps.watched
+                ),
+            );
         }
         let l = &self.limits;
         for (p, v) in [
             ("limits.max_flows", l.max_flows),
             ("limits.max_samples", l.max_samples),
-            ("limits.max_transitions_per_flow", l.max_transitions_per_flow),
+            (
+                "limits.max_transitions_per_flow",
+                l.max_transitions_per_flow,
+            ),
             ("limits.max_tasks", l.max_tasks),
             ("limits.max_episodes", l.max_episodes),
         ] {
@@ -167,7 +205,11 @@ impl EbpfConfig {
                 return bad(p, format!("{v} not in 1..=1000000"));
             }
         }
-        for (p, v) in [("maps.watched", self.maps.watched), ("maps.start", self.maps.start), ("maps.totals", self.maps.totals)] {
+        for (p, v) in [
+            ("maps.watched", self.maps.watched),
+            ("maps.start", self.maps.start),
+            ("maps.totals", self.maps.totals),
+        ] {
             if v == 0 || v > 1 << 20 {
                 return bad(p, format!("{v} not in 1..=1048576"));
             }
@@ -245,8 +287,10 @@ const TCP_PROGRAMS: [(&str, TcpEventKind); 4] = [
     ("pstack_tcp_send_reset", TcpEventKind::SendReset),
     ("pstack_inet_sock_set_state", TcpEventKind::StateChange),
 ];
-const OFFCPU_PROGRAMS: [(&str, &str); 2] =
-    [("pstack_sched_switch", "sched/sched_switch"), ("pstack_sched_wakeup", "sched/sched_wakeup")];
+const OFFCPU_PROGRAMS: [(&str, &str); 2] = [
+    ("pstack_sched_switch", "sched/sched_switch"),
+    ("pstack_sched_wakeup", "sched/sched_wakeup"),
+];
 
 struct TcpPart {
     _ebpf: Ebpf,
@@ -331,25 +375,44 @@ fn take_map<T>(
     name: &'static str,
     conv: impl FnOnce(aya::maps::Map) -> Result<T, aya::maps::MapError>,
 ) -> Result<T, EbpfError> {
-    let map = ebpf.take_map(name).ok_or(EbpfError::ObjectMismatch { object, what: "map", name })?;
+    let map = ebpf.take_map(name).ok_or(EbpfError::ObjectMismatch {
+        object,
+        what: "map",
+        name,
+    })?;
     conv(map).map_err(|e| EbpfError::map(name, e))
 }
 
-fn attach(ebpf: &mut Ebpf, object: &'static str, program: &'static str, tracepoint: &'static str) -> Result<(), EbpfError> {
+fn attach(
+    ebpf: &mut Ebpf,
+    object: &'static str,
+    program: &'static str,
+    tracepoint: &'static str,
+) -> Result<(), EbpfError> {
     let (cat, name) = tracepoint.split_once('/').unwrap_or(("", tracepoint));
     let prog: &mut TracePoint = ebpf
         .program_mut(program)
-        .ok_or(EbpfError::ObjectMismatch { object, what: "program", name: program })?
+        .ok_or(EbpfError::ObjectMismatch {
+            object,
+            what: "program",
+            name: program,
+        })?
         .try_into()
         .map_err(|e| EbpfError::program(program, tracepoint, e))?;
-    prog.load().map_err(|e| EbpfError::program(program, tracepoint, e))?;
-    prog.attach(cat, name).map_err(|e| EbpfError::program(program, tracepoint, e))?;
+    prog.load()
+        .map_err(|e| EbpfError::program(program, tracepoint, e))?;
+    prog.attach(cat, name)
+        .map_err(|e| EbpfError::program(program, tracepoint, e))?;
     Ok(())
 }
 
 fn sum_counters(c: &PerCpuArray<MapData, u64>, slots: u32) -> Result<Vec<u64>, EbpfError> {
     (0..slots)
-        .map(|i| c.get(&i, 0).map(|v| v.iter().sum::<u64>()).map_err(|e| EbpfError::map("COUNTERS", e)))
+        .map(|i| {
+            c.get(&i, 0)
+                .map(|v| v.iter().sum::<u64>())
+                .map_err(|e| EbpfError::map("COUNTERS", e))
+        })
         .collect()
 }
 
@@ -385,11 +448,19 @@ impl EbpfSession {
                 .map_err(|e| EbpfError::load(object, e))?;
             for (p, k) in TCP_PROGRAMS {
                 attach(&mut ebpf, object, p, k.tracepoint())?;
-                programs.push(ProgramState { program: p, tracepoint: k.tracepoint(), attached: true });
+                programs.push(ProgramState {
+                    program: p,
+                    tracepoint: k.tracepoint(),
+                    attached: true,
+                });
             }
             let ring = take_map(&mut ebpf, object, "EVENTS", RingBuf::try_from)?;
             let counters = take_map(&mut ebpf, object, "COUNTERS", PerCpuArray::try_from)?;
-            Some(TcpPart { _ebpf: ebpf, ring: Some(ring), counters })
+            Some(TcpPart {
+                _ebpf: ebpf,
+                ring: Some(ring),
+                counters,
+            })
         } else {
             None
         };
@@ -410,22 +481,41 @@ impl EbpfSession {
                 .map_err(|e| EbpfError::load(object, e))?;
             let mut watched = take_map(&mut ebpf, object, "WATCHED", BpfHashMap::try_from)?;
             for pid in &cfg.watch_pids {
-                watched.insert(pid, 1u8, 0).map_err(|e| EbpfError::map("WATCHED", e))?;
+                watched
+                    .insert(pid, 1u8, 0)
+                    .map_err(|e| EbpfError::map("WATCHED", e))?;
             }
             for (p, tp) in OFFCPU_PROGRAMS {
                 attach(&mut ebpf, object, p, tp)?;
-                programs.push(ProgramState { program: p, tracepoint: tp, attached: true });
+                programs.push(ProgramState {
+                    program: p,
+                    tracepoint: tp,
+                    attached: true,
+                });
             }
             let ring = take_map(&mut ebpf, object, "EPISODES", RingBuf::try_from)?;
             let counters = take_map(&mut ebpf, object, "COUNTERS", PerCpuArray::try_from)?;
             let start = take_map(&mut ebpf, object, "START", BpfHashMap::try_from)?;
             let totals = take_map(&mut ebpf, object, "TOTALS", BpfHashMap::try_from)?;
-            Some(OffPart { _ebpf: ebpf, ring: Some(ring), counters, watched, start, totals })
+            Some(OffPart {
+                _ebpf: ebpf,
+                ring: Some(ring),
+                counters,
+                watched,
+                start,
+                totals,
+            })
         } else {
             None
         };
         let watched = cfg.watch_pids.iter().copied().collect();
-        Ok(EbpfSession { cfg, programs, tcp, off, watched })
+        Ok(EbpfSession {
+            cfg,
+            programs,
+            tcp,
+            off,
+            watched,
+        })
     }
 
     /// The configuration in force.
@@ -439,7 +529,9 @@ impl EbpfSession {
             param: "offcpu",
             reason: "the off-CPU programs are not loaded in this session".into(),
         })?;
-        off.watched.insert(pid, 1u8, 0).map_err(|e| EbpfError::map("WATCHED", e))?;
+        off.watched
+            .insert(pid, 1u8, 0)
+            .map_err(|e| EbpfError::map("WATCHED", e))?;
         self.watched.insert(pid);
         Ok(())
     }
@@ -457,7 +549,10 @@ impl EbpfSession {
     }
 
     fn tcp_counters(&self) -> Result<Option<Vec<u64>>, EbpfError> {
-        self.tcp.as_ref().map(|t| sum_counters(&t.counters, 10)).transpose()
+        self.tcp
+            .as_ref()
+            .map(|t| sum_counters(&t.counters, 10))
+            .transpose()
     }
 
     fn off_counters(&self) -> Result<Option<OffCpuCounters>, EbpfError> {
@@ -508,7 +603,8 @@ impl EbpfSession {
         window: Duration,
         on_event: impl FnMut(&TcpEvent),
     ) -> Result<WindowReport, EbpfError> {
-        self.run_window_until(window, on_event, std::future::pending::<()>()).await
+        self.run_window_until(window, on_event, std::future::pending::<()>())
+            .await
     }
 
     /// [`EbpfSession::run_window`] that also ends early when `stop` completes
@@ -542,7 +638,10 @@ impl EbpfSession {
         let off_before = self.off_counters()?;
         let start_ns = monotonic_ns();
 
-        let mut agg = self.tcp.as_ref().map(|_| TcpAggregate::new(self.cfg.limits, self.cfg.addr));
+        let mut agg = self
+            .tcp
+            .as_ref()
+            .map(|_| TcpAggregate::new(self.cfg.limits, self.cfg.addr));
         let watched: Vec<u32> = self.watched.iter().copied().collect();
         let d_min_ns = u64::try_from(self.cfg.d_min.as_nanos()).unwrap_or(u64::MAX);
         let mut offb = self
@@ -605,7 +704,11 @@ impl EbpfSession {
         result?;
         let end_ns = monotonic_ns();
 
-        let mut tcp_ctx = TcpSurfaceContext { lost: [0; 3], port: self.cfg.port, addr: self.cfg.addr };
+        let mut tcp_ctx = TcpSurfaceContext {
+            lost: [0; 3],
+            port: self.cfg.port,
+            addr: self.cfg.addr,
+        };
         let mut tcp_kernel = None;
         if let (Some(before), Some(after)) = (tcp_before, self.tcp_counters()?) {
             let mut k = KernelCounts::default();
@@ -627,16 +730,13 @@ impl EbpfSession {
         }
         let offcpu = match (offb, self.off.as_ref()) {
             (Some(mut b), Some(o)) => {
-                for item in o.totals.iter() {
-                    if let Ok((tid, raw)) = item {
-                        let _ = b.add_totals_raw(tid, &raw);
-                    }
+                // A key deleted while iterating ends in an Err item: skipped (the task left).
+                for (tid, raw) in o.totals.iter().flatten() {
+                    let _ = b.add_totals_raw(tid, &raw);
                 }
-                for item in o.start.iter() {
-                    if let Ok((tid, raw)) = item {
-                        // Only watched tasks are ever in START.
-                        let _ = b.add_open_raw(tid, &raw);
-                    }
+                // Only watched tasks are ever in START.
+                for (tid, raw) in o.start.iter().flatten() {
+                    let _ = b.add_open_raw(tid, &raw);
                 }
                 let after = self.off_counters()?.unwrap_or_default();
                 let delta = after.since(off_before.unwrap_or_default());
@@ -645,7 +745,11 @@ impl EbpfSession {
             _ => None,
         };
         Ok(WindowReport {
-            meta: WindowMeta { start_ns, end_ns, window_ms: u64::try_from(window.as_millis()).unwrap_or(u64::MAX) },
+            meta: WindowMeta {
+                start_ns,
+                end_ns,
+                window_ms: u64::try_from(window.as_millis()).unwrap_or(u64::MAX),
+            },
             tcp: agg,
             tcp_ctx,
             offcpu,
@@ -675,7 +779,10 @@ impl EbpfSession {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|source| EbpfError::Poll { map: "runtime", source })?;
+            .map_err(|source| EbpfError::Poll {
+                map: "runtime",
+                source,
+            })?;
         rt.block_on(self.run_window_until(window, on_event, stop))
     }
 }
@@ -685,7 +792,9 @@ fn register(
     slot: &mut Option<RingBuf<MapData>>,
     map: &'static str,
 ) -> Result<Option<AsyncFd<RingBuf<MapData>>>, EbpfError> {
-    let Some(ring) = slot.take() else { return Ok(None) };
+    let Some(ring) = slot.take() else {
+        return Ok(None);
+    };
     // SAFETY: the RingBuf owns its map fd (an OwnedFd inside MapData) for its
     // whole life and never swaps it, so the fd stays open and the same while
     // the AsyncFd owns the RingBuf, until `into_inner` hands it back.
@@ -753,7 +862,8 @@ pub fn capture_blocking(cfg: EbpfConfig, window: Duration) -> Vec<Surface> {
     }
     let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
     let t0 = monotonic_ns();
-    let fail = |e: &EbpfError| surface::failed_surfaces(e, &ids, window_ms, (monotonic_ns() - t0) / 1000);
+    let fail =
+        |e: &EbpfError| surface::failed_surfaces(e, &ids, window_ms, (monotonic_ns() - t0) / 1000);
     match EbpfSession::start(cfg) {
         Ok(mut s) => match s.run_window_blocking(window, |_| {}) {
             Ok(r) => r.surfaces(),

@@ -34,7 +34,8 @@ pub struct WindowMeta {
 
 impl WindowMeta {
     fn offset(&self, ts: u64) -> i64 {
-        (i128::from(ts) - i128::from(self.start_ns)).clamp(i128::from(i64::MIN / 2), i128::from(i64::MAX / 2)) as i64
+        (i128::from(ts) - i128::from(self.start_ns))
+            .clamp(i128::from(i64::MIN / 2), i128::from(i64::MAX / 2)) as i64
     }
     fn elapsed_us(&self) -> u64 {
         self.end_ns.saturating_sub(self.start_ns) / 1000
@@ -76,7 +77,9 @@ fn flow_json(f: &Flow, s: TcpSurface, m: &WindowMeta) -> Value {
             }
             // Who reset the stream, in words a person can act on.
             let who = match (f.resets_sent > 0, f.resets_received > 0) {
-                (true, false) => format!("{} (this host) reset the stream to {}", f.local, f.remote),
+                (true, false) => {
+                    format!("{} (this host) reset the stream to {}", f.local, f.remote)
+                }
                 (false, true) => format!("{} (peer) reset the stream to {}", f.remote, f.local),
                 _ => format!("both {} and {} sent resets", f.local, f.remote),
             };
@@ -89,15 +92,26 @@ fn flow_json(f: &Flow, s: TcpSurface, m: &WindowMeta) -> Value {
                 .iter()
                 .map(|t| json!({"t_ns": m.offset(t.ts_ns), "from": t.from.name(), "to": t.to.name()}))
                 .collect();
-            let mut seq: Vec<String> = f.transitions.first().map(|t| t.from.name()).into_iter().collect();
+            let mut seq: Vec<String> = f
+                .transitions
+                .first()
+                .map(|t| t.from.name())
+                .into_iter()
+                .collect();
             seq.extend(f.transitions.iter().map(|t| t.to.name()));
             o.insert("transitions".into(), Value::Array(tr));
             o.insert("sequence".into(), json!(seq.join(">")));
             o.insert("transitions_dropped".into(), json!(f.transitions_dropped));
-            let opened = f.transitions.iter().find(|t| t.from.0 == 7 || t.from.0 == 10 || t.from.0 == 12);
+            let opened = f
+                .transitions
+                .iter()
+                .find(|t| t.from.0 == 7 || t.from.0 == 10 || t.from.0 == 12);
             let closed = f.transitions.iter().rev().find(|t| t.to.0 == 7);
             if let (Some(o1), Some(c1)) = (opened, closed) {
-                o.insert("lifetime_ns".into(), json!(c1.ts_ns.saturating_sub(o1.ts_ns)));
+                o.insert(
+                    "lifetime_ns".into(),
+                    json!(c1.ts_ns.saturating_sub(o1.ts_ns)),
+                );
             }
         }
     }
@@ -114,7 +128,7 @@ pub fn event_json(e: &TcpEvent, m: &WindowMeta) -> Value {
         "remote": e.remote.to_string(),
         "state": e.state.name(),
         "on_cpu_pid": e.pid,
-        "on_cpu_comm": e.comm,
+        "on_cpu_comm": e.comm.name(),
     });
     let o = v.as_object_mut().expect("json! object");
     if let Some(n) = e.netns_ino {
@@ -130,7 +144,11 @@ pub fn event_json(e: &TcpEvent, m: &WindowMeta) -> Value {
             }
         }
         TcpEventKind::SendReset | TcpEventKind::ReceiveReset => {
-            let dir = if e.kind == TcpEventKind::SendReset { ResetDirection::Sent } else { ResetDirection::Received };
+            let dir = if e.kind == TcpEventKind::SendReset {
+                ResetDirection::Sent
+            } else {
+                ResetDirection::Received
+            };
             let (sender, receiver) = match dir {
                 ResetDirection::Sent => (e.local, e.remote),
                 ResetDirection::Received => (e.remote, e.local),
@@ -284,7 +302,11 @@ pub fn offcpu_surface(w: &OffCpuWindow, m: &WindowMeta) -> Surface {
     Surface {
         id: OFFCPU_SURFACE.into(),
         authority: "ebpf:tracepoint/sched/sched_switch,tracepoint/sched/sched_wakeup".into(),
-        status: if cut { SurfaceStatus::Truncated } else { SurfaceStatus::Ok },
+        status: if cut {
+            SurfaceStatus::Truncated
+        } else {
+            SurfaceStatus::Ok
+        },
         cause: cut.then(|| StatusCause {
             errno: None,
             message: format!(
@@ -303,13 +325,21 @@ pub fn offcpu_surface(w: &OffCpuWindow, m: &WindowMeta) -> Surface {
 }
 
 /// The given surface ids, all carrying a failure's status and cause.
-pub fn failed_surfaces(err: &EbpfError, ids: &[&str], deadline_ms: u64, elapsed_us: u64) -> Vec<Surface> {
+pub fn failed_surfaces(
+    err: &EbpfError,
+    ids: &[&str],
+    deadline_ms: u64,
+    elapsed_us: u64,
+) -> Vec<Surface> {
     ids.iter()
         .map(|id| Surface {
             id: (*id).into(),
             authority: "ebpf:pstack-ebpf".into(),
             status: err.status(),
-            cause: Some(StatusCause { errno: err.errno(), message: err.to_string() }),
+            cause: Some(StatusCause {
+                errno: err.errno(),
+                message: err.to_string(),
+            }),
             deadline_ms,
             elapsed_us,
             digest: None,

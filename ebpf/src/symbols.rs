@@ -22,7 +22,8 @@ impl Kallsyms {
                 let addr = u64::from_str_radix(it.next()?, 16).ok()?;
                 let kind = it.next()?;
                 let name = it.next()?;
-                (addr != 0 && matches!(kind, "t" | "T" | "w" | "W")).then(|| (addr, name.to_string()))
+                (addr != 0 && matches!(kind, "t" | "T" | "w" | "W"))
+                    .then(|| (addr, name.to_string()))
             })
             .collect();
         syms.sort_unstable_by_key(|(a, _)| *a);
@@ -63,7 +64,11 @@ mod tests {
         assert_eq!(k.resolve(0xffffffff81000110), "schedule+0x10");
         assert_eq!(k.resolve(0xffffffff81000200), "io_schedule+0x0");
         assert_eq!(k.resolve(0x10), "?");
-        assert_eq!(k.resolve(0xffffffffff000000), "?", "far past the last text symbol");
+        assert_eq!(
+            k.resolve(0xffffffffff000000),
+            "?",
+            "far past the last text symbol"
+        );
         let restricted = Kallsyms::parse("0000000000000000 T schedule\n");
         assert!(restricted.is_empty());
         assert_eq!(restricted.resolve(0xffffffff81000110), "?");

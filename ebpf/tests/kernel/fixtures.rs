@@ -23,10 +23,18 @@ pub fn sh(cmd: &str, args: &[&str], stdin: Option<&str>) {
         .spawn()
         .unwrap_or_else(|e| panic!("spawn {cmd}: {e}"));
     if let Some(s) = stdin {
-        c.stdin.take().expect("stdin").write_all(s.as_bytes()).expect("write stdin");
+        c.stdin
+            .take()
+            .expect("stdin")
+            .write_all(s.as_bytes())
+            .expect("write stdin");
     }
     let out = c.wait_with_output().expect("wait");
-    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Whether a tool is on PATH.
@@ -48,7 +56,11 @@ pub struct NetNs {
 
 impl NetNs {
     pub fn new() -> NetNs {
-        let name = format!("pstk-ebpf-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
+        let name = format!(
+            "pstk-ebpf-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
         sh("ip", &["netns", "add", &name], None);
         let mut ns = NetNs { ino: 0, name };
         sh("ip", &["-n", &ns.name, "link", "set", "lo", "up"], None);
@@ -67,11 +79,18 @@ impl NetNs {
         let ruleset = format!(
             "table inet pstack_test {{\n chain input {{\n  type filter hook input priority 0;\n  {rule}\n }}\n}}\n"
         );
-        sh("ip", &["netns", "exec", name, "nft", "-f", "-"], Some(&ruleset));
+        sh(
+            "ip",
+            &["netns", "exec", name, "nft", "-f", "-"],
+            Some(&ruleset),
+        );
     }
 
     /// Run `f` on a thread that lives in this namespace.
-    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+    pub fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
         let file = std::fs::File::open(self.path()).expect("open netns");
         std::thread::spawn(move || {
             nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
@@ -82,7 +101,9 @@ impl NetNs {
 
 impl Drop for NetNs {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
     }
 }
 
@@ -112,8 +133,11 @@ impl Freezer {
     }
 
     pub fn new() -> Freezer {
-        let dir = Path::new(FREEZER_ROOT)
-            .join(format!("pstack-ebpf-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+        let dir = Path::new(FREEZER_ROOT).join(format!(
+            "pstack-ebpf-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::create_dir(&dir).expect("mkdir freezer cgroup");
         Freezer { dir }
     }
@@ -126,7 +150,10 @@ impl Freezer {
         std::fs::write(self.dir.join("freezer.state"), "FROZEN").expect("freeze");
         let t = Instant::now();
         while self.state() != "FROZEN" {
-            assert!(t.elapsed() < Duration::from_secs(5), "cgroup did not freeze");
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "cgroup did not freeze"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -136,7 +163,10 @@ impl Freezer {
     }
 
     pub fn state(&self) -> String {
-        std::fs::read_to_string(self.dir.join("freezer.state")).unwrap_or_default().trim().to_string()
+        std::fs::read_to_string(self.dir.join("freezer.state"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
     }
 }
 
@@ -161,7 +191,11 @@ pub struct Kid(pub Child);
 
 impl Kid {
     pub fn sh(script: &str) -> Kid {
-        Kid(Command::new("sh").args(["-c", script]).stdin(Stdio::null()).spawn().expect("spawn sh"))
+        Kid(Command::new("sh")
+            .args(["-c", script])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn sh"))
     }
     pub fn pid(&self) -> u32 {
         self.0.id()
@@ -178,7 +212,11 @@ impl Drop for Kid {
 /// Resident set size of this process, bytes.
 pub fn rss_bytes() -> u64 {
     let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = s.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let pages: u64 = s
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     pages * 4096
 }
 
@@ -213,7 +251,9 @@ pub fn in_port_window<T: Send + 'static>(
         std::thread::sleep(Duration::from_millis(100));
         let _ = go_tx.send(());
     });
-    let report = s.run_window_blocking_until(window, |_| {}, done_rx).expect("window");
+    let report = s
+        .run_window_blocking_until(window, |_| {}, done_rx)
+        .expect("window");
     let out = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
     (report, out, s)
 }

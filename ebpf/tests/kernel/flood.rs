@@ -22,12 +22,24 @@ const FLOOD_CHILD: &str = "PSTACK_EBPF_TEST_FLOOD_CHILD";
 fn flood_of_short_connections_keeps_maps_and_memory_bounded_and_counts_losses() {
     require_kernel!();
     let out = std::process::Command::new(std::env::current_exe().expect("exe"))
-        .args(["--exact", "flood::flood_child_half", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "flood::flood_child_half",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(FLOOD_CHILD, "1")
         .output()
         .expect("spawn flood child");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("FLOOD-OK"), "flood child failed:\n{text}");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("FLOOD-OK"),
+        "flood child failed:\n{text}"
+    );
 }
 
 #[test]
@@ -56,7 +68,10 @@ fn flood_child_half() {
             nix::sys::socket::setsockopt(
                 &std::os::fd::AsFd::as_fd(&c),
                 nix::sys::socket::sockopt::Linger,
-                &libc::linger { l_onoff: 1, l_linger: 0 },
+                &libc::linger {
+                    l_onoff: 1,
+                    l_linger: 0,
+                },
             )
             .expect("linger"); // RST close: no TIME_WAIT pile-up, and reset events too
             drop(c);
@@ -64,36 +79,68 @@ fn flood_child_half() {
         acceptor.join().expect("acceptor");
         (t.elapsed(), rss0, rss_bytes())
     });
-    assert!(flood_took + Duration::from_millis(500) < window, "flood ({flood_took:?}) ended well inside the window");
+    assert!(
+        flood_took + Duration::from_millis(500) < window,
+        "flood ({flood_took:?}) ended well inside the window"
+    );
     let agg = report.tcp.as_ref().expect("tcp");
     let k = report.tcp_kernel.expect("kernel counts");
 
     // Losses are counted, exactly: what the programs saw = what we read + what the ring refused.
     for (j, kind) in TcpEventKind::ALL.into_iter().enumerate() {
-        assert_eq!(k.seen[j], agg.seen(kind) + k.lost[j], "{kind:?}: kernel {} = read {} + lost {}", k.seen[j], agg.seen(kind), k.lost[j]);
+        assert_eq!(
+            k.seen[j],
+            agg.seen(kind) + k.lost[j],
+            "{kind:?}: kernel {} = read {} + lost {}",
+            k.seen[j],
+            agg.seen(kind),
+            k.lost[j]
+        );
     }
     let lost: u64 = k.lost.iter().sum();
     assert!(lost > 0, "a 4 KiB ring cannot hold a 10k-connection flood");
-    assert!(k.seen[3] >= (CONNECTIONS * 4) as u64, "every connection changed state at least 4 times");
+    assert!(
+        k.seen[3] >= (CONNECTIONS * 4) as u64,
+        "every connection changed state at least 4 times"
+    );
     let status = s.status().expect("status");
-    assert!(status.tcp_lost.values().sum::<u64>() >= lost, "losses show in the cumulative status too");
+    assert!(
+        status.tcp_lost.values().sum::<u64>() >= lost,
+        "losses show in the cumulative status too"
+    );
 
     // Caps hold.
     assert!(agg.flows().len() <= 64);
     for sf in TcpSurface::ALL {
         assert!(agg.samples(sf).len() <= 32);
     }
-    assert!(agg.truncated(TcpSurface::Lifecycle), "flows beyond the cap are counted as untracked");
+    assert!(
+        agg.truncated(TcpSurface::Lifecycle),
+        "flows beyond the cap are counted as untracked"
+    );
     let surfaces = report.surfaces();
-    let life = surfaces.iter().find(|s| s.id == "ebpf:tcp_lifecycle").expect("lifecycle");
+    let life = surfaces
+        .iter()
+        .find(|s| s.id == "ebpf:tcp_lifecycle")
+        .expect("lifecycle");
     assert_eq!(life.status, SurfaceStatus::Truncated);
     assert!(life.truncated);
-    assert!(life.facts["lost_events"].as_u64().unwrap_or(0) > 0 || life.facts["untracked_events"].as_u64().unwrap_or(0) > 0);
+    assert!(
+        life.facts["lost_events"].as_u64().unwrap_or(0) > 0
+            || life.facts["untracked_events"].as_u64().unwrap_or(0) > 0
+    );
     assert_eq!(life.facts["sample_truncated"], true);
-    assert!(life.facts["flows"].as_array().is_some_and(|f| f.len() <= 64));
+    assert!(
+        life.facts["flows"]
+            .as_array()
+            .is_some_and(|f| f.len() <= 64)
+    );
 
     // Memory stays flat while the flood is aggregated (the caps allow a few hundred KiB).
     let grew = rss1.saturating_sub(rss0);
     assert!(grew < 8 << 20, "RSS grew by {grew} bytes during the flood");
-    println!("FLOOD-OK took={flood_took:?} rss_growth={grew} lost={lost} seen={:?}", k.seen);
+    println!(
+        "FLOOD-OK took={flood_took:?} rss_growth={grew} lost={lost} seen={:?}",
+        k.seen
+    );
 }

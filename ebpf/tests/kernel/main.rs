@@ -26,7 +26,9 @@ pub fn kernel_unavailable() -> Option<String> {
     }
     for tool in ["ip", "nft"] {
         if !fixtures::have(tool) {
-            return Some(format!("{tool} not installed (scripts/setup.d/30-ebpf.sh installs it)"));
+            return Some(format!(
+                "{tool} not installed (scripts/setup.d/30-ebpf.sh installs it)"
+            ));
         }
     }
     None

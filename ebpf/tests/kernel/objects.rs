@@ -24,7 +24,10 @@ fn committed_objects_match_a_rebuild_from_source() {
         Some(true) => {}
     }
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/build.sh");
-    let out = Command::new(script).arg("--check").output().expect("run build.sh --check");
+    let out = Command::new(script)
+        .arg("--check")
+        .output()
+        .expect("run build.sh --check");
     assert!(
         out.status.success(),
         "committed objects differ from a rebuild; run ebpf/build.sh and commit:\n{}{}",
@@ -50,12 +53,22 @@ fn embedded_objects_hold_the_expected_programs_and_maps() {
         ),
         (
             pstack_ebpf::objects::OFFCPU,
-            &["pstack_sched_switch", "pstack_sched_wakeup", "EPISODES", "START", "TOTALS", "WATCHED"][..],
+            &[
+                "pstack_sched_switch",
+                "pstack_sched_wakeup",
+                "EPISODES",
+                "START",
+                "TOTALS",
+                "WATCHED",
+            ][..],
         ),
     ] {
         assert_eq!(&obj[..4], b"\x7fELF");
         for n in needles {
-            assert!(obj.windows(n.len()).any(|w| w == n.as_bytes()), "{n} missing");
+            assert!(
+                obj.windows(n.len()).any(|w| w == n.as_bytes()),
+                "{n} missing"
+            );
         }
         assert!(obj.windows(4).any(|w| w == b".BTF"), "BTF kept for CO-RE");
     }

@@ -14,7 +14,10 @@ use crate::{require_kernel, session};
 fn thread_frozen_for_one_second_shows_a_d_episode_of_that_length() {
     require_kernel!();
     if !Freezer::available() {
-        eprintln!("SKIP: no cgroup-v1 freezer at {}", crate::fixtures::FREEZER_ROOT);
+        eprintln!(
+            "SKIP: no cgroup-v1 freezer at {}",
+            crate::fixtures::FREEZER_ROOT
+        );
         return;
     }
     let kid = Kid::sh("while :; do :; done");
@@ -32,25 +35,56 @@ fn thread_frozen_for_one_second_shows_a_d_episode_of_that_length() {
         let held = t.elapsed();
         (held, status, cg)
     });
-    let report = s.run_window_blocking(Duration::from_millis(2000), |_| {}).expect("window");
+    let report = s
+        .run_window_blocking(Duration::from_millis(2000), |_| {})
+        .expect("window");
     let (held, status, _cg) = frozen_for.join().expect("freezer thread");
-    assert!(status.contains("State:\tD"), "the frozen task shows D in /proc: {status}");
+    assert!(
+        status.contains("State:\tD"),
+        "the frozen task shows D in /proc: {status}"
+    );
     let w = report.offcpu.as_ref().expect("offcpu window");
     let ep: Vec<_> = w.episodes.iter().filter(|e| e.tid == pid).collect();
-    assert_eq!(ep.len(), 1, "exactly one D episode for the frozen task: {:?}", w.episodes);
+    assert_eq!(
+        ep.len(),
+        1,
+        "exactly one D episode for the frozen task: {:?}",
+        w.episodes
+    );
     let e = ep[0];
-    assert!(!e.ongoing && e.frozen, "completed, and flagged frozen (TASK_FROZEN): {e:?}");
+    assert!(
+        !e.ongoing && e.frozen,
+        "completed, and flagged frozen (TASK_FROZEN): {e:?}"
+    );
     let d = Duration::from_nanos(e.duration_ns);
     assert!(
-        d >= held.saturating_sub(Duration::from_millis(50)) && d <= held + Duration::from_millis(300),
+        d >= held.saturating_sub(Duration::from_millis(50))
+            && d <= held + Duration::from_millis(300),
         "episode {d:?} vs frozen for {held:?}"
     );
-    assert!(!e.stack.is_empty() && e.stack.iter().any(|f| f != "?"), "symbolized stack: {:?}", e.stack);
-    assert!(e.stack.iter().all(|f| !f.starts_with("0x") && !f.starts_with("ffff")), "no raw addresses");
-    let t = w.tasks.iter().find(|t| t.tid == pid).expect("totals for the frozen task");
+    assert!(
+        !e.stack.is_empty() && e.stack.iter().any(|f| f != "?"),
+        "symbolized stack: {:?}",
+        e.stack
+    );
+    assert!(
+        e.stack
+            .iter()
+            .all(|f| !f.starts_with("0x") && !f.starts_with("ffff")),
+        "no raw addresses"
+    );
+    let t = w
+        .tasks
+        .iter()
+        .find(|t| t.tid == pid)
+        .expect("totals for the frozen task");
     assert!(t.ns(OffCpuClass::Uninterruptible) >= e.duration_ns);
 
-    let sf = report.surfaces().into_iter().find(|s| s.id == OFFCPU_SURFACE).expect("surface");
+    let sf = report
+        .surfaces()
+        .into_iter()
+        .find(|s| s.id == OFFCPU_SURFACE)
+        .expect("surface");
     assert_eq!(sf.status, pstack_envelope::SurfaceStatus::Ok);
     let eps = sf.facts["d_episodes"].as_array().expect("episodes");
     assert!(eps.iter().any(|x| x["tid"] == pid && x["frozen"] == true));
@@ -71,10 +105,16 @@ fn frozen_through_the_whole_window_is_an_ongoing_episode() {
     let mut s = session(EbpfConfig::offcpu(vec![pid]));
     std::thread::sleep(Duration::from_millis(100));
     cg.freeze();
-    let report = s.run_window_blocking(Duration::from_millis(700), |_| {}).expect("window");
+    let report = s
+        .run_window_blocking(Duration::from_millis(700), |_| {})
+        .expect("window");
     cg.thaw();
     let w = report.offcpu.expect("offcpu");
-    let e = w.episodes.iter().find(|e| e.tid == pid).expect("open episode read from START");
+    let e = w
+        .episodes
+        .iter()
+        .find(|e| e.tid == pid)
+        .expect("open episode read from START");
     assert!(e.ongoing && e.frozen, "{e:?}");
     assert!(e.duration_ns >= 600_000_000, "{e:?}");
 }
@@ -86,16 +126,31 @@ fn sleeping_thread_shows_s_time_not_d() {
     // sh waits for `sleep 0.2` (S), then becomes `sleep 1` (S): ~1.2 s of S in all.
     let kid = Kid::sh("sleep 0.2; exec sleep 1");
     s.watch(kid.pid()).expect("watch");
-    let report = s.run_window_blocking(Duration::from_millis(1600), |_| {}).expect("window");
+    let report = s
+        .run_window_blocking(Duration::from_millis(1600), |_| {})
+        .expect("window");
     let pid = kid.pid();
     let w = report.offcpu.expect("offcpu");
-    let t = w.tasks.iter().find(|t| t.tid == pid).expect("totals for the sleeper");
+    let t = w
+        .tasks
+        .iter()
+        .find(|t| t.tid == pid)
+        .expect("totals for the sleeper");
     let sl = t.ns(OffCpuClass::Sleeping);
     assert!(sl >= 900_000_000, "about 1.2 s of S: {t:?}");
     let s_max = t.totals.max_ns[OffCpuClass::Sleeping as usize];
-    assert!(s_max >= 900_000_000, "the sleep itself is one S interval of ~1 s: {t:?}");
+    assert!(
+        s_max >= 900_000_000,
+        "the sleep itself is one S interval of ~1 s: {t:?}"
+    );
     // fork/exec may wait briefly in D (page cache, mmap lock); sleeping never does.
     let d = t.ns(OffCpuClass::Uninterruptible);
     assert!(d < 50_000_000, "D time is incidental, not the sleep: {t:?}");
-    assert!(w.episodes.iter().all(|e| e.tid != pid || e.duration_ns < 50_000_000), "no long D episode: {:?}", w.episodes);
+    assert!(
+        w.episodes
+            .iter()
+            .all(|e| e.tid != pid || e.duration_ns < 50_000_000),
+        "no long D episode: {:?}",
+        w.episodes
+    );
 }

@@ -23,13 +23,21 @@ fn nobody_child_half() {
     // SAFETY: getuid has no preconditions.
     assert_eq!(unsafe { libc::getuid() }, 65534, "running as nobody");
     let err = EbpfSession::start(EbpfConfig::tcp()).expect_err("nobody cannot load eBPF");
-    assert!(matches!(err, EbpfError::PermissionDenied { .. }), "typed: {err:?}");
+    assert!(
+        matches!(err, EbpfError::PermissionDenied { .. }),
+        "typed: {err:?}"
+    );
     assert_eq!(err.status(), SurfaceStatus::PermissionDenied);
     let surfaces = capture_blocking(EbpfConfig::tcp(), Duration::from_millis(10));
     assert_eq!(surfaces.len(), 3);
     for s in &surfaces {
         assert_eq!(s.status, SurfaceStatus::PermissionDenied, "{s:?}");
-        assert!(s.cause.as_ref().is_some_and(|c| c.message.contains("CAP_BPF")), "{s:?}");
+        assert!(
+            s.cause
+                .as_ref()
+                .is_some_and(|c| c.message.contains("CAP_BPF")),
+            "{s:?}"
+        );
     }
     println!("NOBODY-RESULT status={} message={err}", err.status());
 }
@@ -39,26 +47,47 @@ fn unprivileged_run_is_permission_denied_with_a_clear_message() {
     require_kernel!();
     let exe = std::env::current_exe().expect("test binary");
     let out = Command::new(exe)
-        .args(["--exact", "privilege::nobody_child_half", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "privilege::nobody_child_half",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(AS_NOBODY, "1")
         .uid(65534)
         .gid(65534)
         .output()
         .expect("spawn as nobody");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "child failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("NOBODY-RESULT status=permission_denied"), "{stdout}");
-    assert!(stdout.contains("CAP_BPF+CAP_PERFMON"), "the message says what is needed: {stdout}");
+    assert!(
+        out.status.success(),
+        "child failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("NOBODY-RESULT status=permission_denied"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("CAP_BPF+CAP_PERFMON"),
+        "the message says what is needed: {stdout}"
+    );
 }
 
 #[test]
 fn missing_btf_is_unsupported_not_a_crash() {
-    let cfg = EbpfConfig { btf_path: "/nonexistent/pstack/vmlinux".into(), ..EbpfConfig::tcp() };
+    let cfg = EbpfConfig {
+        btf_path: "/nonexistent/pstack/vmlinux".into(),
+        ..EbpfConfig::tcp()
+    };
     let err = EbpfSession::start(cfg.clone()).expect_err("no BTF");
     assert!(matches!(err, EbpfError::NoBtf { .. }), "{err:?}");
     let surfaces = capture_blocking(cfg, Duration::from_millis(10));
     assert_eq!(
-        surfaces.iter().map(|s| (s.id.as_str(), s.status)).collect::<Vec<_>>(),
+        surfaces
+            .iter()
+            .map(|s| (s.id.as_str(), s.status))
+            .collect::<Vec<_>>(),
         vec![
             ("ebpf:tcp_retransmits", SurfaceStatus::Unsupported),
             ("ebpf:tcp_resets", SurfaceStatus::Unsupported),
@@ -70,10 +99,34 @@ fn missing_btf_is_unsupported_not_a_crash() {
 #[test]
 fn invalid_config_names_the_parameter() {
     for (cfg, param) in [
-        (EbpfConfig { ring_bytes: 5000, ..EbpfConfig::tcp() }, "ring_bytes"),
-        (EbpfConfig { port: Some(0), ..EbpfConfig::tcp() }, "port"),
-        (EbpfConfig { tcp: false, ..EbpfConfig::tcp() }, "programs"),
-        (EbpfConfig { poll_interval: Duration::ZERO, ..EbpfConfig::tcp() }, "poll_interval"),
+        (
+            EbpfConfig {
+                ring_bytes: 5000,
+                ..EbpfConfig::tcp()
+            },
+            "ring_bytes",
+        ),
+        (
+            EbpfConfig {
+                port: Some(0),
+                ..EbpfConfig::tcp()
+            },
+            "port",
+        ),
+        (
+            EbpfConfig {
+                tcp: false,
+                ..EbpfConfig::tcp()
+            },
+            "programs",
+        ),
+        (
+            EbpfConfig {
+                poll_interval: Duration::ZERO,
+                ..EbpfConfig::tcp()
+            },
+            "poll_interval",
+        ),
     ] {
         match EbpfSession::start(cfg) {
             Err(EbpfError::InvalidConfig { param: p, .. }) => assert_eq!(p, param),

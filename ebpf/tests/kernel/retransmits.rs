@@ -35,7 +35,11 @@ fn stream(l: &TcpListener) -> SocketAddr {
         std::thread::sleep(Duration::from_micros(500));
     }
     c.shutdown(std::net::Shutdown::Write).expect("shutdown");
-    assert_eq!(reader.join().expect("reader"), 300 * 512, "every byte arrived despite drops");
+    assert_eq!(
+        reader.join().expect("reader"),
+        300 * 512,
+        "every byte arrived despite drops"
+    );
     client
 }
 
@@ -46,19 +50,32 @@ fn dropped_packets_produce_retransmits_for_exactly_that_flow_and_none_for_the_co
     let ns_name = ns.name.clone();
     let mut cfg = EbpfConfig::tcp();
     cfg.limits.max_samples = 100_000;
-    let (report, (server, control, lossy), _s) = in_port_window(&ns, cfg, Duration::from_secs(8), move |l| {
-        let server = l.local_addr().expect("addr");
-        let control = stream(&l);
-        // Drop 30% of the non-SYN segments arriving for the server port (input hook:
-        // a real loss the sender must recover from, not a local send error).
-        NetNs::nft_input_rule(&ns_name, &format!("tcp dport {} tcp flags & syn == 0 numgen random mod 100 < 30 drop", server.port()));
-        let lossy = stream(&l);
-        (server, control, lossy)
-    });
+    let (report, (server, control, lossy), _s) =
+        in_port_window(&ns, cfg, Duration::from_secs(8), move |l| {
+            let server = l.local_addr().expect("addr");
+            let control = stream(&l);
+            // Drop 30% of the non-SYN segments arriving for the server port (input hook:
+            // a real loss the sender must recover from, not a local send error).
+            NetNs::nft_input_rule(
+                &ns_name,
+                &format!(
+                    "tcp dport {} tcp flags & syn == 0 numgen random mod 100 < 30 drop",
+                    server.port()
+                ),
+            );
+            let lossy = stream(&l);
+            (server, control, lossy)
+        });
     let agg = report.tcp.as_ref().expect("tcp aggregate");
-    let ours: Vec<_> =
-        agg.samples(TcpSurface::Retransmits).iter().filter(|e| e.netns_ino == Some(ns.ino)).collect();
-    assert!(!ours.is_empty(), "the lossy flow retransmitted (30% input drops)");
+    let ours: Vec<_> = agg
+        .samples(TcpSurface::Retransmits)
+        .iter()
+        .filter(|e| e.netns_ino == Some(ns.ino))
+        .collect();
+    assert!(
+        !ours.is_empty(),
+        "the lossy flow retransmitted (30% input drops)"
+    );
     for e in &ours {
         assert_eq!(e.kind, TcpEventKind::Retransmit);
         assert_eq!(
@@ -70,27 +87,53 @@ fn dropped_packets_produce_retransmits_for_exactly_that_flow_and_none_for_the_co
     let flow = agg
         .flows()
         .iter()
-        .find(|f| f.netns_ino == Some(ns.ino) && f.local == endpoint(lossy) && f.remote == endpoint(server))
+        .find(|f| {
+            f.netns_ino == Some(ns.ino)
+                && f.local == endpoint(lossy)
+                && f.remote == endpoint(server)
+        })
         .expect("lossy flow summarized");
-    assert_eq!(flow.retransmits as usize, ours.len(), "summary count equals the raw records");
+    assert_eq!(
+        flow.retransmits as usize,
+        ours.len(),
+        "summary count equals the raw records"
+    );
     let control_flows: Vec<_> = agg
         .flows()
         .iter()
-        .filter(|f| f.netns_ino == Some(ns.ino) && (f.local == endpoint(control) || f.remote == endpoint(control)))
+        .filter(|f| {
+            f.netns_ino == Some(ns.ino)
+                && (f.local == endpoint(control) || f.remote == endpoint(control))
+        })
         .collect();
-    assert!(!control_flows.is_empty(), "the control flow was seen (state changes)");
-    assert!(control_flows.iter().all(|f| f.retransmits == 0), "no drop rule, no retransmits: {control_flows:?}");
+    assert!(
+        !control_flows.is_empty(),
+        "the control flow was seen (state changes)"
+    );
+    assert!(
+        control_flows.iter().all(|f| f.retransmits == 0),
+        "no drop rule, no retransmits: {control_flows:?}"
+    );
 
     // The surface carries it, with a digest over the raw records.
     let surfaces = report.surfaces();
-    let sf = surfaces.iter().find(|s| s.id == "ebpf:tcp_retransmits").expect("surface");
+    let sf = surfaces
+        .iter()
+        .find(|s| s.id == "ebpf:tcp_retransmits")
+        .expect("surface");
     assert_eq!(sf.status, pstack_envelope::SurfaceStatus::Ok);
     assert!(sf.digest.is_some() && sf.bytes >= 104 * ours.len() as u64);
     let flows = sf.facts["flows"].as_array().expect("flows");
-    assert!(flows.iter().any(|f| f["local"] == lossy.to_string() && f["retransmits"].as_u64() == Some(flow.retransmits)));
+    assert!(
+        flows.iter().any(|f| f["local"] == lossy.to_string()
+            && f["retransmits"].as_u64() == Some(flow.retransmits))
+    );
     assert!(flows.iter().all(|f| f["local"] != control.to_string()));
 }
 
 fn endpoint(a: SocketAddr) -> pstack_ebpf::Endpoint {
-    pstack_ebpf::Endpoint { addr: a.ip(), port: a.port() }
+    pstack_ebpf::Endpoint {
+        addr: a.ip(),
+        port: a.port(),
+    }
 }

@@ -1,0 +1,465 @@
+//! pstack-ebpf benchmarks, side by side in one run (root; needs bpftrace, bpftool, ip, nft).
+//!
+//! `cargo run --release -p pstack-ebpf --example ebpf_bench -- run`
+//!
+//! 1. Per-event CPU: pstack's TCP programs and a bpftrace script counting the
+//!    same four tracepoints (`@[probe] = count()`) are attached at the same time
+//!    while a flood runs in a private network namespace: short connections
+//!    (state changes, resets) plus a stream through an nftables input-hook drop
+//!    rule (retransmits). Kernel time per program comes from
+//!    `kernel.bpf_stats_enabled` (`bpftool prog show`: run_time_ns / run_cnt);
+//!    user-space time is each consumer process's utime+stime. Per event =
+//!    (kernel + user) / events seen.
+//! 2. Throughput: `blast` (a loopback iperf-like: one TCP stream, 128 KiB
+//!    writes, for N s) alternately without pstack and with pstack attached
+//!    (TCP programs; TCP + off-CPU watching the blaster), medians of 5 runs.
+//!
+//! Subcommands used internally: `consumer SECS [offcpu-pid]`, `blast SECS`, `flood CONNS`.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pstack_ebpf::{EbpfConfig, EbpfSession, TcpEventKind};
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // fields 14/15 (utime, stime) are at 11/12 after the comm.
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+fn ticks_per_sec() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as u64 } else { 100 }
+}
+
+fn consumer(secs: u64, offcpu_pid: Option<u32>) {
+    let mut cfg = EbpfConfig::tcp();
+    if let Some(p) = offcpu_pid {
+        cfg.offcpu = true;
+        cfg.watch_pids = vec![p];
+    }
+    let mut s = EbpfSession::start(cfg).expect("start pstack session");
+    println!("READY");
+    std::io::stdout().flush().ok();
+    let r = s
+        .run_window_blocking(Duration::from_secs(secs), |_| {})
+        .expect("window");
+    let agg = r.tcp.expect("tcp");
+    let events: u64 = TcpEventKind::ALL.iter().map(|k| agg.seen(*k)).sum();
+    let lost: u64 = r.tcp_ctx.lost.iter().sum();
+    let cpu = cpu_ticks(std::process::id());
+    println!("RESULT events={events} lost={lost} cpu_ticks={cpu}");
+}
+
+fn rusage_ns() -> u64 {
+    let mut ru: libc::rusage = unsafe_zeroed_rusage();
+    // SAFETY: `ru` is a valid, writable rusage; RUSAGE_SELF always exists.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn unsafe_zeroed_rusage() -> libc::rusage {
+    // SAFETY: rusage is plain old data; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Returns (Gbit/s, CPU ns of this process per MiB moved).
+fn blast(secs: u64) -> (f64, f64) {
+    let cpu0 = rusage_ns();
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let a = l.local_addr().expect("addr");
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut n = 0u64;
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => n += k as u64,
+            }
+        }
+        n
+    });
+    let mut c = TcpStream::connect(a).expect("connect");
+    let buf = vec![1u8; 128 * 1024];
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(secs) {
+        c.write_all(&buf).expect("write");
+    }
+    drop(c);
+    let n = server.join().expect("server");
+    let cpu = rusage_ns() - cpu0;
+    (
+        n as f64 * 8.0 / t.elapsed().as_secs_f64() / 1e9,
+        cpu as f64 / (n as f64 / (1 << 20) as f64),
+    )
+}
+
+fn flood(conns: usize) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let a = l.local_addr().expect("addr");
+    let acc = std::thread::spawn(move || {
+        for _ in 0..conns {
+            drop(l.accept().expect("accept"));
+        }
+    });
+    for i in 0..conns {
+        let c = TcpStream::connect(a).expect("connect");
+        if i % 2 == 0 {
+            // Half close with RST (resets), half with FIN (full state sequence).
+            nix::sys::socket::setsockopt(
+                &c.as_fd(),
+                nix::sys::socket::sockopt::Linger,
+                &libc::linger {
+                    l_onoff: 1,
+                    l_linger: 0,
+                },
+            )
+            .expect("linger");
+        }
+        drop(c);
+    }
+    acc.join().expect("acceptor");
+}
+
+fn lossy_stream(port: u16, writes: usize) {
+    let l = TcpListener::bind(("127.0.0.1", port)).expect("bind lossy");
+    let a = l.local_addr().expect("addr");
+    let mut c = TcpStream::connect(a).expect("connect");
+    c.set_nodelay(true).expect("nodelay");
+    let (mut s, _) = l.accept().expect("accept");
+    let r = std::thread::spawn(move || {
+        let mut b = [0u8; 4096];
+        while let Ok(k) = s.read(&mut b) {
+            if k == 0 {
+                break;
+            }
+        }
+    });
+    for _ in 0..writes {
+        c.write_all(&[3u8; 256]).expect("write");
+    }
+    drop(c);
+    r.join().expect("reader");
+}
+
+fn sh(cmd: &str, args: &[&str], stdin: Option<&str>) {
+    let mut c = Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    if let Some(s) = stdin {
+        c.stdin
+            .take()
+            .expect("stdin")
+            .write_all(s.as_bytes())
+            .expect("stdin");
+    }
+    assert!(c.wait().expect("wait").success(), "{cmd} {args:?} failed");
+}
+
+struct Netns(String);
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// (run_time_ns, run_cnt) summed over programs whose name starts with one of `prefixes`.
+fn prog_stats(prefixes: &[&str]) -> (u64, u64) {
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "-j"])
+        .output()
+        .expect("bpftool");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool json");
+    let mut t = (0u64, 0u64);
+    for p in v.as_array().into_iter().flatten() {
+        let name = p["name"].as_str().unwrap_or("");
+        if prefixes.iter().any(|x| name.starts_with(x)) {
+            t.0 += p["run_time_ns"].as_u64().unwrap_or(0);
+            t.1 += p["run_cnt"].as_u64().unwrap_or(0);
+        }
+    }
+    t
+}
+
+/// name -> (run_time_ns, run_cnt) of the TCP tracepoint programs (ours and bpftrace's).
+fn per_prog() -> std::collections::BTreeMap<String, (u64, u64)> {
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "-j"])
+        .output()
+        .expect("bpftool");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool json");
+    let mut m = std::collections::BTreeMap::new();
+    for p in v.as_array().into_iter().flatten() {
+        let name = p["name"].as_str().unwrap_or("").to_string();
+        if ["pstack_tcp_", "pstack_inet_", "tcp_", "inet_sock_set_"]
+            .iter()
+            .any(|x| name.starts_with(x))
+        {
+            let e = m.entry(name).or_insert((0u64, 0u64));
+            e.0 += p["run_time_ns"].as_u64().unwrap_or(0);
+            e.1 += p["run_cnt"].as_u64().unwrap_or(0);
+        }
+    }
+    m
+}
+
+fn wait_line(child: &mut Child, needle: &str) -> std::io::BufReader<std::process::ChildStdout> {
+    use std::io::BufRead;
+    let mut r = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line).expect("read") == 0 {
+            panic!("child exited before {needle:?}");
+        }
+        if line.contains(needle) {
+            return r;
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v[v.len() / 2]
+}
+
+fn run() {
+    let exe = std::env::current_exe().expect("exe");
+    let hz = ticks_per_sec() as f64;
+    sh("sysctl", &["-q", "-w", "kernel.bpf_stats_enabled=1"], None);
+    let conns = 20_000usize;
+    let writes = 20_000usize;
+
+    // ---- 1. per-event CPU, side by side ----
+    let ns = Netns(format!("pstk-bench-{}", std::process::id()));
+    sh("ip", &["netns", "add", &ns.0], None);
+    sh("ip", &["-n", &ns.0, "link", "set", "lo", "up"], None);
+    let lossy_port = 47_999u16;
+    let rules = format!(
+        "table inet pstack_bench {{\n chain input {{\n  type filter hook input priority 0;\n  tcp dport {lossy_port} tcp flags & syn == 0 numgen random mod 100 < 10 drop\n }}\n}}\n"
+    );
+    sh(
+        "ip",
+        &["netns", "exec", &ns.0, "nft", "-f", "-"],
+        Some(&rules),
+    );
+
+    let script = "tracepoint:tcp:tcp_retransmit_skb, tracepoint:tcp:tcp_receive_reset, \
+                  tracepoint:tcp:tcp_send_reset, tracepoint:sock:inet_sock_set_state { @[probe] = count(); }";
+    let mut bt = Kill(
+        Command::new("bpftrace")
+            .args(["-e", script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("bpftrace"),
+    );
+    let _bt_out = wait_line(&mut bt.0, "Attaching");
+    std::thread::sleep(Duration::from_millis(500));
+    let mut ps = Kill(
+        Command::new(&exe)
+            .args(["consumer", "60"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("consumer"),
+    );
+    let mut ps_out = wait_line(&mut ps.0, "READY");
+    let bt_pid = bt.0.id();
+    let ps_pid = ps.0.id();
+    let (bt0, ps0) = (cpu_ticks(bt_pid), cpu_ticks(ps_pid));
+    let ours0 = prog_stats(&["pstack_tcp_", "pstack_inet_"]);
+    let theirs0 = prog_stats(&["tcp_", "inet_sock_set_"]);
+    let per0 = per_prog();
+
+    let t = Instant::now();
+    let ns_file = std::fs::File::open(format!("/run/netns/{}", ns.0)).expect("netns");
+    let worker = std::thread::spawn(move || {
+        nix::sched::setns(ns_file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        let l = std::thread::spawn(move || lossy_stream(lossy_port, writes));
+        flood(conns);
+        l.join().expect("lossy");
+    });
+    worker.join().expect("flood");
+    let flood_secs = t.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(500));
+    let ours1 = prog_stats(&["pstack_tcp_", "pstack_inet_"]);
+    let theirs1 = prog_stats(&["tcp_", "inet_sock_set_"]);
+    let per1 = per_prog();
+    let (bt1, ps1) = (cpu_ticks(bt_pid), cpu_ticks(ps_pid));
+    drop(ns);
+    // Stop the consumer early: SIGINT is not handled, so kill; its CPU was read above.
+    let _ = &mut ps_out;
+    drop(ps);
+    drop(bt);
+
+    let ours_ns = (ours1.0 - ours0.0) as f64;
+    let ours_cnt = (ours1.1 - ours0.1) as f64;
+    let theirs_ns = (theirs1.0 - theirs0.0) as f64;
+    let theirs_cnt = (theirs1.1 - theirs0.1) as f64;
+    let ours_user_ns = (ps1 - ps0) as f64 / hz * 1e9;
+    let theirs_user_ns = (bt1 - bt0) as f64 / hz * 1e9;
+    println!(
+        "== per-event CPU: {conns} short connections + a {writes}-write stream with 10% input drops, in {flood_secs:.1}s"
+    );
+    println!(
+        "pstack   programs: {:>9.0} events  kernel {:>7.1} ns/event  user {:>7.1} ns/event  total {:>7.1} ns/event",
+        ours_cnt,
+        ours_ns / ours_cnt,
+        ours_user_ns / ours_cnt,
+        (ours_ns + ours_user_ns) / ours_cnt
+    );
+    println!(
+        "bpftrace programs: {:>9.0} events  kernel {:>7.1} ns/event  user {:>7.1} ns/event  total {:>7.1} ns/event",
+        theirs_cnt,
+        theirs_ns / theirs_cnt,
+        theirs_user_ns / theirs_cnt,
+        (theirs_ns + theirs_user_ns) / theirs_cnt
+    );
+    println!(
+        "ratio pstack/bpftrace: kernel {:.2}x  total {:.2}x  (target <= 0.5x)",
+        (ours_ns / ours_cnt) / (theirs_ns / theirs_cnt),
+        ((ours_ns + ours_user_ns) / ours_cnt) / ((theirs_ns + theirs_user_ns) / theirs_cnt)
+    );
+
+    for (name, (ns1, c1)) in &per1 {
+        let (ns0, c0) = per0.get(name).copied().unwrap_or((0, 0));
+        if c1 > &c0 {
+            println!(
+                "   {name:<16} {:>8} runs {:>7.1} ns/run",
+                c1 - c0,
+                (ns1 - ns0) as f64 / (c1 - c0) as f64
+            );
+        }
+    }
+    if std::env::var_os("EBPF_BENCH_CPU_ONLY").is_some() {
+        return;
+    }
+
+    // ---- 2. throughput cost ----
+    // Wall throughput on a shared 2-core machine is noisy, so the cost is also
+    // measured as the blaster's own CPU per MiB moved (utime+stime, both ends).
+    let secs = 1u64;
+    let rounds = 15;
+    let blast_once = |exe: &std::path::Path| -> (f64, f64) {
+        let out = Command::new(exe)
+            .args(["blast", &secs.to_string()])
+            .output()
+            .expect("blast");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut it = text
+            .split_whitespace()
+            .map(|v| v.parse::<f64>().expect("number"));
+        (it.next().expect("gbps"), it.next().expect("cpu"))
+    };
+    let mut runs: [Vec<(f64, f64)>; 3] = Default::default();
+    for _ in 0..rounds {
+        runs[0].push(blast_once(&exe));
+        {
+            let mut c = Kill(
+                Command::new(&exe)
+                    .args(["consumer", "30"])
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .expect("consumer"),
+            );
+            let _o = wait_line(&mut c.0, "READY");
+            runs[1].push(blast_once(&exe));
+        }
+        {
+            // Off-CPU too, watching every task (the heaviest setting: sched_switch on every switch).
+            let mut c = Kill(
+                Command::new(&exe)
+                    .args(["consumer", "30", "all"])
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .expect("consumer"),
+            );
+            let _o = wait_line(&mut c.0, "READY");
+            runs[2].push(blast_once(&exe));
+        }
+    }
+    let g = |i: usize| median(runs[i].iter().map(|r| r.0).collect());
+    let c = |i: usize| median(runs[i].iter().map(|r| r.1).collect());
+    println!(
+        "== loopback throughput: one stream, {secs}s runs x {rounds}, the three settings interleaved; medians"
+    );
+    for (i, label) in [
+        "without pstack",
+        "with pstack TCP programs",
+        "with TCP + off-CPU (watch all)",
+    ]
+    .iter()
+    .enumerate()
+    {
+        println!(
+            "{label:<32} {:>6.2} Gbit/s (loss {:+6.2}%)   {:>8.0} CPU ns/MiB (cost {:+6.2}%)",
+            g(i),
+            (g(0) - g(i)) / g(0) * 100.0,
+            c(i),
+            (c(i) - c(0)) / c(0) * 100.0
+        );
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("consumer") => {
+            let secs = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(30);
+            let off = args.get(3).map(|s| {
+                if s == "all" {
+                    0
+                } else {
+                    s.parse().unwrap_or(0)
+                }
+            });
+            consumer_with(secs, off);
+        }
+        Some("blast") => {
+            let (g, c) = blast(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(3));
+            println!("{g:.3} {c:.1}");
+        }
+        Some("flood") => flood(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10_000)),
+        Some("run") | None => run(),
+        Some(other) => {
+            eprintln!(
+                "unknown subcommand {other}: run | consumer SECS [PID|all] | blast SECS | flood CONNS"
+            );
+            std::process::exit(2);
+        }
+    }
+}
+
+/// `off`: None = TCP only; Some(0) = also off-CPU watching all; Some(pid) = watching pid.
+fn consumer_with(secs: u64, off: Option<u32>) {
+    if off == Some(0) {
+        let mut cfg = EbpfConfig::tcp();
+        cfg.offcpu = true;
+        cfg.watch_all = true;
+        let mut s = EbpfSession::start(cfg).expect("start");
+        println!("READY");
+        std::io::stdout().flush().ok();
+        let _ = s.run_window_blocking(Duration::from_secs(secs), |_| {});
+        return;
+    }
+    consumer(secs, off)
+}
