@@ -16,6 +16,9 @@ use pstack_helper::protocol::{FrameError, MAX_FRAME, Request, Response, decode, 
 
 use super::leak::HelperIdentity;
 
+/// Requested capacity of the helper's output pipe.
+const PIPE_BYTES: libc::c_int = 1 << 20;
+
 /// What waiting for the next response produced.
 #[derive(Debug)]
 pub enum Received {
@@ -110,6 +113,11 @@ impl HelperProcess {
         };
         set_nonblocking(stdin.as_raw_fd())?;
         set_nonblocking(stdout.as_raw_fd())?;
+        // A larger pipe lets the helper stream a host-wide sweep while this
+        // process does its own reads, instead of stalling at 64 KiB. Best
+        // effort: the kernel caps it at /proc/sys/fs/pipe-max-size.
+        // SAFETY: fcntl on a pipe fd we own, with integer arguments.
+        unsafe { libc::fcntl(stdout.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_BYTES) };
         let pid = child.id();
         let start_ticks = read_stat(TaskRef::process(pid), 4096)
             .map(|s| s.facts.start_ticks)
