@@ -470,6 +470,73 @@ fn write_envelope(path: &std::path::Path, env: &Envelope) -> anyhow::Result<()> 
 mod tests {
     use super::*;
 
+    /// Root + kernel: `trace tcp --port P --seal F` over a real loopback linger-0 close
+    /// seals a valid envelope whose resets surface names the closing client.
+    #[test]
+    fn trace_tcp_as_root_seals_a_valid_envelope_naming_the_reset_sender() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0
+            || !std::path::Path::new("/sys/kernel/btf/vmlinux").exists()
+        {
+            eprintln!("SKIP trace_tcp_as_root: needs root and kernel BTF");
+            return;
+        }
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let server = l.local_addr().expect("addr");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("trace.json");
+        let traffic = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(400));
+            let c = std::net::TcpStream::connect(server).expect("connect");
+            let client = c.local_addr().expect("local");
+            let (s, _) = l.accept().expect("accept");
+            use std::os::fd::AsFd;
+            nix::sys::socket::setsockopt(
+                &c.as_fd(),
+                nix::sys::socket::sockopt::Linger,
+                &libc::linger {
+                    l_onoff: 1,
+                    l_linger: 0,
+                },
+            )
+            .expect("linger");
+            drop(c);
+            drop(s);
+            client
+        });
+        let code = run_tcp(TcpArgs {
+            window: Duration::from_millis(1500),
+            port: Some(server.port()),
+            addr: None,
+            json: true,
+            seal: Some(path.clone()),
+            ring_bytes: 64 * 1024,
+        })
+        .expect("trace");
+        let client = traffic.join().expect("traffic");
+        assert_eq!(code, 0);
+        let bytes = std::fs::read(&path).expect("sealed envelope written");
+        let env = pstack_envelope::verify(&bytes).expect("the sealed trace verifies");
+        assert_eq!(env.completeness, Completeness::Complete);
+        let resets = env
+            .surfaces
+            .iter()
+            .find(|s| s.id == "ebpf:tcp_resets")
+            .expect("resets surface");
+        let sample = resets.facts["sample"].as_array().expect("sample");
+        assert!(
+            sample
+                .iter()
+                .any(|e| e["direction"] == "sent" && e["rst_sender"] == client.to_string()),
+            "{sample:?}"
+        );
+        assert!(
+            env.claims
+                .iter()
+                .any(|c| c.code == "tcp_reset_sender" && c.statement.contains(&client.to_string()))
+        );
+    }
+
     #[test]
     fn windows_parse_with_units_and_refuse_nonsense() {
         assert_eq!(parse_window("500ms"), Ok(Duration::from_millis(500)));
