@@ -272,6 +272,55 @@ pub fn capture_via_socket(
     pstack_envelope::verify(&resp.body).map_err(ClientError::InvalidEnvelope)
 }
 
+/// Try the daemon first: `Ok(None)` when no daemon listens at `socket` (the
+/// caller then captures one-shot); any other failure is an error, never a
+/// silent fallback (a daemon that refuses us must not be bypassed quietly).
+pub fn try_capture_via_daemon(
+    socket: &Path,
+    request: &CaptureRequestBody,
+    timeout: Duration,
+) -> Result<Option<Envelope>, ClientError> {
+    match capture_via_socket(socket, request, timeout) {
+        Ok(e) => Ok(Some(e)),
+        Err(ClientError::NoDaemon { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+impl CaptureRequestBody {
+    /// A request for a supervisor target with explicit deadlines; caps are
+    /// left to the daemon's configured defaults (a caller may only narrow them).
+    pub fn for_target(
+        target: crate::supervisor::Target,
+        surface_ms: u64,
+        bundle_ms: u64,
+    ) -> CaptureRequestBody {
+        use crate::supervisor::Target;
+        let subject = match target {
+            Target::Process { pid } => SubjectSelector {
+                pid: Some(pid),
+                ..Default::default()
+            },
+            Target::Thread { tid } => SubjectSelector {
+                tid: Some(tid),
+                ..Default::default()
+            },
+            Target::Host => SubjectSelector {
+                host: Some(true),
+                ..Default::default()
+            },
+        };
+        CaptureRequestBody {
+            subject,
+            deadlines: RequestedDeadlines {
+                surface_ms: Some(surface_ms),
+                bundle_ms: Some(bundle_ms),
+            },
+            caps: RequestedCaps::default(),
+        }
+    }
+}
+
 /// `GET /v1/status`.
 pub fn status(socket: &Path, timeout: Duration) -> Result<serde_json::Value, ClientError> {
     let resp = request(socket, "GET", "/v1/status", None, timeout)?;

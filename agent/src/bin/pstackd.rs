@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use pstack_agent::daemon::config::{Config, DEFAULT_CONFIG_PATH};
-use pstack_agent::daemon::run::{RunOptions, pre_runtime, run};
+use pstack_agent::daemon::run::{RunOptions, prepare, run};
 
 /// Serve captures on a Unix socket and ship sealed envelopes to the store.
 #[derive(Debug, Parser)]
@@ -60,9 +60,13 @@ fn main() {
         }
     }
     init_logging(&args.log_format);
-    // Take the systemd socket while we are still single-threaded.
-    let activated = match pre_runtime() {
-        Ok(l) => l,
+    let opts = RunOptions {
+        config_path,
+        explicit,
+    };
+    // Socket, config and the privilege drop while we are still single-threaded.
+    let prepared = match prepare(&opts) {
+        Ok(p) => p,
         Err(e) => {
             tracing::error!(error = %e, "cannot start");
             std::process::exit(1);
@@ -81,11 +85,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let opts = RunOptions {
-        config_path,
-        explicit,
-    };
-    match runtime.block_on(run(opts, activated)) {
+    match runtime.block_on(run(opts, prepared)) {
         Ok(()) => {
             runtime.shutdown_timeout(std::time::Duration::from_millis(200));
             std::process::exit(0)

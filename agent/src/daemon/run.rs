@@ -1,8 +1,9 @@
 //! The daemon's lifecycle: set up, serve, reload, drain, exit.
 //!
-//! Order at start (each step before the next): load config → resolve group →
-//! take or bind the socket → open the spool (scan) → open the leak budget →
-//! drop privileges → start shipper, watchdog and accept loop → `READY=1`.
+//! Order at start (each step before the next), single-threaded in [`prepare`]:
+//! load config → resolve group → take or bind the socket → drop privileges;
+//! then on the runtime in [`run`]: open the spool (scan) → open the leak
+//! budget → start shipper, watchdog and accept loop → `READY=1`.
 //! Readiness is sent only after the accept loop is running, so a client that
 //! connects on `READY=1` is served.
 //!
@@ -89,30 +90,63 @@ fn resolve_policy(c: &Config) -> Result<AccessPolicy, GroupError> {
     AccessPolicy::resolve(&c.group, required)
 }
 
-/// Everything that must happen before the runtime starts (single-threaded):
-/// taking the systemd socket out of the environment.
-pub fn pre_runtime() -> Result<Option<std::os::unix::net::UnixListener>, DaemonError> {
-    Ok(listener::from_systemd()?)
+/// What [`prepare`] set up before the runtime existed.
+#[derive(Debug)]
+pub struct Prepared {
+    config: Config,
+    policy: AccessPolicy,
+    listener: std::os::unix::net::UnixListener,
+    origin: ListenerOrigin,
+    privileges: privilege::PrivilegeReport,
 }
 
-/// Run the daemon until SIGTERM/SIGINT. Returns after a clean drain.
-pub async fn run(
-    opts: RunOptions,
-    activated: Option<std::os::unix::net::UnixListener>,
-) -> Result<(), DaemonError> {
-    let notifier = Arc::new(Notifier::from_env());
+/// Everything that must happen while the process has exactly one thread:
+/// load the config, take (or bind and chown) the socket, and drop
+/// privileges. Capabilities, the bounding set and `no_new_privs` are
+/// per-thread in Linux, so they are dropped before the runtime spawns any
+/// worker or blocking thread — every later thread inherits the reduced set.
+pub fn prepare(opts: &RunOptions) -> Result<Prepared, DaemonError> {
+    let activated = listener::from_systemd()?;
     let config = Config::load(&opts.config_path, opts.explicit)?;
     let policy = resolve_policy(&config)?;
     if policy.gid.is_none() {
         tracing::warn!(group = %config.group, "configured group does not exist; only root may use the API");
     }
-    let (std_listener, origin) = match activated {
+    let (listener, origin) = match activated {
         Some(l) => (l, ListenerOrigin::Activated),
         None => (
             listener::bind(&config.socket_path, config.socket_mode_bits(), policy.gid)?,
             ListenerOrigin::Bound(config.socket_path.clone()),
         ),
     };
+    if let Some(parent) = config.capture.leak_journal.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    let privileges = privilege::drop_privileges()?;
+    Ok(Prepared {
+        config,
+        policy,
+        listener,
+        origin,
+        privileges,
+    })
+}
+
+/// Run the daemon until SIGTERM/SIGINT. Returns after a clean drain.
+pub async fn run(opts: RunOptions, prepared: Prepared) -> Result<(), DaemonError> {
+    let notifier = Arc::new(Notifier::from_env());
+    let Prepared {
+        config,
+        policy,
+        listener: std_listener,
+        origin,
+        privileges: report,
+    } = prepared;
+    tracing::info!(
+        effective = ?report.effective,
+        bounding_dropped = report.bounding_dropped,
+        "privileges dropped; no_new_privs set"
+    );
     std_listener
         .set_nonblocking(true)
         .map_err(|e| DaemonError::Io(format!("socket nonblocking: {e}")))?;
@@ -139,9 +173,6 @@ pub async fn run(
         };
         match helper.and_then(|p| SupervisorConfig::new("pstackd", p)) {
             Ok(sc) => {
-                if let Some(parent) = config.capture.leak_journal.parent() {
-                    let _ = std::fs::create_dir_all(parent);
-                }
                 let budget = LeakBudget::new(
                     config.capture.leak_budget,
                     LeakJournal::new(config.capture.leak_journal.clone()),
@@ -161,13 +192,6 @@ pub async fn run(
             }
         }
     };
-
-    let report = privilege::drop_privileges()?;
-    tracing::info!(
-        effective = ?report.effective,
-        bounding_dropped = report.bounding_dropped,
-        "privileges dropped; no_new_privs set"
-    );
 
     let (shipper_tx, shipper_rx) = watch::channel(config.shipper.clone());
     let shipper = Shipper::new(spool.clone(), shipper_rx);

@@ -147,33 +147,44 @@ fn root_only_daemon_drops_capabilities_and_sets_no_new_privs() {
     }
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(dir.path(), &Settings::default());
-    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| u64::from_str_radix(v.trim(), 16).unwrap_or(u64::MAX))
-            .unwrap()
-    };
-    let mut expected = 0u64;
-    for cap in pstack_agent::daemon::privilege::KEPT {
-        expected |= 1 << cap.index();
-    }
-    assert_eq!(
-        field("CapEff:"),
-        expected,
-        "effective set is exactly the documented set"
-    );
-    assert_eq!(field("CapPrm:"), expected);
-    assert_eq!(field("CapBnd:"), expected, "bounding set narrowed too");
-    assert_eq!(field("CapInh:"), 0);
-    assert_eq!(field("CapAmb:"), 0);
-    assert!(
-        status
-            .lines()
-            .any(|l| l.starts_with("NoNewPrivs:") && l.trim_end().ends_with('1'))
-    );
-    // And it still captures with that set.
+    // Capabilities are per thread: every thread of the daemon must hold the
+    // reduced set (a drop after the runtime started would leave workers whole).
     let target = Sleeper::spawn();
+    d.capture_pid(target.pid())
+        .expect("capture (spawns blocking threads)");
+    let tasks: Vec<_> = std::fs::read_dir(format!("/proc/{}/task", d.pid()))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(tasks.len() > 1, "a multi-threaded daemon");
+    for task in tasks {
+        let status = std::fs::read_to_string(task.join("status")).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| u64::from_str_radix(v.trim(), 16).unwrap_or(u64::MAX))
+                .unwrap()
+        };
+        let mut expected = 0u64;
+        for cap in pstack_agent::daemon::privilege::KEPT {
+            expected |= 1 << cap.index();
+        }
+        assert_eq!(
+            field("CapEff:"),
+            expected,
+            "effective set is exactly the documented set"
+        );
+        assert_eq!(field("CapPrm:"), expected);
+        assert_eq!(field("CapBnd:"), expected, "bounding set narrowed too");
+        assert_eq!(field("CapInh:"), 0);
+        assert_eq!(field("CapAmb:"), 0);
+        assert!(
+            status
+                .lines()
+                .any(|l| l.starts_with("NoNewPrivs:") && l.trim_end().ends_with('1'))
+        );
+    }
+    // And it still captures with that set.
     d.capture_pid(target.pid()).expect("capture after the drop");
 }

@@ -218,11 +218,16 @@ fn socket_activation_serves_the_listen_fds_socket() {
             dir.path().join("pstackd.toml").display()
         ))
         .stderr(std::fs::File::create(&log).unwrap());
-    // SAFETY: dup2 is async-signal-safe; it places the listener on fd 3 in
+    // SAFETY: dup2 and fcntl are async-signal-safe; it places the listener on fd 3 in
     // the child between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(fd, 3) < 0 {
+            // dup2(3, 3) would keep FD_CLOEXEC: clear it explicitly then.
+            if fd == 3 {
+                if libc::fcntl(3, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(fd, 3) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -231,10 +236,16 @@ fn socket_activation_serves_the_listen_fds_socket() {
     let mut child = cmd.spawn().unwrap();
     drop(listener);
     let mut status = None;
-    wait_until(Duration::from_secs(10), "activated daemon serving", || {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status.is_none() {
         status = client::status(&path, Duration::from_secs(1)).ok();
-        status.is_some()
-    });
+        assert!(
+            Instant::now() < deadline,
+            "activated daemon not serving (fd {fd}); log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // It did not bind its configured path: the activated socket is the one.
     assert!(!dir.path().join("pstackd.sock").exists());
     // SAFETY: signalling our own child.
