@@ -407,15 +407,68 @@ pub enum EbpfWindow {
     },
 }
 
-/// Runs the eBPF TCP window concurrently with sampling. Implemented over
-/// `pstack-ebpf` where available (see [`ebpf_window`]).
-pub type EbpfRunner = fn(Duration, IpAddr) -> EbpfWindow;
+/// Load the eBPF TCP programs (before the window starts), filtered to `peer`.
+pub fn ebpf_start(peer: IpAddr) -> Result<pstack_ebpf::EbpfSession, EbpfWindow> {
+    let mut cfg = pstack_ebpf::EbpfConfig::tcp();
+    cfg.addr = Some(peer);
+    pstack_ebpf::EbpfSession::start(cfg).map_err(|e| EbpfWindow::Unavailable {
+        status: e.status(),
+        message: e.to_string(),
+    })
+}
 
-/// The eBPF window runner in this build.
-pub fn ebpf_window(_window: Duration, _peer: IpAddr) -> EbpfWindow {
-    EbpfWindow::Unavailable {
-        status: SurfaceStatus::Unsupported,
-        message: "this pstackctl build does not link pstack-ebpf's TCP window".into(),
+/// Run one eBPF window on a loaded session and join its flows by socket cookie.
+pub fn ebpf_window(mut session: pstack_ebpf::EbpfSession, window: Duration) -> EbpfWindow {
+    use pstack_ebpf::TcpSurface;
+    let report = match session.run_window_blocking(window, |_| {}) {
+        Ok(r) => r,
+        Err(e) => {
+            return EbpfWindow::Unavailable {
+                status: e.status(),
+                message: e.to_string(),
+            };
+        }
+    };
+    let Some(agg) = report.tcp.as_ref() else {
+        return EbpfWindow::Unavailable {
+            status: SurfaceStatus::Unsupported,
+            message: "the TCP programs are not loaded in this session".into(),
+        };
+    };
+    let flows = agg
+        .flows()
+        .iter()
+        .filter_map(|f| {
+            Some(EbpfFlow {
+                cookie: f.sock_cookie?,
+                retransmits: f.retransmits,
+                resets_sent: f.resets_sent,
+                resets_received: f.resets_received,
+                last_reset_reason: f
+                    .last_reset_reason
+                    .map(pstack_ebpf::record::reset_reason_name),
+                transitions: f
+                    .transitions
+                    .iter()
+                    .map(|t| format!("{}>{}@{}", t.from.name(), t.to.name(), t.ts_ns))
+                    .collect(),
+                first_ns: f.first_ns,
+                last_ns: f.last_ns,
+            })
+        })
+        .collect();
+    let digests: Vec<String> = TcpSurface::ALL
+        .iter()
+        .filter_map(|s| agg.raw(*s).digest())
+        .collect();
+    let bytes: u64 = TcpSurface::ALL.iter().map(|s| agg.raw(*s).bytes).sum();
+    let truncated = TcpSurface::ALL.iter().any(|s| agg.truncated(*s))
+        || report.tcp_ctx.lost.iter().any(|l| *l > 0);
+    EbpfWindow::Flows {
+        flows,
+        digest: (!digests.is_empty()).then(|| sha256_digest(digests.join("\n").as_bytes())),
+        bytes,
+        truncated,
     }
 }
 
@@ -441,7 +494,11 @@ pub fn capture(plan: &Plan) -> Result<CaptureResult, TransportError> {
     let (raw, net_ns) = netns::run_in(&plan.target, move || {
         let wall = rfc3339(SystemTime::now());
         let mono_start = monotonic_ns();
-        let ebpf = want_ebpf.then(|| std::thread::spawn(move || ebpf_window(window, peer)));
+        // Programs are loaded before the first sample so the window covers it.
+        let ebpf = want_ebpf.then(|| match ebpf_start(peer) {
+            Ok(session) => std::thread::spawn(move || ebpf_window(session, window)),
+            Err(unavailable) => std::thread::spawn(move || unavailable),
+        });
         let start = sample(&filter);
         std::thread::sleep(window);
         let end = sample(&filter);
@@ -629,6 +686,15 @@ fn tcp_deltas(a: &TcpInfo, b: &TcpInfo) -> BTreeMap<&'static str, i128> {
     );
     d
 }
+
+/// Counters a local abort (a RST this host sends for its own flow) increments.
+pub const LOCAL_ABORT_COUNTERS: [&str; 5] = [
+    "TcpExt.TCPAbortOnData",
+    "TcpExt.TCPAbortOnClose",
+    "TcpExt.TCPAbortOnMemory",
+    "TcpExt.TCPAbortOnLinger",
+    "TcpExt.TCPAbortFailed",
+];
 
 /// Counters whose movement is a transport fault signature (netns-wide).
 pub const FAULT_COUNTERS: [&str; 14] = [
@@ -1478,18 +1544,21 @@ impl Ctx<'_> {
                     None,
                 ),
                 _ => {
-                    let estab = view
-                        .counter_delta
-                        .get("Tcp.EstabResets")
-                        .copied()
-                        .unwrap_or(0);
-                    let out = view.counter_delta.get("Tcp.OutRsts").copied().unwrap_or(0);
-                    if ok("netstat") && estab > 0 && out == 0 && state_end.is_none_or(|s| s == 7) {
+                    let c = |k: &str| view.counter_delta.get(k).copied().unwrap_or(0);
+                    let estab = c("Tcp.EstabResets");
+                    // A local abort sends its RST through tcp_send_active_reset and
+                    // counts a TCPAbortOn*; a RST for a segment to a dead socket counts
+                    // only OutRsts. So: closures by RST with no local abort were resets
+                    // received from the remote side.
+                    let aborts: i128 = LOCAL_ABORT_COUNTERS.iter().map(|k| c(k)).sum();
+                    if ok("netstat") && estab > 0 && aborts == 0 && state_end.is_none_or(|s| s == 7)
+                    {
                         add(
                             ClaimKind::Inference,
                             "reset_by_peer_inferred",
                             format!(
-                                "the flow was reset from the remote side ({remote}): it went from ESTABLISHED to CLOSE while Tcp.EstabResets rose by {estab} and this netns sent no RST (Tcp.OutRsts +0)"
+                                "the flow was reset from the remote side ({remote}): it went from ESTABLISHED to CLOSE while Tcp.EstabResets rose by {estab} and no local abort was counted (TCPAbortOn* +0; Tcp.OutRsts +{})",
+                                c("Tcp.OutRsts")
                             ),
                             &["tcp/start", "netstat"],
                             None,

@@ -48,9 +48,30 @@ fn root_no_fault_envelope_is_complete_and_claims_no_fault() {
         ],
     );
     let t = Transfer::start_paced(&bed, false, None, 500);
-    let envs = capture(&bed.a, B_V4, "2s", &["--no-ebpf"]);
+    // With eBPF (its surface must be ok for `complete`), then without.
+    let with_ebpf = capture(&bed.a, B_V4, "2s", &[]);
+    let ebpf_ok = with_ebpf
+        .iter()
+        .all(|e| surface(e, "ebpf/tcp").status == SurfaceStatus::Ok);
+    if !ebpf_ok {
+        eprintln!(
+            "NOTE: eBPF unavailable on this host: the envelope is partial and claims nothing universal"
+        );
+        for e in &with_ebpf {
+            assert_eq!(e.completeness, Completeness::Partial);
+            assert!(!codes(e).contains(&"no_fault_observed".to_string()));
+        }
+    }
+    let mut envs = capture(&bed.a, B_V4, "2s", &["--no-ebpf"]);
+    if ebpf_ok {
+        envs.extend(with_ebpf);
+    }
     assert!(t.knobs.received.load(Ordering::Relaxed) > 0);
-    assert_eq!(envs.len(), 2, "data + control flows");
+    assert_eq!(
+        envs.len(),
+        if ebpf_ok { 4 } else { 2 },
+        "data + control flows"
+    );
     for e in &envs {
         assert_eq!(e.completeness, Completeness::Complete, "{:#?}", e.surfaces);
         let facts = fact_codes(e);
@@ -127,63 +148,110 @@ fn root_random_drop_shows_retransmits_on_data_flow_only() {
     assert!(!codes(data).contains(&"mtu_mismatch".to_string()));
 }
 
+/// With eBPF (when this host supports it), the RST is a fact joined to the flow
+/// by socket cookie; without it, an inference from counters plus an unknown.
 #[test]
 fn root_reject_with_tcp_reset_is_attributed_to_the_receiver() {
     if !root_or_skip("root_reject_with_tcp_reset_is_attributed_to_the_receiver") {
         return;
     }
     let _s = serial();
-    let bed = Testbed::new("rst");
-    let t = Transfer::start(&bed, false, None);
-    let a = pstackctl_bg(&[
-        "capture",
-        "transport",
-        "--netns",
-        &bed.a.name,
-        "--peer",
-        B_V4,
-        "--window",
-        "3s",
-        "--json",
-        "--no-ebpf",
-    ]);
-    std::thread::sleep(Duration::from_millis(1000));
-    bed.b.nft(&format!(
-        "table inet pstest {{ chain input {{ type filter hook input priority 0; policy accept; \
-         tcp dport {DATA_PORT} reject with tcp reset; }} }}"
-    ));
-    let envs = finish(a);
-    assert!(
-        t.knobs.send_error.lock().unwrap().is_some(),
-        "the sender saw the reset"
-    );
-    let data = flow_to(&envs, DATA_PORT);
-    let c = codes(data);
-    assert!(
-        c.contains(&"flow_left_established".to_string()),
-        "{:#?}",
-        data.claims
-    );
-    let attributed = data
-        .claims
-        .iter()
-        .find(|c| c.code == "rst_received_from_peer" || c.code == "reset_by_peer_inferred");
-    let attributed =
-        attributed.unwrap_or_else(|| panic!("no reset attribution: {:#?}", data.claims));
-    assert!(
-        attributed
-            .statement
-            .contains(&format!("{B_V4}:{DATA_PORT}")),
-        "{}",
-        attributed.statement
-    );
-    // Counters on the right side: A (which received the RST) sent none.
-    assert!(counter(data, "Tcp.EstabResets") >= 1);
-    assert_eq!(counter(data, "Tcp.OutRsts"), 0);
-    // The control connection was untouched.
-    let control = flow_to(&envs, CONTROL_PORT);
-    assert!(!codes(control).contains(&"flow_left_established".to_string()));
-    assert!(!c.contains(&"rst_sent_by_local".to_string()));
+    for ebpf in [true, false] {
+        let bed = Testbed::new(if ebpf { "rste" } else { "rst" });
+        let t = Transfer::start(&bed, false, None);
+        let mut args = vec![
+            "capture",
+            "transport",
+            "--netns",
+            &bed.a.name,
+            "--peer",
+            B_V4,
+            "--window",
+            "3s",
+            "--json",
+        ];
+        if !ebpf {
+            args.push("--no-ebpf");
+        }
+        let a = pstackctl_bg(&args);
+        // Loading the eBPF programs takes a moment on a busy machine.
+        std::thread::sleep(Duration::from_millis(1500));
+        bed.b.nft(&format!(
+            "table inet pstest {{ chain input {{ type filter hook input priority 0; policy accept; \
+             tcp dport {DATA_PORT} reject with tcp reset; }} }}"
+        ));
+        let envs = finish(a);
+        assert!(
+            t.knobs.send_error.lock().unwrap().is_some(),
+            "the sender saw the reset"
+        );
+        let data = flow_to(&envs, DATA_PORT);
+        let c = codes(data);
+        assert!(
+            c.contains(&"flow_left_established".to_string()),
+            "{:#?}",
+            data.claims
+        );
+        let ebpf_ok = data
+            .surfaces
+            .iter()
+            .any(|s| s.id == "ebpf/tcp" && s.status == SurfaceStatus::Ok);
+        let want = if ebpf_ok {
+            "rst_received_from_peer"
+        } else {
+            "reset_by_peer_inferred"
+        };
+        eprintln!("ebpf requested {ebpf}, ebpf surface ok {ebpf_ok}: {c:?}");
+        if ebpf && !ebpf_ok {
+            eprintln!(
+                "NOTE: eBPF unavailable here ({:?}); checking the counter inference",
+                surface(data, "ebpf/tcp").cause
+            );
+        }
+        let attributed = data
+            .claims
+            .iter()
+            .find(|c| c.code == want)
+            .unwrap_or_else(|| panic!("no {want}: {:#?}", data.claims));
+        assert_eq!(
+            attributed.kind,
+            if ebpf_ok {
+                ClaimKind::Fact
+            } else {
+                ClaimKind::Inference
+            }
+        );
+        assert!(
+            attributed
+                .statement
+                .contains(&format!("{B_V4}:{DATA_PORT}")),
+            "{}",
+            attributed.statement
+        );
+        if !ebpf_ok {
+            assert!(
+                data.unknowns.iter().any(|u| u.blocks == "ATTRIBUTE_RESET"),
+                "{:#?}",
+                data.unknowns
+            );
+        }
+        // Counters on the right side: A's flow was reset and A aborted nothing.
+        // (A may answer B's late segments for the dead socket with a RST of its
+        // own — OutRsts +1 without a socket — which is not this flow's RST.)
+        assert!(counter(data, "Tcp.EstabResets") >= 1);
+        for k in [
+            "TcpExt.TCPAbortOnData",
+            "TcpExt.TCPAbortOnClose",
+            "TcpExt.TCPAbortOnLinger",
+        ] {
+            assert_eq!(counter(data, k), 0, "{k}");
+        }
+        assert!(!c.contains(&"rst_sent_by_local".to_string()));
+        // The control connection was untouched.
+        let control = flow_to(&envs, CONTROL_PORT);
+        assert!(!codes(control).contains(&"flow_left_established".to_string()));
+        assert!(!codes(control).contains(&"rst_received_from_peer".to_string()));
+    }
 }
 
 /// The receiver aborts with SO_LINGER {1,0}: its own stack sends the RST, so
