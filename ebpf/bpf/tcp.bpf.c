@@ -113,26 +113,32 @@ static __always_inline void sock_ids(struct pstack_tcp_event *e, const void *ska
 		return;
 	e->flags |= PSTACK_TCP_HAS_SOCK;
 	e->sk_key = (__u64)sk;
+	/* The netns inode identifies the namespace on this host; its net_cookie
+	 * would cost one more probe read per event and is left 0. */
 	struct net *net = BPF_CORE_READ(sk, __sk_common.skc_net.net);
-	if (net) {
+	if (net)
 		e->netns_ino = BPF_CORE_READ(net, ns.inum);
-		if (bpf_core_field_exists(net->net_cookie))
-			bpf_core_read(&e->netns_cookie, sizeof(e->netns_cookie), &net->net_cookie);
-	}
 	if (cookie_too)
 		bpf_core_read(&e->sock_cookie, sizeof(e->sock_cookie), &sk->__sk_common.skc_cookie);
 }
 
-/* Address arrays are read with CO-RE probe reads: pointer arithmetic on ctx is refused. */
+/* Address arrays are read with one CO-RE probe read per event: direct
+ * element loads would be pointer arithmetic on ctx, which the verifier
+ * refuses. saddr/daddr (and saddr_v6/daddr_v6) are adjacent in every layout
+ * these programs accept, so one read covers both. */
 #define copy_addrs(e, tp)                                                       \
 	do {                                                                    \
 		(e)->family = (tp)->family;                                     \
 		if ((e)->family == 10 /* AF_INET6 */) {                         \
-			bpf_core_read((e)->saddr, 16, &(tp)->saddr_v6);         \
-			bpf_core_read((e)->daddr, 16, &(tp)->daddr_v6);         \
+			__u8 both_[32];                                         \
+			bpf_core_read(both_, 32, &(tp)->saddr_v6);              \
+			__builtin_memcpy((e)->saddr, both_, 16);                \
+			__builtin_memcpy((e)->daddr, both_ + 16, 16);           \
 		} else {                                                        \
-			bpf_core_read((e)->saddr, 4, &(tp)->saddr);             \
-			bpf_core_read((e)->daddr, 4, &(tp)->daddr);             \
+			__u8 both_[8];                                          \
+			bpf_core_read(both_, 8, &(tp)->saddr);                  \
+			__builtin_memcpy((e)->saddr, both_, 4);                 \
+			__builtin_memcpy((e)->daddr, both_ + 4, 4);             \
 		}                                                               \
 	} while (0)
 
