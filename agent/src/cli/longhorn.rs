@@ -727,16 +727,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 #[derive(Debug, clap::Subcommand)]
 pub enum NetCapture {
     /// One network_stream envelope per TCP flow to a peer, sampled over a window.
-    Transport(transport::Args),
+    Transport(Box<transport::Args>),
     /// A Longhorn rebuild: storage_transfer envelope linking its stream envelopes by digest.
-    Longhorn(Args),
+    Longhorn(Box<Args>),
 }
 
 /// Run a `capture transport|longhorn` subcommand.
 pub fn run_net_capture(c: NetCapture) -> anyhow::Result<i32> {
     match c {
-        NetCapture::Transport(a) => transport::run(a),
-        NetCapture::Longhorn(a) => run(a),
+        NetCapture::Transport(a) => transport::run(*a),
+        NetCapture::Longhorn(a) => run(*a),
     }
 }
 

@@ -222,15 +222,12 @@ fn listener(addr: SocketAddr, rcvbuf: Option<i32>) -> TcpListener {
         }
     }
     let (sa, len) = sockaddr(addr);
-    // SAFETY: sa is a valid sockaddr of len bytes.
-    assert_eq!(
-        unsafe { libc::bind(fd, (&sa as *const libc::sockaddr_storage).cast(), len) },
-        0,
-        "bind {addr}: {}",
-        std::io::Error::last_os_error()
-    );
-    // SAFETY: valid fd.
-    assert_eq!(unsafe { libc::listen(fd, 16) }, 0);
+    // SAFETY: sa is a valid sockaddr of len bytes; fd is a live socket.
+    let rc = unsafe { libc::bind(fd, (&sa as *const libc::sockaddr_storage).cast(), len) };
+    assert_eq!(rc, 0, "bind {addr}: {}", std::io::Error::last_os_error());
+    // SAFETY: fd is a live, bound socket.
+    let rc = unsafe { libc::listen(fd, 16) };
+    assert_eq!(rc, 0);
     l
 }
 

@@ -48,9 +48,18 @@ fn snapshot_to_stdout() {
 /// Run a command to completion, reading all its output; returns (elapsed, bytes).
 fn timed_run(cmd: &mut Command) -> (Duration, usize) {
     let t = Instant::now();
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("spawn");
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
     let mut buf = Vec::with_capacity(16 << 20);
-    child.stdout.take().unwrap().read_to_end(&mut buf).expect("read");
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut buf)
+        .expect("read");
     let status = child.wait().expect("wait");
     assert!(status.success(), "{cmd:?} failed");
     (t.elapsed(), buf.len())
@@ -66,16 +75,28 @@ fn main() {
         snapshot_to_stdout();
         return;
     }
-    let sockets: usize = arg("--sockets").and_then(|s| s.parse().ok()).unwrap_or(10_000);
+    let sockets: usize = arg("--sockets")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000);
     let runs: usize = arg("--runs").and_then(|s| s.parse().ok()).unwrap_or(15);
     let pstackctl = arg("--pstackctl");
 
     // A private netns, still single-threaded here.
     // SAFETY: unshare with a constant flag; checked.
-    assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare(CLONE_NEWNET) needs root");
-    let st = Command::new("ip").args(["link", "set", "lo", "up"]).status().expect("ip");
+    assert_eq!(
+        unsafe { libc::unshare(libc::CLONE_NEWNET) },
+        0,
+        "unshare(CLONE_NEWNET) needs root"
+    );
+    let st = Command::new("ip")
+        .args(["link", "set", "lo", "up"])
+        .status()
+        .expect("ip");
     assert!(st.success());
-    let want = libc::rlimit { rlim_cur: 65_536, rlim_max: 65_536 };
+    let want = libc::rlimit {
+        rlim_cur: 65_536,
+        rlim_max: 65_536,
+    };
     // SAFETY: valid rlimit pointer.
     unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) };
 
@@ -90,7 +111,10 @@ fn main() {
     }
     let exe = std::env::current_exe().expect("exe");
     let check = dump_tcp(&|s| s.state == 1).expect("dump");
-    println!("established sockets in the bench netns: {}", check.sockets.len());
+    println!(
+        "established sockets in the bench netns: {}",
+        check.sockets.len()
+    );
     assert_eq!(check.sockets.len(), pairs * 2);
 
     // Warm both (page cache, binaries).
@@ -114,19 +138,53 @@ fn main() {
     }
     let (ss_m, ps_m, in_m) = (median(ss_t), median(ps_t), median(inproc_t));
     println!("runs: {runs} (medians)");
-    println!("ss -tin                         : {:>8.2} ms  ({ss_bytes} bytes of output)", ss_m.as_secs_f64() * 1e3);
-    println!("pstack reader, as a process     : {:>8.2} ms  ({ps_bytes} bytes of JSON lines)", ps_m.as_secs_f64() * 1e3);
-    println!("pstack reader, in-process       : {:>8.2} ms", in_m.as_secs_f64() * 1e3);
-    println!("ratio process/ss                : {:.2}x", ps_m.as_secs_f64() / ss_m.as_secs_f64());
-    println!("ratio in-process/ss             : {:.2}x", in_m.as_secs_f64() / ss_m.as_secs_f64());
+    println!(
+        "ss -tin                         : {:>8.2} ms  ({ss_bytes} bytes of output)",
+        ss_m.as_secs_f64() * 1e3
+    );
+    println!(
+        "pstack reader, as a process     : {:>8.2} ms  ({ps_bytes} bytes of JSON lines)",
+        ps_m.as_secs_f64() * 1e3
+    );
+    println!(
+        "pstack reader, in-process       : {:>8.2} ms",
+        in_m.as_secs_f64() * 1e3
+    );
+    println!(
+        "ratio process/ss                : {:.2}x",
+        ps_m.as_secs_f64() / ss_m.as_secs_f64()
+    );
+    println!(
+        "ratio in-process/ss             : {:.2}x",
+        in_m.as_secs_f64() / ss_m.as_secs_f64()
+    );
 
     if let Some(p) = pstackctl {
         let out = Command::new(&p)
-            .args(["capture", "transport", "--peer", "127.0.0.1:10001", "--window", "100ms", "--max-flows", "200", "--json", "--no-ebpf"])
+            .args([
+                "capture",
+                "transport",
+                "--peer",
+                "127.0.0.1:10001",
+                "--window",
+                "100ms",
+                "--max-flows",
+                "200",
+                "--json",
+                "--no-ebpf",
+            ])
             .output()
             .expect("pstackctl");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let lines: Vec<&[u8]> = out.stdout.split(|b| *b == b'\n').filter(|l| !l.is_empty()).collect();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<&[u8]> = out
+            .stdout
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .collect();
         let total: usize = lines.iter().map(|l| l.len()).sum();
         let max = lines.iter().map(|l| l.len()).max().unwrap_or(0);
         println!(

@@ -29,11 +29,10 @@ pub struct ConntrackFacts {
 impl ConntrackFacts {
     /// count / max in parts per million (0 when max is 0, i.e. unlimited).
     pub fn fill_ppm(&self) -> u64 {
-        if self.max == 0 {
-            0
-        } else {
-            self.count.saturating_mul(1_000_000) / self.max
-        }
+        self.count
+            .saturating_mul(1_000_000)
+            .checked_div(self.max)
+            .unwrap_or(0)
     }
 }
 

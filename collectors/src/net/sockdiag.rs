@@ -450,6 +450,7 @@ mod tests {
     use crate::net::netlink::{push_attr, request};
 
     /// Build a reply message the way the kernel lays it out.
+    #[allow(clippy::too_many_arguments)] // mirrors the fields of inet_diag_msg
     pub(crate) fn diag_msg(
         family: u8,
         state: u8,
