@@ -135,9 +135,21 @@ pub fn request(
         ));
     }
     head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).map_err(to)?;
-    if let Some(b) = body {
-        stream.write_all(b).map_err(to)?;
+    // A server may answer (413, 403) and close before reading the whole body:
+    // remember a write failure and still read whatever answer arrived.
+    let mut write_error = stream.write_all(head.as_bytes()).err();
+    if write_error.is_none()
+        && let Some(b) = body
+    {
+        write_error = stream.write_all(b).err();
+    }
+    if let Some(e) = write_error {
+        let mut raw = Vec::new();
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+        let _ = (&mut stream)
+            .take(MAX_RESPONSE_BYTES as u64)
+            .read_to_end(&mut raw);
+        return parse_response(&raw).map_err(|_| to(e));
     }
     let mut raw = Vec::new();
     let mut buf = [0u8; 16 << 10];
@@ -148,7 +160,13 @@ pub fn request(
         stream
             .set_read_timeout(Some(left.max(Duration::from_millis(1))))
             .map_err(ClientError::Io)?;
-        let n = stream.read(&mut buf).map_err(to)?;
+        let n = match stream.read(&mut buf) {
+            Ok(n) => n,
+            // The server answered and closed with part of our body unread: the
+            // kernel reports a reset after the queued answer. Parse what came.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && !raw.is_empty() => 0,
+            Err(e) => return Err(to(e)),
+        };
         if n == 0 {
             break;
         }
