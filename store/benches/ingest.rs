@@ -1,1 +1,382 @@
-fn main() {}
+//! pstack-store benchmarks (not part of `cargo test`):
+//!
+//! ```text
+//! cargo bench -p pstack-store --bench ingest -- [--backend sqlite|postgres|both] [--mode ingest|history|all]
+//! ```
+//!
+//! - **ingest**: 16 concurrent HTTP clients POST gzip JSON-array batches of 100
+//!   distinct ~20 KiB sealed envelopes (what the daemon ships) to a real server
+//!   on 127.0.0.1; prints envelopes/s, MB/s (decoded JSON) and batch latency.
+//!   Side by side, the same envelopes through `pstack_envelope::verify` alone on
+//!   every core: the CPU ceiling of any verifying store on this machine, and
+//!   the ratio of the two.
+//! - **history**: bulk-inserts 1,000,000 synthetic rows directly via SQL
+//!   (multi-row INSERTs, bypassing verification; 1,000 subjects x 1,000
+//!   captures, small bodies because the history query never reads bodies),
+//!   then times 2,000 `GET /v1/subjects` history queries (first page of 50,
+//!   random subject, over HTTP) and prints p50/p99/max.
+//!
+//! PostgreSQL: `PSTACK_BENCH_PG_URL`, default
+//! `postgres://pstack:pstack@127.0.0.1:5432/pstack_bench` (created by
+//! `scripts/setup.d/20-postgres.sh`); each run uses and drops a fresh schema.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pstack_store::db::{OpenOptions, Store};
+use pstack_store::http::{AppState, serve};
+use pstack_store::ingest::IngestLimits;
+use pstack_store::synthetic::Capture;
+
+const CLIENTS: usize = 16;
+const BATCH: usize = 100;
+const BATCHES_PER_CLIENT: usize = 20;
+const HISTORY_ROWS: u64 = 1_000_000;
+const HISTORY_SUBJECTS: u64 = 1_000;
+const HISTORY_QUERIES: usize = 2_000;
+
+struct Target {
+    name: &'static str,
+    store: Store,
+    _dir: Option<tempfile::TempDir>,
+    pg: Option<(String, String)>,
+}
+
+async fn open(backend: &str) -> anyhow::Result<Target> {
+    if backend == "sqlite" {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("bench.db");
+        let store = Store::open(path.to_str().unwrap_or_default(), &OpenOptions::default()).await?;
+        Ok(Target {
+            name: "sqlite",
+            store,
+            _dir: Some(dir),
+            pg: None,
+        })
+    } else {
+        let url = std::env::var("PSTACK_BENCH_PG_URL")
+            .unwrap_or_else(|_| "postgres://pstack:pstack@127.0.0.1:5432/pstack_bench".into());
+        let mut b = [0u8; 4];
+        getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("random: {e}"))?;
+        let schema = format!("bench_{}", hex::encode(b));
+        let opts = OpenOptions {
+            pg_schema: Some(schema.clone()),
+            pg_max_connections: 16,
+            ..OpenOptions::default()
+        };
+        let store = Store::open(&url, &opts).await?;
+        Ok(Target {
+            name: "postgres",
+            store,
+            _dir: None,
+            pg: Some((url, schema)),
+        })
+    }
+}
+
+async fn close(t: Target) {
+    t.store.close().await;
+    if let Some((url, schema)) = t.pg {
+        use sqlx::Connection;
+        if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
+            let _ = sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+                .execute(&mut c)
+                .await;
+        }
+    }
+}
+
+async fn start(
+    store: Store,
+) -> anyhow::Result<(
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let state = AppState::new(store, IngestLimits::default());
+    let server = tokio::spawn(serve(listener, state, async move {
+        let _ = rx.await;
+    }));
+    Ok((format!("http://{addr}"), tx, server))
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let _ = enc.write_all(bytes);
+    enc.finish().unwrap_or_default()
+}
+
+/// CPU time (user + system) this process has used, from /proc/self/stat.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesized comm: state is field 3; utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        f.get(i - 3)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis((ticks(14) + ticks(15)) * 10)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+struct Batches {
+    gz: Vec<Vec<Vec<u8>>>,
+    raw_bytes: usize,
+    envelopes: usize,
+    items: Arc<Vec<Vec<u8>>>,
+}
+
+fn make_batches(run: u64) -> Batches {
+    let total = CLIENTS * BATCHES_PER_CLIENT * BATCH;
+    let items: Vec<Vec<u8>> = (0..total)
+        .map(|i| {
+            let c = Capture::new(
+                &format!("node-{}", i % 64),
+                1000 + (i % 997) as u32,
+                run * 10_000_000 + i as u64,
+            );
+            c.bytes().map(|(_, b)| b).unwrap_or_default()
+        })
+        .collect();
+    let raw_bytes = items.iter().map(Vec::len).sum();
+    let mut gz = Vec::new();
+    for c in 0..CLIENTS {
+        let mut mine = Vec::new();
+        for b in 0..BATCHES_PER_CLIENT {
+            let start = (c * BATCHES_PER_CLIENT + b) * BATCH;
+            let mut body = vec![b'['];
+            for (k, item) in items[start..start + BATCH].iter().enumerate() {
+                if k > 0 {
+                    body.push(b',');
+                }
+                body.extend_from_slice(item);
+            }
+            body.push(b']');
+            mine.push(gzip(&body));
+        }
+        gz.push(mine);
+    }
+    Batches {
+        gz,
+        raw_bytes,
+        envelopes: total,
+        items: Arc::new(items),
+    }
+}
+
+fn verify_ceiling(items: Arc<Vec<Vec<u8>>>) -> f64 {
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let started = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let items = items.clone();
+            std::thread::spawn(move || {
+                let mut ok = 0usize;
+                for item in items.iter().skip(t).step_by(threads) {
+                    ok += usize::from(pstack_envelope::verify(item).is_ok());
+                }
+                ok
+            })
+        })
+        .collect();
+    let ok: usize = handles.into_iter().map(|h| h.join().unwrap_or(0)).sum();
+    assert_eq!(ok, items.len());
+    items.len() as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn bench_ingest(backend: &str, run: u64) -> anyhow::Result<()> {
+    let t = open(backend).await?;
+    eprintln!(
+        "[{}] preparing {} envelopes...",
+        t.name,
+        CLIENTS * BATCHES_PER_CLIENT * BATCH
+    );
+    let batches = make_batches(run);
+    let (base, stop, server) = start(t.store.clone()).await?;
+    let key = t.store.create_key("bench").await?.plaintext;
+    let client = reqwest::Client::builder()
+        .no_gzip()
+        .pool_max_idle_per_host(CLIENTS)
+        .build()?;
+    eprintln!("[{}] ingesting...", t.name);
+    let started = Instant::now();
+    let cpu0 = cpu_time();
+    let mut tasks = Vec::new();
+    for mine in batches.gz {
+        let client = client.clone();
+        let url = format!("{base}/v1/envelopes");
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut accepted = 0u64;
+            for body in mine {
+                let t0 = Instant::now();
+                let resp = client
+                    .post(&url)
+                    .bearer_auth(&key)
+                    .header("content-type", "application/json")
+                    .header("content-encoding", "gzip")
+                    .body(body)
+                    .send()
+                    .await?;
+                let status = resp.status();
+                let v: serde_json::Value = resp.json().await?;
+                anyhow::ensure!(status.is_success(), "HTTP {status}: {v}");
+                accepted += v["accepted"].as_u64().unwrap_or(0);
+                lat.push(t0.elapsed());
+            }
+            Ok::<_, anyhow::Error>((lat, accepted))
+        }));
+    }
+    let mut lat = Vec::new();
+    let mut accepted = 0;
+    for task in tasks {
+        let (l, a) = task.await??;
+        lat.extend(l);
+        accepted += a;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let cpu = (cpu_time() - cpu0).as_secs_f64();
+    anyhow::ensure!(
+        accepted as usize == batches.envelopes,
+        "accepted {accepted} of {}",
+        batches.envelopes
+    );
+    lat.sort();
+    let eps = batches.envelopes as f64 / elapsed;
+    let mbps = batches.raw_bytes as f64 / elapsed / 1e6;
+    let _ = stop.send(());
+    let _ = server.await;
+    let cpu1 = cpu_time();
+    let t1 = Instant::now();
+    let ceiling = verify_ceiling(batches.items.clone());
+    let verify_cpu_us = (cpu_time() - cpu1).as_secs_f64() * 1e6 / batches.envelopes as f64;
+    let _ = t1;
+    println!(
+        "ingest {:<8} {} envelopes ({:.1} KiB avg) from {CLIENTS} clients, batches of {BATCH} gzip: {:.0} envelopes/s, {:.1} MB/s; batch latency p50 {:.1} ms p99 {:.1} ms; CPU {:.0} us/envelope (server + clients)",
+        t.name,
+        batches.envelopes,
+        batches.raw_bytes as f64 / batches.envelopes as f64 / 1024.0,
+        eps,
+        mbps,
+        percentile(&lat, 0.5).as_secs_f64() * 1e3,
+        percentile(&lat, 0.99).as_secs_f64() * 1e3,
+        cpu * 1e6 / batches.envelopes as f64,
+    );
+    println!(
+        "       {:<8} side by side: pstack_envelope::verify alone on all cores {:.0} envelopes/s (CPU {:.0} us/envelope); store/verify-only ratio {:.2}",
+        t.name,
+        ceiling,
+        verify_cpu_us,
+        eps / ceiling
+    );
+    close(t).await;
+    Ok(())
+}
+
+async fn bench_history(backend: &str) -> anyhow::Result<()> {
+    let t = open(backend).await?;
+    let body = vec![b' '; 512];
+    eprintln!(
+        "[{}] bulk-inserting {HISTORY_ROWS} synthetic rows...",
+        t.name
+    );
+    let t0 = Instant::now();
+    t.store
+        .bench_fill_history(HISTORY_ROWS, HISTORY_SUBJECTS, &body, |done| {
+            if done % 100_000 == 0 {
+                eprintln!("  {done} rows ({:.0} s)", t0.elapsed().as_secs_f64());
+            }
+        })
+        .await?;
+    let fill = t0.elapsed().as_secs_f64();
+    if t.name == "postgres" {
+        // Fresh statistics, as autovacuum would eventually provide.
+        t.store.bench_analyze().await?;
+    }
+    let (base, stop, server) = start(t.store.clone()).await?;
+    let key = t.store.create_key("bench").await?.plaintext;
+    let client = reqwest::Client::builder().no_gzip().build()?;
+    let mut lat = Vec::with_capacity(HISTORY_QUERIES);
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    for i in 0..HISTORY_QUERIES + 100 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let s = seed % HISTORY_SUBJECTS;
+        let url = format!(
+            "{base}/v1/subjects?kind=process&host=bench-host&pid={}&start_ticks={s}&limit=50",
+            1000 + s
+        );
+        let q0 = Instant::now();
+        let resp = client.get(&url).bearer_auth(&key).send().await?;
+        anyhow::ensure!(resp.status().is_success(), "HTTP {}", resp.status());
+        let v: serde_json::Value = resp.json().await?;
+        let n = v["items"].as_array().map(Vec::len).unwrap_or(0);
+        anyhow::ensure!(n == 50, "expected a full page, got {n}");
+        if i >= 100 {
+            lat.push(q0.elapsed()); // the first 100 warm the caches
+        }
+    }
+    lat.sort();
+    println!(
+        "history {:<8} {HISTORY_ROWS} rows ({HISTORY_SUBJECTS} subjects; filled in {fill:.0} s): {HISTORY_QUERIES} GET /v1/subjects (page of 50, newest first) p50 {:.2} ms p99 {:.2} ms max {:.2} ms",
+        t.name,
+        percentile(&lat, 0.5).as_secs_f64() * 1e3,
+        percentile(&lat, 0.99).as_secs_f64() * 1e3,
+        lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+    );
+    let _ = stop.send(());
+    let _ = server.await;
+    close(t).await;
+    Ok(())
+}
+
+fn arg(name: &str, default: &str) -> String {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+        .unwrap_or_else(|| default.to_string())
+}
+
+fn main() -> anyhow::Result<()> {
+    let backend = arg("--backend", "both");
+    let mode = arg("--mode", "all");
+    let backends: Vec<&str> = match backend.as_str() {
+        "both" => vec!["sqlite", "postgres"],
+        "sqlite" => vec!["sqlite"],
+        "postgres" => vec!["postgres"],
+        other => anyhow::bail!("--backend {other}: sqlite, postgres or both"),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        for (i, b) in backends.iter().enumerate() {
+            if mode == "ingest" || mode == "all" {
+                bench_ingest(b, i as u64 + 1).await?;
+            }
+            if mode == "history" || mode == "all" {
+                bench_history(b).await?;
+            }
+        }
+        Ok(())
+    })
+}

@@ -140,6 +140,7 @@ enum Pools {
     Sqlite {
         writer: SqlitePool,
         reader: SqlitePool,
+        checkpointer: SqlitePool,
     },
     Postgres(PgPool),
 }
@@ -357,31 +358,47 @@ pub struct RetentionReport {
     pub stored_bytes: u64,
 }
 
-enum Bind {
+enum Bind<'a> {
     I64(i64),
+    OptI64(Option<i64>),
     Str(String),
+    Text(&'a str),
+    OptText(Option<&'a str>),
     Blob(Vec<u8>),
+    Bytes(&'a [u8]),
 }
 
 macro_rules! bind_all {
     ($q:expr, $binds:expr) => {{
         let mut q = $q;
-        for b in $binds {
+        for b in ($binds).iter() {
             q = match b {
                 Bind::I64(v) => q.bind(*v),
+                Bind::OptI64(v) => q.bind(*v),
                 Bind::Str(s) => q.bind(s.as_str()),
+                Bind::Text(s) => q.bind(*s),
+                Bind::OptText(s) => q.bind(*s),
                 Bind::Blob(b) => q.bind(b.as_slice()),
+                Bind::Bytes(b) => q.bind(*b),
             };
         }
         q
     }};
 }
 
-fn dollar_list(start: usize, n: usize) -> String {
-    (start..start + n)
-        .map(|i| format!("${i}"))
-        .collect::<Vec<_>>()
-        .join(",")
+/// `n` placeholders numbered from `start`: `$k` for PostgreSQL, `?` for
+/// SQLite (whose parameter-name lookup is linear per parameter, so numbered
+/// names make a 1,200-parameter statement quadratic). Only for statements
+/// whose parameters appear once each, in binding order.
+fn placeholders(pg: bool, start: usize, n: usize) -> String {
+    if pg {
+        (start..start + n)
+            .map(|i| format!("${i}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    } else {
+        vec!["?"; n].join(",")
+    }
 }
 
 fn parse_identity(text: &str) -> serde_json::Value {
@@ -437,18 +454,32 @@ impl Store {
                 .synchronous(SqliteSynchronous::Normal)
                 .busy_timeout(Duration::from_secs(30))
                 .foreign_keys(true)
-                .pragma("cache_size", "-65536");
+                .page_size(8192)
+                .pragma("cache_size", "-65536")
+                .pragma("journal_size_limit", "67108864");
+            // The writer never checkpoints (a checkpoint fsyncs the database
+            // file and would stall every ingest behind it); a separate
+            // connection checkpoints in the background.
             let writer = SqlitePoolOptions::new()
                 .max_connections(1)
                 .acquire_timeout(Duration::from_secs(60))
+                .connect_with(base.clone().pragma("wal_autocheckpoint", "0"))
+                .await?;
+            let checkpointer = SqlitePoolOptions::new()
+                .max_connections(1)
                 .connect_with(base.clone())
                 .await?;
+            tokio::spawn(checkpoint_loop(checkpointer.clone()));
             let reader = SqlitePoolOptions::new()
                 .max_connections(opts.sqlite_readers.max(1))
                 .acquire_timeout(Duration::from_secs(30))
                 .connect_with(base.read_only(false))
                 .await?;
-            Pools::Sqlite { writer, reader }
+            Pools::Sqlite {
+                writer,
+                reader,
+                checkpointer,
+            }
         };
         let store = Store {
             pools: std::sync::Arc::new(pools),
@@ -468,9 +499,18 @@ impl Store {
     /// Close every pool (waits for in-flight queries).
     pub async fn close(&self) {
         match &*self.pools {
-            Pools::Sqlite { writer, reader } => {
+            Pools::Sqlite {
+                writer,
+                reader,
+                checkpointer,
+            } => {
                 reader.close().await;
                 writer.close().await;
+                // A last full checkpoint leaves a self-contained database file.
+                let _ = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+                    .execute(checkpointer)
+                    .await;
+                checkpointer.close().await;
             }
             Pools::Postgres(p) => p.close().await,
         }
@@ -578,116 +618,173 @@ impl Store {
         key_id: &str,
         now_ns: i64,
     ) -> Result<Vec<StoredRecord>, StoreError> {
+        // Multi-row statements: a batch costs a handful of statements, not
+        // several per envelope (each statement is a round trip to SQLite's
+        // worker thread or to the PostgreSQL server).
+        const ENVELOPE_ROWS: usize = 100; // 12 parameters each
+        const SMALL_ROWS: usize = 400; // unknowns (7), subjects (5), lookups (1)
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by(|a, b| items[*a].digest.cmp(&items[*b].digest));
-        let mut out: Vec<Option<StoredRecord>> = vec![None; items.len()];
-        let mut newest: BTreeMap<&str, &VerifiedItem> = BTreeMap::new();
-        let mut duplicates: Vec<usize> = Vec::new();
+        let mut unique: Vec<usize> = Vec::with_capacity(order.len());
+        for &i in &order {
+            if unique
+                .last()
+                .is_none_or(|&u| items[u].digest != items[i].digest)
+            {
+                unique.push(i);
+            }
+        }
+        let size_of = |item: &VerifiedItem| i64::try_from(item.bytes.len()).unwrap_or(i64::MAX);
+        let mut inserted: BTreeSet<String> = BTreeSet::new();
+        let mut existing: BTreeMap<String, (i64, String)> = BTreeMap::new();
         with_pool!(self, write, |pool, pg| {
             let mut tx = pool.begin().await?;
-            let mut previous: Option<&str> = None;
-            for &i in &order {
-                let item = items[i];
-                if previous == Some(item.digest.as_str()) {
-                    duplicates.push(i);
-                    continue;
-                }
-                previous = Some(item.digest.as_str());
-                let done = sqlx::query(
+            for chunk in unique.chunks(ENVELOPE_ROWS) {
+                let mut sql = String::from(
                     "INSERT INTO envelopes (digest, subject_key, kind, locator, pid, identity, wall_ns,
-                        received_ns, completeness, key_id, size, body)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-                     ON CONFLICT (digest) DO NOTHING",
-                )
-                .bind(item.digest.as_str())
-                .bind(item.subject.key.as_str())
-                .bind(item.subject.kind)
-                .bind(item.subject.locator.as_str())
-                .bind(item.subject.pid)
-                .bind(item.subject.identity_json.as_str())
-                .bind(item.wall_ns)
-                .bind(now_ns)
-                .bind(item.completeness)
-                .bind(key_id)
-                .bind(i64::try_from(item.bytes.len()).unwrap_or(i64::MAX))
-                .bind(item.bytes.as_slice())
-                .execute(&mut *tx)
-                .await?;
-                if done.rows_affected() == 0 {
-                    duplicates.push(i);
-                    continue;
+                        received_ns, completeness, key_id, size, body) VALUES ",
+                );
+                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 12);
+                for (r, &i) in chunk.iter().enumerate() {
+                    let item = items[i];
+                    sql.push_str(if r == 0 { "(" } else { ",(" });
+                    sql.push_str(&placeholders(pg, binds.len() + 1, 12));
+                    sql.push(')');
+                    binds.extend([
+                        Bind::Text(&item.digest),
+                        Bind::Text(&item.subject.key),
+                        Bind::Text(item.subject.kind),
+                        Bind::Text(&item.subject.locator),
+                        Bind::OptI64(item.subject.pid),
+                        Bind::Text(&item.subject.identity_json),
+                        Bind::I64(item.wall_ns),
+                        Bind::I64(now_ns),
+                        Bind::Text(item.completeness),
+                        Bind::Text(key_id),
+                        Bind::I64(size_of(item)),
+                        Bind::Bytes(item.bytes.as_ref()),
+                    ]);
                 }
-                out[i] = Some(StoredRecord {
-                    status: StoredStatus::Accepted,
-                    received_ns: now_ns,
-                    key_id: key_id.to_string(),
-                });
-                for (ord, u) in item.unknowns.iter().enumerate() {
-                    sqlx::query(
-                        "INSERT INTO unknowns (digest, ord, question, blocks, owner, probe, surface)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                    )
-                    .bind(item.digest.as_str())
-                    .bind(ord as i64)
-                    .bind(u.question.as_str())
-                    .bind(u.blocks.as_str())
-                    .bind(u.owner.as_str())
-                    .bind(u.probe.as_str())
-                    .bind(u.surface.as_deref())
+                sql.push_str(" ON CONFLICT (digest) DO NOTHING RETURNING digest");
+                let rows: Vec<String> = bind_all!(sqlx::query_scalar(&sql), &binds)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                inserted.extend(rows);
+            }
+            let accepted: Vec<&VerifiedItem> = unique
+                .iter()
+                .map(|&i| items[i])
+                .filter(|item| inserted.contains(&item.digest))
+                .collect();
+            let unknown_rows: Vec<(&VerifiedItem, usize)> = accepted
+                .iter()
+                .flat_map(|item| (0..item.unknowns.len()).map(move |k| (*item, k)))
+                .collect();
+            for chunk in unknown_rows.chunks(SMALL_ROWS) {
+                let mut sql = String::from(
+                    "INSERT INTO unknowns (digest, ord, question, blocks, owner, probe, surface) VALUES ",
+                );
+                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 7);
+                for (r, (item, k)) in chunk.iter().enumerate() {
+                    let u = &item.unknowns[*k];
+                    sql.push_str(if r == 0 { "(" } else { ",(" });
+                    sql.push_str(&placeholders(pg, binds.len() + 1, 7));
+                    sql.push(')');
+                    binds.extend([
+                        Bind::Text(&item.digest),
+                        Bind::I64(i64::try_from(*k).unwrap_or(i64::MAX)),
+                        Bind::Text(&u.question),
+                        Bind::Text(&u.blocks),
+                        Bind::Text(&u.owner),
+                        Bind::Text(&u.probe),
+                        Bind::OptText(u.surface.as_deref()),
+                    ]);
+                }
+                bind_all!(sqlx::query(&sql), &binds)
                     .execute(&mut *tx)
                     .await?;
-                }
+            }
+            // Newest accepted capture per subject, in subject-key order.
+            let mut newest: BTreeMap<&str, &VerifiedItem> = BTreeMap::new();
+            for item in &accepted {
                 let slot = newest.entry(item.subject.key.as_str()).or_insert(item);
                 if (item.wall_ns, item.digest.as_str()) > (slot.wall_ns, slot.digest.as_str()) {
                     *slot = item;
                 }
             }
-            for item in newest.values() {
-                sqlx::query(
-                    "INSERT INTO subjects (subject_key, kind, identity, latest_digest, latest_wall_ns)
-                     VALUES ($1, $2, $3, $4, $5)
-                     ON CONFLICT (subject_key) DO UPDATE
+            let newest: Vec<&VerifiedItem> = newest.into_values().collect();
+            for chunk in newest.chunks(SMALL_ROWS) {
+                let mut sql = String::from(
+                    "INSERT INTO subjects (subject_key, kind, identity, latest_digest, latest_wall_ns) VALUES ",
+                );
+                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 5);
+                for (r, item) in chunk.iter().enumerate() {
+                    sql.push_str(if r == 0 { "(" } else { ",(" });
+                    sql.push_str(&placeholders(pg, binds.len() + 1, 5));
+                    sql.push(')');
+                    binds.extend([
+                        Bind::Text(&item.subject.key),
+                        Bind::Text(item.subject.kind),
+                        Bind::Text(&item.subject.identity_json),
+                        Bind::Text(&item.digest),
+                        Bind::I64(item.wall_ns),
+                    ]);
+                }
+                sql.push_str(
+                    " ON CONFLICT (subject_key) DO UPDATE
                         SET latest_digest = excluded.latest_digest,
                             latest_wall_ns = excluded.latest_wall_ns
                       WHERE excluded.latest_wall_ns > subjects.latest_wall_ns
                          OR (excluded.latest_wall_ns = subjects.latest_wall_ns
                              AND excluded.latest_digest > subjects.latest_digest)",
-                )
-                .bind(item.subject.key.as_str())
-                .bind(item.subject.kind)
-                .bind(item.subject.identity_json.as_str())
-                .bind(item.digest.as_str())
-                .bind(item.wall_ns)
-                .execute(&mut *tx)
-                .await?;
+                );
+                bind_all!(sqlx::query(&sql), &binds)
+                    .execute(&mut *tx)
+                    .await?;
             }
-            for &i in &duplicates {
-                let row =
-                    sqlx::query("SELECT received_ns, key_id FROM envelopes WHERE digest = $1")
-                        .bind(items[i].digest.as_str())
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                let (received_ns, first_key) = match row {
-                    Some(r) => (r.try_get::<i64, _>(0)?, r.try_get::<String, _>(1)?),
-                    None => (now_ns, key_id.to_string()),
-                };
-                out[i] = Some(StoredRecord {
-                    status: StoredStatus::Duplicate,
-                    received_ns,
-                    key_id: first_key,
-                });
+            let dups: Vec<&str> = unique
+                .iter()
+                .map(|&i| items[i].digest.as_str())
+                .filter(|d| !inserted.contains(*d))
+                .collect();
+            for chunk in dups.chunks(SMALL_ROWS) {
+                let sql = format!(
+                    "SELECT digest, received_ns, key_id FROM envelopes WHERE digest IN ({})",
+                    placeholders(pg, 1, chunk.len())
+                );
+                let binds: Vec<Bind<'_>> = chunk.iter().map(|d| Bind::Text(d)).collect();
+                let rows: Vec<(String, i64, String)> = bind_all!(sqlx::query_as(&sql), &binds)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                existing.extend(rows.into_iter().map(|(d, r, k)| (d, (r, k))));
             }
             tx.commit().await?;
             Ok::<(), StoreError>(())
         })?;
-        Ok(out
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or(StoredRecord {
+        // Per item, in request order. The first occurrence of a digest new to
+        // the store is `accepted`; every other occurrence is `duplicate`.
+        let mut first_seen: BTreeSet<&str> = BTreeSet::new();
+        Ok(items
+            .iter()
+            .map(|item| {
+                let new =
+                    inserted.contains(&item.digest) && first_seen.insert(item.digest.as_str());
+                if new {
+                    return StoredRecord {
+                        status: StoredStatus::Accepted,
+                        received_ns: now_ns,
+                        key_id: key_id.to_string(),
+                    };
+                }
+                let (received_ns, first_key) = existing
+                    .get(&item.digest)
+                    .cloned()
+                    .unwrap_or_else(|| (now_ns, key_id.to_string()));
+                StoredRecord {
                     status: StoredStatus::Duplicate,
-                    received_ns: now_ns,
-                    key_id: key_id.to_string(),
-                })
+                    received_ns,
+                    key_id: first_key,
+                }
             })
             .collect())
     }
@@ -1243,7 +1340,7 @@ impl Store {
     async fn select_victims(
         &self,
         sql: &str,
-        binds: &[Bind],
+        binds: &[Bind<'_>],
     ) -> Result<Vec<(i64, String, String, i64)>, StoreError> {
         with_pool!(self, write, |pool, pg| {
             Ok(
@@ -1262,7 +1359,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let ids: Vec<Bind> = victims.iter().map(|v| Bind::I64(v.0)).collect();
         let digests: Vec<Bind> = victims.iter().map(|v| Bind::Str(v.1.clone())).collect();
-        let list = dollar_list(1, victims.len());
+        let list = placeholders(self.backend() == Backend::Postgres, 1, victims.len());
         with_pool!(self, write, |pool, pg| {
             let mut tx = pool.begin().await?;
             let del_unknowns = format!("DELETE FROM unknowns WHERE digest IN ({list})");
@@ -1318,6 +1415,14 @@ impl Store {
         })
     }
 
+    /// Refresh planner statistics (PostgreSQL `ANALYZE`; SQLite `ANALYZE`).
+    pub async fn bench_analyze(&self) -> Result<(), StoreError> {
+        with_pool!(self, write, |pool, pg| {
+            sqlx::query("ANALYZE").execute(pool).await?;
+            Ok(())
+        })
+    }
+
     /// Bulk-insert synthetic history rows directly (benchmarks only): `n`
     /// rows spread over `subjects` process subjects on one host, all carrying
     /// the same `body`. Bypasses verification on purpose; never for evidence.
@@ -1354,7 +1459,7 @@ impl Store {
                         let key = subject_key("process", &identity);
                         let base = binds.len();
                         sql.push_str(if r == 0 { "(" } else { ",(" });
-                        sql.push_str(&dollar_list(base + 1, 12));
+                        sql.push_str(&placeholders(pg, base + 1, 12));
                         sql.push(')');
                         binds.push(Bind::Str(pstack_envelope::sha256_digest(
                             format!("bench-{i}").as_bytes(),
@@ -1383,6 +1488,26 @@ impl Store {
             progress(done);
         }
         Ok(())
+    }
+}
+
+/// Copy committed WAL frames into the SQLite database file every 200 ms
+/// (PASSIVE: never blocks the writer or readers). Ends when the pool closes.
+async fn checkpoint_loop(pool: SqlitePool) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if pool.is_closed() {
+            return;
+        }
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+            .execute(&pool)
+            .await
+        {
+            if pool.is_closed() {
+                return;
+            }
+            tracing::warn!(error = %e, "WAL checkpoint failed; retrying");
+        }
     }
 }
 

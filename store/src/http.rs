@@ -431,12 +431,9 @@ async fn post_envelopes(
         })
         .unwrap_or(false);
     let verdicts = tokio::task::spawn_blocking(move || {
-        let decoded = ingest::decode_body(raw.to_vec(), encoding.as_deref(), &limits)?;
+        let decoded = ingest::decode_body(raw, encoding.as_deref(), &limits)?;
         let (framing, items) = ingest::split_items(&decoded, ndjson, &limits)?;
-        let verdicts: Vec<ItemVerdict> = items
-            .iter()
-            .map(|i| ingest::verify_item(i, &limits))
-            .collect();
+        let verdicts = ingest::verify_items(&decoded, &items, &limits);
         Ok::<_, ingest::BodyError>((framing, verdicts, decoded.len()))
     })
     .await

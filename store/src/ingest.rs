@@ -16,6 +16,7 @@
 
 use std::io::Read;
 
+use bytes::Bytes;
 use pstack_envelope::{Completeness, Unknown, is_sha256_digest, verify};
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -90,10 +91,10 @@ impl BodyError {
 
 /// Decode the body per its `Content-Encoding`.
 pub fn decode_body(
-    body: Vec<u8>,
+    body: Bytes,
     content_encoding: Option<&str>,
     limits: &IngestLimits,
-) -> Result<Vec<u8>, BodyError> {
+) -> Result<Bytes, BodyError> {
     if body.len() > limits.max_body_bytes {
         return Err(BodyError::TooLarge {
             limit: limits.max_body_bytes,
@@ -103,10 +104,19 @@ pub fn decode_body(
         None => Ok(body),
         Some(e) if e.is_empty() || e == "identity" => Ok(body),
         Some(e) if e == "gzip" || e == "x-gzip" => {
+            // The gzip trailer's ISIZE (decoded size mod 2^32) sizes the
+            // buffer once; it is only a hint (a hostile one is capped).
+            let hint = body
+                .len()
+                .checked_sub(4)
+                .and_then(|i| body.get(i..))
+                .and_then(|t| <[u8; 4]>::try_from(t).ok())
+                .map(|t| u32::from_le_bytes(t) as usize)
+                .unwrap_or(0);
             let mut out =
-                Vec::with_capacity(body.len().saturating_mul(4).min(limits.max_decoded_bytes));
+                Vec::with_capacity(hint.max(body.len()).min(limits.max_decoded_bytes + 1));
             let cap = limits.max_decoded_bytes as u64 + 1;
-            let mut decoder = flate2::read::MultiGzDecoder::new(body.as_slice()).take(cap);
+            let mut decoder = flate2::read::MultiGzDecoder::new(body.as_ref()).take(cap);
             decoder
                 .read_to_end(&mut out)
                 .map_err(|e| BodyError::MalformedGzip(e.to_string()))?;
@@ -115,7 +125,7 @@ pub fn decode_body(
                     limit: limits.max_decoded_bytes,
                 });
             }
-            Ok(out)
+            Ok(Bytes::from(out))
         }
         Some(other) => Err(BodyError::UnsupportedEncoding(other)),
     }
@@ -172,6 +182,18 @@ pub fn split_items<'a>(
     Ok((framing, items))
 }
 
+/// Verify every item of a decoded body; each verified item's bytes share
+/// `body`'s buffer.
+pub fn verify_items(body: &Bytes, items: &[&[u8]], limits: &IngestLimits) -> Vec<ItemVerdict> {
+    items
+        .iter()
+        .map(|item| {
+            let shared = body.slice_ref(item);
+            verify_item(shared, limits)
+        })
+        .collect()
+}
+
 /// One reason an item was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Reason {
@@ -186,8 +208,8 @@ pub struct Reason {
 pub struct VerifiedItem {
     /// Its digest (`sha256:<hex>`), checked against the bytes.
     pub digest: String,
-    /// The exact bytes received.
-    pub bytes: Vec<u8>,
+    /// The exact bytes received (a zero-copy slice of the request body).
+    pub bytes: Bytes,
     /// Its subject, flattened.
     pub subject: SubjectIndex,
     /// Capture wall time, ns since the epoch.
@@ -219,7 +241,8 @@ pub enum ItemVerdict {
 }
 
 /// Verify one item: size, strict parse, closed world, every rule, the digest.
-pub fn verify_item(bytes: &[u8], limits: &IngestLimits) -> ItemVerdict {
+/// `bytes` is kept as the stored form (slice a shared body to avoid a copy).
+pub fn verify_item(bytes: Bytes, limits: &IngestLimits) -> ItemVerdict {
     if bytes.len() > limits.max_envelope_bytes {
         return ItemVerdict::Rejected(RejectedItem {
             declared_digest: None,
@@ -233,7 +256,7 @@ pub fn verify_item(bytes: &[u8], limits: &IngestLimits) -> ItemVerdict {
             }],
         });
     }
-    match verify(bytes) {
+    match verify(&bytes) {
         Ok(env) => {
             let Some(wall_ns) = wall_time_ns(&env.clock.wall_time) else {
                 return ItemVerdict::Rejected(RejectedItem {
@@ -253,11 +276,11 @@ pub fn verify_item(bytes: &[u8], limits: &IngestLimits) -> ItemVerdict {
                 completeness: completeness_name(env.completeness),
                 unknowns: env.unknowns,
                 digest: env.digest,
-                bytes: bytes.to_vec(),
+                bytes,
             }))
         }
         Err(rejection) => ItemVerdict::Rejected(RejectedItem {
-            declared_digest: declared_digest(bytes),
+            declared_digest: declared_digest(&bytes),
             reasons: rejection
                 .errors
                 .iter()
@@ -302,9 +325,13 @@ mod tests {
             ..IngestLimits::default()
         };
         let bomb = gzip(&vec![b' '; 8 << 20]);
-        assert!(bomb.len() < 64 << 10);
+        assert!(
+            bomb.len() < 1 << 20,
+            "the bomb is small on the wire: {}",
+            bomb.len()
+        );
         assert_eq!(
-            decode_body(bomb, Some("gzip"), &limits),
+            decode_body(bomb.into(), Some("gzip"), &limits),
             Err(BodyError::DecodedTooLarge { limit: 1 << 20 })
         );
     }
@@ -315,19 +342,19 @@ mod tests {
         let mut truncated = gzip(b"[{}]");
         truncated.truncate(truncated.len() - 6);
         assert_eq!(
-            decode_body(b"not gzip".to_vec(), Some("gzip"), &limits)
+            decode_body(Bytes::from_static(b"not gzip"), Some("gzip"), &limits)
                 .unwrap_err()
                 .code(),
             "malformed_gzip"
         );
         assert_eq!(
-            decode_body(truncated, Some("gzip"), &limits)
+            decode_body(truncated.into(), Some("gzip"), &limits)
                 .unwrap_err()
                 .code(),
             "malformed_gzip"
         );
         assert_eq!(
-            decode_body(b"x".to_vec(), Some("br"), &limits)
+            decode_body(Bytes::from_static(b"x"), Some("br"), &limits)
                 .unwrap_err()
                 .code(),
             "unsupported_content_encoding"

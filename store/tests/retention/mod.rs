@@ -14,7 +14,7 @@ use crate::support::{Db, fresh_store};
 on_both_backends!(retention_by_age_and_size_never_deletes_cited_evidence);
 
 fn verified(c: &Capture) -> VerifiedItem {
-    match verify_item(&c.bytes().unwrap().1, &IngestLimits::default()) {
+    match verify_item(c.bytes().unwrap().1.into(), &IngestLimits::default()) {
         ItemVerdict::Verified(v) => *v,
         ItemVerdict::Rejected(r) => panic!("fixture rejected: {:?}", r.reasons),
     }
