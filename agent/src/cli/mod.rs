@@ -4,5 +4,7 @@
 
 pub mod capture;
 pub mod envelope;
+pub mod longhorn;
 pub mod status;
 pub mod trace;
+pub mod transport;
