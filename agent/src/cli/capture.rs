@@ -24,11 +24,7 @@ use crate::supervisor::{
 /// Arguments of `pstackctl capture`.
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "tid", "host"])))]
-#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Args {
-    /// Transport captures: `capture transport` (TCP streams) and `capture longhorn` (rebuilds).
-    #[command(subcommand)]
-    pub net: Option<super::longhorn::NetCapture>,
     /// Capture this process and its threads (up to --max-threads).
     #[arg(long, value_name = "PID")]
     pub pid: Option<u32>,
@@ -77,18 +73,34 @@ pub struct Args {
     /// The pstack-helper binary [default: next to pstackctl].
     #[arg(long, value_name = "FILE", env = "PSTACK_HELPER")]
     pub helper: Option<PathBuf>,
+    /// pstackd's socket: when a daemon listens there, the capture goes through it
+    /// (deadlines are passed; caps are the daemon's); otherwise it runs one-shot here.
+    #[arg(long, value_name = "PATH", env = "PSTACKD_SOCKET", default_value = crate::client::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Never use the daemon: capture in this process (run as root for full evidence).
+    #[arg(long)]
+    pub one_shot: bool,
 }
 
 /// Run `pstackctl capture`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    if let Some(net) = args.net {
-        return super::longhorn::run_net_capture(net);
-    }
     let target = match (args.pid, args.tid, args.host) {
         (Some(pid), _, _) => Target::Process { pid },
         (_, Some(tid), _) => Target::Thread { tid },
         _ => Target::Host,
     };
+    if !args.one_shot {
+        let body = crate::client::CaptureRequestBody::for_target(
+            target,
+            args.surface_deadline_ms,
+            args.bundle_deadline_ms,
+        );
+        let timeout = Duration::from_millis(args.bundle_deadline_ms.saturating_add(5_000));
+        if let Some(envelope) = crate::client::try_capture_via_daemon(&args.socket, &body, timeout)?
+        {
+            return emit_daemon_capture(&args, &envelope);
+        }
+    }
     let mut config = match &args.helper {
         Some(p) => SupervisorConfig::new("pstackctl", p.clone())?,
         None => SupervisorConfig::locate("pstackctl")?,
@@ -140,6 +152,30 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 budget.journal().path().display()
             )?;
         }
+    }
+    Ok(0)
+}
+
+/// Write and print an envelope that pstackd captured (and spooled for shipping).
+fn emit_daemon_capture(args: &Args, envelope: &Envelope) -> anyhow::Result<i32> {
+    let path = args
+        .output
+        .clone()
+        .unwrap_or_else(|| default_name(envelope));
+    let mut bytes = serde_json::to_vec(envelope)?;
+    bytes.push(b'\n');
+    write_atomically(&path, &bytes).with_context(|| format!("cannot write {}", path.display()))?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        out.write_all(&envelope.to_json_pretty())?;
+    } else {
+        let color = std::io::stdout().is_terminal();
+        out.write_all(render_summary(envelope, &path, color).as_bytes())?;
+        writeln!(
+            out,
+            "captured by pstackd ({}); spooled for shipping",
+            args.socket.display()
+        )?;
     }
     Ok(0)
 }

@@ -289,3 +289,40 @@ fn pstackctl_status_reports_the_running_daemon_and_fails_clearly_without_one() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not running"));
 }
+
+#[test]
+fn pstackctl_capture_goes_through_the_socket_when_pstackd_runs_and_one_shot_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &Settings::default());
+    let target = Sleeper::spawn();
+    let run = |socket: &std::path::Path, out: &std::path::Path| {
+        let o = std::process::Command::new(pstackctl_bin())
+            .args([
+                "capture",
+                "--pid",
+                &target.pid().to_string(),
+                "--json",
+                "--socket",
+            ])
+            .arg(socket)
+            .arg("-o")
+            .arg(out)
+            .env("PSTACK_HELPER", helper_bin())
+            .env("PSTACK_LEAK_JOURNAL", dir.path().join("cli-leaks.jsonl"))
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        pstack_envelope::verify(&std::fs::read(out).unwrap()).unwrap()
+    };
+    let via_daemon = run(&d.socket, &dir.path().join("a.json"));
+    assert_eq!(via_daemon.collector.name, "pstackd");
+    assert_eq!(d.status()["spool"]["files"], 1, "the daemon spooled it");
+    let one_shot = run(&dir.path().join("absent.sock"), &dir.path().join("b.json"));
+    assert_eq!(one_shot.collector.name, "pstackctl");
+    assert_eq!(d.status()["spool"]["files"], 1);
+}
