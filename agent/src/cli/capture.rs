@@ -24,7 +24,11 @@ use crate::supervisor::{
 /// Arguments of `pstackctl capture`.
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "tid", "host"])))]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Args {
+    /// Transport captures: `capture transport` (TCP streams) and `capture longhorn` (rebuilds).
+    #[command(subcommand)]
+    pub net: Option<super::longhorn::NetCapture>,
     /// Capture this process and its threads (up to --max-threads).
     #[arg(long, value_name = "PID")]
     pub pid: Option<u32>,
@@ -84,6 +88,9 @@ pub struct Args {
 
 /// Run `pstackctl capture`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    if let Some(net) = args.net {
+        return super::longhorn::run_net_capture(net);
+    }
     let target = match (args.pid, args.tid, args.host) {
         (Some(pid), _, _) => Target::Process { pid },
         (_, Some(tid), _) => Target::Thread { tid },
