@@ -43,6 +43,7 @@ use pstack_collectors::net::netlink::NetlinkError;
 use pstack_collectors::net::netns::{self, NetnsError, NetnsTarget};
 use pstack_collectors::net::rtnl::{self, Answer, LinkFacts, RouteFacts};
 use pstack_collectors::net::sockdiag::{self, FlowFilter, PortRange, TcpDump, TcpSocket};
+use pstack_collectors::net::sockopt::{self, SockOptError, SockOpts};
 use pstack_collectors::net::{Counters, CountersError, TcpInfo, read_counters, snmp};
 use pstack_envelope::{
     Bounds, Claim, ClaimKind, Clock, Collector, Completeness, Envelope, HostIdentity,
@@ -324,6 +325,47 @@ fn sample(filter: &FlowFilter) -> Sample {
     }
 }
 
+/// Most descriptors examined when looking for sockets' owners.
+pub const MAX_OWNER_SCAN_FDS: usize = 1_000_000;
+
+/// TCP_USER_TIMEOUT / keepalive of every matched socket that has an owner.
+fn read_flow_sockopts(end: &Sample) -> BTreeMap<u64, Timed<Result<SockOpts, SockOptError>>> {
+    let mut out = BTreeMap::new();
+    let Ok(dump) = &end.tcp.value else {
+        return out;
+    };
+    let wanted: std::collections::BTreeSet<u64> = dump
+        .sockets
+        .iter()
+        .filter(|s| s.inode != 0)
+        .map(|s| u64::from(s.inode))
+        .collect();
+    if wanted.is_empty() {
+        return out;
+    }
+    let t = Instant::now();
+    let scan = sockopt::find_owners(&wanted, MAX_OWNER_SCAN_FDS);
+    let scan_us = t.elapsed().as_micros() as u64;
+    for s in dump.sockets.iter().filter(|s| s.inode != 0) {
+        let ino = u64::from(s.inode);
+        let r = timed(|| match scan.owners.get(&ino) {
+            Some((pid, fd)) => sockopt::read_sockopts(*pid, *fd),
+            None => Err(SockOptError::NoOwner {
+                inode: ino,
+                truncated: scan.truncated,
+            }),
+        });
+        out.insert(
+            s.cookie,
+            Timed {
+                value: r.value,
+                elapsed_us: r.elapsed_us + scan_us,
+            },
+        );
+    }
+    out
+}
+
 /// CLOCK_MONOTONIC now, ns.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -502,6 +544,7 @@ pub fn capture(plan: &Plan) -> Result<CaptureResult, TransportError> {
         let start = sample(&filter);
         std::thread::sleep(window);
         let end = sample(&filter);
+        let sockopts = read_flow_sockopts(&end);
         let ebpf = match ebpf {
             None => EbpfWindow::NotRequested,
             Some(h) => h.join().unwrap_or(EbpfWindow::Unavailable {
@@ -516,6 +559,7 @@ pub fn capture(plan: &Plan) -> Result<CaptureResult, TransportError> {
             mono_end,
             start,
             end,
+            sockopts,
             ebpf,
         }
     })?;
@@ -538,6 +582,8 @@ struct Raw {
     mono_end: u64,
     start: Sample,
     end: Sample,
+    /// Socket options of the flows present at window end, by cookie.
+    sockopts: BTreeMap<u64, Timed<Result<SockOpts, SockOptError>>>,
     ebpf: EbpfWindow,
 }
 
@@ -1329,6 +1375,43 @@ impl Ctx<'_> {
                 Value::Object(d.iter().map(|(k, v)| (k.to_string(), num(*v))).collect()),
             );
         }
+        if let Some(t) = self.raw.sockopts.get(&cookie) {
+            let auth = "procfs:/proc/*/fd (owner) + pidfd_getfd + getsockopt(TCP_USER_TIMEOUT, SO_KEEPALIVE, TCP_KEEP*)";
+            match &t.value {
+                Ok(o) => {
+                    let facts = obj(serde_json::to_value(o).unwrap_or(Value::Null));
+                    let raw = serde_json::to_vec(o).unwrap_or_default();
+                    surfaces.push(surface(
+                        "tcp/sockopt",
+                        auth,
+                        t.elapsed_us,
+                        Some((sha256_digest(&raw), raw.len() as u64)),
+                        facts,
+                    ));
+                }
+                Err(err) => {
+                    let (status, errno) = match err {
+                        SockOptError::NoOwner { .. } => (SurfaceStatus::Skipped, None),
+                        SockOptError::OwnerGone { .. } => (SurfaceStatus::Vanished, None),
+                        SockOptError::PermissionDenied { errno, .. } => {
+                            (SurfaceStatus::PermissionDenied, Some(*errno))
+                        }
+                        SockOptError::Unsupported { errno, .. } => {
+                            (SurfaceStatus::Unsupported, Some(*errno))
+                        }
+                        SockOptError::Os { errno, .. } => (SurfaceStatus::Error, Some(*errno)),
+                    };
+                    surfaces.push(failed(
+                        "tcp/sockopt",
+                        auth,
+                        t.elapsed_us,
+                        status,
+                        errno,
+                        err.to_string(),
+                    ));
+                }
+            }
+        }
         surfaces.extend(view.surfaces.iter().cloned());
 
         // eBPF.
@@ -1816,16 +1899,19 @@ impl Ctx<'_> {
                 surface: None,
             });
         }
-        unknowns.push(Unknown {
-            id: format!("u{}", unknowns.len() + 1),
-            question: "what are this socket's TCP_USER_TIMEOUT and keepalive settings (sock_diag does not expose them)?".into(),
-            blocks: "EXPLAIN_TIMEOUT".into(),
-            owner: "node operator".into(),
-            probe: format!(
-                "find the owner: ss -tinpe src {local} dst {remote}; then inspect the owning process's setsockopt calls (strace -e setsockopt -p PID) or its configuration"
-            ),
-            surface: Some("tcp/end".into()).filter(|_| ok("tcp/end")),
-        });
+        if !ok("tcp/sockopt") {
+            let has = surfaces.iter().any(|x| x.id == "tcp/sockopt");
+            unknowns.push(Unknown {
+                id: format!("u{}", unknowns.len() + 1),
+                question: "what are this socket's TCP_USER_TIMEOUT and keepalive settings (not read from its owner)?".into(),
+                blocks: "EXPLAIN_TIMEOUT".into(),
+                owner: "node operator".into(),
+                probe: format!(
+                    "find the owner: ss -tinpe src {local} dst {remote}; then inspect the owning process's setsockopt calls (strace -e setsockopt -p PID) or its configuration"
+                ),
+                surface: has.then(|| "tcp/sockopt".to_string()),
+            });
+        }
 
         let next = if claims.iter().any(|c| c.kind == ClaimKind::Hypothesis) {
             NextTransition {

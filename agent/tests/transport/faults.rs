@@ -109,6 +109,18 @@ fn root_no_fault_envelope_is_complete_and_claims_no_fault() {
         flow_delta(data, "bytes_acked") > 0,
         "the data stream moved bytes in the window"
     );
+    // TCP_USER_TIMEOUT / keepalive read back from the owning process (this test).
+    let so = surface(data, "tcp/sockopt");
+    assert_eq!(so.status, SurfaceStatus::Ok, "{:?}", so.cause);
+    assert_eq!(so.facts["user_timeout_ms"], USER_TIMEOUT_MS);
+    assert_eq!(so.facts["keepalive"], true);
+    assert_eq!(so.facts["keepidle_s"], KEEPIDLE_S);
+    assert_eq!(so.facts["owner_pid"], std::process::id());
+    let ctl = surface(flow_to(&envs, CONTROL_PORT), "tcp/sockopt");
+    assert_eq!(
+        ctl.facts["user_timeout_ms"], 0,
+        "the control connection keeps the default"
+    );
 }
 
 #[test]

@@ -23,6 +23,10 @@ pub const A_V6: &str = "fd77::1";
 pub const B_V6: &str = "fd77::2";
 pub const DATA_PORT: u16 = 10001;
 pub const CONTROL_PORT: u16 = 10000;
+/// TCP_USER_TIMEOUT the sender sets on the data stream, ms.
+pub const USER_TIMEOUT_MS: i32 = 20_000;
+/// TCP_KEEPIDLE the sender sets on the data stream, s.
+pub const KEEPIDLE_S: i32 = 45;
 
 /// Testbed tests share the machine's 2 CPUs and the global conntrack max:
 /// they run one at a time.
@@ -354,6 +358,18 @@ impl Transfer {
         threads.push(bed.a.spawn(move || {
             let ctl = TcpStream::connect_timeout(&control, Duration::from_secs(5)).unwrap();
             let mut s = TcpStream::connect_timeout(&data, Duration::from_secs(5)).unwrap();
+            // Settings a rebuild client might use; the capture reads them back.
+            for (level, name, v) in [
+                (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, USER_TIMEOUT_MS),
+                (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+                (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPIDLE_S),
+            ] {
+                // SAFETY: valid fd and option pointer/length.
+                let rc = unsafe {
+                    libc::setsockopt(s.as_raw_fd(), level, name, (&v as *const i32).cast(), 4)
+                };
+                assert_eq!(rc, 0);
+            }
             conn_tx.send(()).unwrap();
             s.set_write_timeout(Some(Duration::from_millis(100)))
                 .unwrap();

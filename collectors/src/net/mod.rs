@@ -25,6 +25,7 @@ pub mod netns;
 pub mod rtnl;
 pub mod snmp;
 pub mod sockdiag;
+pub mod sockopt;
 pub mod tcpinfo;
 
 pub use crate::procfs::RawMeta;
