@@ -177,3 +177,43 @@ mod tests {
         assert_eq!(one, vec!["TcpExt.New".to_string()]);
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Render counters in the kernel's two-line format and parse them back.
+        #[test]
+        fn counters_round_trip(
+            sections in proptest::collection::btree_map(
+                "[A-Z][a-zA-Z]{1,8}",
+                proptest::collection::btree_map("[A-Z][A-Za-z0-9]{0,20}", any::<i64>(), 1..20),
+                1..5,
+            )
+        ) {
+            let mut text = String::new();
+            for (sec, counters) in &sections {
+                let names: Vec<&str> = counters.keys().map(String::as_str).collect();
+                let values: Vec<String> = counters.values().map(|v| v.to_string()).collect();
+                text.push_str(&format!("{sec}: {}\n{sec}: {}\n", names.join(" "), values.join(" ")));
+            }
+            let mut got = Counters::new();
+            parse_into(&text, &mut got).unwrap();
+            let want: usize = sections.values().map(|c| c.len()).sum();
+            prop_assert_eq!(got.len(), want);
+            for (sec, counters) in &sections {
+                for (n, v) in counters {
+                    prop_assert_eq!(got[&format!("{sec}.{n}")], i128::from(*v));
+                }
+            }
+        }
+
+        #[test]
+        fn arbitrary_text_never_panics(text in "\\PC{0,400}") {
+            let _ = parse_into(&text, &mut Counters::new());
+            let _ = crate::net::conntrack::parse_stat(&text);
+        }
+    }
+}

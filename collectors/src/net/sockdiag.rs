@@ -615,3 +615,68 @@ mod tests {
         assert!(matches!(parse_dump(&m), Err(NetlinkError::Malformed(_))));
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use crate::net::netlink::{push_attr, request};
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Arbitrary bytes never panic the decoders (they are a typed error or a value).
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let _ = parse_dump(&bytes);
+            let _ = parse_socket(&bytes);
+            let _ = crate::net::tcpinfo::TcpInfo::parse(&bytes);
+            let _ = crate::net::rtnl::parse_link(&bytes);
+            let _ = crate::net::rtnl::parse_route("10.0.0.1".parse().unwrap(), &bytes);
+        }
+
+        /// Encode the fields the kernel would send, decode, and get them back.
+        #[test]
+        fn diag_msg_round_trips(
+            v6 in any::<bool>(),
+            src in any::<[u8; 16]>(),
+            dst in any::<[u8; 16]>(),
+            sport in any::<u16>(),
+            dport in any::<u16>(),
+            state in 1u8..12,
+            timer in 0u8..5,
+            cookie in any::<u64>(),
+            inode in any::<u32>(),
+            info_len in prop_oneof![Just(None), (104usize..320).prop_map(Some)],
+            retrans in any::<u32>(),
+        ) {
+            let mut p = vec![0u8; 72];
+            p[0] = if v6 { libc::AF_INET6 as u8 } else { libc::AF_INET as u8 };
+            p[1] = state;
+            p[2] = timer;
+            p[4..6].copy_from_slice(&sport.to_be_bytes());
+            p[6..8].copy_from_slice(&dport.to_be_bytes());
+            p[8..24].copy_from_slice(&src);
+            p[24..40].copy_from_slice(&dst);
+            p[44..48].copy_from_slice(&(cookie as u32).to_ne_bytes());
+            p[48..52].copy_from_slice(&((cookie >> 32) as u32).to_ne_bytes());
+            p[68..72].copy_from_slice(&inode.to_ne_bytes());
+            if let Some(n) = info_len {
+                let mut info = vec![0u8; n];
+                info[100..104].copy_from_slice(&retrans.to_ne_bytes());
+                push_attr(&mut p, INET_DIAG_INFO, &info);
+            }
+            let s = parse_dump(&request(SOCK_DIAG_BY_FAMILY, 2, 1, &p)).unwrap().remove(0);
+            prop_assert_eq!(s.cookie, cookie);
+            prop_assert_eq!(s.inode, inode);
+            prop_assert_eq!(s.state, state);
+            prop_assert_eq!((s.local.port(), s.remote.port()), (sport, dport));
+            let want_src = if v6 {
+                normalize(IpAddr::V6(Ipv6Addr::from(src)))
+            } else {
+                IpAddr::V4(Ipv4Addr::new(src[0], src[1], src[2], src[3]))
+            };
+            prop_assert_eq!(s.local.ip(), want_src);
+            prop_assert_eq!(s.info.as_ref().map(|i| i.total_retrans), info_len.map(|_| retrans));
+            prop_assert_eq!(s.info.as_ref().map(|i| i.len), info_len);
+        }
+    }
+}
