@@ -1,4 +1,23 @@
-//! The pstack causal store: verified ingest, evidence queries, receipts.
+//! `pstack-store`: the causal store — verified ingest, evidence queries,
+//! receipts. The HTTP contract is in `store/README.md`.
+//!
+//! Data flows one way: [`ingest`] (pure: decode, split, verify each item with
+//! `pstack-envelope`) → [`db`] (one sqlx storage layer over SQLite and
+//! PostgreSQL) → [`http`] (axum routes, auth, metrics). [`receipts`] and
+//! [`ident`] are pure rule and identity modules; [`keys`] generates and checks
+//! API keys.
+//!
+//! Invariants the whole crate keeps:
+//! - Nothing is stored that `pstack_envelope::verify` refused, and what is
+//!   stored is the exact bytes received: reading an envelope back yields bytes
+//!   whose digest still verifies.
+//! - Each digest is stored once, whatever the replays and concurrency.
+//! - A request's accepted envelopes are committed together or not at all;
+//!   every rejected item carries typed reasons.
+//! - No receipt stands in for another layer's ([`receipts`]); no envelope a
+//!   receipt cites is ever deleted.
+//! - Nothing logs a key, a body or envelope contents.
+
 pub mod db;
 pub mod http;
 pub mod ident;

@@ -31,6 +31,11 @@ struct Cli {
 enum Command {
     /// Serve the HTTP API until SIGTERM/SIGINT, then drain and exit.
     Serve {
+        /// SQLite only: fsync every commit so an acknowledged batch survives
+        /// power loss (slower ingest). Off: a power loss may roll back the
+        /// last ~200 ms of acknowledged batches.
+        #[arg(long)]
+        durable: bool,
         /// Address to listen on.
         #[arg(long, env = "PSTACK_STORE_LISTEN", default_value = "127.0.0.1:7470")]
         listen: SocketAddr,
@@ -158,7 +163,12 @@ async fn shutdown_signal() {
 async fn main() -> Result<()> {
     let cli = Cli::parse();
     init_logs(&cli.log_format);
-    let store = Store::open(&cli.db, &OpenOptions::default())
+    let durable = matches!(cli.command, Command::Serve { durable: true, .. });
+    let opts = OpenOptions {
+        sqlite_durable: durable,
+        ..OpenOptions::default()
+    };
+    let store = Store::open(&cli.db, &opts)
         .await
         .with_context(|| "opening the database (check --db / PSTACK_STORE_DB)".to_string())?;
     match cli.command {
@@ -212,6 +222,7 @@ async fn main() -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
         Command::Serve {
+            durable: _,
             listen,
             max_body_bytes,
             max_decoded_bytes,
