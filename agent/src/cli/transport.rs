@@ -328,6 +328,51 @@ fn sample(filter: &FlowFilter) -> Sample {
 /// Most descriptors examined when looking for sockets' owners.
 pub const MAX_OWNER_SCAN_FDS: usize = 1_000_000;
 
+/// [`read_flow_sockopts`] on its own thread, abandoned after
+/// [`SURFACE_DEADLINE_MS`]: `pidfd_getfd` can wait (killably) on an owner stuck
+/// in execve. An abandoned thread is in a killable wait, so process exit ends
+/// it; the surfaces say `timeout`.
+fn read_flow_sockopts_bounded(
+    end: &Sample,
+) -> BTreeMap<u64, Timed<Result<SockOpts, SockOptError>>> {
+    let end = end.clone();
+    let cookies: Vec<u64> = match &end.tcp.value {
+        Ok(d) => d
+            .sockets
+            .iter()
+            .filter(|s| s.inode != 0)
+            .map(|s| s.cookie)
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("pstack-sockopt".into())
+        .spawn(move || {
+            let _ = tx.send(read_flow_sockopts(&end));
+        });
+    if spawned.is_err() {
+        return BTreeMap::new();
+    }
+    match rx.recv_timeout(Duration::from_millis(SURFACE_DEADLINE_MS)) {
+        Ok(m) => m,
+        Err(_) => cookies
+            .into_iter()
+            .map(|c| {
+                (
+                    c,
+                    Timed {
+                        value: Err(SockOptError::Abandoned {
+                            deadline_ms: SURFACE_DEADLINE_MS,
+                        }),
+                        elapsed_us: SURFACE_DEADLINE_MS * 1000,
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
 /// TCP_USER_TIMEOUT / keepalive of every matched socket that has an owner.
 fn read_flow_sockopts(end: &Sample) -> BTreeMap<u64, Timed<Result<SockOpts, SockOptError>>> {
     let mut out = BTreeMap::new();
@@ -544,7 +589,7 @@ pub fn capture(plan: &Plan) -> Result<CaptureResult, TransportError> {
         let start = sample(&filter);
         std::thread::sleep(window);
         let end = sample(&filter);
-        let sockopts = read_flow_sockopts(&end);
+        let sockopts = read_flow_sockopts_bounded(&end);
         let ebpf = match ebpf {
             None => EbpfWindow::NotRequested,
             Some(h) => h.join().unwrap_or(EbpfWindow::Unavailable {
@@ -1400,6 +1445,7 @@ impl Ctx<'_> {
                             (SurfaceStatus::Unsupported, Some(*errno))
                         }
                         SockOptError::Os { errno, .. } => (SurfaceStatus::Error, Some(*errno)),
+                        SockOptError::Abandoned { .. } => (SurfaceStatus::Timeout, None),
                     };
                     surfaces.push(failed(
                         "tcp/sockopt",

@@ -77,6 +77,15 @@ pub enum SockOptError {
         /// errno.
         errno: i32,
     },
+    /// The caller stopped waiting (`pidfd_getfd` takes the owner's
+    /// `exec_update_lock` killably and can wait on an owner stuck in execve).
+    /// Never produced by the readers here; set by a caller that enforces a
+    /// deadline around them.
+    #[error("abandoned after {deadline_ms} ms without an answer")]
+    Abandoned {
+        /// The caller's deadline.
+        deadline_ms: u64,
+    },
     /// Anything else.
     #[error("{op}: {message} (errno {errno})")]
     Os {
