@@ -52,6 +52,7 @@ fn thread_frozen_for_one_second_shows_a_d_episode_of_that_length() {
         w.episodes
     );
     let e = ep[0];
+    eprintln!("frozen episode: {e:?}");
     assert!(
         !e.ongoing && e.frozen,
         "completed, and flagged frozen (TASK_FROZEN): {e:?}"
