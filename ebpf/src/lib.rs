@@ -25,9 +25,13 @@
 //! # cfg.watch_all = true;
 //! let status = match EbpfSession::start(cfg) {
 //!     Ok(mut session) => {
-//!         // /v1/status and /metrics: programs, events and drops (cumulative).
+//!         // /v1/status (serde JSON) and /metrics (`to_prometheus()`): programs,
+//!         // events and drops, cumulative since load.
 //!         let status: EbpfStatus = session.status().expect("counters readable");
-//!         // One capture window; surfaces for the envelope.
+//!         let _metrics_text = status.to_prometheus();
+//!         // Subjects come and go: session.watch(pid) / session.unwatch(pid).
+//!         // One capture window; surfaces for the envelope. `run_window_until`
+//!         // also ends early on a shutdown future. The future is Send.
 //!         let report = session.run_window(Duration::from_secs(5), |_event| {}).await.unwrap();
 //!         let _surfaces = report.surfaces();
 //!         status
@@ -42,6 +46,10 @@
 //! let surfaces = pstack_ebpf::capture_blocking(EbpfConfig::offcpu(vec![4242]), Duration::from_secs(5));
 //! # let _ = surfaces;
 //! ```
+//!
+//! A session is `Send`; keep one per daemon (each load costs ~70 ms of CPU to
+//! parse the kernel BTF) and run windows on it. Windows on one session are
+//! sequential (`&mut self`); events between windows are discarded as stale.
 //!
 //! # Invariants
 //! - **Typed degradation.** No kernel BTF → `unsupported`; no privilege (not

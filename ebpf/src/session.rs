@@ -267,6 +267,69 @@ pub struct OffCpuStatus {
 }
 
 impl EbpfStatus {
+    /// Prometheus text exposition (for pstackd's `/metrics`): `pstack_ebpf_up`
+    /// (1 running, 0 not) with the state as a label, per-program
+    /// `pstack_ebpf_program_attached`, per-kind `pstack_ebpf_tcp_events_total`
+    /// and `pstack_ebpf_tcp_lost_events_total`, and the off-CPU counters.
+    pub fn to_prometheus(&self) -> String {
+        use std::fmt::Write as _;
+        let mut o = String::new();
+        let up = u8::from(self.state == "running");
+        let _ = writeln!(
+            o,
+            "# HELP pstack_ebpf_up Whether pstack's eBPF programs are loaded (state label: running, unsupported, permission_denied, error)."
+        );
+        let _ = writeln!(o, "# TYPE pstack_ebpf_up gauge");
+        let _ = writeln!(o, "pstack_ebpf_up{{state=\"{}\"}} {up}", self.state);
+        let _ = writeln!(o, "# TYPE pstack_ebpf_program_attached gauge");
+        for p in &self.programs {
+            let _ = writeln!(
+                o,
+                "pstack_ebpf_program_attached{{program=\"{}\",tracepoint=\"{}\"}} {}",
+                p.program,
+                p.tracepoint,
+                u8::from(p.attached)
+            );
+        }
+        let _ = writeln!(o, "# TYPE pstack_ebpf_tcp_events_total counter");
+        for (k, v) in &self.tcp_events {
+            let _ = writeln!(o, "pstack_ebpf_tcp_events_total{{kind=\"{k}\"}} {v}");
+        }
+        let _ = writeln!(
+            o,
+            "# HELP pstack_ebpf_tcp_lost_events_total TCP events dropped because the ring buffer was full."
+        );
+        let _ = writeln!(o, "# TYPE pstack_ebpf_tcp_lost_events_total counter");
+        for (k, v) in &self.tcp_lost {
+            let _ = writeln!(o, "pstack_ebpf_tcp_lost_events_total{{kind=\"{k}\"}} {v}");
+        }
+        if let Some(c) = &self.offcpu {
+            let _ = writeln!(o, "# TYPE pstack_ebpf_offcpu_switches_total counter");
+            let _ = writeln!(o, "pstack_ebpf_offcpu_switches_total {}", c.switches);
+            let _ = writeln!(o, "# TYPE pstack_ebpf_offcpu_d_episodes_total counter");
+            let _ = writeln!(o, "pstack_ebpf_offcpu_d_episodes_total {}", c.episodes);
+            let _ = writeln!(o, "# TYPE pstack_ebpf_offcpu_lost_total counter");
+            let _ = writeln!(
+                o,
+                "pstack_ebpf_offcpu_lost_total{{reason=\"ring_buffer\"}} {}",
+                c.lost_ring
+            );
+            let _ = writeln!(
+                o,
+                "pstack_ebpf_offcpu_lost_total{{reason=\"start_map_full\"}} {}",
+                c.lost_start
+            );
+            let _ = writeln!(
+                o,
+                "pstack_ebpf_offcpu_lost_total{{reason=\"totals_map_full\"}} {}",
+                c.lost_totals
+            );
+            let _ = writeln!(o, "# TYPE pstack_ebpf_offcpu_watched gauge");
+            let _ = writeln!(o, "pstack_ebpf_offcpu_watched {}", c.watched);
+        }
+        o
+    }
+
     /// The status of a session that could not start.
     pub fn failed(err: &EbpfError) -> EbpfStatus {
         EbpfStatus {
@@ -870,5 +933,38 @@ pub fn capture_blocking(cfg: EbpfConfig, window: Duration) -> Vec<Surface> {
             Err(e) => fail(&e),
         },
         Err(e) => fail(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    #[test]
+    fn session_and_window_future_are_send_for_tokio_spawn() {
+        // pstackd holds the session in a task and awaits windows on the multi-thread runtime.
+        fn session_is_send<T: Send>() {}
+        session_is_send::<EbpfSession>();
+        #[allow(clippy::diverging_sub_expression, unreachable_code, unused_variables)]
+        if false {
+            let s: &mut EbpfSession = unreachable!();
+            let fut = s.run_window(Duration::from_secs(1), |_| {});
+            assert_send(&fut);
+        }
+    }
+
+    #[test]
+    fn failed_status_renders_for_metrics() {
+        let st = EbpfStatus::failed(&EbpfError::NoBtf { path: "/x".into() });
+        assert_eq!(st.state, "unsupported");
+        let text = st.to_prometheus();
+        assert!(
+            text.contains("pstack_ebpf_up{state=\"unsupported\"} 0"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&st).expect("serializable for /v1/status");
+        assert_eq!(json["state"], "unsupported");
     }
 }
