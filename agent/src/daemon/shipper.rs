@@ -365,6 +365,23 @@ impl Shipper {
         }
     }
 
+    /// Build the client; a failure is logged and shown in `/v1/status` (never
+    /// a silent stall: envelopes stay spooled until the config is fixed).
+    fn client_for(&self, config: &ShipperConfig) -> Option<reqwest::Client> {
+        match build_client(config) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::error!(error = %e, "shipping is stopped until the configuration is fixed");
+                *self
+                    .stats
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(format!("shipping stopped: {e}"));
+                None
+            }
+        }
+    }
+
     /// Send one batch of the oldest spooled envelopes and apply the answer.
     pub async fn ship_once(
         &self,
@@ -510,7 +527,7 @@ impl Shipper {
     /// Ship until `shutdown` turns true.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut config = self.config.borrow_and_update().clone();
-        let mut client = build_client(&config).ok();
+        let mut client = self.client_for(&config);
         let mut backoff = Backoff::new(
             Duration::from_millis(config.backoff_initial_ms),
             Duration::from_millis(config.backoff_max_ms),
@@ -522,13 +539,7 @@ impl Shipper {
             }
             if self.config.has_changed().unwrap_or(false) {
                 config = self.config.borrow_and_update().clone();
-                client = match build_client(&config) {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        tracing::error!(error = %e, "shipper client not rebuilt");
-                        None
-                    }
-                };
+                client = self.client_for(&config);
                 backoff = Backoff::new(
                     Duration::from_millis(config.backoff_initial_ms),
                     Duration::from_millis(config.backoff_max_ms),
@@ -658,6 +669,26 @@ mod tests {
         );
         assert_eq!(parse_retry_after("soon", now), None);
         assert_eq!(parse_retry_after("-5", now), None);
+    }
+
+    #[test]
+    fn unreadable_or_invalid_ca_files_are_typed_errors() {
+        let mut c = ShipperConfig {
+            ca_file: "/nonexistent/ca.pem".into(),
+            ..ShipperConfig::default()
+        };
+        assert!(matches!(build_client(&c), Err(ShipperError::CaFile { .. })));
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("bad.pem");
+        std::fs::write(
+            &bad,
+            "-----BEGIN CERTIFICATE-----\nnot base64 !!\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        c.ca_file = bad;
+        assert!(matches!(build_client(&c), Err(ShipperError::CaFile { .. })));
+        c.ca_file = Default::default();
+        build_client(&c).expect("rustls client with webpki roots");
     }
 
     #[test]
