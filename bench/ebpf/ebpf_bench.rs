@@ -420,6 +420,35 @@ fn run() {
     }
 }
 
+/// User-space cost alone: decode + digest + aggregate `n` synthetic state-change
+/// records over 1000 sockets (no kernel, no ring buffer).
+fn aggregate(n: usize) {
+    let mut recs = Vec::with_capacity(1000);
+    for i in 0..1000u64 {
+        let mut b = vec![0u8; pstack_ebpf::record::TCP_EVENT_SIZE];
+        b[32] = 4; // state change
+        b[33] = 2;
+        b[34] = 1;
+        b[35] = 4;
+        b[36..38].copy_from_slice(&(10_000 + i as u16).to_le_bytes());
+        b[38..40].copy_from_slice(&80u16.to_le_bytes());
+        b[40..44].copy_from_slice(&[127, 0, 0, 1]);
+        b[56..60].copy_from_slice(&[127, 0, 0, 1]);
+        b[96..104].copy_from_slice(&(0xffff_8880_0000_0000u64 + i * 4096).to_le_bytes());
+        recs.push(b);
+    }
+    let mut agg = pstack_ebpf::TcpAggregate::new(pstack_ebpf::Limits::default(), None);
+    let t = Instant::now();
+    for i in 0..n {
+        let _ = agg.add_raw(&recs[i % recs.len()]);
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    println!(
+        "decode+digest+aggregate: {ns:.1} ns/record over {n} records, {} flows",
+        agg.flows().len()
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
@@ -438,6 +467,11 @@ fn main() {
             let (g, c) = blast(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(3));
             println!("{g:.3} {c:.1}");
         }
+        Some("aggregate") => aggregate(
+            args.get(2)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1_000_000),
+        ),
         Some("flood") => flood(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10_000)),
         Some("run") | None => run(),
         Some(other) => {
