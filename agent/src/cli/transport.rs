@@ -778,6 +778,19 @@ fn tcp_deltas(a: &TcpInfo, b: &TcpInfo) -> BTreeMap<&'static str, i128> {
     d
 }
 
+/// (payload MSS, on-wire size) of a full-size segment: the socket's PMTU when
+/// it has one (options included), else MSS plus the bare IP and TCP headers.
+fn full_size(sock: Option<&TcpSocket>, remote: SocketAddr) -> (u32, u32) {
+    let info = sock.and_then(|x| x.info.as_ref());
+    let mss = info.map(|i| i.snd_mss).unwrap_or(0);
+    let hdr = if remote.is_ipv4() { 40 } else { 60 };
+    let wire = info
+        .map(|i| i.pmtu)
+        .filter(|p| *p > 0 && *p < 65536)
+        .unwrap_or(mss + hdr);
+    (mss, wire)
+}
+
 /// Counters a local abort (a RST this host sends for its own flow) increments.
 pub const LOCAL_ABORT_COUNTERS: [&str; 5] = [
     "TcpExt.TCPAbortOnData",
@@ -1540,6 +1553,7 @@ impl Ctx<'_> {
         let local = id_sock.local;
         let mut fault = false;
         let mut stalled_locally = false;
+        let mut mtu_hypothesis = false;
         let d = |k: &str| deltas.as_ref().and_then(|d| d.get(k).copied()).unwrap_or(0);
 
         // Retransmits and RTOs on this flow.
@@ -1804,22 +1818,17 @@ impl Ctx<'_> {
                 &mtu_binds,
                 None,
             );
-            let mss = end
-                .or(start)
-                .and_then(|x| x.info.as_ref())
-                .map(|i| i.snd_mss)
-                .unwrap_or(0);
-            let hdr = if remote.is_ipv4() { 40 } else { 60 };
-            if mss + hdr > lo {
+            let (mss, wire) = full_size(end.or(start), remote);
+            if wire > lo {
+                mtu_hypothesis = true;
                 let stalled = (deltas.is_some() && d("total_retrans") > 0) || stalled_locally;
                 add(
                     ClaimKind::Hypothesis,
                     "pmtu_black_hole",
                     format!(
-                        "full-size segments ({mss} bytes + {hdr} header = {} bytes) exceed the smallest MTU on the path ({lo}) and no PMTU was learned{}: they are dropped silently (ICMP fragmentation-needed not delivered)",
-                        mss + hdr,
+                        "full-size segments ({wire} bytes on the wire, {mss} bytes of payload) exceed the smallest MTU on the path ({lo}) and no PMTU was learned{}: they are dropped silently (ICMP fragmentation-needed not delivered)",
                         if stalled {
-                            "; the flow is retransmitting"
+                            "; the flow is retransmitting or stalled"
                         } else {
                             ""
                         }
@@ -1827,6 +1836,50 @@ impl Ctx<'_> {
                     &mtu_binds,
                     Some(format!(
                         "full-size segments are acknowledged: tcp_info bytes_acked advances by more than {mss} bytes per segment while snd_mss stays {mss}, or the route to {} shows a cached PMTU of {lo} or less",
+                        remote.ip()
+                    )),
+                );
+            }
+        }
+
+        // A stall: nothing acknowledged in the whole window while data waits.
+        let pending = end.map(|x| x.wqueue).unwrap_or(0);
+        let stalled = deltas.is_some()
+            && d("bytes_acked") == 0
+            && pending > 0
+            && start.is_some_and(|x| x.state == 1)
+            && state_end == Some(1);
+        if stalled {
+            fault = true;
+            add(
+                ClaimKind::Fact,
+                "flow_stalled",
+                format!(
+                    "flow {local} -> {remote} had 0 bytes acknowledged over the {} ms window while {pending} bytes waited in its send queue",
+                    self.plan.window.as_millis()
+                ),
+                &["tcp/start", "tcp/end"],
+                None,
+            );
+        }
+        // Stalled in RTO with full-size segments and no MTU disagreement visible
+        // here: a smaller MTU beyond the first hop whose ICMP never arrives looks
+        // exactly like this.
+        if stalled && !mtu_hypothesis && d("total_rto") > 0 {
+            let (mss, wire) = full_size(end, remote);
+            if wire > 1280 {
+                add(
+                    ClaimKind::Hypothesis,
+                    "pmtu_black_hole",
+                    format!(
+                        "the flow is stalled in retransmission timeouts (RTO fired {} times, 0 bytes acknowledged) sending full-size segments of {} bytes, and no MTU disagreement is visible from this host: a smaller MTU beyond the first hop whose ICMP fragmentation-needed never arrives would do this",
+                        d("total_rto"),
+                        wire
+                    ),
+                    &["tcp/start", "tcp/end"],
+                    Some(format!(
+                        "full-size segments are acknowledged: `ping -M do -s {} {}` from this namespace is answered, or bytes_acked advances while snd_mss stays {mss}",
+                        wire - if remote.is_ipv4() { 28 } else { 48 },
                         remote.ip()
                     )),
                 );

@@ -142,11 +142,19 @@ impl Drop for Netns {
     }
 }
 
-/// Two namespaces joined by veth `pa0` (in A) / `pb0` (in B).
+/// Two namespaces joined by veth `pa0` (in A) / `pb0` (in B) — or, routed,
+/// A —`pa0`/`ra0`— R —`rb0`/`pb0`— B with R forwarding between 10.77.1.0/24
+/// and 10.77.2.0/24.
 pub struct Testbed {
     pub a: Netns,
     pub b: Netns,
+    /// The router, when routed.
+    pub r: Option<Netns>,
+    /// B's IPv4 address as A reaches it.
+    pub b_v4: &'static str,
 }
+
+pub const ROUTED_B_V4: &str = "10.77.2.2";
 
 impl Testbed {
     pub fn new(tag: &str) -> Testbed {
@@ -166,7 +174,64 @@ impl Testbed {
             ns.ip(&["addr", "add", &format!("{v6}/64"), "dev", dev, "nodad"]);
             ns.ip(&["link", "set", dev, "up"]);
         }
-        Testbed { a, b }
+        Testbed {
+            a,
+            b,
+            r: None,
+            b_v4: B_V4,
+            a_v4: A_V4,
+        }
+    }
+
+    pub fn routed(tag: &str) -> Testbed {
+        let pid = std::process::id();
+        let a = Netns::new(format!("pst{pid}-{tag}-a"));
+        let b = Netns::new(format!("pst{pid}-{tag}-b"));
+        let r = Netns::new(format!("pst{pid}-{tag}-r"));
+        run(
+            "ip",
+            &[
+                "link", "add", "pa0", "netns", &a.name, "type", "veth", "peer", "name", "ra0",
+                "netns", &r.name,
+            ],
+        );
+        run(
+            "ip",
+            &[
+                "link", "add", "rb0", "netns", &r.name, "type", "veth", "peer", "name", "pb0",
+                "netns", &b.name,
+            ],
+        );
+        for (ns, dev, addr) in [
+            (&a, "pa0", "10.77.1.1/24"),
+            (&r, "ra0", "10.77.1.254/24"),
+            (&r, "rb0", "10.77.2.254/24"),
+            (&b, "pb0", "10.77.2.2/24"),
+        ] {
+            ns.ip(&["link", "set", "lo", "up"]);
+            ns.ip(&["addr", "add", addr, "dev", dev]);
+            ns.ip(&["link", "set", dev, "up"]);
+        }
+        a.ip(&["route", "add", "default", "via", "10.77.1.254"]);
+        b.ip(&["route", "add", "default", "via", "10.77.2.254"]);
+        run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &r.name,
+                "sysctl",
+                "-qw",
+                "net.ipv4.ip_forward=1",
+            ],
+        );
+        Testbed {
+            a,
+            b,
+            r: Some(r),
+            b_v4: ROUTED_B_V4,
+            a_v4: ROUTED_A_V4,
+        }
     }
 }
 
@@ -298,7 +363,7 @@ impl Transfer {
     pub fn start_paced(bed: &Testbed, v6: bool, rcvbuf: Option<i32>, pace_us: u64) -> Transfer {
         let knobs = Arc::new(Knobs::default());
         knobs.pace_us.store(pace_us, Ordering::Relaxed);
-        let baddr = if v6 { B_V6 } else { B_V4 };
+        let baddr = if v6 { B_V6 } else { bed.b_v4 };
         let data: SocketAddr = SocketAddr::new(baddr.parse().unwrap(), DATA_PORT);
         let control: SocketAddr = SocketAddr::new(baddr.parse().unwrap(), CONTROL_PORT);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
