@@ -45,8 +45,24 @@ fn nobody_child_half() {
 #[test]
 fn unprivileged_run_is_permission_denied_with_a_clear_message() {
     require_kernel!();
-    let exe = std::env::current_exe().expect("test binary");
-    let out = Command::new(exe)
+    // nobody must be able to execute the binary wherever the target dir lives
+    // (a checkout under /root is not traversable): run a world-readable copy.
+    let dir = std::env::temp_dir().join(format!("pstack-ebpf-nobody-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let exe = dir.join("kernel-tests");
+    std::fs::copy(std::env::current_exe().expect("test binary"), &exe).expect("copy test binary");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod dir");
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod exe");
+    struct Cleanup(std::path::PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(dir.clone());
+    let out = Command::new(&exe)
+        .current_dir(&dir)
         .args([
             "--exact",
             "privilege::nobody_child_half",
