@@ -11,6 +11,45 @@
 //!   value on reload and a change to them is reported, not applied.
 //! - The API key is read from `shipper.api_key_file`, never from the TOML
 //!   itself, and never appears in `Debug` output or logs.
+//!
+//! Every key with its default (an empty file is the defaults):
+//!
+//! ```toml
+//! socket_path = "/run/pstack/pstackd.sock"   # ignored when socket-activated
+//! socket_mode = "0660"
+//! group = "pstack"                 # socket group; its members may use the API
+//! max_concurrent_captures = 4      # more get 429 + Retry-After
+//! max_connections = 64
+//! max_request_bytes = 65536
+//! max_bundle_deadline_ms = 30000
+//! drain_timeout_ms = 10000         # SIGTERM waits this long for in-flight captures
+//! header_timeout_ms = 5000
+//!
+//! [spool]
+//! dir = "/var/lib/pstack/spool"
+//! max_bytes = 268435456
+//! max_files = 100000
+//! overflow = "drop_oldest"         # or "refuse_new"
+//!
+//! [shipper]
+//! url = ""                         # e.g. "https://store.example:7470"; empty = no shipping
+//! api_key_file = ""                # one line: the store's psk_... key
+//! ca_file = ""                     # extra PEM roots besides webpki
+//! batch_max_items = 100
+//! batch_max_bytes = 4194304
+//! timeout_ms = 15000
+//! backoff_initial_ms = 500
+//! backoff_max_ms = 60000
+//!
+//! [capture]
+//! surface_deadline_ms = 250
+//! bundle_deadline_ms = 2000
+//! max_threads = 10000
+//! max_bytes_per_surface = 65536
+//! leak_budget = 4
+//! leak_journal = "/var/lib/pstack/leaks.jsonl"
+//! helper_path = ""                 # empty: next to pstackd
+//! ```
 
 use std::path::{Path, PathBuf};
 
@@ -463,6 +502,23 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_documented_example_is_the_defaults() {
+        let src = include_str!("config.rs");
+        let start = src.find("//! ```toml\n").unwrap() + "//! ```toml\n".len();
+        let end = start + src[start..].find("//! ```\n").unwrap();
+        let text: String = src[start..end]
+            .lines()
+            .map(|l| {
+                l.strip_prefix("//! ")
+                    .or_else(|| l.strip_prefix("//!"))
+                    .unwrap_or(l)
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_eq!(Config::parse(&text).unwrap(), Config::default());
+    }
 
     #[test]
     fn empty_text_is_the_defaults() {

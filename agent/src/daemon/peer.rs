@@ -4,7 +4,8 @@
 //! - Identity is the kernel's SO_PEERCRED uid and gid, captured at connect
 //!   time. The PID in it is decoration for logs, never an identity (it can be
 //!   reused, and a connected fd can be passed to another process).
-//! - Allowed: uid 0; a peer whose gid is the configured group; a peer whose
+//! - Allowed: uid 0; the daemon's own uid (only differs from 0 for an
+//!   unprivileged development daemon); a peer whose gid is the configured group; a peer whose
 //!   uid is a member of that group in the group database (primary group or
 //!   listed member). Everyone else is refused with 403 and one log event
 //!   carrying uid, gid and pid — never the request.
@@ -33,6 +34,8 @@ pub struct AccessPolicy {
     pub gid: Option<u32>,
     /// Its listed members (user names).
     pub members: Vec<String>,
+    /// The daemon's own effective uid.
+    pub owner_uid: u32,
 }
 
 /// Why a group could not be resolved.
@@ -54,11 +57,13 @@ impl AccessPolicy {
                 group_name: group_name.to_owned(),
                 gid: Some(g.gid.as_raw()),
                 members: g.mem,
+                owner_uid: nix::unistd::geteuid().as_raw(),
             }),
             Ok(None) if !required => Ok(AccessPolicy {
                 group_name: group_name.to_owned(),
                 gid: None,
                 members: Vec::new(),
+                owner_uid: nix::unistd::geteuid().as_raw(),
             }),
             Ok(None) => Err(GroupError {
                 group: group_name.to_owned(),
@@ -73,7 +78,7 @@ impl AccessPolicy {
 
     /// Whether `peer` may use the API.
     pub fn allows(&self, peer: &PeerCred) -> bool {
-        if peer.uid == 0 {
+        if peer.uid == 0 || peer.uid == self.owner_uid {
             return true;
         }
         let Some(gid) = self.gid else {
@@ -98,6 +103,7 @@ mod tests {
             group_name: "pstack".into(),
             gid,
             members: members.iter().map(|s| s.to_string()).collect(),
+            owner_uid: 0,
         }
     }
 
