@@ -179,7 +179,6 @@ impl Testbed {
             b,
             r: None,
             b_v4: B_V4,
-            a_v4: A_V4,
         }
     }
 
@@ -230,7 +229,6 @@ impl Testbed {
             b,
             r: Some(r),
             b_v4: ROUTED_B_V4,
-            a_v4: ROUTED_A_V4,
         }
     }
 }
