@@ -105,21 +105,44 @@ static __always_inline struct pstack_tcp_event *reserve(__u8 kind)
 	return e;
 }
 
-/* Namespace and cookie of a socket (kernel pointer from the tracepoint). */
-static __always_inline void sock_ids(struct pstack_tcp_event *e, const void *skaddr, int cookie_too)
+/* Namespace and cookie of a socket (kernel pointer from the tracepoint).
+ * `netns_cookie_too`: also the netns cookie (one more probe read) — done for
+ * retransmits and resets, skipped for the far more frequent state changes,
+ * which carry the netns inode only. */
+static __always_inline void sock_ids(struct pstack_tcp_event *e, const void *skaddr, int cookie_too,
+				     int netns_cookie_too)
 {
 	const struct sock *sk = skaddr;
 	if (!sk)
 		return;
 	e->flags |= PSTACK_TCP_HAS_SOCK;
 	e->sk_key = (__u64)sk;
-	/* The netns inode identifies the namespace on this host; its net_cookie
-	 * would cost one more probe read per event and is left 0. */
 	struct net *net = BPF_CORE_READ(sk, __sk_common.skc_net.net);
-	if (net)
+	if (net) {
 		e->netns_ino = BPF_CORE_READ(net, ns.inum);
+		if (netns_cookie_too && bpf_core_field_exists(net->net_cookie))
+			bpf_core_read(&e->netns_cookie, sizeof(e->netns_cookie), &net->net_cookie);
+	}
 	if (cookie_too)
 		bpf_core_read(&e->sock_cookie, sizeof(e->sock_cookie), &sk->__sk_common.skc_cookie);
+}
+
+/* Namespace of a RST sent without a socket: the device the answered packet
+ * arrived on (skb->dev->nd_net). Rare path; three probe reads. */
+static __always_inline void skb_netns(struct pstack_tcp_event *e, const void *skbaddr)
+{
+	const struct sk_buff *skb = skbaddr;
+	if (!skb)
+		return;
+	struct net_device *dev = BPF_CORE_READ(skb, dev);
+	if (!dev)
+		return;
+	struct net *net = BPF_CORE_READ(dev, nd_net.net);
+	if (!net)
+		return;
+	e->netns_ino = BPF_CORE_READ(net, ns.inum);
+	if (bpf_core_field_exists(net->net_cookie))
+		bpf_core_read(&e->netns_cookie, sizeof(e->netns_cookie), &net->net_cookie);
 }
 
 /* Address arrays are read with one CO-RE probe read per event: direct
@@ -163,7 +186,7 @@ int pstack_tcp_retransmit(void *ctx)
 			e->detail = BPF_CORE_READ(tp, err);
 			e->layout |= PSTACK_LAYOUT_RETRANSMIT_ERR;
 		}
-		sock_ids(e, tp->skaddr, 1);
+		sock_ids(e, tp->skaddr, 1, 1);
 	} else {
 		struct trace_event_raw_tcp_event_sk_skb___old *tp = ctx;
 		__u16 sport = tp->sport, dport = tp->dport;
@@ -176,7 +199,7 @@ int pstack_tcp_retransmit(void *ctx)
 		e->dport = dport;
 		e->state = tp->state;
 		copy_addrs(e, tp);
-		sock_ids(e, tp->skaddr, 1);
+		sock_ids(e, tp->skaddr, 1, 1);
 	}
 	bpf_ringbuf_submit(e, wake_flag());
 	return 0;
@@ -198,9 +221,9 @@ int pstack_tcp_receive_reset(struct trace_event_raw_tcp_event_sk *tp)
 	if (bpf_core_field_exists(tp->sock_cookie)) {
 		e->sock_cookie = BPF_CORE_READ(tp, sock_cookie);
 		e->layout |= PSTACK_LAYOUT_RECV_RESET_COOKIE;
-		sock_ids(e, tp->skaddr, 0);
+		sock_ids(e, tp->skaddr, 0, 1);
 	} else {
-		sock_ids(e, tp->skaddr, 1);
+		sock_ids(e, tp->skaddr, 1, 1);
 	}
 	const struct sock *sk = tp->skaddr;
 	if (sk)
@@ -250,7 +273,10 @@ int pstack_tcp_send_reset(void *ctx)
 		e->state = tp->state;
 		e->detail = tp->reason;
 		e->layout |= PSTACK_LAYOUT_SEND_RESET_SOCKADDR;
-		sock_ids(e, tp->skaddr, 1);
+		if (tp->skaddr)
+			sock_ids(e, tp->skaddr, 1, 1);
+		else
+			skb_netns(e, tp->skbaddr);
 	} else {
 		struct trace_event_raw_tcp_event_sk_skb___old *tp = ctx;
 		__u16 sport = tp->sport, dport = tp->dport;
@@ -264,7 +290,10 @@ int pstack_tcp_send_reset(void *ctx)
 		e->state = tp->state;
 		copy_addrs(e, tp);
 		e->layout |= PSTACK_LAYOUT_SEND_RESET_SK_SKB;
-		sock_ids(e, tp->skaddr, 1);
+		if (tp->skaddr)
+			sock_ids(e, tp->skaddr, 1, 1);
+		else
+			skb_netns(e, tp->skbaddr);
 	}
 	bpf_ringbuf_submit(e, wake_flag());
 	return 0;
@@ -286,7 +315,7 @@ int pstack_inet_sock_set_state(struct trace_event_raw_inet_sock_set_state *tp)
 	e->state = tp->oldstate;
 	e->newstate = tp->newstate;
 	copy_addrs(e, tp);
-	sock_ids(e, tp->skaddr, 1);
+	sock_ids(e, tp->skaddr, 1, 0);
 	bpf_ringbuf_submit(e, wake_flag());
 	return 0;
 }

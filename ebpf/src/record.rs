@@ -274,7 +274,8 @@ pub struct TcpEvent {
     pub kind: TcpEventKind,
     /// Socket cookie, when the kernel had generated one.
     pub sock_cookie: Option<u64>,
-    /// `net_cookie` of the socket's netns.
+    /// `net_cookie` of the socket's netns (retransmits and resets only; state
+    /// changes carry the netns inode alone, to save a probe read per event).
     pub netns_cookie: Option<u64>,
     /// Inode of the socket's netns.
     pub netns_ino: Option<u32>,

@@ -135,6 +135,51 @@ fn nft_reject_and_linger_zero_close_are_seen_with_the_right_direction() {
     );
 }
 
+#[test]
+fn syn_to_a_closed_port_is_a_socketless_reset_sent_from_that_port_in_its_namespace() {
+    require_kernel!();
+    let ns = NetNs::new();
+    let (report, (closed, client_err), _s) =
+        in_port_window(&ns, many_samples(), Duration::from_secs(2), |l| {
+            let closed = l.local_addr().expect("addr");
+            drop(l); // nothing listens on it any more
+            let err = connect(closed).expect_err("closed port");
+            (closed, err.kind())
+        });
+    assert_eq!(client_err, std::io::ErrorKind::ConnectionRefused);
+    let agg = report.tcp.as_ref().expect("tcp");
+    let sent: Vec<_> = agg
+        .samples(TcpSurface::Resets)
+        .iter()
+        .filter(|e| e.kind == TcpEventKind::SendReset)
+        .collect();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let e = sent[0];
+    assert!(!e.has_sock, "no socket answered the SYN");
+    assert_eq!(
+        e.local,
+        endpoint(closed),
+        "the RST's sender is the closed port"
+    );
+    assert_eq!(
+        pstack_ebpf::record::reset_reason_name(e.detail.expect("reason")),
+        "NO_SOCKET"
+    );
+    assert_eq!(
+        e.netns_ino,
+        Some(ns.ino),
+        "namespace from the answered packet's device"
+    );
+    assert!(e.netns_cookie.is_some());
+    let received = agg
+        .samples(TcpSurface::Resets)
+        .iter()
+        .find(|x| x.kind == TcpEventKind::ReceiveReset)
+        .expect("the client received it");
+    assert_eq!(received.remote, endpoint(closed));
+    assert_eq!(received.state.name(), "SYN_SENT");
+}
+
 fn endpoint(a: std::net::SocketAddr) -> pstack_ebpf::Endpoint {
     pstack_ebpf::Endpoint {
         addr: a.ip(),
