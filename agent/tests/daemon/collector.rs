@@ -63,6 +63,30 @@ impl Collector {
     }
 
     pub fn start_on(addr: SocketAddr) -> Collector {
+        Collector::start_with(addr, None)
+    }
+
+    /// A collector speaking TLS (rustls) with this certificate chain and key.
+    pub fn start_tls(cert_pem: &std::path::Path, key_pem: &std::path::Path) -> Collector {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_pem)
+            .unwrap()
+            .map(|c| c.unwrap())
+            .collect();
+        let key = PrivateKeyDer::from_pem_file(key_pem).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        Collector::start_with(Collector::reserve_port(), Some(Arc::new(config)))
+    }
+
+    fn start_with(addr: SocketAddr, tls: Option<Arc<rustls::ServerConfig>>) -> Collector {
         let listener = TcpListener::bind(addr).expect("bind collector");
         let c = Collector {
             addr: listener.local_addr().unwrap(),
@@ -78,7 +102,20 @@ impl Collector {
                 }
                 let Ok(stream) = stream else { continue };
                 let (faults, record, stop) = (faults.clone(), record.clone(), stop.clone());
-                std::thread::spawn(move || serve(stream, faults, record, stop));
+                let tls = tls.clone();
+                std::thread::spawn(move || match tls {
+                    None => {
+                        let raw = stream.try_clone().ok();
+                        serve(stream, raw, faults, record, stop)
+                    }
+                    Some(config) => {
+                        let Ok(conn) = rustls::ServerConnection::new(config) else {
+                            return;
+                        };
+                        let tls = rustls::StreamOwned::new(conn, stream);
+                        serve(tls, None, faults, record, stop)
+                    }
+                });
             }
         });
         c
@@ -122,14 +159,14 @@ impl Drop for Collector {
     }
 }
 
-fn serve(
-    stream: TcpStream,
+fn serve<S: Read + Write>(
+    stream: S,
+    raw: Option<TcpStream>,
     faults: Arc<Mutex<VecDeque<Fault>>>,
     record: Arc<Mutex<Record>>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut out = stream;
+    let mut reader = BufReader::new(stream);
     loop {
         if stop.load(Ordering::SeqCst) {
             return;
@@ -166,8 +203,9 @@ fn serve(
                 .unwrap()
                 .requests
                 .push((Instant::now(), "reset"));
-            let sock = socket2_linger_zero(&out);
-            drop(sock);
+            if let Some(raw) = &raw {
+                linger_zero(raw);
+            }
             return;
         }
         let mut body = vec![0u8; len];
@@ -175,13 +213,13 @@ fn serve(
             return;
         }
         if !line.starts_with("POST /v1/envelopes ") {
-            respond(&mut out, 404, None, b"{}");
+            respond(&mut Out(&mut reader), 404, None, b"{}");
             continue;
         }
         if header("authorization").as_deref() != Some(&format!("Bearer {API_KEY}")) {
             record.lock().unwrap().bad_auth += 1;
             respond(
-                &mut out,
+                &mut Out(&mut reader),
                 401,
                 None,
                 br#"{"error":{"code":"unknown_api_key"}}"#,
@@ -195,7 +233,12 @@ fn serve(
                     .unwrap()
                     .requests
                     .push((Instant::now(), "status"));
-                respond(&mut out, code, ra, br#"{"error":{"code":"injected"}}"#);
+                respond(
+                    &mut Out(&mut reader),
+                    code,
+                    ra,
+                    br#"{"error":{"code":"injected"}}"#,
+                );
                 continue;
             }
             Some(Fault::Hang(d)) => {
@@ -216,7 +259,7 @@ fn serve(
                 .is_err()
             {
                 respond(
-                    &mut out,
+                    &mut Out(&mut reader),
                     400,
                     None,
                     br#"{"error":{"code":"malformed_gzip"}}"#,
@@ -229,7 +272,7 @@ fn serve(
         };
         let Ok(items) = serde_json::from_slice::<Vec<&RawValue>>(&decoded) else {
             respond(
-                &mut out,
+                &mut Out(&mut reader),
                 400,
                 None,
                 br#"{"error":{"code":"malformed_batch"}}"#,
@@ -287,11 +330,23 @@ fn serve(
             "accepted": a, "duplicate": dup, "rejected": rej, "results": results
         }))
         .unwrap();
-        respond(&mut out, 200, None, &body);
+        respond(&mut Out(&mut reader), 200, None, &body);
     }
 }
 
-fn respond(out: &mut TcpStream, code: u16, retry_after: Option<&str>, body: &[u8]) {
+/// Writes go to the stream under the reader's buffer.
+struct Out<'a, S>(&'a mut BufReader<S>);
+
+impl<S: Read + Write> Write for Out<'_, S> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.get_mut().write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.get_mut().flush()
+    }
+}
+
+fn respond(out: &mut impl Write, code: u16, retry_after: Option<&str>, body: &[u8]) {
     let mut head = format!(
         "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
         body.len()
@@ -302,10 +357,11 @@ fn respond(out: &mut TcpStream, code: u16, retry_after: Option<&str>, body: &[u8
     head.push_str("\r\n");
     let _ = out.write_all(head.as_bytes());
     let _ = out.write_all(body);
+    let _ = out.flush();
 }
 
 /// Set SO_LINGER {1, 0} so that close sends RST.
-fn socket2_linger_zero(s: &TcpStream) -> TcpStream {
+fn linger_zero(s: &TcpStream) {
     use std::os::fd::AsRawFd;
     let l = libc::linger {
         l_onoff: 1,
@@ -321,5 +377,4 @@ fn socket2_linger_zero(s: &TcpStream) -> TcpStream {
             std::mem::size_of::<libc::linger>() as libc::socklen_t,
         );
     }
-    s.try_clone().unwrap()
 }

@@ -75,6 +75,7 @@ pub struct Settings {
     pub batch_max_items: usize,
     pub spool_dir: Option<PathBuf>,
     pub api_key: Option<String>,
+    pub extra_shipper: String,
     pub extra: String,
 }
 
@@ -95,6 +96,7 @@ impl Default for Settings {
             batch_max_items: 100,
             spool_dir: None,
             api_key: None,
+            extra_shipper: String::new(),
             extra: String::new(),
         }
     }
@@ -124,7 +126,8 @@ max_files = {mf}
 overflow = "{ov}"
 
 [shipper]
-{shipper}timeout_ms = {st}
+{shipper}{extra_shipper}
+timeout_ms = {st}
 backoff_initial_ms = {bi}
 backoff_max_ms = {bm}
 batch_max_items = {bmi}
@@ -139,6 +142,7 @@ helper_path = "{helper}"
             maxc = self.max_concurrent,
             drain = self.drain_timeout_ms,
             extra = self.extra,
+            extra_shipper = self.extra_shipper,
             spool = spool.display(),
             mb = self.spool_max_bytes,
             mf = self.spool_max_files,

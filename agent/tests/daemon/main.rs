@@ -16,4 +16,5 @@ mod lifecycle;
 mod limits;
 mod spool;
 mod store_e2e;
+mod tls;
 mod unit_files;
