@@ -691,6 +691,87 @@ mod tests {
         build_client(&c).expect("rustls client with webpki roots");
     }
 
+    fn spool_with(n: u64) -> (tempfile::TempDir, Arc<Spool>, Vec<String>) {
+        use super::super::config::OverflowPolicy;
+        use super::super::spool::SpoolLimits;
+        let dir = tempfile::tempdir().unwrap();
+        let spool = Arc::new(
+            Spool::open(
+                dir.path(),
+                SpoolLimits {
+                    max_bytes: 1 << 30,
+                    max_files: 1000,
+                    overflow: OverflowPolicy::DropOldest,
+                },
+            )
+            .unwrap(),
+        );
+        let mut digests = Vec::new();
+        for i in 0..n {
+            let mut e = pstack_envelope::example::example_unsealed();
+            e.clock.monotonic_start_ns = (77_000 + i).to_string();
+            let e = e.seal().unwrap();
+            spool
+                .put(&e.digest, &serde_json::to_vec(&e).unwrap())
+                .unwrap();
+            digests.push(e.digest);
+        }
+        (dir, spool, digests)
+    }
+
+    fn result(index: usize, digest: Option<&str>, status: &str) -> ItemResult {
+        ItemResult {
+            index,
+            digest: digest.map(str::to_owned),
+            status: status.into(),
+        }
+    }
+
+    /// Only a result naming the item's own digest with accepted/duplicate
+    /// deletes it; everything else keeps the file.
+    #[tokio::test]
+    async fn nothing_is_deleted_without_its_own_per_item_ack() {
+        let (_dir, spool, d) = spool_with(6);
+        let (_tx, rx) = watch::channel(ShipperConfig::default());
+        let shipper = Shipper::new(spool.clone(), rx);
+        let outcome = shipper
+            .apply(
+                &d,
+                vec![
+                    result(0, Some(&d[0]), "accepted"),
+                    result(1, Some(&d[1]), "duplicate"),
+                    result(2, Some(&d[3]), "accepted"), // digest of another item
+                    result(3, None, "accepted"),        // no digest
+                    result(4, Some(&d[4]), "stored?"),  // unknown status
+                    result(99, Some(&d[5]), "accepted"), // index out of range
+                    result(0, Some(&d[0]), "accepted"), // repeated result
+                ],
+            )
+            .await;
+        assert_eq!(
+            outcome,
+            BatchOutcome::Answered {
+                accepted: 1,
+                duplicate: 1,
+                rejected: 0,
+                unacknowledged: 4
+            }
+        );
+        assert!(!spool.contains(&d[0]) && !spool.contains(&d[1]));
+        for kept in &d[2..] {
+            assert!(spool.contains(kept), "{kept} deleted without its ack");
+        }
+        // A rejection quarantines (counted), never silently deletes.
+        let outcome = shipper
+            .apply(&d[2..3], vec![result(0, Some(&d[2]), "rejected")])
+            .await;
+        assert!(matches!(
+            outcome,
+            BatchOutcome::Answered { rejected: 1, .. }
+        ));
+        assert_eq!(spool.snapshot().quarantined_total, 1);
+    }
+
     #[test]
     fn statuses_are_classified() {
         let now = SystemTime::now();

@@ -747,6 +747,35 @@ mod tests {
         assert!(!dir.path().join(format!("{}.json", &d[7..])).exists());
     }
 
+    /// Torn writes at sector and page boundaries (what a lying disk or a
+    /// crash without our fsync discipline would leave): never served, always
+    /// quarantined, accounting follows.
+    #[test]
+    fn torn_files_at_512_and_4096_byte_boundaries_are_quarantined_not_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = example_unsealed();
+        // Make the envelope larger than two pages so every cut is inside it.
+        e.surfaces[0].authority = format!("procfs:/proc/4242/{}", "x".repeat(9000));
+        let e = e.seal().unwrap();
+        let bytes = serde_json::to_vec(&e).unwrap();
+        assert!(bytes.len() > 8192);
+        for cut in [512usize, 4096, 8192, bytes.len() - 1] {
+            let s = Spool::open(dir.path(), limits(10, OverflowPolicy::DropOldest)).unwrap();
+            s.put(&e.digest, &bytes).unwrap();
+            let path = dir.path().join(format!("{}.json", &e.digest[7..]));
+            std::fs::write(&path, &bytes[..cut]).unwrap();
+            assert_eq!(
+                s.read_verified(&e.digest).unwrap(),
+                None,
+                "cut at {cut} was served"
+            );
+            assert!(!s.contains(&e.digest));
+            assert_eq!(s.snapshot().files, 0);
+            assert_eq!(s.snapshot().quarantined_total, 1);
+            assert!(!path.exists());
+        }
+    }
+
     #[test]
     fn bad_digest_is_refused() {
         let dir = tempfile::tempdir().unwrap();
