@@ -467,6 +467,9 @@ pub struct EbpfFlow {
     pub first_ns: u64,
     /// Last event.
     pub last_ns: u64,
+    /// Reset events kept in the window's sample: (`received`|`sent`,
+    /// CLOCK_MONOTONIC ns, the endpoint that sent the RST).
+    pub resets: Vec<(String, u64, String)>,
 }
 
 /// The eBPF side of a window.
@@ -541,6 +544,17 @@ pub fn ebpf_window(mut session: pstack_ebpf::EbpfSession, window: Duration) -> E
                     .collect(),
                 first_ns: f.first_ns,
                 last_ns: f.last_ns,
+                resets: agg
+                    .samples(TcpSurface::Resets)
+                    .iter()
+                    .filter(|e| e.sock_cookie.is_some() && e.sock_cookie == f.sock_cookie)
+                    .map(|e| match e.kind {
+                        pstack_ebpf::TcpEventKind::ReceiveReset => {
+                            ("received".to_string(), e.ts_ns, e.remote.to_string())
+                        }
+                        _ => ("sent".to_string(), e.ts_ns, e.local.to_string()),
+                    })
+                    .collect(),
             })
         })
         .collect();
@@ -1242,6 +1256,18 @@ impl Ctx<'_> {
         })
     }
 
+    /// Wall time of a CLOCK_MONOTONIC instant inside the capture.
+    fn wall_at(&self, mono_ns: u64) -> String {
+        let start_wall = SystemTime::now()
+            - Duration::from_nanos(monotonic_ns().saturating_sub(self.raw.mono_start));
+        let t = if mono_ns >= self.raw.mono_start {
+            start_wall + Duration::from_nanos(mono_ns - self.raw.mono_start)
+        } else {
+            start_wall - Duration::from_nanos(self.raw.mono_start - mono_ns)
+        };
+        rfc3339(t)
+    }
+
     fn clock(&self) -> Clock {
         Clock {
             wall_time: self.raw.wall.clone(),
@@ -1513,6 +1539,12 @@ impl Ctx<'_> {
                         "resets_received": f.resets_received,
                         "last_reset_reason": f.last_reset_reason,
                         "transitions": f.transitions,
+                        "resets": f.resets.iter().map(|(dir, ts, from)| json!({
+                            "direction": dir,
+                            "monotonic_ns": ts.to_string(),
+                            "wall_time": self.wall_at(*ts),
+                            "sent_by": from,
+                        })).collect::<Vec<_>>(),
                         "first_event_ns": f.first_ns.to_string(),
                         "last_event_ns": f.last_ns.to_string(),
                     })),
@@ -1668,8 +1700,15 @@ impl Ctx<'_> {
                     ClaimKind::Fact,
                     "rst_received_from_peer",
                     format!(
-                        "RST received from {remote} (the remote endpoint sent it) on flow cookie {cookie}; last event at monotonic {} ns",
-                        f.last_ns
+                        "RST received from {remote} (the remote endpoint sent it) on flow cookie {cookie} at {}",
+                        f.resets
+                            .iter()
+                            .find(|r| r.0 == "received")
+                            .map(|r| format!("{} (monotonic {} ns)", self.wall_at(r.1), r.1))
+                            .unwrap_or_else(|| format!(
+                                "monotonic {} ns or earlier (event not in the sample)",
+                                f.last_ns
+                            ))
                     ),
                     &["ebpf/tcp"],
                     None,

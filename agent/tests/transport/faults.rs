@@ -244,6 +244,19 @@ fn root_reject_with_tcp_reset_is_attributed_to_the_receiver() {
             "{}",
             attributed.statement
         );
+        if ebpf_ok {
+            // Which endpoint, and when: the kernel's reset event for this socket.
+            let resets = surface(data, "ebpf/tcp").facts["resets"]
+                .as_array()
+                .unwrap()
+                .clone();
+            let r = resets
+                .iter()
+                .find(|r| r["direction"] == "received")
+                .unwrap_or_else(|| panic!("{resets:?}"));
+            assert_eq!(r["sent_by"], format!("{B_V4}:{DATA_PORT}"));
+            assert!(r["wall_time"].as_str().unwrap().ends_with('Z'));
+        }
         if !ebpf_ok {
             assert!(
                 data.unknowns.iter().any(|u| u.blocks == "ATTRIBUTE_RESET"),
