@@ -27,6 +27,14 @@
 //!   envelope; otherwise there is no claim at all.
 //! - **Exact numbers.** u64 counters (`bytes_acked`, link byte counters, …) are
 //!   decimal strings; deltas are numbers only within ±(2^53−1).
+//! - **Identity is the socket cookie.** A flow seen at both ends of the
+//!   window has one cookie; a reconnect on the same 4-tuple is a new cookie and
+//!   a separate envelope, never merged into the old one.
+//! - **Bounds.** `max_threads` carries `--max-flows` (the universe cap);
+//!   `max_bytes_per_surface` is 0 because raw bytes are digested, never kept.
+//!   Net reads do not block on a diagnosed task and run in-thread; the one
+//!   that can wait (`pidfd_getfd` for `tcp/sockopt`) runs on its own thread and
+//!   is abandoned at the surface deadline (`timeout`).
 //! - **Which side reset.** A RST is attributed only from eBPF events joined by
 //!   socket cookie (`received` = the peer endpoint sent it, `sent` = this
 //!   host). Without eBPF the capture states what it saw (the flow left
