@@ -89,7 +89,16 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
-        let _ = self.0.wait();
+        // Bounded: a frozen process cannot be reaped until its freezer thaws
+        // (a Freezer guard dropped later does that and kills it again).
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            if !matches!(self.0.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        eprintln!("warning: fixture pid {} not reaped within 5 s", self.0.id());
     }
 }
 

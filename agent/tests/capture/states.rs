@@ -120,15 +120,106 @@ fn root_sigstopped_process_is_t() {
     assert!(claim_codes(&env).contains(&"threads_in_state_stopped".to_string()));
 }
 
+/// The states the classifier distinguishes (and the claims it makes for them).
+const DISTINGUISHED: [char; 5] = ['R', 'S', 'D', 'Z', 'T'];
+
+/// A planted process in `state`, kept alive (and its freezer) until dropped.
+/// Fields drop in order: the freezer thaws before the processes are killed
+/// and reaped (a frozen process cannot be reaped).
+struct Planted {
+    pid: u32,
+    _freezer: Option<Freezer>,
+    _procs: Vec<Proc>,
+}
+
+fn plant(state: char) -> Option<Planted> {
+    let planted = match state {
+        'R' => {
+            let p = Proc::spawn("sh", &["-c", "while :; do :; done"]);
+            Planted {
+                pid: p.pid(),
+                _procs: vec![p],
+                _freezer: None,
+            }
+        }
+        'S' => {
+            let p = Proc::spawn("sleep", &["1000"]);
+            Planted {
+                pid: p.pid(),
+                _procs: vec![p],
+                _freezer: None,
+            }
+        }
+        'D' => {
+            let freezer = Freezer::new("table")?;
+            let p = Proc::spawn("sleep", &["1000"]);
+            assert!(wait_state(p.pid(), 'S'));
+            freezer.add(p.pid());
+            freezer.freeze();
+            Planted {
+                pid: p.pid(),
+                _procs: vec![p],
+                _freezer: Some(freezer),
+            }
+        }
+        'Z' => {
+            let parent = Proc::spawn("sh", &["-c", "sleep 0.05 & exec sleep 1000"]);
+            let child = loop {
+                let text =
+                    std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", parent.pid()))
+                        .unwrap_or_default();
+                if let Some(c) = text.split_whitespace().next() {
+                    break c.parse::<u32>().unwrap();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            };
+            Planted {
+                pid: child,
+                _procs: vec![parent],
+                _freezer: None,
+            }
+        }
+        'T' => {
+            let p = Proc::spawn("sleep", &["1000"]);
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(p.pid() as i32, libc::SIGSTOP) };
+            Planted {
+                pid: p.pid(),
+                _procs: vec![p],
+                _freezer: None,
+            }
+        }
+        other => panic!("no fixture plants state {other}"),
+    };
+    assert!(
+        wait_state(planted.pid, state),
+        "fixture for {state} shows {:?}",
+        state_of(planted.pid)
+    );
+    Some(planted)
+}
+
 #[test]
-fn every_distinguished_state_has_a_fixture() {
-    // The fixtures above, by the state each plants; a state the classifier
-    // distinguishes without a fixture fails here.
-    let planted: BTreeSet<char> = ['R', 'S', 'D', 'Z', 'T'].into();
-    let distinguished: BTreeSet<char> = ['R', 'S', 'D', 'Z', 'T'].into();
-    assert_eq!(planted, distinguished);
-    // And the states are distinct letters: "everything is R" cannot pass.
-    assert_eq!(planted.len(), 5);
+fn root_every_distinguished_state_has_a_fixture_classified_correctly() {
+    // Table test: each state the classifier distinguishes has a planted
+    // fixture, and each is classified as itself. A classifier that maps every
+    // state to R fails on four of the five rows.
+    let mut seen = BTreeSet::new();
+    for state in DISTINGUISHED {
+        let Some(planted) = plant(state) else {
+            eprintln!(
+                "skipped row {state}: cgroup-v1 freezer not mounted at /sys/fs/cgroup/freezer"
+            );
+            continue;
+        };
+        let (got, _) = classified(planted.pid);
+        assert_eq!(got, state.to_string(), "fixture for {state}");
+        seen.insert(got);
+    }
+    assert!(
+        seen.len() >= 4,
+        "the classifier must tell the planted states apart: {seen:?}"
+    );
 }
 
 #[test]
