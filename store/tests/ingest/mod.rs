@@ -24,6 +24,7 @@ on_both_backends!(
     ndjson_and_plain_bodies_are_accepted,
     replay_of_a_batch_stores_nothing_new,
     concurrent_overlapping_batches_store_each_digest_once,
+    store_rules_reject_what_the_envelope_crate_admits,
 );
 
 fn tamper(bytes: &[u8]) -> Vec<u8> {
@@ -432,5 +433,40 @@ async fn concurrent_overlapping_batches_store_each_digest_once(db: Db) {
     }
     assert_eq!(stored, shipped.into_iter().collect::<Vec<_>>());
     let h = std::sync::Arc::into_inner(h).expect("all clients done");
+    h.finish().await;
+}
+
+async fn store_rules_reject_what_the_envelope_crate_admits(db: Db) {
+    let limits = IngestLimits {
+        max_envelope_bytes: 16 << 10,
+        ..IngestLimits::default()
+    };
+    let Some(h) = Harness::start_with(db, limits).await else {
+        return;
+    };
+    // A date that has the RFC 3339 shape but does not exist: the envelope
+    // seals, the store cannot order it in time.
+    let mut c = Capture::new("node-a", 4242, 1);
+    c.threads = 2;
+    let mut env = c.unsealed();
+    env.clock.wall_time = "2026-02-30T00:00:00Z".into();
+    let feb30 =
+        serde_json::to_vec(&env.seal().expect("the envelope crate admits the shape")).unwrap();
+    let (big_digest, big) = sealed("node-a", 4242, 2); // ~20 KiB > 16 KiB cap
+    let (small_digest, small) = {
+        let mut c = Capture::new("node-a", 4242, 3);
+        c.threads = 2;
+        c.bytes().unwrap()
+    };
+    let (_, resp) = h.post_batch(&[feb30, big, small]).await;
+    let rules: Vec<&str> = resp
+        .results
+        .iter()
+        .map(|r| r.reasons.first().map_or("-", |x| x.rule.as_str()))
+        .collect();
+    assert_eq!(rules, ["invalid_wall_time", "envelope_too_large", "-"]);
+    assert_eq!(resp.results[2].status, "accepted");
+    assert_eq!(h.store.all_digests().await.unwrap(), vec![small_digest]);
+    assert_ne!(big_digest, "");
     h.finish().await;
 }

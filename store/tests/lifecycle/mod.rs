@@ -26,7 +26,8 @@ async fn shutdown_drains_the_request_in_flight(db: Db) {
     s.write_all(head.as_bytes()).await.unwrap();
     let half = body.len() / 2;
     s.write_all(&body[..half]).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Let the server parse the head and start reading the body.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let server = h.begin_shutdown();
     tokio::time::sleep(Duration::from_millis(200)).await;
     s.write_all(&body[half..]).await.unwrap();

@@ -9,9 +9,43 @@ use pstack_store::receipts::{ReceiptKind, ReceiptRequest};
 use pstack_store::synthetic::Capture;
 
 use crate::on_both_backends;
-use crate::support::{Db, fresh_store};
+use crate::support::{Db, drop_schema, fresh_store};
 
-on_both_backends!(retention_by_age_and_size_never_deletes_cited_evidence);
+on_both_backends!(
+    retention_by_age_and_size_never_deletes_cited_evidence,
+    reopening_keeps_data_and_applies_no_migration_twice,
+);
+
+async fn reopening_keeps_data_and_applies_no_migration_twice(db: Db) {
+    let Some((store, dir, pg)) = fresh_store(db).await else {
+        return;
+    };
+    assert_eq!(store.schema_version().await.unwrap(), 1);
+    let item = verified(&Capture::new("node-a", 1, 1));
+    store.ingest(&[&item], "k", 1).await.unwrap();
+    store.close().await;
+    let url = match (&dir, &pg) {
+        (Some(d), _) => d.path().join("store.db").to_str().unwrap().to_string(),
+        (_, Some((url, _))) => url.clone(),
+        _ => unreachable!(),
+    };
+    let opts = pstack_store::db::OpenOptions {
+        pg_schema: pg.as_ref().map(|(_, s)| s.clone()),
+        ..Default::default()
+    };
+    let again = pstack_store::db::Store::open(&url, &opts).await.unwrap();
+    assert_eq!(again.schema_version().await.unwrap(), 1);
+    assert_eq!(
+        again.all_digests().await.unwrap(),
+        vec![item.digest.clone()]
+    );
+    assert_eq!(
+        again.envelope_bytes(&item.digest).await.unwrap().unwrap(),
+        item.bytes.as_ref()
+    );
+    again.close().await;
+    drop_schema(pg).await;
+}
 
 fn verified(c: &Capture) -> VerifiedItem {
     match verify_item(c.bytes().unwrap().1.into(), &IngestLimits::default()) {
@@ -23,7 +57,7 @@ fn verified(c: &Capture) -> VerifiedItem {
 const DAY: i64 = 86_400 * 1_000_000_000;
 
 async fn retention_by_age_and_size_never_deletes_cited_evidence(db: Db) {
-    let Some((store, _dir, _pg)) = fresh_store(db).await else {
+    let Some((store, _dir, pg)) = fresh_store(db).await else {
         return;
     };
     let now = 1_800_000_000 * 1_000_000_000i64;
@@ -130,4 +164,5 @@ async fn retention_by_age_and_size_never_deletes_cited_evidence(db: Db) {
     assert_eq!(report.cited_kept, 1);
     assert!(store.envelope_bytes(&o1).await.unwrap().is_some());
     store.close().await;
+    drop_schema(pg).await;
 }

@@ -105,6 +105,19 @@ pub async fn fresh_store(
     }
 }
 
+/// Drop a test schema made by [`fresh_store`].
+pub async fn drop_schema(pg: Option<(String, String)>) {
+    use sqlx::Connection;
+    if let Some((url, schema)) = pg
+        && let Ok(mut c) = sqlx::PgConnection::connect(&url).await
+    {
+        let _ = sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+            .execute(&mut c)
+            .await;
+        let _ = c.close().await;
+    }
+}
+
 fn rand_bytes() -> [u8; 6] {
     let mut b = [0u8; 6];
     getrandom::fill(&mut b).expect("random");
