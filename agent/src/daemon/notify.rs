@@ -86,9 +86,11 @@ impl Notifier {
         self.send(&format!("STOPPING=1\nSTATUS={}", one_line(status)));
     }
 
-    /// `RELOADING=1` then, after the reload, `READY=1`.
+    /// `RELOADING=1` (with `MONOTONIC_USEC`, as `Type=notify-reload` wants)
+    /// then, after the reload, `READY=1`.
     pub fn reloading(&self) {
-        self.send("RELOADING=1");
+        let usec = crate::supervisor::clock::monotonic_ns() / 1_000;
+        self.send(&format!("RELOADING=1\nMONOTONIC_USEC={usec}"));
     }
 
     /// A `STATUS=` line.
