@@ -11,8 +11,10 @@
  *
  * Bounded: WATCHED, START and TOTALS are fixed-size hashes (sizes set by the
  * loader); a full map or ring buffer is counted in COUNTERS, never silent.
- * User space reads and deletes TOTALS per window, and reads START for
- * episodes still open when the window ends.
+ * User space reads and deletes TOTALS per window, reads START for episodes
+ * still open when the window ends, and seeds START (flag PSTACK_OFF_SEEDED,
+ * BPF_NOEXIST) for watched threads already asleep when watching begins —
+ * they have no switch-out to see.
  *
  * The state class comes from the tracepoint's prev_state (portable: a task
  * frozen by the cgroup-v1 freezer reports D there); the raw task __state is
@@ -169,7 +171,7 @@ static __always_inline void switch_in(struct trace_event_raw_sched_switch *tp, _
 			e->waker_tid = st->waker_tid;
 			e->raw_state = st->raw_state;
 			e->stack_len = st->stack_len;
-			e->_pad = 0;
+			e->flags = st->flags;
 			bpf_core_read(e->comm, sizeof(e->comm), &tp->next_comm);
 			__builtin_memcpy(e->stack, st->stack, sizeof(e->stack));
 			__u64 flag = 0;

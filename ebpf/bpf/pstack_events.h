@@ -72,7 +72,7 @@ struct pstack_dstate_event {
 	__u32 waker_tid;    /* 24: task that woke it (0 = unknown) */
 	__u32 raw_state;    /* 28: task __state at switch-out (0x8000 = frozen) */
 	__u32 stack_len;    /* 32: valid frames in stack[] */
-	__u32 _pad;         /* 36 */
+	__u32 flags;        /* 36: PSTACK_OFF_SEEDED: start is the window start, a lower bound */
 	char comm[16];      /* 40 */
 	__u64 stack[PSTACK_OFFCPU_STACK_DEPTH]; /* 56: kernel stack at switch-out */
 };                          /* 184 */
@@ -95,6 +95,11 @@ struct pstack_offcpu_totals {
 #define PSTACK_OFF_LOST_TOTALS 4  /* intervals not totalled: TOTALS map full */
 #define PSTACK_OFF_COUNTER_SLOTS 5
 
+/* pstack_offcpu_start.flags / pstack_dstate_event.flags: the entry was seeded
+ * by user space for a task already off CPU when watching began (its true
+ * switch-out time is unknown; ts_ns is when watching began). */
+#define PSTACK_OFF_SEEDED 0x1
+
 /* A switch-out in progress (START hash, key = tid); read by user space for
  * episodes still open when a window ends. */
 struct pstack_offcpu_start {
@@ -104,7 +109,7 @@ struct pstack_offcpu_start {
 	__u32 raw_state;    /* 16 */
 	__u32 waker_tid;    /* 20 */
 	__u32 stack_len;    /* 24 */
-	__u32 _pad;         /* 28 */
+	__u32 flags;        /* 28: PSTACK_OFF_SEEDED */
 	__u64 stack[PSTACK_OFFCPU_STACK_DEPTH]; /* 32 */
 };                          /* 160 */
 

@@ -7,6 +7,11 @@
 //! `max_episodes` episodes kept (longest first; the rest counted). Kernel
 //! losses (ring buffer full, START/TOTALS maps full) are counted by the
 //! programs and carried here; any of them makes the surface truncated.
+//!
+//! Interval attribution: an off-CPU interval counts in the window in which it
+//! ends (switch-in), whole. A thread already asleep when watching began has no
+//! switch-out to see; the session seeds it (state from `/proc`) so it is not
+//! invisible, and its episode says `since_before_watch` (times are lower bounds).
 
 use crate::aggregate::{Limits, RawDigest};
 use crate::record::{
@@ -49,8 +54,12 @@ pub struct Episode {
     pub frozen: bool,
     /// Still in D when the window ended.
     pub ongoing: bool,
-    /// Kernel stack at switch-out, `name+0xoff` (never raw addresses).
+    /// Kernel stack at switch-out, `name+0xoff` (never raw addresses; empty
+    /// for a seeded episode: its switch-out was not seen).
     pub stack: Vec<String>,
+    /// Already off CPU when watching began: `start_ns` and `duration_ns` are
+    /// lower bounds.
+    pub since_before_watch: bool,
 }
 
 /// Counter deltas of the off-CPU programs over a window.
@@ -232,6 +241,7 @@ impl OffCpuBuilder {
                 waker_tid: e.waker_tid,
                 ongoing: false,
                 stack: e.stack.iter().map(|a| k.resolve(*a)).collect(),
+                since_before_watch: e.seeded,
             })
             .collect();
         for (tid, s) in self.open {
@@ -245,6 +255,7 @@ impl OffCpuBuilder {
                 frozen: s.raw_state & crate::record::TASK_FROZEN != 0,
                 ongoing: true,
                 stack: s.stack.iter().map(|a| k.resolve(*a)).collect(),
+                since_before_watch: s.seeded,
             });
         }
         episodes.sort_unstable_by(|a, b| b.duration_ns.cmp(&a.duration_ns).then(a.tid.cmp(&b.tid)));

@@ -395,6 +395,9 @@ impl OffCpuClass {
     }
 }
 
+/// `flags` bit: seeded by user space; the start is when watching began.
+pub const OFF_SEEDED: u32 = 0x1;
+
 /// `TASK_FROZEN` in the raw task state (6.1+).
 pub const TASK_FROZEN: u32 = 0x8000;
 
@@ -417,6 +420,8 @@ pub struct DStateEpisode {
     pub stack: Vec<u64>,
     /// Thread comm.
     pub comm: String,
+    /// Already off CPU when watching began: `start_ns` is a lower bound.
+    pub seeded: bool,
 }
 
 impl DStateEpisode {
@@ -433,6 +438,7 @@ impl DStateEpisode {
             raw_state: u32_at(b, 28),
             comm: comm_at(b, 40),
             stack: (0..len).map(|i| u64_at(b, 56 + 8 * i)).collect(),
+            seeded: u32_at(b, 36) & OFF_SEEDED != 0,
         })
     }
 
@@ -457,9 +463,22 @@ pub struct OffCpuStart {
     pub waker_tid: Option<u32>,
     /// Kernel stack (D only).
     pub stack: Vec<u64>,
+    /// Seeded by user space (start = when watching began, a lower bound).
+    pub seeded: bool,
 }
 
 impl OffCpuStart {
+    /// Encode a START value for a thread already off CPU in `class` at
+    /// `ts_ns` (seeded; the kernel fills waker and closes it at switch-in).
+    pub fn seed(ts_ns: u64, tgid: u32, class: OffCpuClass) -> [u8; OFFCPU_START_SIZE] {
+        let mut b = [0u8; OFFCPU_START_SIZE];
+        b[0..8].copy_from_slice(&ts_ns.to_le_bytes());
+        b[8..12].copy_from_slice(&tgid.to_le_bytes());
+        b[12..16].copy_from_slice(&(class as u32).to_le_bytes());
+        b[28..32].copy_from_slice(&OFF_SEEDED.to_le_bytes());
+        b
+    }
+
     /// Decode one `START` map value.
     pub fn parse(b: &[u8]) -> Result<OffCpuStart, RecordError> {
         check("off-cpu start", b, OFFCPU_START_SIZE)?;
@@ -471,6 +490,7 @@ impl OffCpuStart {
             raw_state: u32_at(b, 16),
             waker_tid: Some(u32_at(b, 20)).filter(|&w| w != 0),
             stack: (0..len).map(|i| u64_at(b, 32 + 8 * i)).collect(),
+            seeded: u32_at(b, 28) & OFF_SEEDED != 0,
         })
     }
 }
@@ -596,6 +616,17 @@ mod tests {
         assert_eq!(e.stack.len(), STACK_DEPTH);
         assert!(e.frozen());
         assert_eq!(e.waker_tid, None);
+    }
+
+    #[test]
+    fn seeded_start_round_trips() {
+        let b = OffCpuStart::seed(77, 9, OffCpuClass::Uninterruptible);
+        let s = OffCpuStart::parse(&b).unwrap();
+        assert_eq!(
+            (s.ts_ns, s.tgid, s.class, s.seeded),
+            (77, 9, OffCpuClass::Uninterruptible, true)
+        );
+        assert!(s.stack.is_empty() && s.waker_tid.is_none());
     }
 
     #[test]

@@ -34,7 +34,9 @@ use crate::error::EbpfError;
 use crate::host;
 use crate::objects;
 use crate::offcpu::{OffCpuBuilder, OffCpuCounters, OffCpuWindow};
-use crate::record::{OFFCPU_START_SIZE, OFFCPU_TOTALS_SIZE, TcpEvent, TcpEventKind};
+use crate::record::{
+    OFFCPU_START_SIZE, OFFCPU_TOTALS_SIZE, OffCpuClass, OffCpuStart, TcpEvent, TcpEventKind,
+};
 use crate::surface::{self, OFFCPU_SURFACE, TcpSurfaceContext, WindowMeta};
 use crate::symbols::Kallsyms;
 
@@ -558,8 +560,13 @@ impl EbpfSession {
             }
             let ring = take_map(&mut ebpf, object, "EPISODES", RingBuf::try_from)?;
             let counters = take_map(&mut ebpf, object, "COUNTERS", PerCpuArray::try_from)?;
-            let start = take_map(&mut ebpf, object, "START", BpfHashMap::try_from)?;
+            let mut start = take_map(&mut ebpf, object, "START", BpfHashMap::try_from)?;
             let totals = take_map(&mut ebpf, object, "TOTALS", BpfHashMap::try_from)?;
+            // Programs are attached: from here every switch-out is seen; threads
+            // already asleep get a seeded entry (the kernel's own entries win).
+            for pid in &cfg.watch_pids {
+                seed_asleep_threads(&mut start, *pid);
+            }
             Some(OffPart {
                 _ebpf: ebpf,
                 ring: Some(ring),
@@ -595,6 +602,7 @@ impl EbpfSession {
         off.watched
             .insert(pid, 1u8, 0)
             .map_err(|e| EbpfError::map("WATCHED", e))?;
+        seed_asleep_threads(&mut off.start, pid);
         self.watched.insert(pid);
         Ok(())
     }
@@ -850,6 +858,43 @@ impl EbpfSession {
     }
 }
 
+/// Off-CPU class of a `/proc/<pid>/task/<tid>/stat` line's state, `None`
+/// for running/runnable or exiting threads.
+pub fn proc_state_class(stat: &str) -> Option<OffCpuClass> {
+    let state = stat.rsplit_once(')')?.1.split_whitespace().next()?;
+    match state {
+        "S" => Some(OffCpuClass::Sleeping),
+        "D" => Some(OffCpuClass::Uninterruptible),
+        "T" | "t" => Some(OffCpuClass::Stopped),
+        "I" => Some(OffCpuClass::Idle),
+        _ => None,
+    }
+}
+
+/// Seed START for `pid`'s threads that are asleep right now: they switched out
+/// before the programs were watching and would otherwise be invisible until
+/// they wake. `BPF_NOEXIST`: an entry the kernel made meanwhile is not touched.
+/// Best effort: a thread that exits or wakes meanwhile is harmless (its next
+/// switch-out overwrites the entry).
+fn seed_asleep_threads(start: &mut BpfHashMap<MapData, u32, [u8; OFFCPU_START_SIZE]>, pid: u32) {
+    const BPF_NOEXIST: u64 = 1;
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    let now = monotonic_ns();
+    for t in dir.flatten() {
+        let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue;
+        };
+        if let Some(class) = proc_state_class(&stat) {
+            let _ = start.insert(tid, OffCpuStart::seed(now, pid, class), BPF_NOEXIST);
+        }
+    }
+}
+
 /// Move a ring buffer into an `AsyncFd` (put it back on failure).
 fn register(
     slot: &mut Option<RingBuf<MapData>>,
@@ -953,6 +998,22 @@ mod tests {
             let fut = s.run_window(Duration::from_secs(1), |_| {});
             assert_send(&fut);
         }
+    }
+
+    #[test]
+    fn proc_states_map_to_classes() {
+        assert_eq!(
+            proc_state_class("42 (a b) D 1 2"),
+            Some(OffCpuClass::Uninterruptible)
+        );
+        assert_eq!(proc_state_class("42 (x) S 1"), Some(OffCpuClass::Sleeping));
+        assert_eq!(proc_state_class("42 (x) R 1"), None);
+        assert_eq!(proc_state_class("42 (x) Z 1"), None);
+        assert_eq!(
+            proc_state_class("42 (we) ird) t 1"),
+            Some(OffCpuClass::Stopped)
+        );
+        assert_eq!(proc_state_class("garbage"), None);
     }
 
     #[test]

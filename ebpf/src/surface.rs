@@ -276,6 +276,7 @@ pub fn offcpu_surface(w: &OffCpuWindow, m: &WindowMeta) -> Surface {
                 "duration_ns": e.duration_ns,
                 "ongoing": e.ongoing,
                 "frozen": e.frozen,
+                "since_before_watch": e.since_before_watch,
                 "waker_tid": e.waker_tid.map_or(Value::Null, |w| json!(w)),
                 "stack": e.stack,
             })

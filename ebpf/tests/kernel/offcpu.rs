@@ -121,6 +121,51 @@ fn frozen_through_the_whole_window_is_an_ongoing_episode() {
 }
 
 #[test]
+fn thread_already_frozen_before_watching_is_seen_as_an_ongoing_d_episode() {
+    require_kernel!();
+    if !Freezer::available() {
+        eprintln!("SKIP: no cgroup-v1 freezer");
+        return;
+    }
+    // The capture case: the subject is stuck in D before pstack starts watching.
+    let kid = Kid::sh("while :; do :; done");
+    let pid = kid.pid();
+    let cg = Freezer::new();
+    cg.add(pid);
+    cg.freeze();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut s = session(EbpfConfig::offcpu(vec![pid]));
+    let report = s
+        .run_window_blocking(Duration::from_millis(500), |_| {})
+        .expect("window");
+    let w = report.offcpu.expect("offcpu");
+    let e = w
+        .episodes
+        .iter()
+        .find(|e| e.tid == pid)
+        .expect("seeded from /proc, not invisible");
+    assert!(e.ongoing && e.since_before_watch, "{e:?}");
+    assert!(e.duration_ns >= 400_000_000, "at least the window: {e:?}");
+    // Thawed, it completes: the episode closes at switch-in, still flagged.
+    let report = s
+        .run_window_blocking_until(Duration::from_secs(3), |_| {}, async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            cg.thaw();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        })
+        .expect("window");
+    let w = report.offcpu.expect("offcpu");
+    let e = w
+        .episodes
+        .iter()
+        .find(|e| e.tid == pid)
+        .expect("completed episode");
+    assert!(!e.ongoing && e.since_before_watch, "{e:?}");
+    assert!(e.duration_ns >= 600_000_000, "{e:?}");
+    drop(kid);
+}
+
+#[test]
 fn sleeping_thread_shows_s_time_not_d() {
     require_kernel!();
     let mut s = session(EbpfConfig::offcpu(vec![]));
