@@ -284,7 +284,7 @@ impl Daemon {
             .unwrap_or(0)
     }
 
-    pub fn metric(&self, name_and_labels: &str) -> u64 {
+    pub fn metric_text(&self) -> String {
         let resp = client::request(
             &self.socket,
             "GET",
@@ -293,7 +293,11 @@ impl Daemon {
             Duration::from_secs(5),
         )
         .unwrap();
-        let text = String::from_utf8(resp.body).unwrap();
+        String::from_utf8(resp.body).unwrap()
+    }
+
+    pub fn metric(&self, name_and_labels: &str) -> u64 {
+        let text = self.metric_text();
         text.lines()
             .find_map(|l| {
                 l.strip_prefix(name_and_labels)

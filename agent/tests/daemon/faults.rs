@@ -277,3 +277,38 @@ fn kill9_during_spool_writes_repeated_never_ships_a_torn_envelope_and_loses_noth
         );
     }
 }
+
+#[test]
+fn collector_faults_a_refused_api_key_is_classified_kept_and_the_key_never_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = Collector::start();
+    let spool = dir.path().join("spool");
+    let (dgst, bytes) = sealed_example(300);
+    write_spool_file(&spool, &dgst, &bytes);
+    let wrong =
+        "psk_ffffffffffffffff_0000000000000000000000000000000000000000000000000000000000000000";
+    let d = Daemon::start(
+        dir.path(),
+        &Settings {
+            collector_url: Some(collector.url()),
+            api_key: Some(wrong.into()),
+            backoff_initial_ms: 20,
+            backoff_max_ms: 50,
+            ..Settings::default()
+        },
+    );
+    wait_until(Duration::from_secs(10), "401s", || {
+        failures(&d, "client_error") >= 2
+    });
+    assert!(collector.record.lock().unwrap().bad_auth >= 2);
+    let s = d.status();
+    assert_eq!(s["spool"]["files"], 1, "kept until the key is fixed");
+    assert!(
+        s["shipping"]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("401")
+    );
+    let everything = format!("{s}{}{}", d.log_text(), d.metric_text());
+    assert!(!everything.contains(wrong), "the API key leaked");
+}

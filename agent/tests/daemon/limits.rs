@@ -215,3 +215,59 @@ fn malformed_http_oversized_bodies_unknown_fields_and_bad_selectors_get_clear_4x
     assert_eq!(pstack_envelope::verify(&r.body).unwrap().digest, env.digest);
     drop(idle);
 }
+
+#[test]
+fn idle_and_slow_clients_cannot_exhaust_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(
+        dir.path(),
+        &Settings {
+            extra: "max_connections = 4\nheader_timeout_ms = 20000".into(),
+            ..Settings::default()
+        },
+    );
+    // Four idle connections fill the table; a fifth is closed at accept.
+    let idle: Vec<UnixStream> = (0..4)
+        .map(|_| UnixStream::connect(&d.socket).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut fifth = UnixStream::connect(&d.socket).unwrap();
+    fifth
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let _ = fifth.write_all(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut buf = Vec::new();
+    let _ = fifth.read_to_end(&mut buf);
+    assert!(
+        buf.is_empty(),
+        "over-limit connection was served: {}",
+        String::from_utf8_lossy(&buf)
+    );
+    drop(idle);
+    wait_until(Duration::from_secs(5), "slots freed", || {
+        client::status(&d.socket, Duration::from_secs(1)).is_ok()
+    });
+    assert!(d.metric("pstackd_connections_refused_total") >= 1);
+
+    // A slow client (half a header, then nothing) is cut at the header timeout.
+    let dir2 = tempfile::tempdir().unwrap();
+    let d2 = Daemon::start(
+        dir2.path(),
+        &Settings {
+            extra: "header_timeout_ms = 300".into(),
+            ..Settings::default()
+        },
+    );
+    let mut slow = UnixStream::connect(&d2.socket).unwrap();
+    slow.write_all(b"GET /v1/sta").unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let start = std::time::Instant::now();
+    let mut b = Vec::new();
+    let _ = slow.read_to_end(&mut b);
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "slow client held for {:?}",
+        start.elapsed()
+    );
+}
