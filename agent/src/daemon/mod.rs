@@ -7,6 +7,19 @@
 //! delivers spooled envelopes to the collector and deletes each only after
 //! the collector acknowledges its digest.
 //!
+//! ```text
+//! curl --unix-socket /run/pstack/pstackd.sock -X POST \
+//!      -d '{"subject":{"pid":4242},"deadlines":{"surface_ms":250,"bundle_ms":2000}}' \
+//!      http://pstackd/v1/captures                      # -> the sealed envelope (200)
+//! curl --unix-socket /run/pstack/pstackd.sock http://pstackd/v1/status
+//! curl --unix-socket /run/pstack/pstackd.sock http://pstackd/metrics
+//! ```
+//!
+//! Request body: `subject` is exactly one of `{"pid": N}`, `{"tid": N}`,
+//! `{"host": true}`; optional `deadlines` (`surface_ms`, `bundle_ms`) and
+//! `caps` (`max_threads`, `max_bytes_per_surface`) may only narrow the
+//! configured values. Unknown members are refused.
+//!
 //! Data flows one way: supervisor → envelope → [`spool`] → [`shipper`] →
 //! collector. Invariants of each stage are stated in its module:
 //! - [`peer`]: who may call (SO_PEERCRED uid/gid; the PID is never identity);
