@@ -6,7 +6,7 @@
 # - systemd: provides `systemd-analyze verify` for systemd/pstackd.{service,socket};
 # - util-linux (mount/umount): the tiny-tmpfs spool test mounts a tmpfs;
 # - openssl: the TLS shipping test mints a throwaway CA and server certificate;
-# - the `nogroup` group (Debian base) is the test's "configured group"; the
+# - the `nogroup` and `users` groups (Debian base) serve as the tests' "configured group"; the
 #   tests create nothing in /etc.
 # No services are started: every test spawns its own pstackd and collector.
 
