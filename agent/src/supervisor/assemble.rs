@@ -189,7 +189,11 @@ impl Assembly {
             }
         };
         let unknowns = self.unknowns();
-        let next_transition = self.next_transition(&d_threads, &unknowns);
+        let frozen = claims
+            .iter()
+            .find(|c| c.code == "d_state_from_cgroup_freezer")
+            .map(|c| c.statement.clone());
+        let next_transition = self.next_transition(&d_threads, &unknowns, frozen);
         Envelope {
             schema: SCHEMA_ID.to_string(),
             completeness,
@@ -333,6 +337,33 @@ impl Assembly {
                 scope: Scope::Existential,
                 falsifier: None,
             });
+            if let Some(fz) = index
+                .get("proc/freezer")
+                .filter(|s| ok(s) && s.facts.get("state").and_then(Value::as_str) != Some("thawed"))
+            {
+                let cg = fz
+                    .facts
+                    .get("cgroup")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?");
+                let state = fz.facts.get("state").and_then(Value::as_str).unwrap_or("?");
+                let hierarchy = fz
+                    .facts
+                    .get("hierarchy")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?");
+                claims.push(Claim {
+                    id: format!("frozen-{tid}"),
+                    kind: ClaimKind::Inference,
+                    code: "d_state_from_cgroup_freezer".into(),
+                    statement: format!(
+                        "thread {tid} is in D because its cgroup {cg} is {state} by the {hierarchy} freezer, not because it waits on I/O or a lock"
+                    ),
+                    surfaces: vec![stat.id.clone(), fz.id.clone()],
+                    scope: Scope::Existential,
+                    falsifier: None,
+                });
+            }
         }
         if completeness == Completeness::Complete && !by_state.contains_key("D") {
             let stats: Vec<String> = by_state
@@ -572,13 +603,30 @@ impl Assembly {
         out
     }
 
-    fn next_transition(&self, d_threads: &[String], unknowns: &[Unknown]) -> NextTransition {
+    fn next_transition(
+        &self,
+        d_threads: &[String],
+        unknowns: &[Unknown],
+        frozen: Option<String>,
+    ) -> NextTransition {
         let again = self.target_command();
         if self.identity_race.is_some() {
             return NextTransition {
                 action: "CAPTURE_AGAIN".into(),
                 success_receipt: "an envelope whose two identity reads agree".into(),
                 abort_conditions: vec!["the subject keeps exiting or being replaced: capture its parent or the host instead".into()],
+            };
+        }
+        if let Some(why) = frozen {
+            return NextTransition {
+                action: "INSPECT_FREEZER_OWNER".into(),
+                success_receipt: format!(
+                    "the agent that froze the cgroup is named, or after it thaws a new capture shows the thread out of D ({why})"
+                ),
+                abort_conditions: vec![
+                    "the cgroup thaws on its own (capture again and diff)".into(),
+                    "the identity changes".into(),
+                ],
             };
         }
         if let Some(first) = d_threads.first() {

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use pstack_collectors::procfs::freezer;
 use pstack_collectors::procfs::read::{self, TaskRef};
 use pstack_collectors::procfs::{
     HostFacts, IdentityReading, ReadError, Reading, json_safe, read_host_facts, read_identity,
@@ -330,6 +331,19 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
             read::read_io(proc_ref, ctx.request.max_bytes_per_surface)
         }),
     ];
+    if let Some((file, _, _)) = freezer::freezer_file(&before.identity.cgroup) {
+        // Tells a frozen task's D from a real uninterruptible wait.
+        let cgroup = before.identity.cgroup.clone();
+        let path = file.display().to_string();
+        surfaces.push(
+            safe.read("proc/freezer".into(), format!("cgroupfs:{path}"), || {
+                freezer::read_freezer(&cgroup).unwrap_or(Err(ReadError::Vanished {
+                    path: path.clone(),
+                    errno: libc::ENOENT,
+                }))
+            }),
+        );
+    }
     if before.kernel_thread {
         for name in ["cmdline", "environ", "fd"] {
             let authority = if name == "fd" {

@@ -87,7 +87,20 @@ fn root_frozen_task_is_d_with_a_bound_d_claim() {
         "{d:?}"
     );
     assert!(!claim_codes(&env).contains(&"no_thread_in_d_state".to_string()));
-    assert_eq!(env.next_transition.action, "INSPECT_BLOCKING_WAIT");
+    // The freezer surface tells this D from a real uninterruptible wait.
+    let freezer_surface = surface(&env, "proc/freezer");
+    assert_eq!(
+        freezer_surface.facts["state"], "frozen",
+        "{freezer_surface:?}"
+    );
+    let why = env
+        .claims
+        .iter()
+        .find(|c| c.code == "d_state_from_cgroup_freezer")
+        .expect("an inference naming the freezer");
+    assert_eq!(why.kind, ClaimKind::Inference);
+    assert!(why.surfaces.contains(&"proc/freezer".to_string()));
+    assert_eq!(env.next_transition.action, "INSPECT_FREEZER_OWNER");
     drop(freezer); // thaws before the process is killed
 }
 
