@@ -15,6 +15,8 @@ fn pstackctl(args: &[&str], dir: &std::path::Path) -> Output {
         .args(args)
         .current_dir(dir)
         .env("PSTACK_LEAK_JOURNAL", dir.join("leaks.jsonl"))
+        // One-shot, whatever daemon may run on this machine.
+        .env("PSTACKD_SOCKET", dir.join("no-daemon.sock"))
         .output()
         .unwrap()
 }
@@ -153,6 +155,8 @@ fn as_nobody(args: &[&str], dir: &std::path::Path) -> Output {
         .arg("capture")
         .args(args)
         .env("PSTACK_LEAK_JOURNAL", dir.join("leaks.jsonl"))
+        // One-shot, whatever daemon may run on this machine.
+        .env("PSTACKD_SOCKET", dir.join("no-daemon.sock"))
         .current_dir(dir)
         .uid(65534)
         .gid(65534)
