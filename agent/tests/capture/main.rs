@@ -13,6 +13,7 @@
 )]
 
 mod bad_input;
+mod caps;
 mod confinement;
 mod deadlines;
 mod fixtures;
