@@ -18,7 +18,7 @@ enum Command {
     /// Check, diff and summarize sealed envelopes (offline; no daemon needed).
     Envelope(cli::envelope::Args),
     /// Capture a sealed envelope of a process, thread or host.
-    Capture(cli::capture::Args),
+    Capture(Box<cli::capture::Args>),
     /// Show what the running pstackd holds: captures, helpers, spool, shipping.
     Status(cli::status::Args),
     /// Watch TCP retransmits, resets and state changes live (eBPF).
@@ -36,7 +36,7 @@ fn main() {
     };
     let result = match parsed.command {
         Command::Envelope(a) => cli::envelope::run(a),
-        Command::Capture(a) => cli::capture::run(a),
+        Command::Capture(a) => cli::capture::run(*a),
         Command::Trace(a) => cli::trace::run(a),
         Command::Status(a) => cli::status::run(a),
     };
