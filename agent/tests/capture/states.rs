@@ -34,6 +34,15 @@ fn root_running_busy_loop_is_r() {
 fn root_sleeping_process_is_s_with_wchan_and_universal_no_d_claim() {
     let p = Proc::spawn("sleep", &["1000"]);
     assert!(wait_state(p.pid(), 'S'));
+    // `S` is also shown during exec and dynamic loading: wait until the
+    // sleep itself has begun (reads wchan as root; harmless otherwise).
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < until
+        && std::fs::read_to_string(format!("/proc/{}/wchan", p.pid())).unwrap_or_default()
+            != "hrtimer_nanosleep"
+    {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
     let (state, env) = classified(p.pid());
     assert_eq!(state, "S");
     if is_root() {
