@@ -1506,17 +1506,32 @@ impl Store {
 }
 
 /// Copy committed WAL frames into the SQLite database file every 200 ms
-/// (PASSIVE: never blocks the writer or readers). Ends when the pool closes.
+/// (PASSIVE: never blocks the writer or readers). Under sustained ingest the
+/// writer keeps appending, so a PASSIVE checkpoint never catches up with the
+/// end and the WAL would grow without bound; once it holds more than
+/// [`WAL_RESTART_FRAMES`] a RESTART checkpoint briefly waits for the writer,
+/// backfills the rest and makes the next transaction rewrite the WAL from its
+/// start (its pages are still cached: no file growth). Ends when the pool closes.
 async fn checkpoint_loop(pool: SqlitePool) {
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
         if pool.is_closed() {
             return;
         }
-        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-            .execute(&pool)
-            .await
-        {
+        let passive: Result<(i64, i64, i64), sqlx::Error> =
+            sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+                .fetch_one(&pool)
+                .await;
+        let result = match passive {
+            Ok((_, log_frames, _)) if log_frames > WAL_RESTART_FRAMES => {
+                sqlx::query("PRAGMA wal_checkpoint(RESTART)")
+                    .execute(&pool)
+                    .await
+                    .map(|_| ())
+            }
+            other => other.map(|_| ()),
+        };
+        if let Err(e) = result {
             if pool.is_closed() {
                 return;
             }
@@ -1524,6 +1539,9 @@ async fn checkpoint_loop(pool: SqlitePool) {
         }
     }
 }
+
+/// WAL size (in 8 KiB frames; 64 MiB) beyond which the checkpointer restarts the WAL.
+const WAL_RESTART_FRAMES: i64 = 8192;
 
 /// (cited, problem) pairs whose envelope diff is empty.
 fn unchanged_pairs(
