@@ -81,6 +81,13 @@ pub struct Args {
     /// Longhorn manager API base URL (http://longhorn-backend.longhorn-system:9500).
     #[arg(long)]
     pub longhorn_api: Option<String>,
+    /// Hubble Relay address (e.g. hubble-relay.kube-system:4245): read Cilium's
+    /// DROPPED verdicts for the peer over the window with the `hubble` CLI.
+    #[arg(long)]
+    pub hubble_server: Option<String>,
+    /// The `hubble` CLI to run.
+    #[arg(long, default_value = "hubble")]
+    pub hubble: std::path::PathBuf,
     /// Do not load the eBPF TCP programs.
     #[arg(long)]
     pub no_ebpf: bool,
@@ -388,12 +395,180 @@ pub fn volume_facts(body: &[u8], engine: &str) -> Result<Map<String, Value>, Str
     Ok(m)
 }
 
+/// Deadline for the `hubble` CLI (a child process: killed when it passes).
+pub const HUBBLE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// What `hubble observe` answered (or why it did not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HubbleRead {
+    /// The exact command run.
+    pub command: String,
+    /// stdout, or the failure.
+    pub result: Result<Vec<u8>, ApiFailure>,
+    /// µs.
+    pub elapsed_us: u64,
+}
+
+/// Run `hubble observe` for `peer` over the last `window` with a hard deadline.
+pub fn read_hubble(
+    bin: &std::path::Path,
+    server: &str,
+    peer: std::net::IpAddr,
+    window: Duration,
+) -> HubbleRead {
+    let since = format!("{}s", window.as_secs().max(1) + 5);
+    let args = [
+        "observe".to_string(),
+        "--server".into(),
+        server.to_string(),
+        "--ip".into(),
+        peer.to_string(),
+        "--verdict".into(),
+        "DROPPED".into(),
+        "--since".into(),
+        since,
+        "-o".into(),
+        "jsonpb".into(),
+    ];
+    let command = format!("{} {}", bin.display(), args.join(" "));
+    let t = Instant::now();
+    let fail = |status, errno, message: String| ApiFailure {
+        status,
+        errno,
+        message,
+    };
+    let result = (|| {
+        let mut child = std::process::Command::new(bin)
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => fail(
+                    SurfaceStatus::Unsupported,
+                    e.raw_os_error(),
+                    format!("{} is not installed", bin.display()),
+                ),
+                std::io::ErrorKind::PermissionDenied => fail(
+                    SurfaceStatus::PermissionDenied,
+                    e.raw_os_error(),
+                    e.to_string(),
+                ),
+                _ => fail(SurfaceStatus::Error, e.raw_os_error(), e.to_string()),
+            })?;
+        // Drain stdout on a thread so a chatty child cannot block on a full pipe.
+        let mut out = child.stdout.take().expect("piped");
+        let reader = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = (&mut out)
+                .take(MAX_API_BYTES as u64 + 1)
+                .read_to_end(&mut buf);
+            buf
+        });
+        let deadline = Instant::now() + HUBBLE_DEADLINE;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(st)) => break st,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(fail(
+                        SurfaceStatus::Timeout,
+                        None,
+                        format!(
+                            "hubble did not answer within {HUBBLE_DEADLINE:?}; killed and reaped"
+                        ),
+                    ));
+                }
+                Err(e) => return Err(fail(SurfaceStatus::Error, e.raw_os_error(), e.to_string())),
+            }
+        };
+        let stdout = reader.join().unwrap_or_default();
+        if !status.success() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = (&mut e).take(4096).read_to_string(&mut err);
+            }
+            let first = err
+                .lines()
+                .next()
+                .unwrap_or("")
+                .chars()
+                .take(300)
+                .collect::<String>();
+            return Err(fail(
+                SurfaceStatus::Error,
+                None,
+                format!("hubble exited with {status}: {first}"),
+            ));
+        }
+        if stdout.len() > MAX_API_BYTES {
+            return Err(fail(
+                SurfaceStatus::Truncated,
+                None,
+                format!("answer exceeds {MAX_API_BYTES} bytes"),
+            ));
+        }
+        Ok(stdout)
+    })();
+    HubbleRead {
+        command,
+        result,
+        elapsed_us: t.elapsed().as_micros() as u64,
+    }
+}
+
+/// Facts from `hubble observe -o jsonpb` lines: DROPPED flows by reason, and a sample.
+pub fn hubble_facts(stdout: &[u8]) -> Result<Map<String, Value>, String> {
+    let text = std::str::from_utf8(stdout).map_err(|_| "hubble output is not UTF-8")?;
+    let mut reasons: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut sample = Vec::new();
+    let mut dropped = 0u64;
+    for (n, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+        let v: Value = serde_json::from_str(line).map_err(|e| format!("line {}: {e}", n + 1))?;
+        let f = v
+            .get("flow")
+            .ok_or_else(|| format!("line {}: no `flow`", n + 1))?;
+        if f.get("verdict").and_then(Value::as_str) != Some("DROPPED") {
+            continue;
+        }
+        dropped += 1;
+        let reason = f
+            .get("drop_reason_desc")
+            .and_then(Value::as_str)
+            .unwrap_or("UNKNOWN")
+            .to_string();
+        *reasons.entry(reason.clone()).or_default() += 1;
+        if sample.len() < 10 {
+            let tcp = f.pointer("/l4/TCP");
+            sample.push(json!({
+                "time": f.get("time").and_then(Value::as_str),
+                "source": f.pointer("/IP/source").and_then(Value::as_str),
+                "destination": f.pointer("/IP/destination").and_then(Value::as_str),
+                "source_port": tcp.and_then(|t| t.get("source_port")).and_then(Value::as_u64),
+                "destination_port": tcp.and_then(|t| t.get("destination_port")).and_then(Value::as_u64),
+                "reason": reason,
+            }));
+        }
+    }
+    let mut m = Map::new();
+    m.insert("dropped_flows".into(), json!(dropped));
+    m.insert("reasons".into(), json!(reasons));
+    m.insert("sample".into(), Value::Array(sample));
+    Ok(m)
+}
+
 /// Build the sealed `storage_transfer` envelope linking `streams`.
 pub fn transfer_envelope(
     a: &Args,
     plan: &Plan,
     streams: &CaptureResult,
     manager: Option<(Result<Vec<u8>, ApiFailure>, u64)>,
+    hubble: Option<HubbleRead>,
 ) -> Result<Envelope, TransportError> {
     let linked: Vec<&Envelope> = streams
         .flows
@@ -577,20 +752,84 @@ pub fn transfer_envelope(
         .peer_port
         .map(|p| format!(" --port {p}"))
         .unwrap_or_default();
-    unknowns.push(Unknown {
-        id: format!("u{}", unknowns.len() + 1),
-        question: format!(
-            "did Cilium drop or deny traffic between this node and {}?",
-            plan.filter.peer
-        ),
-        blocks: "EXCLUDE_POLICY_DROP".into(),
-        owner: "cluster operator".into(),
-        probe: format!(
-            "hubble observe --ip {}{port} --verdict DROPPED --since 30m -o json",
-            plan.filter.peer
-        ),
-        surface: None,
-    });
+    let hubble_probe = format!(
+        "hubble observe --ip {}{port} --verdict DROPPED --since 30m -o jsonpb",
+        plan.filter.peer
+    );
+    let mut hubble_answered = false;
+    if let Some(h) = hubble {
+        let auth = format!("exec:{}", h.command);
+        match h.result.and_then(|out| {
+            hubble_facts(&out)
+                .map(|f| (f, out))
+                .map_err(|m| ApiFailure {
+                    status: SurfaceStatus::Error,
+                    errno: None,
+                    message: m,
+                })
+        }) {
+            Ok((facts, out)) => {
+                let dropped = facts["dropped_flows"].as_u64().unwrap_or(0);
+                let reasons = facts["reasons"].to_string();
+                surfaces.push(Surface {
+                    id: "cilium/hubble".into(),
+                    authority: auth,
+                    status: SurfaceStatus::Ok,
+                    cause: None,
+                    deadline_ms: HUBBLE_DEADLINE.as_millis() as u64,
+                    elapsed_us: h.elapsed_us,
+                    digest: Some(sha256_digest(&out)),
+                    bytes: out.len() as u64,
+                    truncated: false,
+                    facts,
+                });
+                let n = claims.len() + 1;
+                claims.push(Claim {
+                    id: format!("c{n}"),
+                    kind: ClaimKind::Fact,
+                    code: if dropped > 0 { "hubble_reports_drops" } else { "hubble_reports_no_drops" }.into(),
+                    statement: if dropped > 0 {
+                        format!("Hubble reports {dropped} DROPPED flow(s) involving {} over the window: {reasons}", plan.filter.peer)
+                    } else {
+                        format!("Hubble reports no DROPPED flow involving {} over the window", plan.filter.peer)
+                    },
+                    surfaces: vec!["cilium/hubble".into()],
+                    scope: Scope::Existential,
+                    falsifier: None,
+                });
+                hubble_answered = true;
+            }
+            Err(f) => surfaces.push(Surface {
+                id: "cilium/hubble".into(),
+                authority: auth,
+                status: f.status,
+                cause: Some(StatusCause {
+                    errno: f.errno,
+                    message: f.message,
+                }),
+                deadline_ms: HUBBLE_DEADLINE.as_millis() as u64,
+                elapsed_us: h.elapsed_us,
+                digest: None,
+                bytes: 0,
+                truncated: false,
+                facts: Map::new(),
+            }),
+        }
+    }
+    if !hubble_answered {
+        let has = surfaces.iter().any(|s| s.id == "cilium/hubble");
+        unknowns.push(Unknown {
+            id: format!("u{}", unknowns.len() + 1),
+            question: format!(
+                "did Cilium drop or deny traffic between this node and {}?",
+                plan.filter.peer
+            ),
+            blocks: "EXCLUDE_POLICY_DROP".into(),
+            owner: "cluster operator".into(),
+            probe: hubble_probe,
+            surface: has.then(|| "cilium/hubble".to_string()),
+        });
+    }
     let completeness = if surfaces.iter().all(|s| s.status == SurfaceStatus::Ok) {
         Completeness::Complete
     } else {
@@ -689,6 +928,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let api = args.longhorn_api.clone();
     let volume = args.volume.clone();
     let manager = api.map(|u| std::thread::spawn(move || fetch_volume(&u, &volume)));
+    // Hubble runs after the window (it reports the window's past) — started
+    // when the capture returns, see below.
     let streams = match transport::capture(&plan) {
         Ok(r) => r,
         Err(e) => {
@@ -696,6 +937,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             return Ok(2);
         }
     };
+    let hubble = args.hubble_server.clone().map(|server| {
+        let bin = args.hubble.clone();
+        let (peer, window) = (plan.filter.peer, plan.window);
+        std::thread::spawn(move || read_hubble(&bin, &server, peer, window))
+    });
     let manager = manager.map(|h| {
         h.join().unwrap_or((
             Err(ApiFailure {
@@ -706,7 +952,18 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             0,
         ))
     });
-    let transfer = match transfer_envelope(&args, &plan, &streams, manager) {
+    let hubble = hubble.map(|h| {
+        h.join().unwrap_or(HubbleRead {
+            command: String::new(),
+            result: Err(ApiFailure {
+                status: SurfaceStatus::Error,
+                errno: None,
+                message: "hubble reader panicked".into(),
+            }),
+            elapsed_us: 0,
+        })
+    });
+    let transfer = match transfer_envelope(&args, &plan, &streams, manager, hubble) {
         Ok(e) => e,
         Err(e) => {
             eprintln!("pstackctl capture longhorn: {e}");
@@ -778,6 +1035,22 @@ mod tests {
                 .is_err()
         );
         assert!(parse_http_response(b"garbage").is_err());
+    }
+
+    #[test]
+    fn hubble_lines_count_drops_by_reason_and_refuse_garbage() {
+        let out = br#"{"flow":{"verdict":"DROPPED","drop_reason_desc":"POLICY_DENIED","IP":{"source":"10.0.0.1","destination":"10.0.0.2"},"l4":{"TCP":{"source_port":1,"destination_port":10001}}}}
+{"flow":{"verdict":"FORWARDED"}}
+{"flow":{"verdict":"DROPPED"}}
+"#;
+        let f = hubble_facts(out).unwrap();
+        assert_eq!(f["dropped_flows"], json!(2));
+        assert_eq!(f["reasons"]["POLICY_DENIED"], json!(1));
+        assert_eq!(f["reasons"]["UNKNOWN"], json!(1));
+        assert_eq!(f["sample"][0]["destination_port"], json!(10001));
+        assert!(hubble_facts(b"not json\n").is_err());
+        assert!(hubble_facts(b"{\"no_flow\":1}\n").is_err());
+        assert_eq!(hubble_facts(b"").unwrap()["dropped_flows"], json!(0));
     }
 
     #[test]

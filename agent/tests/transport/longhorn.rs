@@ -156,3 +156,78 @@ fn root_transfer_reads_manager_api_when_configured() {
             .any(|u| u.probe.contains("kubectl"))
     );
 }
+
+/// Hubble read through the `hubble` CLI: a stand-in CLI prints recorded
+/// `observe -o jsonpb` lines (and refuses the wrong peer); a missing CLI is an
+/// `unsupported` surface plus the probe.
+#[test]
+fn root_hubble_verdicts_are_read_when_reachable_else_unknown() {
+    if !root_or_skip("root_hubble_verdicts_are_read_when_reachable_else_unknown") {
+        return;
+    }
+    let _s = serial();
+    let bed = Testbed::new("hub");
+    let _t = Transfer::start(&bed, false, None);
+    let dir = tempfile::tempdir().unwrap();
+    let cli = dir.path().join("hubble");
+    std::fs::write(
+        &cli,
+        format!(
+            "#!/bin/sh\n\
+             case \"$*\" in *\"--ip {B_V4} \"*) ;; *) echo \"unexpected args: $*\" >&2; exit 3;; esac\n\
+             echo '{{\"flow\":{{\"time\":\"2026-12-02T12:00:00Z\",\"verdict\":\"DROPPED\",\"drop_reason_desc\":\"POLICY_DENIED\",\"IP\":{{\"source\":\"{A_V4}\",\"destination\":\"{B_V4}\"}},\"l4\":{{\"TCP\":{{\"source_port\":40000,\"destination_port\":{DATA_PORT}}}}}}},\"node_name\":\"node-a\"}}'\n\
+             echo '{{\"flow\":{{\"verdict\":\"FORWARDED\"}}}}'\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&cli, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let cli_s = cli.display().to_string();
+    let (code, out, err) = pstackctl(&longhorn_args(
+        &bed.a.name,
+        &["--hubble-server", "127.0.0.1:4245", "--hubble", &cli_s],
+    ));
+    assert_eq!(code, 0, "{err}");
+    let envs = envelopes(&out);
+    let transfer = envs.last().unwrap();
+    let h = surface(transfer, "cilium/hubble");
+    assert_eq!(h.status, SurfaceStatus::Ok, "{:?}", h.cause);
+    assert_eq!(h.facts["dropped_flows"], 1);
+    assert_eq!(h.facts["reasons"]["POLICY_DENIED"], 1);
+    assert!(
+        transfer
+            .claims
+            .iter()
+            .any(|c| c.code == "hubble_reports_drops")
+    );
+    assert!(
+        !transfer
+            .unknowns
+            .iter()
+            .any(|u| u.blocks == "EXCLUDE_POLICY_DROP")
+    );
+
+    let (code, out, err) = pstackctl(&longhorn_args(
+        &bed.a.name,
+        &[
+            "--hubble-server",
+            "127.0.0.1:4245",
+            "--hubble",
+            "/nonexistent/hubble",
+        ],
+    ));
+    assert_eq!(code, 0, "{err}");
+    let envs = envelopes(&out);
+    let transfer = envs.last().unwrap();
+    assert_eq!(
+        surface(transfer, "cilium/hubble").status,
+        SurfaceStatus::Unsupported
+    );
+    assert_eq!(transfer.completeness, Completeness::Partial);
+    let u = transfer
+        .unknowns
+        .iter()
+        .find(|u| u.blocks == "EXCLUDE_POLICY_DROP")
+        .unwrap();
+    assert!(u.probe.starts_with("hubble observe --ip 10.77.0.2"));
+    assert_eq!(u.surface.as_deref(), Some("cilium/hubble"));
+}
