@@ -7,8 +7,10 @@
 //! storage side — engine rebuild progress and terminal state — comes from the
 //! Longhorn manager API (`GET {api}/v1/volumes/{volume}`) when `--longhorn-api`
 //! is given; otherwise it is an unknown carrying the exact `kubectl` probe.
-//! A Cilium/Hubble verdict is always an unknown with its `hubble observe`
-//! probe in this version (no Hubble reader is built in).
+//! A Cilium verdict comes from Hubble when `--hubble-server` is given: the
+//! `hubble observe … --verdict DROPPED -o jsonpb` CLI runs as a child process
+//! under a hard deadline (killed and reaped when it passes); otherwise — or
+//! when it fails — it is an unknown carrying that probe.
 //!
 //! Invariants:
 //! - **Links are digests.** The `streams` surface lists each stream
