@@ -184,7 +184,7 @@ fn root_reject_with_tcp_reset_is_attributed_to_the_receiver() {
             "--peer",
             B_V4,
             "--window",
-            "3s",
+            "4s",
             "--json",
         ];
         if !ebpf {
@@ -192,7 +192,7 @@ fn root_reject_with_tcp_reset_is_attributed_to_the_receiver() {
         }
         let a = pstackctl_bg(&args);
         // Loading the eBPF programs takes a moment on a busy machine.
-        std::thread::sleep(Duration::from_millis(1500));
+        std::thread::sleep(Duration::from_millis(2000));
         bed.b.nft(&format!(
             "table inet pstest {{ chain input {{ type filter hook input priority 0; policy accept; \
              tcp dport {DATA_PORT} reject with tcp reset; }} }}"
