@@ -7,9 +7,10 @@
 //! Every message type is closed-world (`deny_unknown_fields`).
 //!
 //! Fuzzing: `fuzz/fuzz_targets/framing.rs` feeds arbitrary bytes to
-//! [`decode`] and round-trips whatever decodes. It needs nightly
-//! `cargo-fuzz`; the bounded run is
-//! `cd helper/fuzz && cargo +nightly fuzz run framing -- -max_total_time=60 -max_len=65536`.
+//! [`decode`] and round-trips whatever decodes. It needs the nightly-only
+//! sanitizer flags of `cargo-fuzz`; the bounded run on stable is
+//! `cd helper/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run framing -- -max_total_time=60 -max_len=65536`
+//! (`scripts/fuzz` runs every target this way, bounded).
 //! The same property (decode never panics; decode∘encode is the identity) runs
 //! in `cargo test` as a proptest.
 

@@ -1,6 +1,6 @@
 //! Fuzz the agent↔helper framing: arbitrary bytes must never panic the
 //! decoder, and whatever decodes must survive encode → decode unchanged.
-//! Bounded run: `cd helper/fuzz && cargo +nightly fuzz run framing -- -max_total_time=60 -max_len=65536`.
+//! Bounded run: `cd helper/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run framing -- -max_total_time=60 -max_len=65536`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
