@@ -470,7 +470,8 @@ impl Store {
                 .foreign_keys(true)
                 .page_size(8192)
                 .pragma("cache_size", "-65536")
-                .pragma("journal_size_limit", "67108864");
+                .pragma("journal_size_limit", "134217728")
+                .pragma("temp_store", "memory");
             // The writer never checkpoints (a checkpoint fsyncs the database
             // file and would stall every ingest behind it); a separate
             // connection checkpoints in the background.
