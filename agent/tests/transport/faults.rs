@@ -552,3 +552,44 @@ fn root_black_hole_beyond_first_hop_is_a_stall_with_hypothesis_not_an_mtu_fact()
     assert!(!codes(control).contains(&"flow_stalled".to_string()));
     assert!(!codes(control).contains(&"pmtu_black_hole".to_string()));
 }
+
+/// The counter-case: the same smaller MTU one hop away, but R's ICMP
+/// fragmentation-needed reaches A. The kernel learns the PMTU (a cached route
+/// exception), the capture surfaces it, the flow keeps moving, and no black
+/// hole is hypothesized.
+#[test]
+fn root_learned_pmtu_is_surfaced_and_no_black_hole_is_claimed() {
+    if !root_or_skip("root_learned_pmtu_is_surfaced_and_no_black_hole_is_claimed") {
+        return;
+    }
+    let _s = serial();
+    let bed = Testbed::routed("pmtu");
+    let _t = Transfer::start(&bed, false, None);
+    bed.r
+        .as_ref()
+        .unwrap()
+        .ip(&["link", "set", "rb0", "mtu", "1280"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let envs = capture(&bed.a, bed.b_v4, "2s", &["--no-ebpf"]);
+    let data = flow_to(&envs, DATA_PORT);
+    let route = surface(data, "route");
+    assert_eq!(route.facts["end"]["pmtu"], 1280, "{:#?}", route.facts);
+    assert_eq!(surface(data, "tcp/end").facts["tcp_info"]["pmtu"], 1280);
+    let c = codes(data);
+    assert!(
+        c.contains(&"mtu_mismatch".to_string()),
+        "egress 1500 vs learned PMTU 1280: {:#?}",
+        data.claims
+    );
+    assert!(
+        !c.contains(&"pmtu_black_hole".to_string()),
+        "{:#?}",
+        data.claims
+    );
+    assert!(
+        !c.contains(&"flow_stalled".to_string()),
+        "{:#?}",
+        data.claims
+    );
+    assert!(flow_delta(data, "bytes_acked") > 0);
+}
