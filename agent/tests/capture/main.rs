@@ -20,5 +20,6 @@ mod fixtures;
 mod fuse_hang;
 mod host;
 mod identity_race;
+mod isolation;
 mod states;
 mod unreapable;
