@@ -856,26 +856,50 @@ impl Store {
 
     /// One page of a subject history, newest first.
     pub async fn history(&self, q: &HistoryQuery) -> Result<Vec<EnvelopeSummary>, StoreError> {
-        let mut binds: Vec<Bind> = Vec::new();
+        // There is no index on subject_key (a random key would dirty one more
+        // index page per envelope at ingest): an exact subject is found
+        // through the (kind, locator, pid, wall_ns) index, narrowed by key.
+        let mut q = q.clone();
+        if let Some(key) = &q.subject_key
+            && q.locator.is_empty()
+        {
+            let row: Option<(String, String)> = with_pool!(self, read, |pool, pg| {
+                sqlx::query_as("SELECT kind, identity FROM subjects WHERE subject_key = $1")
+                    .bind(key.as_str())
+                    .fetch_optional(pool)
+                    .await?
+            });
+            let Some((kind, identity)) = row else {
+                return Ok(Vec::new());
+            };
+            let fields: BTreeMap<String, String> =
+                serde_json::from_str(&identity).unwrap_or_default();
+            q.locator = locator_field(&kind)
+                .and_then(|l| fields.get(l).cloned())
+                .unwrap_or_default();
+            q.pid = fields.get("pid").and_then(|p| p.parse().ok());
+            q.kind = kind;
+        }
+        let mut binds: Vec<Bind<'_>> = Vec::new();
         let mut sql = String::from(
             "SELECT digest, subject_key, kind, identity, wall_ns, received_ns, completeness, key_id, size
              FROM envelopes WHERE ",
         );
         let pg = self.backend() == Backend::Postgres;
+        binds.push(Bind::Str(q.kind.clone()));
+        binds.push(Bind::Str(q.locator.clone()));
+        sql.push_str("kind = $1 AND locator = $2");
+        match q.pid {
+            Some(pid) => {
+                binds.push(Bind::I64(pid));
+                sql.push_str(&format!(" AND pid = ${}", binds.len()));
+            }
+            None => sql.push_str(" AND pid IS NULL"),
+        }
         if let Some(key) = &q.subject_key {
             binds.push(Bind::Str(key.clone()));
-            sql.push_str("subject_key = $1");
+            sql.push_str(&format!(" AND subject_key = ${}", binds.len()));
         } else {
-            binds.push(Bind::Str(q.kind.clone()));
-            binds.push(Bind::Str(q.locator.clone()));
-            sql.push_str("kind = $1 AND locator = $2");
-            match q.pid {
-                Some(pid) => {
-                    binds.push(Bind::I64(pid));
-                    sql.push_str(&format!(" AND pid = ${}", binds.len()));
-                }
-                None => sql.push_str(" AND pid IS NULL"),
-            }
             for (field, value) in &q.filters {
                 if pg {
                     binds.push(Bind::Str(field.clone()));
@@ -1398,36 +1422,43 @@ impl Store {
     }
 
     async fn repoint_subjects(&self, touched: &BTreeSet<String>) -> Result<(), StoreError> {
-        with_pool!(self, write, |pool, pg| {
-            for key in touched {
-                let mut tx = pool.begin().await?;
-                let newest: Option<(String, i64)> = sqlx::query_as(
-                    "SELECT digest, wall_ns FROM envelopes WHERE subject_key = $1
-                     ORDER BY wall_ns DESC, digest DESC LIMIT 1",
-                )
-                .bind(key.as_str())
-                .fetch_optional(&mut *tx)
+        // Only a subject whose newest envelope is gone is touched: the guard
+        // keeps a pointer a concurrent ingest just moved to a newer capture.
+        let gone = "NOT EXISTS (SELECT 1 FROM envelopes e WHERE e.digest = subjects.latest_digest)";
+        for key in touched {
+            let newest = self
+                .history(&HistoryQuery {
+                    subject_key: Some(key.clone()),
+                    limit: 1,
+                    ..HistoryQuery::default()
+                })
                 .await?;
-                match newest {
-                    Some((digest, wall)) => {
-                        sqlx::query("UPDATE subjects SET latest_digest = $1, latest_wall_ns = $2 WHERE subject_key = $3")
-                            .bind(digest)
-                            .bind(wall)
-                            .bind(key.as_str())
-                            .execute(&mut *tx)
-                            .await?;
+            with_pool!(self, write, |pool, pg| {
+                match newest.first() {
+                    Some(n) => {
+                        sqlx::query(&format!(
+                            "UPDATE subjects SET latest_digest = $1, latest_wall_ns = $2
+                             WHERE subject_key = $3 AND {gone}"
+                        ))
+                        .bind(n.digest.as_str())
+                        .bind(n.wall_ns)
+                        .bind(key.as_str())
+                        .execute(pool)
+                        .await?;
                     }
                     None => {
-                        sqlx::query("DELETE FROM subjects WHERE subject_key = $1")
-                            .bind(key.as_str())
-                            .execute(&mut *tx)
-                            .await?;
+                        sqlx::query(&format!(
+                            "DELETE FROM subjects WHERE subject_key = $1 AND {gone}"
+                        ))
+                        .bind(key.as_str())
+                        .execute(pool)
+                        .await?;
                     }
                 }
-                tx.commit().await?;
-            }
-            Ok(())
-        })
+                Ok::<(), StoreError>(())
+            })?;
+        }
+        Ok(())
     }
 
     /// Refresh planner statistics (PostgreSQL `ANALYZE`; SQLite `ANALYZE`).

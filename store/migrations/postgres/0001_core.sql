@@ -17,7 +17,6 @@ CREATE TABLE envelopes (
 -- Envelopes are hashed, high-entropy JSON already shipped gzip: store them
 -- out of line without TOAST compression (saves CPU at ingest).
 ALTER TABLE envelopes ALTER COLUMN body SET STORAGE EXTERNAL;
-CREATE INDEX envelopes_subject  ON envelopes (subject_key, wall_ns, digest);
 CREATE INDEX envelopes_locator  ON envelopes (kind, locator, pid, wall_ns, digest);
 CREATE INDEX envelopes_received ON envelopes (received_ns);
 

@@ -14,7 +14,6 @@ CREATE TABLE envelopes (
     size         INTEGER NOT NULL,
     body         BLOB    NOT NULL
 );
-CREATE INDEX envelopes_subject  ON envelopes (subject_key, wall_ns, digest);
 CREATE INDEX envelopes_locator  ON envelopes (kind, locator, pid, wall_ns, digest);
 CREATE INDEX envelopes_received ON envelopes (received_ns);
 
