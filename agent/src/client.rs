@@ -335,6 +335,7 @@ impl CaptureRequestBody {
                 bundle_ms: Some(bundle_ms),
             },
             caps: RequestedCaps::default(),
+            window_ms: None,
         }
     }
 }

@@ -7,6 +7,12 @@
 //! timeouts and unknowns marked `!!`, completeness, digest); `--json` prints
 //! the envelope instead. Exit 0 when an envelope was written (whatever its
 //! completeness), 2 on bad input or when no envelope could be produced.
+//!
+//! `--window 5s` (with `--pid`/`--tid`) also observes the subject's threads
+//! with eBPF for that long, between the two identity reads: the `ebpf:offcpu`
+//! surface (off-CPU time per state, D episodes). The window is added to the
+//! bundle deadline. Without root (CAP_BPF+CAP_PERFMON) the surface is
+//! `permission_denied` and the envelope `partial`, like any denied surface.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -84,6 +90,11 @@ pub struct Args {
     /// Never use the daemon: capture in this process (run as root for full evidence).
     #[arg(long)]
     pub one_shot: bool,
+    /// Also observe the subject's threads off CPU (eBPF sched_switch) for this long
+    /// (`500ms`, `5s`, `2m`), between the identity reads: the `ebpf:offcpu` surface.
+    /// Added to the bundle deadline. Not with --host.
+    #[arg(long, value_name = "DURATION", value_parser = super::trace::parse_window, conflicts_with = "host")]
+    pub window: Option<Duration>,
 }
 
 /// Run `pstackctl capture`.
@@ -96,13 +107,21 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         (_, Some(tid), _) => Target::Thread { tid },
         _ => Target::Host,
     };
+    let window_ms = args
+        .window
+        .map(|w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX));
+    // The window runs inside the bundle deadline: give it its own room.
+    let bundle_ms = args
+        .bundle_deadline_ms
+        .saturating_add(window_ms.unwrap_or(0));
     if !args.one_shot {
-        let body = crate::client::CaptureRequestBody::for_target(
+        let mut body = crate::client::CaptureRequestBody::for_target(
             target,
             args.surface_deadline_ms,
-            args.bundle_deadline_ms,
+            bundle_ms,
         );
-        let timeout = Duration::from_millis(args.bundle_deadline_ms.saturating_add(5_000));
+        body.window_ms = window_ms;
+        let timeout = Duration::from_millis(bundle_ms.saturating_add(5_000));
         if let Some(envelope) = crate::client::try_capture_via_daemon(&args.socket, &body, timeout)?
         {
             return emit_daemon_capture(&args, &envelope);
@@ -122,13 +141,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         target,
         deadlines: Some(Deadlines {
             surface: Duration::from_millis(args.surface_deadline_ms),
-            bundle: Duration::from_millis(args.bundle_deadline_ms),
+            bundle: Duration::from_millis(bundle_ms),
         }),
         max_threads: args.max_threads,
         max_bytes_per_surface: args
             .max_bytes
             .unwrap_or(if args.host { 4 << 20 } else { 64 << 10 }),
         max_fds: args.max_fds,
+        window: args.window,
     };
     let envelope = supervisor::capture(&request, &config, &budget)?;
     let path = args
@@ -430,6 +450,29 @@ fn render_task(o: &mut String, env: &Envelope, by_id: &BTreeMap<&str, &Surface>,
     }
     if !proc_line.is_empty() {
         o.push_str(&format!("process:      {}\n", proc_line.join("; ")));
+    }
+    if let Some(s) = by_id.get(pstack_ebpf::OFFCPU_SURFACE) {
+        let text = match s.status {
+            SurfaceStatus::Ok | SurfaceStatus::Truncated => {
+                let n = |k: &str| s.facts.get(k).and_then(Value::as_u64).unwrap_or(0);
+                let episodes = s
+                    .facts
+                    .get("d_episodes")
+                    .and_then(Value::as_array)
+                    .map_or(0, Vec::len);
+                let row = format!(
+                    "{} {} ms window, {} switches, {} D episode(s){}",
+                    s.status.as_str(),
+                    n("window_ms"),
+                    n("switches"),
+                    episodes,
+                    if s.truncated { ", events lost" } else { "" }
+                );
+                if episodes > 0 { mark(&row, color) } else { row }
+            }
+            other => mark(&format!("!!{}", other.as_str()), color),
+        };
+        o.push_str(&format!("off-cpu:      {text}\n"));
     }
 }
 

@@ -70,6 +70,11 @@ pub struct CaptureRequestBody {
     /// Caps.
     #[serde(default)]
     pub caps: RequestedCaps,
+    /// Off-CPU observation window (eBPF), ms, for a pid/tid subject. It runs
+    /// inside the bundle deadline, which must exceed it (when `bundle_ms` is
+    /// not given, the window is added to the configured default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ms: Option<u64>,
 }
 
 /// Why a request body was refused (HTTP 400).
@@ -158,7 +163,25 @@ pub fn validate(
         }
     };
     let c = &config.capture;
-    let bundle = req.deadlines.bundle_ms.unwrap_or(c.bundle_deadline_ms);
+    if let Some(w) = req.window_ms {
+        if matches!(target, supervisor::Target::Host) {
+            return Err(RequestError::OutOfRange {
+                param: "window_ms",
+                reason: "needs a pid or tid subject, not host".into(),
+            });
+        }
+        let max = u64::try_from(supervisor::MAX_WINDOW.as_millis()).unwrap_or(u64::MAX);
+        if w == 0 || w > max {
+            return Err(RequestError::OutOfRange {
+                param: "window_ms",
+                reason: format!("must be between 1 and {max}"),
+            });
+        }
+    }
+    let bundle = req.deadlines.bundle_ms.unwrap_or(
+        c.bundle_deadline_ms
+            .saturating_add(req.window_ms.unwrap_or(0)),
+    );
     if bundle == 0 || bundle > config.max_bundle_deadline_ms {
         return Err(RequestError::OutOfRange {
             param: "deadlines.bundle_ms",
@@ -173,6 +196,14 @@ pub fn validate(
         return Err(RequestError::OutOfRange {
             param: "deadlines.surface_ms",
             reason: format!("must be between 1 and the bundle deadline ({bundle})"),
+        });
+    }
+    if let Some(w) = req.window_ms
+        && w >= bundle
+    {
+        return Err(RequestError::OutOfRange {
+            param: "window_ms",
+            reason: format!("must be shorter than the bundle deadline ({bundle} ms)"),
         });
     }
     let max_threads = req.caps.max_threads.unwrap_or(c.max_threads);
@@ -200,6 +231,7 @@ pub fn validate(
         }),
         max_threads,
         max_bytes_per_surface: max_bytes,
+        window: req.window_ms.map(Duration::from_millis),
         ..supervisor::CaptureRequest::default()
     })
 }

@@ -365,6 +365,7 @@ impl Assembly {
                 });
             }
         }
+        claims.extend(self.offcpu_claims(completeness));
         if completeness == Completeness::Complete && !by_state.contains_key("D") {
             let stats: Vec<String> = by_state
                 .values()
@@ -384,6 +385,152 @@ impl Assembly {
             }
         }
         (claims, d_threads)
+    }
+
+    /// Claims from the `ebpf:offcpu` surface (when ok/truncated), about the
+    /// subject's threads only: off-CPU time per state over the window, each D
+    /// episode, and — only in a `complete` envelope with an `ok` surface — that
+    /// no thread had a D episode in the window.
+    fn offcpu_claims(&self, completeness: Completeness) -> Vec<Claim> {
+        let Some(s) = self.surface(pstack_ebpf::OFFCPU_SURFACE).filter(|s| ok(s)) else {
+            return Vec::new();
+        };
+        let mine = |v: &Value| -> bool {
+            let tid = v.get("tid").and_then(Value::as_u64);
+            let tgid = v.get("tgid").and_then(Value::as_u64);
+            match &self.subject {
+                Subject::Thread(t) => tid == Some(u64::from(t.tid)),
+                Subject::Process(p) => tgid == Some(u64::from(p.pid)),
+                _ => false,
+            }
+        };
+        let list = |key: &str| -> Vec<&Value> {
+            s.facts
+                .get(key)
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter(|v| mine(v)).collect())
+                .unwrap_or_default()
+        };
+        let window_ms = s
+            .facts
+            .get("window_ms")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let mut claims = Vec::new();
+        let tasks = list("tasks");
+        let mut per_class: BTreeMap<String, u64> = BTreeMap::new();
+        for t in &tasks {
+            if let Some(m) = t.get("off_cpu_ns").and_then(Value::as_object) {
+                for (class, ns) in m {
+                    *per_class.entry(class.clone()).or_default() += ns.as_u64().unwrap_or(0);
+                }
+            }
+        }
+        let text: Vec<String> = per_class
+            .iter()
+            .filter(|(_, ns)| **ns > 0)
+            .map(|(c, ns)| format!("{c} {} ms", ns / 1_000_000))
+            .collect();
+        claims.push(Claim {
+            id: "offcpu-time".into(),
+            kind: ClaimKind::Fact,
+            code: "offcpu_time_in_window".into(),
+            statement: if tasks.is_empty() {
+                format!(
+                    "no thread of the subject switched off CPU during the {window_ms} ms window (each stayed where it was: on CPU, or asleep since before the window)"
+                )
+            } else {
+                format!(
+                    "in the {window_ms} ms window, {} thread(s) of the subject switched off CPU; time off CPU by state: {}",
+                    tasks.len(),
+                    if text.is_empty() {
+                        "under 1 ms".to_string()
+                    } else {
+                        text.join(", ")
+                    }
+                )
+            },
+            surfaces: vec![s.id.clone()],
+            scope: Scope::Existential,
+            falsifier: None,
+        });
+        let episodes = list("d_episodes");
+        for (i, e) in episodes.iter().take(MAX_D_CLAIMS).enumerate() {
+            let tid = e.get("tid").and_then(Value::as_u64).unwrap_or(0);
+            let comm = e.get("comm").and_then(Value::as_str).unwrap_or("");
+            let dur = e.get("duration_ns").and_then(Value::as_u64).unwrap_or(0);
+            let start = e.get("start_t_ns").and_then(Value::as_i64).unwrap_or(0);
+            let flag = |k: &str| e.get(k).and_then(Value::as_bool).unwrap_or(false);
+            let mut notes = Vec::new();
+            if flag("since_before_watch") {
+                notes.push(
+                    "already in D when watching began (the length is a lower bound)".to_string(),
+                );
+            }
+            if flag("ongoing") {
+                notes.push("still in D at the window's end".to_string());
+            }
+            if flag("frozen") {
+                notes
+                    .push("frozen by the cgroup freezer, not waiting on I/O or a lock".to_string());
+            }
+            if let Some(top) = e
+                .get("stack")
+                .and_then(Value::as_array)
+                .and_then(|a| a.first())
+                .and_then(Value::as_str)
+            {
+                notes.push(format!("switched out at {top}"));
+            }
+            let who = if comm.is_empty() {
+                format!("thread {tid}")
+            } else {
+                format!("thread {tid} ({comm})")
+            };
+            claims.push(Claim {
+                id: format!("d-episode-{i}"),
+                kind: ClaimKind::Fact,
+                code: "d_state_episode".into(),
+                statement: format!(
+                    "{who} was in D for {} ms{}{}{}",
+                    dur / 1_000_000,
+                    if flag("since_before_watch") {
+                        String::new()
+                    } else {
+                        format!(" starting {} ms into the window", start / 1_000_000)
+                    },
+                    if notes.is_empty() { "" } else { "; " },
+                    notes.join("; ")
+                ),
+                surfaces: vec![s.id.clone()],
+                scope: Scope::Existential,
+                falsifier: None,
+            });
+        }
+        let dropped = s
+            .facts
+            .get("episodes_dropped")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        if episodes.is_empty()
+            && dropped == 0
+            && completeness == Completeness::Complete
+            && s.status == SurfaceStatus::Ok
+        {
+            claims.push(Claim {
+                id: "no-d-episode".into(),
+                kind: ClaimKind::Fact,
+                code: "no_d_state_episode_in_window".into(),
+                statement: format!(
+                    "no thread of the subject had a D episode of at least {} ms in the {window_ms} ms window",
+                    s.facts.get("d_min_ns").and_then(Value::as_u64).unwrap_or(0) / 1_000_000
+                ),
+                surfaces: vec![s.id.clone()],
+                scope: Scope::Universal,
+                falsifier: None,
+            });
+        }
+        claims
     }
 
     /// Claims of a host capture.
@@ -505,9 +652,40 @@ impl Assembly {
                 surface: None,
             });
         }
+        let mut ebpf_failed = 0;
+        for s in self.surfaces.iter().filter(|s| {
+            s.id.starts_with("ebpf:") && !ok(s) && s.status != SurfaceStatus::IdentityRace
+        }) {
+            ebpf_failed += 1;
+            let cause = s.cause.as_ref().map(|c| c.message.as_str()).unwrap_or("");
+            let window = format!("{}ms", s.deadline_ms.max(1));
+            let (question, probe) = match s.status {
+                SurfaceStatus::PermissionDenied => (
+                    format!("How long were the subject's threads off CPU, and in D, during a window? (eBPF denied: {cause})"),
+                    format!("sudo {again} --window {window} --one-shot"),
+                ),
+                SurfaceStatus::Unsupported => (
+                    format!("How long were the subject's threads off CPU, and in D, during a window? (eBPF unsupported here: {cause})"),
+                    "ls -l /sys/kernel/btf/vmlinux; grep -E 'CONFIG_DEBUG_INFO_BTF|CONFIG_BPF_SYSCALL' /boot/config-$(uname -r)".into(),
+                ),
+                _ => (
+                    format!("Why did the eBPF surface {} fail? ({cause})", s.id),
+                    format!("{again} --window {window} --one-shot"),
+                ),
+            };
+            out.push(Unknown {
+                id: format!("u-{}", s.id.replace([':', '/'], "-")),
+                question,
+                blocks: "CLASSIFY_BLOCKING".into(),
+                owner: owner.clone(),
+                probe,
+                surface: Some(s.id.clone()),
+            });
+        }
         let failed: Vec<&Surface> = self
             .surfaces
             .iter()
+            .filter(|s| !s.id.starts_with("ebpf:"))
             .filter(|s| {
                 matches!(
                     s.status,
@@ -519,7 +697,7 @@ impl Assembly {
                 ) || (s.status == SurfaceStatus::IdentityRace && self.identity_race.is_none())
             })
             .collect();
-        for s in failed.iter().take(MAX_UNKNOWNS) {
+        for s in failed.iter().take(MAX_UNKNOWNS.saturating_sub(ebpf_failed)) {
             let path = s
                 .authority
                 .strip_prefix("procfs:")
@@ -587,12 +765,12 @@ impl Assembly {
                 surface: Some(s.id.clone()),
             });
         }
-        if failed.len() > MAX_UNKNOWNS {
+        if failed.len() + ebpf_failed > MAX_UNKNOWNS {
             out.push(Unknown {
                 id: "u-more".into(),
                 question: format!(
                     "{} more surfaces did not succeed: what do they show?",
-                    failed.len() - MAX_UNKNOWNS
+                    failed.len() + ebpf_failed - MAX_UNKNOWNS
                 ),
                 blocks: "CLASSIFY_BLOCKING".into(),
                 owner,

@@ -21,7 +21,10 @@ use super::assemble::{Assembly, Mode};
 use super::clock::{monotonic_ns, wall_time_now};
 use super::leak::LeakBudget;
 use super::risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, cause_of, status_of};
-use super::{CaptureError, CaptureRequest, Deadlines, SupervisorConfig, Target};
+use super::{CaptureError, CaptureRequest, Deadlines, OffCpuSource, SupervisorConfig, Target};
+
+/// Longest off-CPU window a capture may ask for.
+pub const MAX_WINDOW: Duration = Duration::from_secs(600);
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
@@ -177,6 +180,30 @@ pub fn capture(
             reason: format!("at most {}", pstack_helper::protocol::MAX_SURFACE_BYTES),
         });
     }
+    if let Some(w) = request.window {
+        if matches!(request.target, Target::Host) {
+            return Err(CaptureError::InvalidParameter {
+                param: "window",
+                reason: "an off-CPU window needs a process or thread subject (--pid or --tid), not --host".into(),
+            });
+        }
+        if w < Duration::from_millis(1) || w > MAX_WINDOW {
+            return Err(CaptureError::InvalidParameter {
+                param: "window",
+                reason: format!("must be between 1 ms and {} s", MAX_WINDOW.as_secs()),
+            });
+        }
+        if w >= deadlines.bundle {
+            return Err(CaptureError::InvalidParameter {
+                param: "window",
+                reason: format!(
+                    "{} ms is not shorter than the bundle deadline ({} ms): the window runs inside it",
+                    w.as_millis(),
+                    deadlines.bundle.as_millis()
+                ),
+            });
+        }
+    }
     let started = Instant::now();
     let host = read_host_facts().map_err(CaptureError::HostFacts)?;
     let ctx = Ctx {
@@ -310,10 +337,89 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
         }
     }
     let ids: Vec<String> = reads.iter().map(|r| r.id.clone()).collect();
+    // The off-CPU window (if any) runs on its own thread, concurrently with
+    // the helper and the safe reads, and is joined before the second
+    // identity read: it is observed between the two.
+    std::thread::scope(|scope| {
+        let window = ctx.request.window.map(|w| {
+            let source = ctx.config.offcpu.clone();
+            let handle = scope.spawn(move || match source {
+                Some(src) => src.observe(pid, w),
+                None => super::OneShotOffCpu.observe(pid, w),
+            });
+            (w, handle)
+        });
+        let mut surfaces = task_reads(
+            ctx,
+            pid,
+            &tids,
+            &before,
+            reads,
+            ids,
+            authorities,
+            &subject_text,
+        )?;
+        if let Some((w, handle)) = window {
+            surfaces.extend(offcpu_surfaces(w, handle.join()));
+        }
+        Ok::<_, CaptureError>(surfaces)
+    })
+    .and_then(|surfaces| {
+        finish_task(
+            ctx,
+            task,
+            thread_only,
+            pid,
+            &tids,
+            total,
+            &before,
+            subject,
+            surfaces,
+        )
+    })
+}
+
+/// The `ebpf:offcpu` surface of a window thread (an `error` surface if it panicked).
+fn offcpu_surfaces(window: Duration, joined: std::thread::Result<Vec<Surface>>) -> Vec<Surface> {
+    let keep = |s: &Surface| s.id == pstack_ebpf::OFFCPU_SURFACE;
+    match joined {
+        Ok(v) if v.iter().any(keep) => v.into_iter().filter(keep).collect(),
+        Ok(_) => vec![with_status(
+            pstack_ebpf::OFFCPU_SURFACE.into(),
+            "ebpf:pstack-ebpf".into(),
+            ms(window),
+            SurfaceStatus::Error,
+            "the off-CPU source returned no ebpf:offcpu surface",
+        )],
+        Err(_) => vec![with_status(
+            pstack_ebpf::OFFCPU_SURFACE.into(),
+            "ebpf:pstack-ebpf".into(),
+            ms(window),
+            SurfaceStatus::Error,
+            "the off-CPU window thread panicked",
+        )],
+    }
+}
+
+/// Risky batch in a helper, safe reads here meanwhile; every surface read.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site; the pieces of one capture flow"
+)]
+fn task_reads(
+    ctx: &Ctx<'_>,
+    pid: u32,
+    tids: &[u32],
+    before: &IdentityReading,
+    reads: Vec<RiskyRead>,
+    ids: Vec<String>,
+    authorities: Vec<String>,
+    subject_text: &str,
+) -> Result<Vec<Surface>, CaptureError> {
     let run = RiskyRun::start(
         reads,
         ctx.bundle_deadline,
-        &subject_text,
+        subject_text,
         ctx.config,
         ctx.budget,
     )?;
@@ -360,7 +466,7 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
             ));
         }
     }
-    for &tid in &tids {
+    for &tid in tids {
         let t = TaskRef::thread(pid, tid);
         let max = ctx.request.max_bytes_per_surface;
         surfaces.push(safe.read(
@@ -384,9 +490,27 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
     for ((id, authority), o) in ids.into_iter().zip(authorities).zip(outcomes) {
         surfaces.push(risky_surface(id, authority, o));
     }
+    Ok(surfaces)
+}
 
+/// Second identity read, universe, assembly.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site; the pieces of one capture flow"
+)]
+fn finish_task(
+    ctx: &Ctx<'_>,
+    task: u32,
+    thread_only: bool,
+    pid: u32,
+    tids: &[u32],
+    total: u64,
+    before: &IdentityReading,
+    subject: Subject,
+    surfaces: Vec<Surface>,
+) -> Result<Assembly, CaptureError> {
     // Second identity read, before emit.
-    let race = identity_change(&before, read_identity(&ctx.host, task));
+    let race = identity_change(before, read_identity(&ctx.host, task));
     let mode = if thread_only {
         Mode::Thread
     } else {

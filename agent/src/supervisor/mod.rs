@@ -47,8 +47,22 @@
 //!
 //! A new risky surface is a `pstack_helper::protocol::SurfaceKind` variant
 //! plus a reader in `pstack-collectors`; a new non-risky one is a reader called
-//! from [`capture`]'s safe phase. An eBPF window (off-CPU time) will be a
-//! further phase between the two identity reads with its own deadline.
+//! from [`capture`]'s safe phase.
+//!
+//! # Off-CPU window (`CaptureRequest::window`)
+//!
+//! With a window, a process/thread capture also observes the subject's
+//! threads with eBPF (`sched_switch` + `sched_wakeup`) for that long, between
+//! the two identity reads and concurrently with the risky and safe reads. The
+//! result is the `ebpf:offcpu` surface, typed like any other: `ok`,
+//! `truncated` (events lost), `unsupported` (no BTF), `permission_denied`
+//! (not root / no CAP_BPF+CAP_PERFMON) or `error`. Facts from it (off-CPU
+//! time per state, D episodes) cite only that surface and only when it is
+//! ok/truncated; a failed one raises an unknown with a probe and makes the
+//! envelope `partial`. The window must be shorter than the bundle deadline,
+//! and a host capture takes no window. The eBPF side comes from
+//! [`SupervisorConfig::offcpu`] (pstackd lends its running session) or, by
+//! default, a one-shot session ([`OneShotOffCpu`]).
 
 mod assemble;
 mod capture;
@@ -62,8 +76,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pstack_collectors::procfs::ReadError;
+use pstack_envelope::Surface;
 
-pub use capture::capture;
+pub use capture::{MAX_WINDOW, capture};
 pub use leak::{HelperIdentity, JournalEntry, LeakBudget, LeakJournal};
 pub use risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, run_risky};
 
@@ -106,6 +121,9 @@ pub struct CaptureRequest {
     pub max_bytes_per_surface: u64,
     /// Most file descriptors read.
     pub max_fds: u64,
+    /// Off-CPU observation window (eBPF) for a process/thread capture; `None`
+    /// observes nothing. Must be shorter than the bundle deadline.
+    pub window: Option<Duration>,
 }
 
 impl Default for CaptureRequest {
@@ -116,7 +134,30 @@ impl Default for CaptureRequest {
             max_threads: 16_384,
             max_bytes_per_surface: 64 * 1024,
             max_fds: 1024,
+            window: None,
         }
+    }
+}
+
+/// Where the `ebpf:offcpu` surface of a windowed capture comes from.
+///
+/// `observe` watches process `pid`'s threads for `window` and returns the
+/// surfaces (exactly one, `ebpf:offcpu`). It never fails: a failure is the
+/// same surface with a non-ok status. It is called from a thread of the
+/// capture; it blocks for about `window`.
+pub trait OffCpuSource: Send + Sync {
+    /// Observe `pid`'s threads for `window`.
+    fn observe(&self, pid: u32, window: Duration) -> Vec<Surface>;
+}
+
+/// The default [`OffCpuSource`]: a fresh eBPF session per capture
+/// ([`pstack_ebpf::capture_blocking`]; ~70 ms of CPU to load).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OneShotOffCpu;
+
+impl OffCpuSource for OneShotOffCpu {
+    fn observe(&self, pid: u32, window: Duration) -> Vec<Surface> {
+        pstack_ebpf::capture_blocking(pstack_ebpf::EbpfConfig::offcpu(vec![pid]), window)
     }
 }
 
@@ -140,6 +181,8 @@ pub struct SupervisorConfig {
     pub boot_id: String,
     /// Called with each spawned helper.
     pub on_helper_spawned: Option<HelperSpawnHook>,
+    /// Source of the off-CPU window; `None` uses [`OneShotOffCpu`].
+    pub offcpu: Option<Arc<dyn OffCpuSource>>,
 }
 
 impl std::fmt::Debug for SupervisorConfig {
@@ -151,6 +194,7 @@ impl std::fmt::Debug for SupervisorConfig {
             .field("source_commit", &self.source_commit)
             .field("boot_id", &self.boot_id)
             .field("on_helper_spawned", &self.on_helper_spawned.is_some())
+            .field("offcpu", &self.offcpu.is_some())
             .finish()
     }
 }
@@ -178,6 +222,7 @@ impl SupervisorConfig {
             source_commit: SOURCE_COMMIT.to_string(),
             boot_id: host.boot_id,
             on_helper_spawned: None,
+            offcpu: None,
         })
     }
 
