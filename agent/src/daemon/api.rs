@@ -431,7 +431,7 @@ pub fn status_json(state: &DaemonState) -> serde_json::Value {
             "rejected_total": s.rejected.load(Ordering::Relaxed),
             "failures_total": failures,
         },
-        "ebpf": {"state": "not_loaded", "reason": "pstackd does not load eBPF programs yet; captures carry no eBPF surfaces"},
+        "ebpf": state.engine.ebpf.status_json(),
     })
 }
 
@@ -601,5 +601,6 @@ pub fn metrics_text(state: &DaemonState) -> String {
             &[("", b.capacity())],
         );
     }
+    out.push_str(&state.engine.ebpf.prometheus());
     out
 }

@@ -49,6 +49,10 @@
 //! leak_budget = 4
 //! leak_journal = "/var/lib/pstack/leaks.jsonl"
 //! helper_path = ""                 # empty: next to pstackd
+//!
+//! [ebpf]                           # bound at start (restart to change)
+//! enabled = true                   # keep the off-CPU programs attached; a load failure is logged, not fatal
+//! tcp = true                       # also the TCP programs (retransmits, resets, state changes)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -140,6 +144,32 @@ pub struct Config {
     pub shipper: ShipperConfig,
     /// Capture defaults.
     pub capture: CaptureConfig,
+    /// eBPF programs kept attached while pstackd runs.
+    pub ebpf: EbpfDaemonConfig,
+}
+
+/// eBPF settings (bound at start).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EbpfDaemonConfig {
+    /// Load the off-CPU programs at start and keep them attached; windowed
+    /// captures use them (no per-capture load). Default true. A failure to
+    /// load (no BTF, no privilege) is logged and shown in `/v1/status`, never
+    /// fatal; captures then load their own session, which fails the same typed way.
+    pub enabled: bool,
+    /// Also keep the TCP programs attached (their event and loss counts show
+    /// in `/v1/status` and `/metrics`; the ring is drained every second).
+    /// Default true. Costs a few hundred ns per TCP event on the host.
+    pub tcp: bool,
+}
+
+impl Default for EbpfDaemonConfig {
+    fn default() -> Self {
+        EbpfDaemonConfig {
+            enabled: true,
+            tcp: true,
+        }
+    }
 }
 
 /// Spool settings.
@@ -236,6 +266,7 @@ impl Default for Config {
             spool: SpoolConfig::default(),
             shipper: ShipperConfig::default(),
             capture: CaptureConfig::default(),
+            ebpf: EbpfDaemonConfig::default(),
         }
     }
 }
@@ -494,6 +525,9 @@ impl Config {
         }
         if self.capture.leak_journal != proposed.capture.leak_journal {
             out.push("capture.leak_journal");
+        }
+        if self.ebpf != proposed.ebpf {
+            out.push("ebpf");
         }
         out
     }

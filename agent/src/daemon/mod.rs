@@ -18,7 +18,8 @@
 //! Request body: `subject` is exactly one of `{"pid": N}`, `{"tid": N}`,
 //! `{"host": true}`; optional `deadlines` (`surface_ms`, `bundle_ms`) and
 //! `caps` (`max_threads`, `max_bytes_per_surface`) may only narrow the
-//! configured values. Unknown members are refused.
+//! configured values; optional `window_ms` (pid/tid only) adds the
+//! `ebpf:offcpu` surface observed over that window. Unknown members are refused.
 //!
 //! Data flows one way: supervisor → envelope → [`spool`] → [`shipper`] →
 //! collector. Invariants of each stage are stated in its module:
@@ -28,11 +29,13 @@
 //! - [`spool`]: on-disk format, durability window, who deletes what;
 //! - [`shipper`]: delete only after per-item ack; retry and backoff;
 //! - [`notify`]: readiness and watchdog semantics;
+//! - [`ebpf`]: the eBPF programs kept attached, never fatal, lent to windowed captures;
 //! - [`run`]: startup order, drain and reload.
 
 pub mod api;
 pub mod capture;
 pub mod config;
+pub mod ebpf;
 pub mod listener;
 pub mod notify;
 pub mod peer;

@@ -2,8 +2,9 @@
 //!
 //! Order at start (each step before the next), single-threaded in [`prepare`]:
 //! load config → resolve group → take or bind the socket → drop privileges;
-//! then on the runtime in [`run`]: open the spool (scan) → open the leak
-//! budget → start shipper, watchdog and accept loop → `READY=1`.
+//! then on the runtime in [`run`]: open the spool (scan) → load the eBPF
+//! programs (never fatal; see `ebpf`) → open the leak budget → start shipper,
+//! watchdog, eBPF drain and accept loop → `READY=1`.
 //! Readiness is sent only after the accept loop is running, so a client that
 //! connects on `READY=1` is served.
 //!
@@ -165,6 +166,7 @@ pub async fn run(opts: RunOptions, prepared: Prepared) -> Result<(), DaemonError
     let snap = spool.snapshot();
     tracing::info!(files = snap.files, bytes = snap.bytes, dir = %config.spool.dir.display(), "spool indexed");
 
+    let ebpf = super::ebpf::DaemonEbpf::start(&config.ebpf).await;
     let engine = {
         let helper = if config.capture.helper_path.as_os_str().is_empty() {
             crate::supervisor::locate_helper()
@@ -172,7 +174,8 @@ pub async fn run(opts: RunOptions, prepared: Prepared) -> Result<(), DaemonError
             Ok(config.capture.helper_path.clone())
         };
         match helper.and_then(|p| SupervisorConfig::new("pstackd", p)) {
-            Ok(sc) => {
+            Ok(mut sc) => {
+                sc.offcpu = Some(ebpf.clone() as Arc<dyn crate::supervisor::OffCpuSource>);
                 let budget = LeakBudget::new(
                     config.capture.leak_budget,
                     LeakJournal::new(config.capture.leak_journal.clone()),
@@ -181,6 +184,7 @@ pub async fn run(opts: RunOptions, prepared: Prepared) -> Result<(), DaemonError
                 CaptureEngine {
                     supervisor: Ok(sc),
                     budget: Some(budget),
+                    ebpf: ebpf.clone(),
                 }
             }
             Err(e) => {
@@ -188,6 +192,7 @@ pub async fn run(opts: RunOptions, prepared: Prepared) -> Result<(), DaemonError
                 CaptureEngine {
                     supervisor: Err(e.to_string()),
                     budget: None,
+                    ebpf: ebpf.clone(),
                 }
             }
         }
@@ -206,6 +211,7 @@ pub async fn run(opts: RunOptions, prepared: Prepared) -> Result<(), DaemonError
     ));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let shipper_task = tokio::spawn(shipper.run(shutdown_rx.clone()));
+    ebpf.spawn_drain(shutdown_rx.clone());
 
     if let Some(interval) = notifier.watchdog_interval() {
         let n = notifier.clone();
@@ -381,6 +387,7 @@ fn reload(state: &DaemonState, opts: &RunOptions) {
     applied.socket_mode = running.socket_mode.clone();
     applied.spool.dir = running.spool.dir.clone();
     applied.capture.leak_journal = running.capture.leak_journal.clone();
+    applied.ebpf = running.ebpf.clone();
     state.spool.set_limits(spool_limits(&applied));
     let _ = state.shipper_config.send(applied.shipper.clone());
     state.replace(applied, policy);

@@ -56,6 +56,8 @@ pub struct CaptureEngine {
     pub supervisor: Result<SupervisorConfig, String>,
     /// One budget for the daemon's lifetime.
     pub budget: Option<LeakBudget>,
+    /// The eBPF programs kept attached (or why not).
+    pub ebpf: Arc<super::ebpf::DaemonEbpf>,
 }
 
 /// Everything the handlers share.
