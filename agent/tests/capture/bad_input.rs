@@ -9,7 +9,7 @@ use pstack_envelope::SurfaceStatus;
 
 use crate::fixtures::{Proc, is_root};
 
-fn pstackctl(args: &[&str], dir: &std::path::Path) -> Output {
+pub(crate) fn pstackctl(args: &[&str], dir: &std::path::Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pstackctl"))
         .arg("capture")
         .args(args)
@@ -21,7 +21,7 @@ fn pstackctl(args: &[&str], dir: &std::path::Path) -> Output {
         .unwrap()
 }
 
-fn no_panic(o: &Output) {
+pub(crate) fn no_panic(o: &Output) {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("panicked"), "{err}");
 }
@@ -150,7 +150,7 @@ fn root_process_of_another_user_is_read_by_the_reduced_helper() {
     assert!(bad.is_empty(), "{bad:?}");
 }
 
-fn as_nobody(args: &[&str], dir: &std::path::Path) -> Output {
+pub(crate) fn as_nobody(args: &[&str], dir: &std::path::Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pstackctl"))
         .arg("capture")
         .args(args)

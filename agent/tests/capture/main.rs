@@ -21,5 +21,6 @@ mod fuse_hang;
 mod host;
 mod identity_race;
 mod isolation;
+mod offcpu_window;
 mod states;
 mod unreapable;
