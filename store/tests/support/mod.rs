@@ -105,7 +105,7 @@ pub async fn fresh_store(
                     };
                     if std::env::var("CI").is_ok_and(|v| v == "true") {
                         panic!(
-                            "CI=true and PostgreSQL at {url} is unreachable: {why} (scripts/setup.d/20-postgres.sh starts it)"
+                            "CI=true and PostgreSQL at {shown} is unreachable: {why} (scripts/setup.d/20-postgres.sh starts it)"
                         );
                     }
                     // Straight to fd 2, past libtest's capture: a skip is always visible.
