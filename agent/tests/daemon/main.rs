@@ -11,6 +11,7 @@
 mod auth;
 mod collector;
 mod common;
+mod ebpf;
 mod faults;
 mod lifecycle;
 mod limits;
