@@ -1,7 +1,7 @@
 //! pstack-store benchmarks (not part of `cargo test`):
 //!
 //! ```text
-//! cargo bench -p pstack-store --bench ingest -- [--backend sqlite|postgres|both] [--mode ingest|history|all]
+//! cargo bench -p pstack-store --bench ingest -- [--backend sqlite|postgres|both] [--mode ingest|external|history|all]
 //! ```
 //!
 //! - **ingest**: 16 concurrent HTTP clients POST gzip JSON-array batches of 100
@@ -10,6 +10,9 @@
 //!   Side by side, the same envelopes through `pstack_envelope::verify` alone on
 //!   every core: the CPU ceiling of any verifying store on this machine, and
 //!   the ratio of the two.
+//! - **external** (SQLite): the same load against `pstack-store serve` run as
+//!   its own process, to measure the server's CPU per envelope apart from the
+//!   clients'.
 //! - **history**: bulk-inserts 1,000,000 synthetic rows directly via SQL
 //!   (multi-row INSERTs, bypassing verification; 1,000 subjects x 1,000
 //!   captures, small bodies because the history query never reads bodies),
@@ -112,7 +115,12 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 
 /// CPU time (user + system) this process has used, from /proc/self/stat.
 fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    cpu_time_of("self")
+}
+
+/// CPU time (user + system) of a process, from /proc/<pid>/stat.
+fn cpu_time_of(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the parenthesized comm: state is field 3; utime 14, stime 15.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -290,6 +298,93 @@ async fn bench_ingest(backend: &str, run: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Ingest into the `pstack-store serve` binary in its own process (SQLite), so
+/// the server's CPU per envelope is measured apart from the clients'.
+async fn bench_ingest_external(run: u64) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("external.db");
+    let db = db.to_str().unwrap_or_default().to_string();
+    let bin = env!("CARGO_BIN_EXE_pstack-store");
+    let out = std::process::Command::new(bin)
+        .args(["--db", &db, "keys", "create", "--name", "bench"])
+        .output()?;
+    anyhow::ensure!(out.status.success(), "keys create failed");
+    let key = String::from_utf8(out.stdout)?.trim().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = std::process::Command::new(bin)
+        .args(["--db", &db, "serve", "--listen", &listen])
+        .env("PSTACK_STORE_LOG", "warn")
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let pid = child.id().to_string();
+    let client = reqwest::Client::builder()
+        .no_gzip()
+        .pool_max_idle_per_host(CLIENTS)
+        .build()?;
+    let base = format!("http://{listen}");
+    for _ in 0..200 {
+        if client.get(format!("{base}/healthz")).send().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("[sqlite, separate server process] preparing...");
+    let batches = make_batches(run);
+    let server0 = cpu_time_of(&pid);
+    let client0 = cpu_time();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for mine in batches.gz {
+        let client = client.clone();
+        let url = format!("{base}/v1/envelopes");
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut accepted = 0u64;
+            for body in mine {
+                let resp = client
+                    .post(&url)
+                    .bearer_auth(&key)
+                    .header("content-type", "application/json")
+                    .header("content-encoding", "gzip")
+                    .body(body)
+                    .send()
+                    .await?;
+                anyhow::ensure!(resp.status().is_success(), "HTTP {}", resp.status());
+                let v: serde_json::Value = resp.json().await?;
+                accepted += v["accepted"].as_u64().unwrap_or(0);
+            }
+            Ok::<_, anyhow::Error>(accepted)
+        }));
+    }
+    let mut accepted = 0;
+    for t in tasks {
+        accepted += t.await??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let server_cpu = (cpu_time_of(&pid) - server0).as_secs_f64();
+    let client_cpu = (cpu_time() - client0).as_secs_f64();
+    anyhow::ensure!(
+        accepted as usize == batches.envelopes,
+        "accepted {accepted}"
+    );
+    let n = batches.envelopes as f64;
+    println!(
+        "ingest sqlite   (pstack-store serve in its own process) {:.0} envelopes/s, {:.1} MB/s; server CPU {:.0} us/envelope, clients CPU {:.0} us/envelope",
+        n / elapsed,
+        batches.raw_bytes as f64 / elapsed / 1e6,
+        server_cpu * 1e6 / n,
+        client_cpu * 1e6 / n,
+    );
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    let _ = child.wait();
+    Ok(())
+}
+
 async fn bench_history(backend: &str) -> anyhow::Result<()> {
     let t = open(backend).await?;
     let body = vec![b' '; 512];
@@ -372,6 +467,9 @@ fn main() -> anyhow::Result<()> {
         for (i, b) in backends.iter().enumerate() {
             if mode == "ingest" || mode == "all" {
                 bench_ingest(b, i as u64 + 1).await?;
+            }
+            if *b == "sqlite" && (mode == "external" || mode == "all") {
+                bench_ingest_external(7).await?;
             }
             if mode == "history" || mode == "all" {
                 bench_history(b).await?;
