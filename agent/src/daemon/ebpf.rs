@@ -2,6 +2,9 @@
 //! loaded once at start and stay attached while the daemon runs.
 //!
 //! Invariants:
+//! - **Off the readiness path.** The programs load on the blocking pool after
+//!   start (BTF parsing costs ~70 ms of CPU); until then the state is
+//!   `loading` and windowed captures load their own one-shot session.
 //! - **Never fatal.** A load failure (no BTF → `unsupported`, no privilege →
 //!   `permission_denied`, anything else → `error`) is logged once and shown
 //!   in `/v1/status` and `/metrics`; the daemon serves on without it.
@@ -37,7 +40,7 @@ pub const DRAIN_EVERY: Duration = Duration::from_secs(1);
 
 /// The daemon's eBPF state.
 pub struct DaemonEbpf {
-    session: Option<Arc<Mutex<EbpfSession>>>,
+    session: std::sync::OnceLock<Arc<Mutex<EbpfSession>>>,
     /// Last status read (or the failure / disabled status).
     last: std::sync::Mutex<(EbpfStatus, u64)>,
     handle: tokio::runtime::Handle,
@@ -48,7 +51,7 @@ pub struct DaemonEbpf {
 impl std::fmt::Debug for DaemonEbpf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DaemonEbpf")
-            .field("loaded", &self.session.is_some())
+            .field("loaded", &self.session.get().is_some())
             .finish_non_exhaustive()
     }
 }
@@ -72,56 +75,74 @@ fn disabled() -> EbpfStatus {
 }
 
 impl DaemonEbpf {
-    /// Load the programs (on the blocking pool) per `cfg`. Never fails: a
-    /// failure is logged and becomes the reported state.
-    pub async fn start(cfg: &EbpfDaemonConfig) -> Arc<DaemonEbpf> {
-        let handle = tokio::runtime::Handle::current();
-        let (session, status) = if !cfg.enabled {
-            tracing::info!("eBPF disabled by configuration (ebpf.enabled = false)");
-            (None, disabled())
+    /// Start loading the programs per `cfg` (on the blocking pool; needs a
+    /// tokio runtime) and return at once. Never fails: a failure is logged and
+    /// becomes the reported state.
+    pub fn start(cfg: &EbpfDaemonConfig) -> Arc<DaemonEbpf> {
+        let initial = if cfg.enabled {
+            let mut st = disabled();
+            st.state = "loading".into();
+            st.message = None;
+            st
         } else {
-            let mut ec = EbpfConfig::offcpu(Vec::new());
-            ec.tcp = cfg.tcp;
-            let started = tokio::task::spawn_blocking(move || EbpfSession::start(ec)).await;
-            match started {
-                Ok(Ok(s)) => match s.status() {
-                    Ok(st) => {
-                        tracing::info!(
-                            programs = st.programs.len(),
-                            "eBPF programs attached; kept while pstackd runs"
-                        );
-                        (Some(Arc::new(Mutex::new(s))), st)
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "eBPF counters unreadable; programs unloaded");
-                        (None, EbpfStatus::failed(&e))
-                    }
-                },
-                Ok(Err(e)) => {
-                    tracing::warn!(state = e.status().as_str(), error = %e, "eBPF programs not loaded; captures with a window will report the same typed status");
-                    (None, EbpfStatus::failed(&e))
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "eBPF load task failed");
-                    let mut st = disabled();
-                    st.state = "error".into();
-                    st.message = Some(format!("load task failed: {e}"));
-                    (None, st)
-                }
-            }
+            tracing::info!("eBPF disabled by configuration (ebpf.enabled = false)");
+            disabled()
         };
-        Arc::new(DaemonEbpf {
-            session,
-            last: std::sync::Mutex::new((status, now_unix())),
-            handle,
+        let me = Arc::new(DaemonEbpf {
+            session: std::sync::OnceLock::new(),
+            last: std::sync::Mutex::new((initial, now_unix())),
+            handle: tokio::runtime::Handle::current(),
             windows_shared: AtomicU64::new(0),
             windows_one_shot: AtomicU64::new(0),
-        })
+        });
+        if cfg.enabled {
+            let mut ec = EbpfConfig::offcpu(Vec::new());
+            ec.tcp = cfg.tcp;
+            let loader = me.clone();
+            tokio::spawn(async move {
+                let started = tokio::task::spawn_blocking(move || EbpfSession::start(ec)).await;
+                loader.loaded_with(started);
+            });
+        }
+        me
+    }
+
+    fn loaded_with(
+        &self,
+        started: Result<Result<EbpfSession, pstack_ebpf::EbpfError>, tokio::task::JoinError>,
+    ) {
+        match started {
+            Ok(Ok(s)) => match s.status() {
+                Ok(st) => {
+                    tracing::info!(
+                        programs = st.programs.len(),
+                        "eBPF programs attached; kept while pstackd runs"
+                    );
+                    self.remember(st);
+                    let _ = self.session.set(Arc::new(Mutex::new(s)));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "eBPF counters unreadable; programs unloaded");
+                    self.remember(EbpfStatus::failed(&e));
+                }
+            },
+            Ok(Err(e)) => {
+                tracing::warn!(state = e.status().as_str(), error = %e, "eBPF programs not loaded; captures with a window will report the same typed status");
+                self.remember(EbpfStatus::failed(&e));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "eBPF load task failed");
+                let mut st = disabled();
+                st.state = "error".into();
+                st.message = Some(format!("load task failed: {e}"));
+                self.remember(st);
+            }
+        }
     }
 
     /// Whether the programs are loaded.
     pub fn loaded(&self) -> bool {
-        self.session.is_some()
+        self.session.get().is_some()
     }
 
     fn remember(&self, st: EbpfStatus) {
@@ -130,7 +151,7 @@ impl DaemonEbpf {
 
     /// The current status: live when the session is free, else the last read.
     pub fn status(&self) -> (EbpfStatus, u64) {
-        if let Some(s) = &self.session
+        if let Some(s) = self.session.get()
             && let Ok(g) = s.try_lock()
         {
             match g.status() {
@@ -184,11 +205,8 @@ impl DaemonEbpf {
     }
 
     /// Drain the TCP ring and refresh the status every [`DRAIN_EVERY`] until
-    /// `stop` turns true. Nothing to do when the programs are not loaded.
+    /// `stop` turns true (idle while the programs are not loaded).
     pub fn spawn_drain(self: &Arc<Self>, mut stop: watch::Receiver<bool>) {
-        let Some(session) = self.session.clone() else {
-            return;
-        };
         let me = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(DRAIN_EVERY);
@@ -198,6 +216,9 @@ impl DaemonEbpf {
                     _ = tick.tick() => {}
                     _ = stop.changed() => return,
                 }
+                let Some(session) = me.session.get() else {
+                    continue;
+                };
                 let mut g = session.lock().await;
                 if g.config().tcp {
                     // A 1 ms window: its first step discards what queued since the last.
@@ -221,7 +242,7 @@ impl OffCpuSource for DaemonEbpf {
             self.windows_one_shot.fetch_add(1, Ordering::Relaxed);
             pstack_ebpf::capture_blocking(EbpfConfig::offcpu(vec![pid]), window)
         };
-        let Some(session) = self.session.clone() else {
+        let Some(session) = self.session.get().cloned() else {
             return one_shot();
         };
         let guard = self.handle.block_on(async {

@@ -2,9 +2,10 @@
 //!
 //! Order at start (each step before the next), single-threaded in [`prepare`]:
 //! load config → resolve group → take or bind the socket → drop privileges;
-//! then on the runtime in [`run`]: open the spool (scan) → load the eBPF
-//! programs (never fatal; see `ebpf`) → open the leak budget → start shipper,
-//! watchdog, eBPF drain and accept loop → `READY=1`.
+//! then on the runtime in [`run`]: open the spool (scan) → start loading the
+//! eBPF programs in the background (never fatal, not awaited; see `ebpf`) →
+//! open the leak budget → start shipper, watchdog, eBPF drain and accept
+//! loop → `READY=1`.
 //! Readiness is sent only after the accept loop is running, so a client that
 //! connects on `READY=1` is served.
 //!
@@ -166,7 +167,7 @@ pub async fn run(opts: RunOptions, prepared: Prepared) -> Result<(), DaemonError
     let snap = spool.snapshot();
     tracing::info!(files = snap.files, bytes = snap.bytes, dir = %config.spool.dir.display(), "spool indexed");
 
-    let ebpf = super::ebpf::DaemonEbpf::start(&config.ebpf).await;
+    let ebpf = super::ebpf::DaemonEbpf::start(&config.ebpf);
     let engine = {
         let helper = if config.capture.helper_path.as_os_str().is_empty() {
             crate::supervisor::locate_helper()

@@ -13,6 +13,13 @@ use pstack_envelope::{Envelope, SurfaceStatus};
 
 use crate::common::{Daemon, Settings, is_root, wait_until};
 
+/// The status once the background load has finished (running or failed).
+fn settled(d: &Daemon) -> serde_json::Value {
+    d.wait_status(Duration::from_secs(20), "the eBPF load to finish", |s| {
+        s["ebpf"]["state"] != "loading"
+    })
+}
+
 /// A process napping 20 ms at a time (each nap a switch-out in S); killed on drop.
 struct Napper(Child);
 
@@ -82,7 +89,7 @@ fn root_status_and_metrics_show_attached_programs_and_live_counters() {
     }
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(dir.path(), &Settings::default());
-    let s = d.status();
+    let s = settled(&d);
     let e = &s["ebpf"];
     assert_eq!(e["state"], "running", "{e:#}\nlog:\n{}", d.log_text());
     let programs = e["programs"].as_array().unwrap();
@@ -126,6 +133,7 @@ fn root_windowed_captures_borrow_the_running_session_and_fall_back_when_busy() {
     }
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(dir.path(), &Settings::default());
+    assert_eq!(settled(&d)["ebpf"]["state"], "running");
     let p = Napper::spawn();
     let env = windowed(&d, p.pid(), 1_000);
     let s = offcpu(&env);
@@ -223,7 +231,7 @@ fn root_daemon_as_nobody_reports_ebpf_permission_denied_and_keeps_serving() {
         std::os::unix::process::CommandExt::uid(cmd, 65534);
         std::os::unix::process::CommandExt::gid(cmd, 65534);
     });
-    let s = d.status();
+    let s = settled(&d);
     assert_eq!(
         s["ebpf"]["state"],
         "permission_denied",
