@@ -342,3 +342,51 @@ fn without_a_window_there_is_no_ebpf_surface() {
     );
     assert!(!env.claims.iter().any(|c| c.code.contains("offcpu")));
 }
+
+#[test]
+fn root_window_on_one_thread_claims_only_that_thread() {
+    if !is_root() {
+        eprintln!("skipped: eBPF needs root");
+        return;
+    }
+    // A thread of this (multi-threaded) test process naps; the window watches
+    // the whole process, the claims speak for the subject thread only.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let napper = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // SAFETY: gettid has no arguments and cannot fail.
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let tid = rx.recv().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut req = request(Target::Thread { tid }, 2000, 10_000);
+    req.window = Some(Duration::from_millis(800));
+    let env = supervisor::capture(&req, &config(), &budget(dir.path(), 4)).unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    napper.join().unwrap();
+    let env = pstack_envelope::verify(&serde_json::to_vec(&env).unwrap()).unwrap();
+    let s = surface(&env, OFFCPU);
+    assert!(ok(s), "{s:?}");
+    assert!(
+        arr(s, "tasks").iter().any(|t| t["tid"] == tid),
+        "{:#}",
+        s.facts["tasks"]
+    );
+    let t = env
+        .claims
+        .iter()
+        .find(|c| c.code == "offcpu_time_in_window")
+        .expect("an off-CPU time claim");
+    assert!(
+        t.statement.contains(" 1 thread(s) of the subject"),
+        "{}",
+        t.statement
+    );
+    claims_respect_status(&env);
+}
