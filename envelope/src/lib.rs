@@ -29,6 +29,7 @@ mod redact;
 mod rules;
 mod seal;
 mod strict;
+pub mod wall_time;
 
 pub use canonical::{to_canonical, write_canonical};
 pub use diff::{EnvelopeDiff, FactChange, StatusChange, diff};

@@ -102,30 +102,6 @@ fn is_decimal(s: &str) -> bool {
         && s.parse::<u64>().is_ok()
 }
 
-/// RFC 3339 UTC with a `Z` offset: `YYYY-MM-DDTHH:MM:SS[.fraction]Z`.
-fn is_rfc3339_utc(s: &str) -> bool {
-    let b = s.as_bytes();
-    if b.len() < 20 || b[b.len() - 1] != b'Z' {
-        return false;
-    }
-    let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
-    let fixed = digits(0..4)
-        && b[4] == b'-'
-        && digits(5..7)
-        && b[7] == b'-'
-        && digits(8..10)
-        && b[10] == b'T'
-        && digits(11..13)
-        && b[13] == b':'
-        && digits(14..16)
-        && b[16] == b':'
-        && digits(17..19);
-    let rest = &b[19..b.len() - 1];
-    let fraction_ok = rest.is_empty()
-        || (rest.len() >= 2 && rest[0] == b'.' && rest[1..].iter().all(u8::is_ascii_digit));
-    fixed && fraction_ok
-}
-
 /// Every semantic rule, every violation (empty when valid). The digest is
 /// checked by [`crate::verify`], not here.
 pub fn check_rules(env: &Envelope) -> Vec<EnvelopeError> {
@@ -181,7 +157,7 @@ pub fn check_rules(env: &Envelope) -> Vec<EnvelopeError> {
             });
         }
     }
-    if !is_rfc3339_utc(&env.clock.wall_time) {
+    if crate::wall_time::parse(&env.clock.wall_time).is_none() {
         errors.push(invalid(
             "$.clock.wall_time",
             "not RFC 3339 UTC (YYYY-MM-DDTHH:MM:SS[.f]Z)",

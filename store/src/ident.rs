@@ -156,98 +156,15 @@ fn put_process(f: &mut BTreeMap<&'static str, String>, p: &pstack_envelope::Proc
     f.insert("cgroup", p.cgroup.clone());
 }
 
-/// Nanoseconds since the Unix epoch of an RFC 3339 UTC wall time of the form
-/// the envelope admits (`YYYY-MM-DDTHH:MM:SS[.f]Z`); `None` when it is not
-/// that form or not a real date. Fractions beyond nanoseconds are truncated.
+/// Nanoseconds since the Unix epoch of a wall time in the envelope's form
+/// (`YYYY-MM-DDTHH:MM:SS[.f]Z`, a real date); `None` otherwise.
 pub fn wall_time_ns(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
-    if b.len() < 20 || b[b.len() - 1] != b'Z' || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' {
-        return None;
-    }
-    if b[13] != b':' || b[16] != b':' {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let part = s.get(r)?;
-        if !part.bytes().all(|c| c.is_ascii_digit()) {
-            return None;
-        }
-        part.parse().ok()
-    };
-    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&month) || day < 1 || day > days_in_month(year, month) {
-        return None;
-    }
-    if hour > 23 || minute > 59 || second > 60 {
-        return None;
-    }
-    let rest = &s[19..s.len() - 1];
-    let mut nanos: i64 = 0;
-    if !rest.is_empty() {
-        let frac = rest.strip_prefix('.')?;
-        if frac.is_empty() || !frac.bytes().all(|c| c.is_ascii_digit()) {
-            return None;
-        }
-        let mut digits = frac
-            .bytes()
-            .take(9)
-            .map(|c| i64::from(c - b'0'))
-            .collect::<Vec<_>>();
-        digits.resize(9, 0);
-        nanos = digits.into_iter().fold(0, |acc, d| acc * 10 + d);
-    }
-    let days = days_from_civil(year, month, day);
-    let secs = days * 86_400 + hour * 3600 + minute * 60 + second;
-    secs.checked_mul(1_000_000_000)?.checked_add(nanos)
-}
-
-fn is_leap(y: i64) -> bool {
-    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
-}
-
-fn days_in_month(y: i64, m: i64) -> i64 {
-    match m {
-        2 if is_leap(y) => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    pstack_envelope::wall_time::parse_unix_ns(s)
 }
 
 /// RFC 3339 UTC rendering (millisecond precision) of Unix nanoseconds.
 pub fn format_ns(ns: i64) -> String {
-    let secs = ns.div_euclid(1_000_000_000);
-    let millis = ns.rem_euclid(1_000_000_000) / 1_000_000;
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    // Inverse of days_from_civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        sod / 3600,
-        (sod % 3600) / 60,
-        sod % 60
-    )
+    pstack_envelope::wall_time::format_unix_ns(ns)
 }
 
 #[cfg(test)]

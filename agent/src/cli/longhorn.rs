@@ -879,9 +879,9 @@ pub fn transfer_envelope(
             .first()
             .map(|e| e.clock.clone())
             .unwrap_or_else(|| pstack_envelope::Clock {
-                wall_time: transport::rfc3339(std::time::SystemTime::now()),
-                monotonic_start_ns: transport::monotonic_ns().to_string(),
-                monotonic_end_ns: transport::monotonic_ns().to_string(),
+                wall_time: crate::supervisor::clock::wall_time_now(),
+                monotonic_start_ns: crate::supervisor::clock::monotonic_ns().to_string(),
+                monotonic_end_ns: crate::supervisor::clock::monotonic_ns().to_string(),
                 bundle_deadline_ms: 0,
             }),
         universe: Universe {

@@ -41,9 +41,10 @@
 //!   ESTABLISHED for CLOSE, EstabResets/OutRsts deltas) as facts, the reset
 //!   direction as an inference, and leaves an unknown with its probe.
 
+use crate::supervisor::clock::monotonic_ns;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use pstack_collectors::net::conntrack::{ConntrackError, ConntrackFacts, read_conntrack};
 use pstack_collectors::net::load::{LoadFacts, read_load};
@@ -419,43 +420,6 @@ fn read_flow_sockopts(end: &Sample) -> BTreeMap<u64, Timed<Result<SockOpts, Sock
     out
 }
 
-/// CLOCK_MONOTONIC now, ns.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a live timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
-
-/// RFC 3339 UTC with milliseconds.
-pub fn rfc3339(t: SystemTime) -> String {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
-}
-
 /// eBPF view of one flow for the window.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EbpfFlow {
@@ -601,7 +565,7 @@ pub fn capture(plan: &Plan) -> Result<CaptureResult, TransportError> {
     let want_ebpf = plan.ebpf;
     let peer = plan.filter.peer;
     let (raw, net_ns) = netns::run_in(&plan.target, move || {
-        let wall = rfc3339(SystemTime::now());
+        let wall = pstack_envelope::wall_time::format_millis(SystemTime::now());
         let mono_start = monotonic_ns();
         // Programs are loaded before the first sample so the window covers it.
         let ebpf = want_ebpf.then(|| match ebpf_start(peer) {
@@ -1273,7 +1237,7 @@ impl Ctx<'_> {
         } else {
             start_wall - Duration::from_nanos(self.raw.mono_start - mono_ns)
         };
-        rfc3339(t)
+        pstack_envelope::wall_time::format_millis(t)
     }
 
     fn clock(&self) -> Clock {

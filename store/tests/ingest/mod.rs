@@ -444,13 +444,14 @@ async fn store_rules_reject_what_the_envelope_crate_admits(db: Db) {
     let Some(h) = Harness::start_with(db, limits).await else {
         return;
     };
-    // A date that has the RFC 3339 shape but does not exist: the envelope
-    // seals, the store cannot order it in time.
+    // A real date the envelope admits but the store cannot order in time:
+    // past 2262 it overflows the i64 nanoseconds the store indexes by.
+    // (An impossible date such as Feb 30 is already refused by the envelope.)
     let mut c = Capture::new("node-a", 4242, 1);
     c.threads = 2;
     let mut env = c.unsealed();
-    env.clock.wall_time = "2026-02-30T00:00:00Z".into();
-    let feb30 =
+    env.clock.wall_time = "3000-01-01T00:00:00Z".into();
+    let far_future =
         serde_json::to_vec(&env.seal().expect("the envelope crate admits the shape")).unwrap();
     let (big_digest, big) = sealed("node-a", 4242, 2); // ~20 KiB > 16 KiB cap
     let (small_digest, small) = {
@@ -458,7 +459,7 @@ async fn store_rules_reject_what_the_envelope_crate_admits(db: Db) {
         c.threads = 2;
         c.bytes().unwrap()
     };
-    let (_, resp) = h.post_batch(&[feb30, big, small]).await;
+    let (_, resp) = h.post_batch(&[far_future, big, small]).await;
     let rules: Vec<&str> = resp
         .results
         .iter()
