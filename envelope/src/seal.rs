@@ -81,18 +81,20 @@ pub fn canonical_without_digest(value: &Value) -> Result<Vec<u8>, EnvelopeError>
     Ok(out)
 }
 
+fn estimate_map_size(map: &serde_json::Map<String, Value>) -> usize {
+    map.iter()
+        .map(|(k, v)| k.len() + 3 + estimate_size(v))
+        .sum::<usize>()
+        + map.len()
+        + 2
+}
+
 fn estimate_size(value: &Value) -> usize {
     // Cheap lower bound so large envelopes do not regrow the buffer many times.
     match value {
         Value::String(s) => s.len() + 2,
         Value::Array(a) => a.iter().map(estimate_size).sum::<usize>() + a.len() + 2,
-        Value::Object(m) => {
-            m.iter()
-                .map(|(k, v)| k.len() + 3 + estimate_size(v))
-                .sum::<usize>()
-                + m.len()
-                + 2
-        }
+        Value::Object(m) => estimate_map_size(m),
         _ => 8,
     }
 }
@@ -150,7 +152,15 @@ impl Envelope {
     /// the general canonicalizer. Exposed for the agreement test.
     #[doc(hidden)]
     pub fn fast_canonical_body(&self) -> Option<Vec<u8>> {
-        let mut out = Vec::with_capacity(4096);
+        // Size the buffer up front: regrowing a 1 MiB buffer by doubling copies
+        // about as many bytes again as the envelope holds.
+        let surfaces: usize = self
+            .surfaces
+            .iter()
+            .map(|s| 256 + s.id.len() + s.authority.len() + estimate_map_size(&s.facts))
+            .sum();
+        let mut out =
+            Vec::with_capacity(4096 + surfaces + 512 * (self.claims.len() + self.unknowns.len()));
         let mut ser =
             serde_json::Serializer::with_formatter(&mut out, CanonicalFormatter::default());
         Body::of(self).serialize(&mut ser).ok()?;
@@ -233,13 +243,13 @@ impl serde_json::ser::Formatter for CanonicalFormatter {
         if v > crate::strict::MAX_SAFE_INTEGER {
             return Err(refuse());
         }
-        w.write_all(v.to_string().as_bytes())
+        w.write_all(itoa::Buffer::new().format(v).as_bytes())
     }
     fn write_i64<W: ?Sized + std::io::Write>(&mut self, w: &mut W, v: i64) -> std::io::Result<()> {
         if v.unsigned_abs() > crate::strict::MAX_SAFE_INTEGER {
             return Err(refuse());
         }
-        w.write_all(v.to_string().as_bytes())
+        w.write_all(itoa::Buffer::new().format(v).as_bytes())
     }
     fn write_u128<W: ?Sized + std::io::Write>(
         &mut self,
