@@ -157,6 +157,68 @@ pub fn render(s: &Value) -> String {
             "off (no shipper.url configured); envelopes stay spooled".into(),
         );
     }
-    line(&mut out, "ebpf", n(&s["ebpf"]["state"]));
+    line(&mut out, "ebpf", ebpf_line(&s["ebpf"]));
     out
+}
+
+/// One line on the eBPF programs: state, what is attached, events and losses.
+fn ebpf_line(e: &Value) -> String {
+    let mut text = n(&e["state"]);
+    if let Some(message) = e["message"].as_str() {
+        text.push_str(&format!(" ({message})"));
+    }
+    if let Some(programs) = e["programs"].as_array() {
+        let attached = programs
+            .iter()
+            .filter(|p| p["attached"] == Value::Bool(true))
+            .count();
+        text.push_str(&format!(
+            ", {attached}/{} programs attached",
+            programs.len()
+        ));
+    }
+    let sum = |v: &Value| {
+        v.as_object()
+            .map_or(0, |m| m.values().filter_map(Value::as_u64).sum::<u64>())
+    };
+    let (events, lost) = (sum(&e["tcp_events"]), sum(&e["tcp_lost"]));
+    if e["tcp_events"].is_object() {
+        text.push_str(&format!(
+            ", tcp {events} events, {lost} lost{}",
+            if lost > 0 { " !!" } else { "" }
+        ));
+    }
+    let o = &e["offcpu"];
+    if o.is_object() {
+        text.push_str(&format!(
+            ", off-cpu {} switches, {} D episodes, {} watched",
+            n(&o["switches"]),
+            n(&o["episodes"]),
+            n(&o["watched"])
+        ));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn ebpf_line_shows_attachment_events_losses_and_off_cpu() {
+        let e = json!({
+            "state": "running",
+            "programs": [{"attached": true}, {"attached": false}],
+            "tcp_events": {"retransmit": 3, "reset": 2},
+            "tcp_lost": {"retransmit": 1},
+            "offcpu": {"switches": 40, "episodes": 1, "watched": 2}
+        });
+        assert_eq!(
+            ebpf_line(&e),
+            "running, 1/2 programs attached, tcp 5 events, 1 lost !!, off-cpu 40 switches, 1 D episodes, 2 watched"
+        );
+        let failed = json!({"state": "permission_denied", "message": "needs CAP_BPF"});
+        assert_eq!(ebpf_line(&failed), "permission_denied (needs CAP_BPF)");
+    }
 }
