@@ -59,27 +59,9 @@ pub struct Args {
     /// Transfer id; default: derived from the linked flows.
     #[arg(long)]
     pub transfer: Option<String>,
-    /// The other node's replica/instance-manager address: ADDR or ADDR:PORT.
-    #[arg(long)]
-    pub peer: String,
-    /// Local endpoint: ADDR or ADDR:PORT.
-    #[arg(long)]
-    pub local: Option<String>,
-    /// Read the network namespace of this process (e.g. the instance-manager).
-    #[arg(long, conflicts_with = "netns")]
-    pub netns_pid: Option<u32>,
-    /// Read this named network namespace.
-    #[arg(long)]
-    pub netns: Option<String>,
-    /// Sampling window (e.g. 30s).
-    #[arg(long, default_value = "30s")]
-    pub window: String,
-    /// Port range of the data streams (instance-manager range by default).
-    #[arg(long, default_value = "10000-30000")]
-    pub ports: String,
-    /// Most flows enveloped.
-    #[arg(long, default_value_t = 64)]
-    pub max_flows: usize,
+    /// The stream flows (peer = the other node's replica/instance-manager) and the window.
+    #[command(flatten)]
+    pub flows: transport::FlowSelection,
     /// Longhorn manager API base URL (http://longhorn-backend.longhorn-system:9500).
     #[arg(long)]
     pub longhorn_api: Option<String>,
@@ -129,19 +111,7 @@ pub fn plan(a: &Args) -> Result<Plan, TransportError> {
     if let Some(t) = &a.transfer {
         name_ok("transfer", t)?;
     }
-    let t = transport::Args {
-        peer: a.peer.clone(),
-        local: a.local.clone(),
-        netns_pid: a.netns_pid,
-        netns: a.netns.clone(),
-        window: a.window.clone(),
-        ports: a.ports.clone(),
-        max_flows: a.max_flows,
-        no_ebpf: a.no_ebpf,
-        json: a.json,
-        out_dir: None,
-    };
-    let plan = Plan::from_args(&t)?;
+    let plan = Plan::from_selection(&a.flows, !a.no_ebpf)?;
     let range = plan.filter.either_port_in.unwrap_or(LONGHORN_PORTS);
     for (param, port) in [
         ("peer", plan.filter.peer_port),

@@ -84,16 +84,17 @@ pub const SOURCE_COMMIT: &str = match option_env!("PSTACK_SOURCE_COMMIT") {
     None => "unrecorded",
 };
 
-/// Arguments of `pstackctl capture transport`.
+/// Which flows to capture and how long to watch them; shared by
+/// `capture transport` and `capture longhorn`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct Args {
+pub struct FlowSelection {
     /// Remote endpoint: ADDR or ADDR:PORT (IPv6 with a port in brackets: [fd00::2]:10001).
     #[arg(long)]
     pub peer: String,
     /// Local endpoint: ADDR or ADDR:PORT.
     #[arg(long)]
     pub local: Option<String>,
-    /// Read the network namespace of this process.
+    /// Read the network namespace of this process (e.g. Longhorn's instance-manager).
     #[arg(long, conflicts_with = "netns")]
     pub netns_pid: Option<u32>,
     /// Read this named network namespace (/run/netns/NAME).
@@ -102,12 +103,21 @@ pub struct Args {
     /// Sampling window (e.g. 30s, 500ms, 2m).
     #[arg(long, default_value = "30s")]
     pub window: String,
-    /// With no port pinned, match flows whose local or remote port is in this range.
+    /// With no port pinned, match flows whose local or remote port is in this
+    /// range (Longhorn's instance-manager data ports by default).
     #[arg(long, default_value = "10000-30000")]
     pub ports: String,
     /// Most flows enveloped; more matching flows make every envelope `bounded`.
     #[arg(long, default_value_t = 64)]
     pub max_flows: usize,
+}
+
+/// Arguments of `pstackctl capture transport`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// The flows and the window.
+    #[command(flatten)]
+    pub flows: FlowSelection,
     /// Do not load the eBPF TCP programs (reset attribution becomes an unknown).
     #[arg(long)]
     pub no_ebpf: bool,
@@ -232,8 +242,8 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Validate CLI arguments into a plan.
-    pub fn from_args(a: &Args) -> Result<Plan, TransportError> {
+    /// Validate a flow selection into a plan.
+    pub fn from_selection(a: &FlowSelection, ebpf: bool) -> Result<Plan, TransportError> {
         let (peer, peer_port) = parse_endpoint("peer", &a.peer)?;
         let (local, local_port) = match &a.local {
             Some(l) => {
@@ -269,7 +279,7 @@ impl Plan {
             target,
             window: parse_window(&a.window)?,
             max_flows: a.max_flows,
-            ebpf: !a.no_ebpf,
+            ebpf,
         })
     }
 }
@@ -2119,7 +2129,7 @@ pub fn emit(
 
 /// Run `pstackctl capture transport`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let plan = match Plan::from_args(&args) {
+    let plan = match Plan::from_selection(&args.flows, !args.no_ebpf) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("pstackctl capture transport: {e}");
