@@ -300,42 +300,63 @@ pub fn read_thread_states(
     tids: &[u32],
     max_bytes: u64,
 ) -> Result<Reading<ThreadStates>, ReadError> {
+    let (threads, vanished, raw) =
+        sweep_tasks(pid, tids, "stat", 4096, false, max_bytes, |tid, bytes| {
+            let st = parse::parse_stat(bytes).map_err(|reason| ReadError::Parse {
+                path: format!("/proc/{pid}/task/{tid}/stat"),
+                reason,
+            })?;
+            Ok(ThreadState {
+                tid,
+                comm: st.comm,
+                state: st.state,
+                start_ticks: st.start_ticks,
+            })
+        })?;
+    Ok(Reading {
+        facts: ThreadStates { threads, vanished },
+        raw,
+    })
+}
+
+/// Read `task/<tid>/<file>` of each of `tids` with one read each, parsing as
+/// it goes. The raw bytes kept are the texts concatenated (each followed by a
+/// newline when `newline_after`: `wchan` has none of its own), capped at `max_bytes`. Threads that exited are
+/// counted; all of them gone means the process is.
+fn sweep_tasks<T>(
+    pid: u32,
+    tids: &[u32],
+    file: &str,
+    read_cap: u64,
+    newline_after: bool,
+    max_bytes: u64,
+    mut parse_one: impl FnMut(u32, &[u8]) -> Result<T, ReadError>,
+) -> Result<(Vec<T>, u64, RawMeta), ReadError> {
     let mut raw = Vec::new();
-    let mut threads = Vec::with_capacity(tids.len());
+    let mut items = Vec::with_capacity(tids.len());
     let mut vanished = 0;
     let dir = ProcDir::open(&TaskRef::process(pid).file("task"))?;
     for &tid in tids {
-        let rel = format!("{tid}/stat");
-        match dir.read_seq(&rel, 4096) {
+        match dir.read_seq(&format!("{tid}/{file}"), read_cap) {
             Ok(r) => {
-                let st = parse::parse_stat(&r.bytes).map_err(|reason| ReadError::Parse {
-                    path: format!("/proc/{pid}/task/{rel}"),
-                    reason,
-                })?;
+                items.push(parse_one(tid, &r.bytes)?);
                 raw.extend_from_slice(&r.bytes);
-                threads.push(ThreadState {
-                    tid,
-                    comm: st.comm,
-                    state: st.state,
-                    start_ticks: st.start_ticks,
-                });
+                if newline_after {
+                    raw.push(b'\n');
+                }
             }
             Err(ReadError::Vanished { .. }) => vanished += 1,
             Err(e) => return Err(e),
         }
     }
-    if threads.is_empty() && !tids.is_empty() {
+    if items.is_empty() && !tids.is_empty() {
         let path = TaskRef::process(pid).file("task");
         return Err(ReadError::Vanished {
             path: path.display().to_string(),
             errno: libc::ESRCH,
         });
     }
-    let kept = RawRead::capped(raw, max_bytes);
-    Ok(Reading {
-        facts: ThreadStates { threads, vanished },
-        raw: kept.meta(),
-    })
+    Ok((items, vanished, RawRead::capped(raw, max_bytes).meta()))
 }
 
 /// One thread's wait channel in a whole-process sweep.
@@ -362,36 +383,16 @@ pub fn read_thread_wchans(
     tids: &[u32],
     max_bytes: u64,
 ) -> Result<Reading<ThreadWchans>, ReadError> {
-    let mut raw = Vec::new();
-    let mut threads = Vec::with_capacity(tids.len());
-    let mut vanished = 0;
-    let dir = ProcDir::open(&TaskRef::process(pid).file("task"))?;
-    for &tid in tids {
-        let rel = format!("{tid}/wchan");
-        match dir.read_seq(&rel, 256) {
-            Ok(r) => {
-                raw.extend_from_slice(&r.bytes);
-                raw.push(b'\n');
-                threads.push(ThreadWchan {
-                    tid,
-                    wchan: parse::parse_wchan(&r.bytes),
-                });
-            }
-            Err(ReadError::Vanished { .. }) => vanished += 1,
-            Err(e) => return Err(e),
-        }
-    }
-    if threads.is_empty() && !tids.is_empty() {
-        let path = TaskRef::process(pid).file("task");
-        return Err(ReadError::Vanished {
-            path: path.display().to_string(),
-            errno: libc::ESRCH,
-        });
-    }
-    let kept = RawRead::capped(raw, max_bytes);
+    let (threads, vanished, raw) =
+        sweep_tasks(pid, tids, "wchan", 256, true, max_bytes, |tid, bytes| {
+            Ok(ThreadWchan {
+                tid,
+                wchan: parse::parse_wchan(bytes),
+            })
+        })?;
     Ok(Reading {
         facts: ThreadWchans { threads, vanished },
-        raw: kept.meta(),
+        raw,
     })
 }
 
