@@ -719,57 +719,33 @@ fn tcp_deltas(a: &TcpInfo, b: &TcpInfo) -> BTreeMap<&'static str, i128> {
             d.insert(k, y - x);
         }
     };
-    let s = |v: u32| Some(i128::from(v));
-    put("total_retrans", s(a.total_retrans), s(b.total_retrans));
     put(
-        "total_rto",
-        a.total_rto.map(i128::from),
-        b.total_rto.map(i128::from),
+        "total_retrans",
+        Some(a.total_retrans.into()),
+        Some(b.total_retrans.into()),
     );
-    put(
-        "total_rto_recoveries",
-        a.total_rto_recoveries.map(i128::from),
-        b.total_rto_recoveries.map(i128::from),
-    );
-    put(
-        "bytes_acked",
-        a.bytes_acked.map(i128::from),
-        b.bytes_acked.map(i128::from),
-    );
-    put(
-        "bytes_received",
-        a.bytes_received.map(i128::from),
-        b.bytes_received.map(i128::from),
-    );
-    put(
-        "bytes_retrans",
-        a.bytes_retrans.map(i128::from),
-        b.bytes_retrans.map(i128::from),
-    );
-    put(
-        "segs_out",
-        a.segs_out.map(i128::from),
-        b.segs_out.map(i128::from),
-    );
-    put(
-        "segs_in",
-        a.segs_in.map(i128::from),
-        b.segs_in.map(i128::from),
-    );
-    put(
-        "data_segs_out",
-        a.data_segs_out.map(i128::from),
-        b.data_segs_out.map(i128::from),
-    );
-    put(
-        "dsack_dups",
-        a.dsack_dups.map(i128::from),
-        b.dsack_dups.map(i128::from),
-    );
-    put(
-        "rcv_ooopack",
-        a.rcv_ooopack.map(i128::from),
-        b.rcv_ooopack.map(i128::from),
+    // Optional counters: only when both samples carry them (older kernels
+    // send a shorter tcp_info).
+    macro_rules! optional {
+        ($($field:ident),+) => {
+            $(put(
+                stringify!($field),
+                a.$field.map(i128::from),
+                b.$field.map(i128::from),
+            );)+
+        };
+    }
+    optional!(
+        total_rto,
+        total_rto_recoveries,
+        bytes_acked,
+        bytes_received,
+        bytes_retrans,
+        segs_out,
+        segs_in,
+        data_segs_out,
+        dsack_dups,
+        rcv_ooopack
     );
     d
 }
