@@ -480,39 +480,41 @@ impl Shipper {
         let batch = batch.to_vec();
         let stats = self.stats.clone();
         let outcome = tokio::task::spawn_blocking(move || {
+            // `answered`: the collector gave a result for that item (counted once);
+            // `done`: the spool then settled it (deleted or quarantined).
+            let mut answered = vec![false; batch.len()];
             let mut done = vec![false; batch.len()];
             let (mut accepted, mut duplicate, mut rejected) = (0, 0, 0);
             for r in results {
                 let Some(expected) = batch.get(r.index) else {
                     continue;
                 };
-                if done[r.index] || r.digest.as_deref() != Some(expected.as_str()) {
+                if answered[r.index] || r.digest.as_deref() != Some(expected.as_str()) {
                     continue;
                 }
-                let status = r.status.as_str();
-                let acked = match status {
-                    "accepted" | "duplicate" => spool.acknowledge(expected).is_ok(),
-                    "rejected" => {
-                        tracing::warn!(digest = %expected, "collector rejected an envelope; quarantined");
-                        spool
-                            .quarantine(expected, QuarantineReason::RejectedByCollector)
-                            .is_ok()
-                    }
-                    _ => false,
+                // Count the collector's answer before touching the spool, so a
+                // status reader never sees a drained spool with the answer
+                // still uncounted.
+                let (counter, tally) = match r.status.as_str() {
+                    "accepted" => (&stats.accepted, &mut accepted),
+                    "duplicate" => (&stats.duplicate, &mut duplicate),
+                    "rejected" => (&stats.rejected, &mut rejected),
+                    _ => continue,
                 };
-                if acked {
-                    done[r.index] = true;
-                    match status {
-                        "accepted" => accepted += 1,
-                        "duplicate" => duplicate += 1,
-                        _ => rejected += 1,
-                    }
-                }
+                answered[r.index] = true;
+                counter.fetch_add(1, Ordering::Relaxed);
+                *tally += 1;
+                let settled = if r.status == "rejected" {
+                    tracing::warn!(digest = %expected, "collector rejected an envelope; quarantined");
+                    spool
+                        .quarantine(expected, QuarantineReason::RejectedByCollector)
+                        .is_ok()
+                } else {
+                    spool.acknowledge(expected).is_ok()
+                };
+                done[r.index] = settled;
             }
             let unacknowledged = done.iter().filter(|d| !**d).count();
-            stats.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
-            stats.duplicate.fetch_add(duplicate as u64, Ordering::Relaxed);
-            stats.rejected.fetch_add(rejected as u64, Ordering::Relaxed);
             BatchOutcome::Answered {
                 accepted,
                 duplicate,

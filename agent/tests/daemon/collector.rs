@@ -50,16 +50,30 @@ pub struct Collector {
 }
 
 impl Collector {
-    /// A free loopback port (bound then released) for a collector started later.
+    /// A free loopback port for a collector started later. It is picked below
+    /// the kernel's ephemeral range, so neither `bind(:0)` nor the daemon's own
+    /// outgoing connections can take it while nothing listens on it.
     pub fn reserve_port() -> SocketAddr {
-        TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
+        use std::sync::atomic::AtomicU32;
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let seed = std::process::id().wrapping_mul(2_654_435_761)
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos();
+        for _ in 0..1000 {
+            let n = seed.wrapping_add(NEXT.fetch_add(7919, Ordering::Relaxed));
+            let addr = SocketAddr::from(([127, 0, 0, 1], 20_000 + (n % 12_000) as u16));
+            if TcpListener::bind(addr).is_ok() {
+                return addr;
+            }
+        }
+        panic!("no free loopback port in 20000..32000");
     }
 
     pub fn start() -> Collector {
-        Collector::start_on(Collector::reserve_port())
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind collector");
+        Collector::serve(listener, None)
     }
 
     pub fn start_on(addr: SocketAddr) -> Collector {
@@ -83,11 +97,16 @@ impl Collector {
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .unwrap();
-        Collector::start_with(Collector::reserve_port(), Some(Arc::new(config)))
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind collector");
+        Collector::serve(listener, Some(Arc::new(config)))
     }
 
     fn start_with(addr: SocketAddr, tls: Option<Arc<rustls::ServerConfig>>) -> Collector {
         let listener = TcpListener::bind(addr).expect("bind collector");
+        Collector::serve(listener, tls)
+    }
+
+    fn serve(listener: TcpListener, tls: Option<Arc<rustls::ServerConfig>>) -> Collector {
         let c = Collector {
             addr: listener.local_addr().unwrap(),
             faults: Arc::default(),

@@ -98,7 +98,7 @@ fn end_to_end_with_the_real_store_down_then_up_across_a_pstackd_restart() {
     d.wait_status(
         Duration::from_secs(30),
         "spool drained into the store",
-        |s| s["spool"]["files"] == 0,
+        |s| s["spool"]["files"] == 0 && s["shipping"]["accepted_total"] == 6,
     );
     let s = d.status();
     assert_eq!(s["shipping"]["accepted_total"], 6, "{s:#}");
