@@ -336,6 +336,7 @@ impl CaptureRequestBody {
             },
             caps: RequestedCaps::default(),
             window_ms: None,
+            surfaces: None,
         }
     }
 }

@@ -95,6 +95,14 @@ pub struct Args {
     /// Added to the bundle deadline. Not with --host.
     #[arg(long, value_name = "DURATION", value_parser = super::trace::parse_window, conflicts_with = "host")]
     pub window: Option<Duration>,
+    /// Read only these surfaces (repeat the flag or separate with commas), e.g.
+    /// `--surface 'task/*/stack,task/*/wchan'`. Thread states (`task/*/stat`, or
+    /// `proc/*/tasks` with --host) are always read. Process/thread: proc/status,
+    /// proc/io, proc/freezer, proc/cmdline, proc/environ, proc/fd, task/*/stat,
+    /// task/*/status, task/*/schedstat, task/*/wchan, task/*/syscall, task/*/stack,
+    /// ebpf:offcpu (with --window). Host: proc/*/tasks, proc/*/wchan. [default: all]
+    #[arg(long = "surface", value_name = "NAME", value_delimiter = ',')]
+    pub surfaces: Vec<String>,
 }
 
 /// Run `pstackctl capture`.
@@ -106,6 +114,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         (Some(pid), _, _) => Target::Process { pid },
         (_, Some(tid), _) => Target::Thread { tid },
         _ => Target::Host,
+    };
+    let surfaces = if args.surfaces.is_empty() {
+        supervisor::SurfaceSelection::all()
+    } else {
+        supervisor::SurfaceSelection::parse(&args.surfaces)?
     };
     let window_ms = args
         .window
@@ -121,6 +134,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             bundle_ms,
         );
         body.window_ms = window_ms;
+        if !args.surfaces.is_empty() {
+            body.surfaces = Some(args.surfaces.clone());
+        }
         let timeout = Duration::from_millis(bundle_ms.saturating_add(5_000));
         if let Some(envelope) = crate::client::try_capture_via_daemon(&args.socket, &body, timeout)?
         {
@@ -149,6 +165,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             .unwrap_or(if args.host { 4 << 20 } else { 64 << 10 }),
         max_fds: args.max_fds,
         window: args.window,
+        surfaces,
     };
     let envelope = supervisor::capture(&request, &config, &budget)?;
     let path = args

@@ -75,6 +75,11 @@ pub struct CaptureRequestBody {
     /// not given, the window is added to the configured default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_ms: Option<u64>,
+    /// Surface families to read (e.g. `["task/*/stack", "proc/fd"]`); absent:
+    /// every surface. Thread states are always read; a window implies
+    /// `ebpf:offcpu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub surfaces: Option<Vec<String>>,
 }
 
 /// Why a request body was refused (HTTP 400).
@@ -91,6 +96,9 @@ pub enum RequestError {
     /// The selector does not name exactly one subject.
     #[error("bad subject selector: {0}")]
     BadSelector(String),
+    /// A surface name that names no family, or one that does not fit the subject.
+    #[error("bad surface list: {0}")]
+    BadSurfaces(String),
     /// A deadline or cap out of range.
     #[error("{param} {reason}")]
     OutOfRange {
@@ -107,6 +115,7 @@ impl RequestError {
         match self {
             RequestError::Malformed { .. } => "malformed_request",
             RequestError::BadSelector(_) => "bad_selector",
+            RequestError::BadSurfaces(_) => "bad_surfaces",
             RequestError::OutOfRange { .. } => "out_of_range",
         }
     }
@@ -223,8 +232,18 @@ pub fn validate(
             reason: format!("must be between 1 and {}", c.max_bytes_per_surface),
         });
     }
+    let surfaces = match &req.surfaces {
+        None => supervisor::SurfaceSelection::all(),
+        Some(names) => supervisor::SurfaceSelection::parse(names)
+            .map_err(|e| RequestError::BadSurfaces(e.to_string()))?,
+    };
+    // Checked here too so a misfit is a 400 before any work starts.
+    surfaces
+        .resolve(&target, req.window_ms.is_some())
+        .map_err(|e| RequestError::BadSurfaces(e.to_string()))?;
     Ok(supervisor::CaptureRequest {
         target,
+        surfaces,
         deadlines: Some(supervisor::Deadlines {
             surface: Duration::from_millis(surface),
             bundle: Duration::from_millis(bundle),

@@ -11,6 +11,9 @@
 //! curl --unix-socket /run/pstack/pstackd.sock -X POST \
 //!      -d '{"subject":{"pid":4242},"deadlines":{"surface_ms":250,"bundle_ms":2000}}' \
 //!      http://pstackd/v1/captures                      # -> the sealed envelope (200)
+//! curl --unix-socket /run/pstack/pstackd.sock -X POST \
+//!      -d '{"subject":{"pid":4242},"surfaces":["task/*/stack","task/*/wchan"]}' \
+//!      http://pstackd/v1/captures                      # only those (and thread states)
 //! curl --unix-socket /run/pstack/pstackd.sock http://pstackd/v1/status
 //! curl --unix-socket /run/pstack/pstackd.sock http://pstackd/metrics
 //! ```
@@ -19,7 +22,11 @@
 //! `{"host": true}`; optional `deadlines` (`surface_ms`, `bundle_ms`) and
 //! `caps` (`max_threads`, `max_bytes_per_surface`) may only narrow the
 //! configured values; optional `window_ms` (pid/tid only) adds the
-//! `ebpf:offcpu` surface observed over that window. Unknown members are refused.
+//! `ebpf:offcpu` surface observed over that window; optional `surfaces` lists
+//! the surface families to read (`["task/*/stack", "proc/fd"]`; see
+//! [`crate::supervisor::SurfaceFamily`]) — thread states are always read and
+//! the universe selector records the selection; an unknown or misfit name is
+//! a 400 `bad_surfaces` naming the valid ones. Unknown members are refused.
 //!
 //! Data flows one way: supervisor → envelope → [`spool`] → [`shipper`] →
 //! collector. Invariants of each stage are stated in its module:

@@ -21,7 +21,10 @@ use super::assemble::{Assembly, Mode};
 use super::clock::{monotonic_ns, wall_time_now};
 use super::leak::LeakBudget;
 use super::risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, cause_of, status_of};
-use super::{CaptureError, CaptureRequest, Deadlines, OffCpuSource, SupervisorConfig, Target};
+use super::{
+    CaptureError, CaptureRequest, Deadlines, OffCpuSource, SupervisorConfig, SurfaceFamily,
+    SurfaceSelection, Target,
+};
 
 /// Longest off-CPU window a capture may ask for.
 pub const MAX_WINDOW: Duration = Duration::from_secs(600);
@@ -204,10 +207,18 @@ pub fn capture(
             });
         }
     }
+    let selection = request
+        .surfaces
+        .resolve(&request.target, request.window.is_some())
+        .map_err(|e| CaptureError::InvalidParameter {
+            param: "surfaces",
+            reason: e.to_string(),
+        })?;
     let started = Instant::now();
     let host = read_host_facts().map_err(CaptureError::HostFacts)?;
     let ctx = Ctx {
         request,
+        selection,
         deadlines,
         config,
         budget,
@@ -227,6 +238,8 @@ pub fn capture(
 
 struct Ctx<'a> {
     request: &'a CaptureRequest,
+    /// The request's surface selection, checked against its target.
+    selection: SurfaceSelection,
     deadlines: Deadlines,
     config: &'a SupervisorConfig,
     budget: &'a LeakBudget,
@@ -249,6 +262,10 @@ impl Ctx<'_> {
             self.wall_time.clone(),
             self.monotonic_start_ns,
         )
+    }
+
+    fn wants(&self, family: SurfaceFamily) -> bool {
+        self.selection.wants(family)
     }
 
     fn safe(&self) -> SafeReader {
@@ -313,7 +330,14 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
     // surfaces most likely to block (fd targets last).
     let mut reads = Vec::new();
     let mut authorities = Vec::new();
-    for name in ["wchan", "syscall", "stack"] {
+    for (name, family) in [
+        ("wchan", SurfaceFamily::TaskWchan),
+        ("syscall", SurfaceFamily::TaskSyscall),
+        ("stack", SurfaceFamily::TaskStack),
+    ] {
+        if !ctx.wants(family) {
+            continue;
+        }
         for &tid in &tids {
             let kind = match name {
                 "wchan" => SurfaceKind::Wchan { tid },
@@ -325,13 +349,19 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
         }
     }
     if !before.kernel_thread {
-        for kind in [
-            SurfaceKind::Cmdline,
-            SurfaceKind::Environ,
-            SurfaceKind::FdTargets {
-                max_fds: ctx.request.max_fds,
-            },
+        for (kind, family) in [
+            (SurfaceKind::Cmdline, SurfaceFamily::ProcCmdline),
+            (SurfaceKind::Environ, SurfaceFamily::ProcEnviron),
+            (
+                SurfaceKind::FdTargets {
+                    max_fds: ctx.request.max_fds,
+                },
+                SurfaceFamily::ProcFd,
+            ),
         ] {
+            if !ctx.wants(family) {
+                continue;
+            }
             authorities.push(kind.authority(pid));
             reads.push(ctx.risky(format!("proc/{}", kind.name()), pid, kind));
         }
@@ -427,17 +457,24 @@ fn task_reads(
     // Safe reads while the helper works.
     let safe = ctx.safe();
     let proc_ref = TaskRef::process(pid);
-    let mut surfaces = vec![
-        safe.read(
+    let mut surfaces = Vec::new();
+    if ctx.wants(SurfaceFamily::ProcStatus) {
+        surfaces.push(safe.read(
             "proc/status".into(),
             format!("procfs:/proc/{pid}/status"),
             || read::read_status(proc_ref, ctx.request.max_bytes_per_surface),
-        ),
-        safe.read("proc/io".into(), format!("procfs:/proc/{pid}/io"), || {
-            read::read_io(proc_ref, ctx.request.max_bytes_per_surface)
-        }),
-    ];
-    if let Some((file, _, _)) = freezer::freezer_file(&before.identity.cgroup) {
+        ));
+    }
+    if ctx.wants(SurfaceFamily::ProcIo) {
+        surfaces.push(
+            safe.read("proc/io".into(), format!("procfs:/proc/{pid}/io"), || {
+                read::read_io(proc_ref, ctx.request.max_bytes_per_surface)
+            }),
+        );
+    }
+    if !ctx.wants(SurfaceFamily::ProcFreezer) {
+        // Not selected.
+    } else if let Some((file, _, _)) = freezer::freezer_file(&before.identity.cgroup) {
         // Tells a frozen task's D from a real uninterruptible wait.
         let cgroup = before.identity.cgroup.clone();
         let path = file.display().to_string();
@@ -451,7 +488,14 @@ fn task_reads(
         );
     }
     if before.kernel_thread {
-        for name in ["cmdline", "environ", "fd"] {
+        for (name, family) in [
+            ("cmdline", SurfaceFamily::ProcCmdline),
+            ("environ", SurfaceFamily::ProcEnviron),
+            ("fd", SurfaceFamily::ProcFd),
+        ] {
+            if !ctx.wants(family) {
+                continue;
+            }
             let authority = if name == "fd" {
                 format!("procfs:/proc/{pid}/fd/*")
             } else {
@@ -474,16 +518,20 @@ fn task_reads(
             format!("procfs:/proc/{pid}/task/{tid}/stat"),
             || read::read_stat(t, max),
         ));
-        surfaces.push(safe.read(
-            format!("task/{tid}/status"),
-            format!("procfs:/proc/{pid}/task/{tid}/status"),
-            || read::read_status(t, max),
-        ));
-        surfaces.push(safe.read(
-            format!("task/{tid}/schedstat"),
-            format!("procfs:/proc/{pid}/task/{tid}/schedstat"),
-            || read::read_schedstat(t, max),
-        ));
+        if ctx.wants(SurfaceFamily::TaskStatus) {
+            surfaces.push(safe.read(
+                format!("task/{tid}/status"),
+                format!("procfs:/proc/{pid}/task/{tid}/status"),
+                || read::read_status(t, max),
+            ));
+        }
+        if ctx.wants(SurfaceFamily::TaskSchedstat) {
+            surfaces.push(safe.read(
+                format!("task/{tid}/schedstat"),
+                format!("procfs:/proc/{pid}/task/{tid}/schedstat"),
+                || read::read_schedstat(t, max),
+            ));
+        }
     }
 
     let outcomes = run.finish();
@@ -521,7 +569,7 @@ fn finish_task(
         format!("/proc/{pid}/task/{task}")
     } else {
         format!("/proc/{pid}/task/*")
-    };
+    } + &ctx.selection.selector_suffix();
     let deadline_cut = surfaces.iter().any(|s| {
         s.status == SurfaceStatus::Skipped
             && s.cause
@@ -599,7 +647,12 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
         boot_id: ctx.host.boot_id.clone(),
     });
     // The helper's exec and confinement overlap with the enumeration.
-    let early = EarlyHelper::spawn(ctx.config, ctx.budget);
+    let wchans = ctx.wants(SurfaceFamily::HostWchan);
+    let early = if wchans {
+        EarlyHelper::spawn(ctx.config, ctx.budget)
+    } else {
+        EarlyHelper::none()
+    };
     let pids = read::list_pids(u64::MAX).map_err(CaptureError::HostFacts)?;
     let mut remaining = ctx.request.max_threads;
     let mut expected: u64 = 0;
@@ -630,6 +683,7 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
 
     let reads: Vec<RiskyRead> = members
         .iter()
+        .filter(|_| wchans)
         .map(|(id, tids)| {
             ctx.risky(
                 format!("proc/{}/wchan", id.identity.pid),
@@ -673,20 +727,29 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
     }
     // Second identity read of each process as soon as its slow surface is in.
     let mut after: Vec<Option<Result<IdentityReading, ReadError>>> = vec![None; members.len()];
-    let outcomes = run.finish_with(|i| {
-        after[i] = Some(read_identity(&ctx.host, members[i].0.identity.pid));
-    });
+    let outcomes: Vec<Option<RiskyOutcome>> = if wchans {
+        run.finish_with(|i| {
+            after[i] = Some(read_identity(&ctx.host, members[i].0.identity.pid));
+        })
+        .into_iter()
+        .map(Some)
+        .collect()
+    } else {
+        vec![None; members.len()]
+    };
 
     let mut surfaces = Vec::with_capacity(states.len() * 2);
     for ((((id, _), mut state), outcome), after) in
         members.iter().zip(states).zip(outcomes).zip(after)
     {
         let pid = id.identity.pid;
-        let mut wchan = risky_surface(
-            format!("proc/{pid}/wchan"),
-            format!("procfs:/proc/{pid}/task/*/wchan"),
-            outcome,
-        );
+        let mut wchan = outcome.map(|o| {
+            risky_surface(
+                format!("proc/{pid}/wchan"),
+                format!("procfs:/proc/{pid}/task/*/wchan"),
+                o,
+            )
+        });
         let after = after.unwrap_or_else(|| read_identity(&ctx.host, pid));
         let change = match &after {
             Err(ReadError::Vanished { .. }) => Some((
@@ -701,7 +764,7 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
             }),
         };
         if let Some((status, why)) = change {
-            for s in [&mut state, &mut wchan] {
+            for s in std::iter::once(&mut state).chain(wchan.as_mut()) {
                 if matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated) {
                     s.status = status;
                     s.cause = Some(StatusCause {
@@ -713,7 +776,7 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
             }
         }
         surfaces.push(state);
-        surfaces.push(wchan);
+        surfaces.extend(wchan);
     }
 
     let race = match read_host_facts() {
@@ -749,7 +812,12 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
                 .map(|a| a.len() as u64)
         })
         .sum();
-    a.set_universe("/proc/*/task/*".into(), expected, observed, termination);
+    a.set_universe(
+        format!("/proc/*/task/*{}", ctx.selection.selector_suffix()),
+        expected,
+        observed,
+        termination,
+    );
     a.surfaces = surfaces;
     a.identity_race = race;
     a.finish_clock(monotonic_ns(), ctx.started);

@@ -70,6 +70,7 @@ pub mod clock;
 pub mod helper_process;
 pub mod leak;
 pub mod risky;
+pub mod selection;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -81,6 +82,7 @@ use pstack_envelope::Surface;
 pub use capture::{MAX_WINDOW, capture};
 pub use leak::{HelperIdentity, JournalEntry, LeakBudget, LeakJournal};
 pub use risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, run_risky};
+pub use selection::{SelectionError, SurfaceFamily, SurfaceSelection, UnknownSurface};
 
 /// What to capture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +126,8 @@ pub struct CaptureRequest {
     /// Off-CPU observation window (eBPF) for a process/thread capture; `None`
     /// observes nothing. Must be shorter than the bundle deadline.
     pub window: Option<Duration>,
+    /// Which surfaces to read (default: every surface of the target's kind).
+    pub surfaces: SurfaceSelection,
 }
 
 impl Default for CaptureRequest {
@@ -135,6 +139,7 @@ impl Default for CaptureRequest {
             max_bytes_per_surface: 64 * 1024,
             max_fds: 1024,
             window: None,
+            surfaces: SurfaceSelection::all(),
         }
     }
 }

@@ -22,5 +22,6 @@ mod host;
 mod identity_race;
 mod isolation;
 mod offcpu_window;
+mod selection;
 mod states;
 mod unreapable;

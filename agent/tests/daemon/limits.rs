@@ -295,3 +295,99 @@ fn idle_and_slow_clients_cannot_exhaust_connections() {
         start.elapsed()
     );
 }
+
+#[test]
+fn a_surface_list_selects_what_is_read_and_a_bad_list_gets_a_clear_400() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &Settings::default());
+    let target = Sleeper::spawn();
+    let post = |body: String| {
+        client::request(
+            &d.socket,
+            "POST",
+            "/v1/captures",
+            Some(body.as_bytes()),
+            Duration::from_secs(10),
+        )
+        .unwrap()
+    };
+    let pid = target.pid();
+    let r = post(format!(
+        r#"{{"subject":{{"pid":{pid}}},"surfaces":["task/*/syscall","proc/status"]}}"#
+    ));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let env = pstack_envelope::verify(&r.body).unwrap();
+    let mut ids: Vec<String> = env
+        .surfaces
+        .iter()
+        .map(|s| {
+            s.id.split('/')
+                .enumerate()
+                .map(|(i, p)| {
+                    if i == 1 && s.id.starts_with("task/") {
+                        "*"
+                    } else {
+                        p
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("/")
+        })
+        .collect();
+    ids.dedup();
+    assert_eq!(
+        ids,
+        ["proc/status", "task/*/stat", "task/*/syscall"],
+        "{ids:?}"
+    );
+    assert!(env.universe.selector.contains(" surfaces="));
+
+    let code = |r: &client::HttpResponse| {
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        (r.status, v["error"]["code"].as_str().map(str::to_owned), v)
+    };
+    for (body, needle) in [
+        (
+            format!(r#"{{"subject":{{"pid":{pid}}},"surfaces":["stack"]}}"#),
+            "unknown surface",
+        ),
+        (
+            format!(r#"{{"subject":{{"pid":{pid}}},"surfaces":["proc/*/wchan"]}}"#),
+            "does not apply",
+        ),
+        (
+            r#"{"subject":{"host":true},"surfaces":["task/*/stack"]}"#.to_string(),
+            "does not apply",
+        ),
+        (
+            format!(r#"{{"subject":{{"pid":{pid}}},"surfaces":[]}}"#),
+            "empty",
+        ),
+        (
+            format!(r#"{{"subject":{{"pid":{pid}}},"surfaces":["ebpf:offcpu"]}}"#),
+            "window",
+        ),
+    ] {
+        let (status, c, v) = code(&post(body.clone()));
+        assert_eq!(
+            (status, c.as_deref()),
+            (400, Some("bad_surfaces")),
+            "{body}: {v}"
+        );
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(needle),
+            "{body}: {v}"
+        );
+    }
+    // Wrong type is a malformed request, with its path.
+    let (status, c, v) = code(&post(format!(
+        r#"{{"subject":{{"pid":{pid}}},"surfaces":"task/*/stack"}}"#
+    )));
+    assert_eq!(
+        (status, c.as_deref()),
+        (400, Some("malformed_request")),
+        "{v}"
+    );
+    // Still serving.
+    assert!(d.capture_pid(pid).is_ok());
+}
