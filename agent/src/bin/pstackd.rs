@@ -42,6 +42,16 @@ fn init_logging(format: &str) {
 }
 
 fn main() {
+    // One malloc arena: the eBPF load parses the kernel's BTF (tens of MiB of
+    // short-lived allocations) on a pool thread, and glibc cannot give a
+    // per-thread arena's fragmented pages back; in the main arena
+    // `malloc_trim` can. Idle RSS 20 MiB -> 10 MiB; captures are I/O-bound,
+    // so one arena's lock costs nothing measurable. Before any thread starts.
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator tunable; no thread exists yet.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
     let args = Args::parse();
     let explicit = args.config.is_some();
     let config_path = args

@@ -100,7 +100,12 @@ impl DaemonEbpf {
             ec.tcp = cfg.tcp;
             let loader = me.clone();
             tokio::spawn(async move {
-                let started = tokio::task::spawn_blocking(move || EbpfSession::start(ec)).await;
+                let started = tokio::task::spawn_blocking(move || {
+                    let session = EbpfSession::start(ec);
+                    release_freed_heap();
+                    session
+                })
+                .await;
                 loader.loaded_with(started);
             });
         }
@@ -280,5 +285,16 @@ impl OffCpuSource for DaemonEbpf {
                 pstack_ebpf::monotonic_ns().saturating_sub(t0) / 1000,
             ),
         }
+    }
+}
+
+/// Loading parses the kernel's BTF (several MiB, tens of MiB of short-lived
+/// allocations) on a blocking-pool thread; glibc keeps that thread's freed
+/// arena mapped, which would triple the idle daemon's RSS. Hand it back.
+fn release_freed_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free heap pages; no pointer is touched.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
