@@ -72,6 +72,18 @@ fn fifty_concurrent_captures_are_all_answered_envelope_or_429_none_hung_rss_boun
     assert_eq!(s["spool"]["files"], ok);
 }
 
+/// `POST /v1/captures` with this body.
+fn post_capture(d: &Daemon, body: &str) -> client::HttpResponse {
+    client::request(
+        &d.socket,
+        "POST",
+        "/v1/captures",
+        Some(body.as_bytes()),
+        Duration::from_secs(10),
+    )
+    .unwrap()
+}
+
 fn raw(socket: &std::path::Path, bytes: &[u8]) -> String {
     let mut s = UnixStream::connect(socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -92,16 +104,7 @@ fn status_of(resp: &str) -> u16 {
 fn malformed_http_oversized_bodies_unknown_fields_and_bad_selectors_get_clear_4xx() {
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(dir.path(), &Settings::default());
-    let post = |body: &str| {
-        client::request(
-            &d.socket,
-            "POST",
-            "/v1/captures",
-            Some(body.as_bytes()),
-            Duration::from_secs(10),
-        )
-        .unwrap()
-    };
+    let post = |body: &str| post_capture(&d, body);
     let json = |r: &client::HttpResponse| -> serde_json::Value {
         serde_json::from_slice(&r.body).unwrap()
     };
@@ -301,16 +304,7 @@ fn a_surface_list_selects_what_is_read_and_a_bad_list_gets_a_clear_400() {
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(dir.path(), &Settings::default());
     let target = Sleeper::spawn();
-    let post = |body: String| {
-        client::request(
-            &d.socket,
-            "POST",
-            "/v1/captures",
-            Some(body.as_bytes()),
-            Duration::from_secs(10),
-        )
-        .unwrap()
-    };
+    let post = |body: String| post_capture(&d, &body);
     let pid = target.pid();
     let r = post(format!(
         r#"{{"subject":{{"pid":{pid}}},"surfaces":["task/*/syscall","proc/status"]}}"#
