@@ -69,6 +69,7 @@ mod capture;
 pub mod clock;
 pub mod helper_process;
 pub mod leak;
+pub mod net_helper;
 pub mod risky;
 pub mod selection;
 
@@ -81,6 +82,7 @@ use pstack_envelope::Surface;
 
 pub use capture::{MAX_WINDOW, capture};
 pub use leak::{HelperIdentity, JournalEntry, LeakBudget, LeakJournal};
+pub use net_helper::{NetHelper, NetHelperFailure, NetReading};
 pub use risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, run_risky};
 pub use selection::{SelectionError, SurfaceFamily, SurfaceSelection, UnknownSurface};
 
