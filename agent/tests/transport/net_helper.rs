@@ -1,0 +1,216 @@
+//! The transport capture's netns samples run in `pstack-helper --net`, not in
+//! pstackctl: the helper stands in the target netns (pstackctl does not), is
+//! confined to the net profile, and a helper that stops answering makes the
+//! capture finish within its deadline with `timeout` surfaces.
+
+use std::os::unix::fs::MetadataExt;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pstack_agent::cli::transport::{self, CaptureResult, FlowSelection, Plan, SURFACE_DEADLINE_MS};
+use pstack_agent::supervisor::{LeakBudget, LeakJournal, SupervisorConfig};
+use pstack_envelope::{Completeness, Subject, SurfaceStatus};
+
+use crate::testbed::*;
+
+fn config() -> SupervisorConfig {
+    let mut c = SupervisorConfig::locate("pstack-test").unwrap_or_else(|e| {
+        panic!("{e}\nbuild the helper first: cargo build -p pstack-helper (cargo test --workspace does)")
+    });
+    c.reap_deadline = Duration::from_millis(200);
+    c
+}
+
+fn budget(dir: &std::path::Path) -> LeakBudget {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    LeakBudget::new(4, LeakJournal::new(dir.join("leaks.jsonl")), boot.trim())
+}
+
+fn plan(ns: &Netns, window: &str) -> Plan {
+    Plan::from_selection(
+        &FlowSelection {
+            peer: B_V4.into(),
+            local: None,
+            netns_pid: None,
+            netns: Some(ns.name.clone()),
+            window: window.into(),
+            ports: "10000-30000".into(),
+            max_flows: 64,
+        },
+        false,
+    )
+    .unwrap()
+}
+
+fn ns_inode(path: &str) -> u64 {
+    std::fs::metadata(path).unwrap().ino()
+}
+
+fn status_field(pid: u32, key: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// The flow envelope whose remote port is the data port.
+fn data_flow(r: &CaptureResult) -> &pstack_envelope::Envelope {
+    flow_to(&r.flows, DATA_PORT)
+}
+
+#[test]
+fn root_net_helper_stands_in_the_target_netns_and_pstackctl_does_not() {
+    if !root_or_skip("root_net_helper_stands_in_the_target_netns_and_pstackctl_does_not") {
+        return;
+    }
+    let _s = serial();
+    let bed = Testbed::new("nh");
+    let _t = Transfer::start(&bed, false, None);
+    let target = ns_inode(&format!("/run/netns/{}", bed.a.name));
+    let mine = ns_inode("/proc/thread-self/ns/net");
+    assert_ne!(target, mine, "the test runs outside the testbed");
+
+    let (tx, rx) = mpsc::channel();
+    let mut cfg = config();
+    let tx = Mutex::new(tx);
+    cfg.on_helper_spawned = Some(Arc::new(move |h| {
+        let _ = tx.lock().unwrap().send(h.pid);
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(&bed.a, "1500ms");
+    let capture = std::thread::spawn(move || {
+        let b = budget(dir.path());
+        transport::capture_with(&p, &cfg, &b)
+    });
+    let helper = rx.recv_timeout(Duration::from_secs(5)).expect("a net helper");
+    // The helper enters the netns before it confines itself and answers; it
+    // then idles (same process) through the window: watch it from outside.
+    let until = Instant::now() + Duration::from_millis(1200);
+    let mut seen = None;
+    while Instant::now() < until {
+        let ns = std::fs::metadata(format!("/proc/{helper}/ns/net")).map(|m| m.ino());
+        if ns.as_ref().is_ok_and(|i| *i == target) && status_field(helper, "Seccomp") == "2" {
+            seen = ns.ok();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(seen, Some(target), "helper {helper} never stood in the target netns");
+    assert_eq!(status_field(helper, "NoNewPrivs"), "1");
+    assert_eq!(
+        u64::from_str_radix(&status_field(helper, "CapEff"), 16).unwrap(),
+        pstack_helper::confine::kept_net_caps_mask()
+    );
+    // pstackctl's side (this process) never changed namespace.
+    assert_eq!(ns_inode("/proc/self/ns/net"), mine);
+    let result = capture.join().unwrap().expect("capture");
+    assert_eq!(result.net_ns, target);
+    assert!(
+        rx.try_recv().is_err(),
+        "one helper served both ends of the window"
+    );
+    // The flow exists only inside the testbed netns: the helper's sock_diag
+    // dump saw it, at both ends, with the veth peer read through CAP_NET_ADMIN.
+    let env = data_flow(&result);
+    for id in ["tcp/start", "tcp/end", "netstat", "route", "link", "link/peer"] {
+        assert_eq!(surface(env, id).status, SurfaceStatus::Ok, "{id}: {:?}", surface(env, id));
+    }
+    assert!(
+        surface(env, "tcp/start").authority.contains(&target.to_string()),
+        "{:?}",
+        surface(env, "tcp/start").authority
+    );
+}
+
+/// SIGSTOP each helper the hook sees while `stop(n)` says so (n counts from 0).
+fn stopping_config(stop: impl Fn(usize) -> bool + Send + Sync + 'static) -> (SupervisorConfig, Arc<Mutex<Vec<u32>>>) {
+    let spawned = Arc::new(Mutex::new(Vec::new()));
+    let seen = spawned.clone();
+    let mut cfg = config();
+    cfg.on_helper_spawned = Some(Arc::new(move |h| {
+        let mut s = seen.lock().unwrap();
+        if stop(s.len()) {
+            // SAFETY: kill(2) with integer arguments on a child we just spawned.
+            unsafe { libc::kill(h.pid as i32, libc::SIGSTOP) };
+        }
+        s.push(h.pid);
+    }));
+    (cfg, spawned)
+}
+
+#[test]
+fn root_stopped_net_helper_makes_its_end_of_the_window_timeout_not_a_hang() {
+    if !root_or_skip("root_stopped_net_helper_makes_its_end_of_the_window_timeout_not_a_hang") {
+        return;
+    }
+    let _s = serial();
+    let bed = Testbed::new("nst");
+    let _t = Transfer::start(&bed, false, None);
+    let (cfg, spawned) = stopping_config(|n| n == 0);
+    let dir = tempfile::tempdir().unwrap();
+    let b = budget(dir.path());
+    let window = Duration::from_millis(300);
+    let started = Instant::now();
+    let result = transport::capture_with(&plan(&bed.a, "300ms"), &cfg, &b).expect("capture");
+    let took = started.elapsed();
+    // start: one missed deadline + reap; window; end: a fresh helper answers.
+    let bound = window + Duration::from_millis(SURFACE_DEADLINE_MS) + Duration::from_secs(3);
+    assert!(took < bound, "capture took {took:?} (bound {bound:?})");
+    let helpers = spawned.lock().unwrap().clone();
+    assert_eq!(helpers.len(), 2, "a fresh helper for the end sample: {helpers:?}");
+    let stopped = helpers[0];
+    assert!(
+        !std::path::Path::new(&format!("/proc/{stopped}")).exists(),
+        "the stopped helper {stopped} was killed and reaped"
+    );
+    let env = data_flow(&result);
+    let start = surface(env, "tcp/start");
+    assert_eq!(start.status, SurfaceStatus::Timeout, "{start:?}");
+    assert_eq!(start.deadline_ms, SURFACE_DEADLINE_MS);
+    let cause = start.cause.as_ref().unwrap().message.clone();
+    assert!(
+        cause.contains(&format!("net helper pid {stopped} killed and reaped")),
+        "{cause}"
+    );
+    assert!(start.facts.is_empty(), "no value is made up: {start:?}");
+    assert_eq!(surface(env, "tcp/end").status, SurfaceStatus::Ok);
+    // The netns-wide surfaces need both ends: missing the start, they time out.
+    for id in ["netstat", "route", "link", "conntrack", "host/cpu"] {
+        assert_eq!(surface(env, id).status, SurfaceStatus::Timeout, "{id}");
+    }
+    assert_eq!(env.completeness, Completeness::Partial);
+    assert!(b.journal().entries().is_empty(), "a reaped helper is no leak");
+}
+
+#[test]
+fn root_every_net_helper_stopped_is_a_partial_no_match_with_timeouts() {
+    if !root_or_skip("root_every_net_helper_stopped_is_a_partial_no_match_with_timeouts") {
+        return;
+    }
+    let _s = serial();
+    let bed = Testbed::new("nsa");
+    let _t = Transfer::start(&bed, false, None);
+    let (cfg, spawned) = stopping_config(|_| true);
+    let dir = tempfile::tempdir().unwrap();
+    let b = budget(dir.path());
+    let started = Instant::now();
+    let result = transport::capture_with(&plan(&bed.a, "200ms"), &cfg, &b).expect("capture");
+    let took = started.elapsed();
+    let bound = Duration::from_millis(200 + 2 * SURFACE_DEADLINE_MS) + Duration::from_secs(3);
+    assert!(took < bound, "capture took {took:?} (bound {bound:?})");
+    assert_eq!(spawned.lock().unwrap().len(), 2);
+    assert!(result.flows.is_empty(), "no flow is invented");
+    let env = result.no_match.expect("the no-match envelope says what happened");
+    assert!(matches!(env.subject, Subject::Host(_)));
+    for id in ["tcp/start", "tcp/end"] {
+        assert_eq!(surface(&env, id).status, SurfaceStatus::Timeout, "{id}");
+    }
+    assert_eq!(env.completeness, Completeness::Partial);
+    assert!(
+        !codes(&env).contains(&"no_matching_flow".to_string()),
+        "no universal claim from timed-out reads"
+    );
+}
