@@ -178,9 +178,7 @@ fn check(call: &'static str, rc: libc::c_int) -> Result<(), ConfineError> {
     }
 }
 
-fn build_program(
-    rules: BTreeMap<i64, Vec<SeccompRule>>,
-) -> Result<BpfProgram, ConfineError> {
+fn build_program(rules: BTreeMap<i64, Vec<SeccompRule>>) -> Result<BpfProgram, ConfineError> {
     let arch = std::env::consts::ARCH
         .try_into()
         .map_err(|e| ConfineError::Seccomp(format!("{e:?}")))?;
@@ -226,9 +224,13 @@ pub fn net_seccomp_program() -> Result<BpfProgram, ConfineError> {
             libc::AF_NETLINK as u64,
         )
         .map_err(seccomp)?;
-        let proto =
-            SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, protocol as u64)
-                .map_err(seccomp)?;
+        let proto = SeccompCondition::new(
+            2,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            protocol as u64,
+        )
+        .map_err(seccomp)?;
         socket_rules.push(SeccompRule::new(vec![domain, proto]).map_err(seccomp)?);
     }
     rules.insert(libc::SYS_socket, socket_rules);

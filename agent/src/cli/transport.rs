@@ -967,8 +967,14 @@ impl Ctx<'_> {
                     ("netstat", "procfs:/proc/thread-self/net/{snmp,netstat}"),
                     ("route", "rtnetlink:RTM_GETROUTE"),
                     ("link", "rtnetlink:RTM_GETLINK"),
-                    ("conntrack", "procfs:/proc/sys/net/netfilter/nf_conntrack_{count,max} + /proc/thread-self/net/stat/nf_conntrack"),
-                    ("host/cpu", "procfs:/proc/loadavg + /proc/stat + /proc/pressure/cpu"),
+                    (
+                        "conntrack",
+                        "procfs:/proc/sys/net/netfilter/nf_conntrack_{count,max} + /proc/thread-self/net/stat/nf_conntrack",
+                    ),
+                    (
+                        "host/cpu",
+                        "procfs:/proc/loadavg + /proc/stat + /proc/pressure/cpu",
+                    ),
                 ] {
                     v.surfaces.push(failed(
                         id,

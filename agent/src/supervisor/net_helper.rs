@@ -247,7 +247,9 @@ impl<'a> NetHelper<'a> {
             kind: NetRequestKind::Sample {
                 filter: filter.clone(),
             },
-            deadline_ms: u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX).max(1),
+            deadline_ms: u64::try_from(deadline.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
         };
         let until = since + deadline;
         match helper.send_message(&request, until) {
@@ -262,7 +264,10 @@ impl<'a> NetHelper<'a> {
             }
             Err(e) => {
                 let status = helper.wait_exit(self.config.reap_deadline);
-                let message = format!("sending the request failed ({e}); {}", describe_exit(status));
+                let message = format!(
+                    "sending the request failed ({e}); {}",
+                    describe_exit(status)
+                );
                 return Err(self.discard(helper, message, since));
             }
         }

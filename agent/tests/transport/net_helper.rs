@@ -85,7 +85,9 @@ fn root_net_helper_stands_in_the_target_netns_and_pstackctl_does_not() {
         let b = budget(dir.path());
         transport::capture_with(&p, &cfg, &b)
     });
-    let helper = rx.recv_timeout(Duration::from_secs(5)).expect("a net helper");
+    let helper = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("a net helper");
     // The helper enters the netns before it confines itself and answers; it
     // then idles (same process) through the window: watch it from outside.
     let until = Instant::now() + Duration::from_millis(1200);
@@ -98,7 +100,11 @@ fn root_net_helper_stands_in_the_target_netns_and_pstackctl_does_not() {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(seen, Some(target), "helper {helper} never stood in the target netns");
+    assert_eq!(
+        seen,
+        Some(target),
+        "helper {helper} never stood in the target netns"
+    );
     assert_eq!(status_field(helper, "NoNewPrivs"), "1");
     assert_eq!(
         u64::from_str_radix(&status_field(helper, "CapEff"), 16).unwrap(),
@@ -115,18 +121,34 @@ fn root_net_helper_stands_in_the_target_netns_and_pstackctl_does_not() {
     // The flow exists only inside the testbed netns: the helper's sock_diag
     // dump saw it, at both ends, with the veth peer read through CAP_NET_ADMIN.
     let env = data_flow(&result);
-    for id in ["tcp/start", "tcp/end", "netstat", "route", "link", "link/peer"] {
-        assert_eq!(surface(env, id).status, SurfaceStatus::Ok, "{id}: {:?}", surface(env, id));
+    for id in [
+        "tcp/start",
+        "tcp/end",
+        "netstat",
+        "route",
+        "link",
+        "link/peer",
+    ] {
+        assert_eq!(
+            surface(env, id).status,
+            SurfaceStatus::Ok,
+            "{id}: {:?}",
+            surface(env, id)
+        );
     }
     assert!(
-        surface(env, "tcp/start").authority.contains(&target.to_string()),
+        surface(env, "tcp/start")
+            .authority
+            .contains(&target.to_string()),
         "{:?}",
         surface(env, "tcp/start").authority
     );
 }
 
 /// SIGSTOP each helper the hook sees while `stop(n)` says so (n counts from 0).
-fn stopping_config(stop: impl Fn(usize) -> bool + Send + Sync + 'static) -> (SupervisorConfig, Arc<Mutex<Vec<u32>>>) {
+fn stopping_config(
+    stop: impl Fn(usize) -> bool + Send + Sync + 'static,
+) -> (SupervisorConfig, Arc<Mutex<Vec<u32>>>) {
     let spawned = Arc::new(Mutex::new(Vec::new()));
     let seen = spawned.clone();
     let mut cfg = config();
@@ -160,7 +182,11 @@ fn root_stopped_net_helper_makes_its_end_of_the_window_timeout_not_a_hang() {
     let bound = window + Duration::from_millis(SURFACE_DEADLINE_MS) + Duration::from_secs(3);
     assert!(took < bound, "capture took {took:?} (bound {bound:?})");
     let helpers = spawned.lock().unwrap().clone();
-    assert_eq!(helpers.len(), 2, "a fresh helper for the end sample: {helpers:?}");
+    assert_eq!(
+        helpers.len(),
+        2,
+        "a fresh helper for the end sample: {helpers:?}"
+    );
     let stopped = helpers[0];
     assert!(
         !std::path::Path::new(&format!("/proc/{stopped}")).exists(),
@@ -182,7 +208,10 @@ fn root_stopped_net_helper_makes_its_end_of_the_window_timeout_not_a_hang() {
         assert_eq!(surface(env, id).status, SurfaceStatus::Timeout, "{id}");
     }
     assert_eq!(env.completeness, Completeness::Partial);
-    assert!(b.journal().entries().is_empty(), "a reaped helper is no leak");
+    assert!(
+        b.journal().entries().is_empty(),
+        "a reaped helper is no leak"
+    );
 }
 
 #[test]
@@ -203,7 +232,9 @@ fn root_every_net_helper_stopped_is_a_partial_no_match_with_timeouts() {
     assert!(took < bound, "capture took {took:?} (bound {bound:?})");
     assert_eq!(spawned.lock().unwrap().len(), 2);
     assert!(result.flows.is_empty(), "no flow is invented");
-    let env = result.no_match.expect("the no-match envelope says what happened");
+    let env = result
+        .no_match
+        .expect("the no-match envelope says what happened");
     assert!(matches!(env.subject, Subject::Host(_)));
     for id in ["tcp/start", "tcp/end"] {
         assert_eq!(surface(&env, id).status, SurfaceStatus::Timeout, "{id}");

@@ -34,9 +34,7 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
             if fd < 3 {
                 return Err(format!("--netns-fd {fd} is a standard stream"));
             }
-            Ok(Mode::Net {
-                netns_fd: Some(fd),
-            })
+            Ok(Mode::Net { netns_fd: Some(fd) })
         }
         other => Err(format!(
             "unexpected arguments {other:?} (usage: pstack-helper [--net [--netns-fd N]])"
@@ -56,10 +54,7 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok());
     let net = matches!(mode, Mode::Net { .. });
-    if let Mode::Net {
-        netns_fd: Some(fd),
-    } = mode
-    {
+    if let Mode::Net { netns_fd: Some(fd) } = mode {
         // SAFETY: the agent passed this descriptor for us to own; nothing else
         // in this (still single-threaded) process uses it, and it is closed
         // when `file` drops below.
