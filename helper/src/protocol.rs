@@ -30,6 +30,13 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// Largest frame either side accepts by default (8 MiB).
 pub const MAX_FRAME: u32 = 8 << 20;
 
+/// Largest [`NetResponse`] frame (64 MiB). A sample carries every socket
+/// that matched the flow filter, ~1.3 KB of JSON each with full `tcp_info`:
+/// this fits ~50,000 matching sockets. Larger costs the agent that much
+/// memory per sample; a sample that does not fit is refused by the helper
+/// with the reason (narrow `--peer`/`--ports`), never cut silently.
+pub const NET_MAX_FRAME: u32 = 64 << 20;
+
 /// Largest per-surface byte cap a request may ask for (16 MiB).
 pub const MAX_SURFACE_BYTES: u64 = 16 << 20;
 

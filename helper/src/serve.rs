@@ -16,9 +16,9 @@ use pstack_collectors::procfs::{Reading, json_safe};
 use serde::Serialize;
 
 use crate::protocol::{
-    ForbiddenSyscall, FrameError, MAX_FRAME, MAX_SURFACE_BYTES, NetOutcome, NetRequest,
-    NetRequestKind, NetResponse, Outcome, PROTOCOL_VERSION, Request, Response, SurfaceKind,
-    SurfaceRequest, read_frame, write_frame,
+    ForbiddenSyscall, FrameError, MAX_FRAME, MAX_SURFACE_BYTES, NET_MAX_FRAME, NetOutcome,
+    NetRequest, NetRequestKind, NetResponse, Outcome, PROTOCOL_VERSION, Request, Response,
+    SurfaceKind, SurfaceRequest, read_frame, write_frame,
 };
 
 /// Why a request is refused before any read, or `None` when it is acceptable.
@@ -146,20 +146,45 @@ pub fn perform_net(req: &NetRequest) -> NetOutcome {
     }
 }
 
-/// Serve net requests from `input` until EOF, one response each, in order.
+/// Serve net requests from `input` until EOF, one response each, in order
+/// (responses up to [`NET_MAX_FRAME`]).
 pub fn serve_net(input: &mut impl Read, output: &mut impl Write) -> Result<(), FrameError> {
+    serve_net_capped(input, output, NET_MAX_FRAME)
+}
+
+/// [`serve_net`] with responses capped at `max` bytes: an answer that would
+/// not fit is replaced by a `refused` answer saying so.
+pub fn serve_net_capped(
+    input: &mut impl Read,
+    output: &mut impl Write,
+    max: u32,
+) -> Result<(), FrameError> {
     while let Some(request) = read_frame::<NetRequest>(input, MAX_FRAME)? {
         let start = Instant::now();
         let outcome = match net_refusal(&request) {
             Some(reason) => NetOutcome::Refused { reason },
             None => perform_net(&request),
         };
-        let response = NetResponse {
+        let mut response = NetResponse {
             seq: request.seq,
             elapsed_us: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
             outcome,
         };
-        write_frame(output, &response, MAX_FRAME)?;
+        if let Err(FrameError::TooLarge { len, max }) = crate::protocol::encode(&response, max) {
+            let sockets = match &response.outcome {
+                NetOutcome::Sample { sample, .. } => match &sample.tcp.value {
+                    Ok(d) => d.sockets.len(),
+                    Err(_) => 0,
+                },
+                NetOutcome::Refused { .. } => 0,
+            };
+            response.outcome = NetOutcome::Refused {
+                reason: format!(
+                    "the sample ({sockets} matching sockets) is {len} bytes, above the frame cap of {max}: narrow the flow filter (--peer ADDR:PORT, --local, --ports)"
+                ),
+            };
+        }
+        write_frame(output, &response, max)?;
     }
     Ok(())
 }
@@ -256,6 +281,36 @@ mod tests {
             read_frame::<NetResponse>(&mut cursor, MAX_FRAME).unwrap(),
             None
         );
+    }
+
+    #[test]
+    fn a_net_sample_above_the_frame_cap_is_refused_with_the_reason_not_cut() {
+        let request = NetRequest {
+            version: PROTOCOL_VERSION,
+            seq: 1,
+            kind: NetRequestKind::Sample {
+                filter: pstack_collectors::net::FlowFilter {
+                    peer: "127.0.0.1".parse().unwrap(),
+                    peer_port: None,
+                    local: None,
+                    local_port: None,
+                    either_port_in: None,
+                },
+            },
+            deadline_ms: 1000,
+        };
+        let input = encode(&request, MAX_FRAME).unwrap();
+        let mut out = Vec::new();
+        serve_net_capped(&mut std::io::Cursor::new(input), &mut out, 1024).unwrap();
+        let r: NetResponse = read_frame(&mut std::io::Cursor::new(out), MAX_FRAME)
+            .unwrap()
+            .unwrap();
+        match r.outcome {
+            NetOutcome::Refused { reason } => {
+                assert!(reason.contains("above the frame cap of 1024"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -228,14 +228,19 @@ impl HelperProcess {
     /// The next response, waiting at most until `deadline`. Responses that
     /// already arrived are returned even if the deadline has passed.
     pub fn next_response(&mut self, deadline: Instant) -> Received {
-        self.next_message(deadline)
+        self.next_message(deadline, MAX_FRAME)
     }
 
-    /// The next message of type `T`, waiting at most until `deadline`.
-    pub fn next_message<T: DeserializeOwned>(&mut self, deadline: Instant) -> Received<T> {
+    /// The next message of type `T` (a frame of at most `max` bytes),
+    /// waiting at most until `deadline`.
+    pub fn next_message<T: DeserializeOwned>(
+        &mut self,
+        deadline: Instant,
+        max: u32,
+    ) -> Received<T> {
         let mut chunk = [0u8; 64 * 1024];
         loop {
-            match decode::<T>(&self.buf, MAX_FRAME) {
+            match decode::<T>(&self.buf, max) {
                 Ok(Some((resp, used))) => {
                     self.buf.drain(..used);
                     return Received::Response(resp);

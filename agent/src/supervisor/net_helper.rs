@@ -31,7 +31,7 @@ use pstack_collectors::net::netns::{self, NetnsError, NetnsTarget};
 use pstack_collectors::net::{FlowFilter, NetSample};
 use pstack_envelope::{StatusCause, SurfaceStatus};
 use pstack_helper::protocol::{
-    NetOutcome, NetRequest, NetRequestKind, NetResponse, PROTOCOL_VERSION,
+    NET_MAX_FRAME, NetOutcome, NetRequest, NetRequestKind, NetResponse, PROTOCOL_VERSION,
 };
 
 use super::SupervisorConfig;
@@ -271,7 +271,7 @@ impl<'a> NetHelper<'a> {
                 return Err(self.discard(helper, message, since));
             }
         }
-        match helper.next_message::<NetResponse>(until) {
+        match helper.next_message::<NetResponse>(until, NET_MAX_FRAME) {
             Received::Response(resp) if resp.seq == self.seq => match resp.outcome {
                 NetOutcome::Sample { net_ns, sample } if net_ns == self.net_ns => {
                     self.helper = Some(helper);

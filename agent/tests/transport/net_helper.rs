@@ -245,3 +245,130 @@ fn root_every_net_helper_stopped_is_a_partial_no_match_with_timeouts() {
         "no universal claim from timed-out reads"
     );
 }
+
+/// A cgroup-v1 freezer cgroup, thawed and removed on drop.
+struct Freezer(std::path::PathBuf);
+
+impl Freezer {
+    fn new() -> Option<Freezer> {
+        let root = std::path::Path::new("/sys/fs/cgroup/freezer");
+        if !root.join("cgroup.procs").exists() {
+            return None;
+        }
+        let dir = root.join(format!("pstack-test-nethelper-{}", std::process::id()));
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        Some(Freezer(dir))
+    }
+
+    fn freeze(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).unwrap();
+        std::fs::write(self.0.join("freezer.state"), "FROZEN").unwrap();
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            let s = std::fs::read_to_string(self.0.join("freezer.state")).unwrap_or_default();
+            if s.trim() == "FROZEN" {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        panic!("freezer {} did not freeze", self.0.display());
+    }
+
+    fn thaw(&self) {
+        let _ = std::fs::write(self.0.join("freezer.state"), "THAWED");
+    }
+}
+
+impl Drop for Freezer {
+    fn drop(&mut self) {
+        self.thaw();
+        let until = Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(&self.0).is_err() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+#[test]
+fn root_frozen_net_helper_is_timeout_unreaped_journaled_and_spends_the_budget() {
+    if !root_or_skip("root_frozen_net_helper_is_timeout_unreaped_journaled_and_spends_the_budget") {
+        return;
+    }
+    let Some(freezer) = Freezer::new() else {
+        eprintln!("SKIP: cgroup-v1 freezer not mounted at /sys/fs/cgroup/freezer");
+        return;
+    };
+    let _s = serial();
+    let bed = Testbed::new("nfz");
+    let _t = Transfer::start(&bed, false, None);
+    let freezer = Arc::new(freezer);
+    let spawned = Arc::new(Mutex::new(Vec::new()));
+    let (seen, fz) = (spawned.clone(), freezer.clone());
+    let mut cfg = config();
+    cfg.on_helper_spawned = Some(Arc::new(move |h| {
+        let mut s = seen.lock().unwrap();
+        if s.is_empty() {
+            fz.freeze(h.pid);
+        }
+        s.push(h.pid);
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let b = LeakBudget::new(
+        1,
+        LeakJournal::new(dir.path().join("leaks.jsonl")),
+        boot.trim(),
+    );
+    let started = Instant::now();
+    let result = transport::capture_with(&plan(&bed.a, "200ms"), &cfg, &b).expect("capture");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(6), "capture took {took:?}");
+    let helpers = spawned.lock().unwrap().clone();
+    assert_eq!(
+        helpers.len(),
+        1,
+        "no helper is spawned with the budget spent"
+    );
+    let env = result.no_match.expect("no flow was read at either end");
+    let start = surface(&env, "tcp/start");
+    assert_eq!(
+        start.status,
+        SurfaceStatus::TimeoutUnreapedHelper,
+        "{start:?}"
+    );
+    assert!(
+        start
+            .cause
+            .as_ref()
+            .unwrap()
+            .message
+            .contains(&format!("net helper pid {}", helpers[0])),
+        "{start:?}"
+    );
+    let end = surface(&env, "tcp/end");
+    assert_eq!(end.status, SurfaceStatus::Skipped, "{end:?}");
+    assert!(
+        end.cause
+            .as_ref()
+            .unwrap()
+            .message
+            .contains("leak budget spent")
+    );
+    assert_eq!(env.completeness, Completeness::Partial);
+    let leaked = b.journal().entries().into_iter().find_map(|e| match e {
+        pstack_agent::supervisor::JournalEntry::Leaked {
+            helper, surface, ..
+        } => Some((helper, surface)),
+        _ => None,
+    });
+    let (helper, what) = leaked.expect("the frozen helper is journaled");
+    assert_eq!((helper.pid, what.as_str()), (helpers[0], "net/sample"));
+    assert_eq!(b.available(), 0);
+    // Thawed, the pending SIGKILL takes and the reaper returns the unit.
+    freezer.thaw();
+    assert!(
+        b.wait_until_whole(Duration::from_secs(10)),
+        "budget not restored"
+    );
+}
