@@ -37,6 +37,14 @@ pub const MAX_FRAME: u32 = 8 << 20;
 /// with the reason (narrow `--peer`/`--ports`), never cut silently.
 pub const NET_MAX_FRAME: u32 = 64 << 20;
 
+/// Exit status of `pstack-helper --net` when the kernel refused `setns` into
+/// the target netns (EPERM/EACCES).
+pub const EXIT_NETNS_DENIED: i32 = 5;
+
+/// Exit status of `pstack-helper --net` when it could not enter the target
+/// netns otherwise (not a namespace descriptor, a different inode entered).
+pub const EXIT_NETNS_FAILED: i32 = 6;
+
 /// Largest per-surface byte cap a request may ask for (16 MiB).
 pub const MAX_SURFACE_BYTES: u64 = 16 << 20;
 

@@ -571,6 +571,14 @@ pub fn capture_with(
         }
     });
     let start = net.sample(&plan.filter, deadline).map(|r| r.sample);
+    if let Err(f) = &start
+        && let Some(e) = &f.unenterable
+    {
+        // As before the helper existed: a namespace that cannot be entered is
+        // a usage-level error, not an envelope (nothing was read). A started
+        // eBPF window thread is left to finish on its own (it only counts).
+        return Err(TransportError::Netns(e.clone()));
+    }
     std::thread::sleep(plan.window);
     let end = net.sample(&plan.filter, deadline).map(|r| r.sample);
     net.finish();

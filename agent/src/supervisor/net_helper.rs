@@ -31,7 +31,8 @@ use pstack_collectors::net::netns::{self, NetnsError, NetnsTarget};
 use pstack_collectors::net::{FlowFilter, NetSample};
 use pstack_envelope::{StatusCause, SurfaceStatus};
 use pstack_helper::protocol::{
-    NET_MAX_FRAME, NetOutcome, NetRequest, NetRequestKind, NetResponse, PROTOCOL_VERSION,
+    EXIT_NETNS_DENIED, EXIT_NETNS_FAILED, NET_MAX_FRAME, NetOutcome, NetRequest, NetRequestKind,
+    NetResponse, PROTOCOL_VERSION,
 };
 
 use super::SupervisorConfig;
@@ -50,6 +51,10 @@ pub struct NetHelperFailure {
     pub elapsed_us: u64,
     /// The helper that was leaked, when it could not be reaped.
     pub leaked_helper: Option<HelperIdentity>,
+    /// Set when the helper exited because it could not enter the namespace:
+    /// no sample of this session can succeed, and the caller should report
+    /// it as a namespace error rather than as evidence.
+    pub unenterable: Option<NetnsError>,
 }
 
 impl NetHelperFailure {
@@ -59,6 +64,7 @@ impl NetHelperFailure {
             cause: StatusCause { errno, message },
             elapsed_us: u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX),
             leaked_helper: None,
+            unenterable: None,
         }
     }
 }
@@ -268,7 +274,9 @@ impl<'a> NetHelper<'a> {
                     "sending the request failed ({e}); {}",
                     describe_exit(status)
                 );
-                return Err(self.discard(helper, message, since));
+                let mut f = self.discard(helper, message, since);
+                f.unenterable = self.unenterable(status.and_then(|s| s.code()));
+                return Err(f);
             }
         }
         match helper.next_message::<NetResponse>(until, NET_MAX_FRAME) {
@@ -317,14 +325,30 @@ impl<'a> NetHelper<'a> {
                     Err(self.abandon(helper, &message, deadline, since))
                 } else {
                     drop(helper); // exited and reaped by wait_exit
-                    Err(NetHelperFailure::new(
-                        SurfaceStatus::Error,
-                        message,
-                        None,
-                        since,
-                    ))
+                    let mut f = NetHelperFailure::new(SurfaceStatus::Error, message, None, since);
+                    f.unenterable = self.unenterable(status.and_then(|s| s.code()));
+                    Err(f)
                 }
             }
+        }
+    }
+
+    /// The namespace error an exit code of the helper stands for.
+    fn unenterable(&self, code: Option<i32>) -> Option<NetnsError> {
+        let message = "pstack-helper --net could not enter it (its stderr has the kernel's reason)";
+        match code? {
+            EXIT_NETNS_DENIED => Some(NetnsError::PermissionDenied {
+                op: "setns (in pstack-helper --net)",
+                path: self.path.clone(),
+                errno: libc::EPERM,
+            }),
+            EXIT_NETNS_FAILED => Some(NetnsError::Os {
+                op: "setns (in pstack-helper --net)",
+                path: self.path.clone(),
+                errno: 0,
+                message: message.into(),
+            }),
+            _ => None,
         }
     }
 

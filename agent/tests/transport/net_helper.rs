@@ -372,3 +372,33 @@ fn root_frozen_net_helper_is_timeout_unreaped_journaled_and_spends_the_budget() 
         "budget not restored"
     );
 }
+
+#[test]
+fn root_netns_name_that_is_not_a_namespace_is_a_typed_usage_error() {
+    // Regression guard for the move into the helper: `setns` now fails in
+    // pstack-helper, and that must still be exit 2 with the namespace named,
+    // not envelopes of `error` surfaces.
+    if !root_or_skip("root_netns_name_that_is_not_a_namespace_is_a_typed_usage_error") {
+        return;
+    }
+    let name = format!("pstack-notns-{}", std::process::id());
+    let path = format!("/run/netns/{name}");
+    std::fs::create_dir_all("/run/netns").unwrap();
+    std::fs::write(&path, b"not a namespace").unwrap();
+    let (code, out, err) = pstackctl(&[
+        "capture",
+        "transport",
+        "--netns",
+        &name,
+        "--peer",
+        B_V4,
+        "--window",
+        "100ms",
+        "--no-ebpf",
+        "--json",
+    ]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(code, 2, "stdout {out} stderr {err}");
+    assert!(out.trim().is_empty(), "no envelope: {out}");
+    assert!(err.contains(&path) && err.contains("setns"), "{err}");
+}

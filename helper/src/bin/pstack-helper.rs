@@ -12,7 +12,11 @@
 //!   the netns it was started in.
 //!
 //! Exits 0 at EOF, 2 on bad arguments, 3 if it cannot confine itself, 4 on a
-//! framing error, 5 if it cannot enter the target network namespace.
+//! framing error; 5 if the kernel refused to let it enter the target network
+//! namespace (EPERM/EACCES), 6 if it cannot enter it otherwise (e.g. the
+//! descriptor is not a network namespace). The agent maps 5 and 6 back to
+//! typed namespace errors ([`pstack_helper::protocol::EXIT_NETNS_DENIED`],
+//! [`pstack_helper::protocol::EXIT_NETNS_FAILED`]).
 
 use std::io::Write;
 use std::os::fd::{FromRawFd, RawFd};
@@ -61,8 +65,14 @@ fn main() {
         let file = unsafe { std::fs::File::from_raw_fd(fd) };
         let path = format!("netns fd {fd}");
         if let Err(e) = pstack_collectors::net::netns::enter(&file, &path) {
+            let code = match e {
+                pstack_collectors::net::NetnsError::PermissionDenied { .. } => {
+                    pstack_helper::protocol::EXIT_NETNS_DENIED
+                }
+                _ => pstack_helper::protocol::EXIT_NETNS_FAILED,
+            };
             fail(
-                5,
+                code,
                 format_args!("cannot enter the target network namespace: {e}"),
             );
         }
