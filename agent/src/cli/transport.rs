@@ -577,7 +577,7 @@ pub fn capture_with(
         // As before the helper existed: a namespace that cannot be entered is
         // a usage-level error, not an envelope (nothing was read). A started
         // eBPF window thread is left to finish on its own (it only counts).
-        return Err(TransportError::Netns(e.clone()));
+        return Err(TransportError::Netns((**e).clone()));
     }
     std::thread::sleep(plan.window);
     let end = net.sample(&plan.filter, deadline).map(|r| r.sample);

@@ -54,7 +54,7 @@ pub struct NetHelperFailure {
     /// Set when the helper exited because it could not enter the namespace:
     /// no sample of this session can succeed, and the caller should report
     /// it as a namespace error rather than as evidence.
-    pub unenterable: Option<NetnsError>,
+    pub unenterable: Option<Box<NetnsError>>,
 }
 
 impl NetHelperFailure {
@@ -334,22 +334,23 @@ impl<'a> NetHelper<'a> {
     }
 
     /// The namespace error an exit code of the helper stands for.
-    fn unenterable(&self, code: Option<i32>) -> Option<NetnsError> {
+    fn unenterable(&self, code: Option<i32>) -> Option<Box<NetnsError>> {
         let message = "pstack-helper --net could not enter it (its stderr has the kernel's reason)";
-        match code? {
-            EXIT_NETNS_DENIED => Some(NetnsError::PermissionDenied {
+        let error = match code? {
+            EXIT_NETNS_DENIED => NetnsError::PermissionDenied {
                 op: "setns (in pstack-helper --net)",
                 path: self.path.clone(),
                 errno: libc::EPERM,
-            }),
-            EXIT_NETNS_FAILED => Some(NetnsError::Os {
+            },
+            EXIT_NETNS_FAILED => NetnsError::Os {
                 op: "setns (in pstack-helper --net)",
                 path: self.path.clone(),
                 errno: 0,
                 message: message.into(),
-            }),
-            _ => None,
-        }
+            },
+            _ => return None,
+        };
+        Some(Box::new(error))
     }
 
     /// End the session: close the helper's input, let it exit, reap it
