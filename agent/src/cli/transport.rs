@@ -1692,12 +1692,15 @@ impl Ctx<'_> {
                 );
             }
         }
-        // Left ESTABLISHED during the window.
+        // Left ESTABLISHED during the window. "Released" needs an end dump
+        // that was read and lacks the socket: a failed or timed-out end
+        // sample says nothing about it.
         let state_end = end.map(|x| x.state);
         if let Some(a) = start
             && a.state == 1
             && ok("tcp/start")
             && state_end != Some(1)
+            && (state_end.is_some() || tcp_of(&self.raw.end).is_ok())
         {
             fault = true;
             let (what, binds): (String, Vec<&str>) = match state_end {

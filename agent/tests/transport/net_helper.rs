@@ -402,3 +402,64 @@ fn root_netns_name_that_is_not_a_namespace_is_a_typed_usage_error() {
     assert!(out.trim().is_empty(), "no envelope: {out}");
     assert!(err.contains(&path) && err.contains("setns"), "{err}");
 }
+
+#[test]
+fn root_net_helper_stopped_during_the_window_times_out_the_end_and_claims_no_release() {
+    // Regression: with the end sample missing, a flow ESTABLISHED at start was
+    // claimed "released before window end" (flow_left_established) — a fact
+    // drawn from a read that never happened.
+    if !root_or_skip(
+        "root_net_helper_stopped_during_the_window_times_out_the_end_and_claims_no_release",
+    ) {
+        return;
+    }
+    let _s = serial();
+    let bed = Testbed::new("nse");
+    let _t = Transfer::start(&bed, false, None);
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let mut cfg = config();
+    cfg.on_helper_spawned = Some(Arc::new(move |h| {
+        let _ = tx.lock().unwrap().send(h.pid);
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(&bed.a, "3s");
+    let started = Instant::now();
+    let capture = std::thread::spawn(move || {
+        let b = budget(dir.path());
+        transport::capture_with(&p, &cfg, &b)
+    });
+    let helper = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("a net helper");
+    // Mid-window: the start sample is long answered, the end not yet asked.
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: kill(2) with integer arguments on the helper the hook reported.
+    unsafe { libc::kill(helper as i32, libc::SIGSTOP) };
+    let result = capture.join().unwrap().expect("capture");
+    let took = started.elapsed();
+    let bound = Duration::from_millis(3000 + SURFACE_DEADLINE_MS) + Duration::from_secs(3);
+    assert!(took < bound, "capture took {took:?} (bound {bound:?})");
+    assert!(
+        rx.try_recv().is_err(),
+        "no fresh helper after the end sample"
+    );
+    let env = data_flow(&result);
+    assert_eq!(surface(env, "tcp/start").status, SurfaceStatus::Ok);
+    let end = surface(env, "tcp/end");
+    assert_eq!(end.status, SurfaceStatus::Timeout, "{end:?}");
+    assert!(
+        end.cause
+            .as_ref()
+            .unwrap()
+            .message
+            .contains(&format!("net helper pid {helper} killed and reaped")),
+        "{end:?}"
+    );
+    assert!(
+        !codes(env).contains(&"flow_left_established".to_string()),
+        "{:?}",
+        codes(env)
+    );
+    assert_eq!(env.completeness, Completeness::Partial);
+}
