@@ -36,6 +36,7 @@
 //!   a separate envelope, never merged into the old one.
 //! - **Bounds.** `max_threads` carries `--max-flows` (the universe cap);
 //!   `max_bytes_per_surface` is 0 because raw bytes are digested, never kept.
+//!   `leak_budget` is the net helpers' leak budget ([`NET_LEAK_BUDGET`] one-shot).
 //!   Net reads run in the net helper, never in this process: each sample is
 //!   one request with a deadline of [`SURFACE_DEADLINE_MS`]; a helper that
 //!   misses it is SIGKILLed and reaped, and every surface of that sample is
