@@ -1,5 +1,6 @@
 //! `pstack-helper`: the isolated, killable process that performs pstack's
-//! risky reads, and the framing protocol the agent speaks to it.
+//! risky reads (procfs, and network-namespace samples), and the framing
+//! protocol the agent speaks to it.
 //!
 //! Why a separate process: `/proc/<pid>/stack`, `wchan`, `syscall`,
 //! `cmdline`, `environ` and `stat` of fd targets can block on the very task
@@ -23,6 +24,14 @@
 //!   its reads need, sets `no_new_privs`, disables core dumps and installs a
 //!   seccomp allow-list whose mismatch action kills the process (SIGSYS): it
 //!   cannot open sockets or exec.
+//! - **Net reads in a second, separate profile** (`pstack-helper --net`,
+//!   [`serve::serve_net`], [`confine::confine_net`]): the helper enters the
+//!   target network namespace from a descriptor the agent opened, *then*
+//!   confines itself to `CAP_NET_ADMIN` alone and a seccomp allow-list that
+//!   permits `socket` only for `AF_NETLINK` (route, sock_diag) — never
+//!   `AF_INET`/`AF_INET6` — and answers one [`protocol::NetResponse`] (a
+//!   typed `NetSample` plus the netns inode it read) per
+//!   [`protocol::NetRequest`]. The procfs profile is unchanged by it.
 
 pub mod confine;
 pub mod protocol;

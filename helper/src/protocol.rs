@@ -1,7 +1,9 @@
 //! The agent↔helper protocol: length-bounded frames carrying JSON.
 //!
 //! Frame: `u32` big-endian payload length, then the payload (UTF-8 JSON of a
-//! [`Request`] from agent to helper, or of a [`Response`] from helper to agent).
+//! [`Request`] from agent to helper, or of a [`Response`] from helper to agent;
+//! a helper started with `--net` speaks [`NetRequest`] / [`NetResponse`]
+//! instead, over the same framing).
 //! A zero length or a length above the receiver's cap is refused from the
 //! 4-byte header alone, so a hostile peer cannot make the receiver allocate.
 //! Every message type is closed-world (`deny_unknown_fields`).
@@ -16,6 +18,7 @@
 
 use std::io::{Read, Write};
 
+use pstack_collectors::net::{FlowFilter, NetSample};
 use pstack_collectors::procfs::{RawMeta, ReadError};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -26,6 +29,21 @@ pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Largest frame either side accepts by default (8 MiB).
 pub const MAX_FRAME: u32 = 8 << 20;
+
+/// Largest [`NetResponse`] frame (64 MiB). A sample carries every socket
+/// that matched the flow filter, ~1.3 KB of JSON each with full `tcp_info`:
+/// this fits ~50,000 matching sockets. Larger costs the agent that much
+/// memory per sample; a sample that does not fit is refused by the helper
+/// with the reason (narrow `--peer`/`--ports`), never cut silently.
+pub const NET_MAX_FRAME: u32 = 64 << 20;
+
+/// Exit status of `pstack-helper --net` when the kernel refused `setns` into
+/// the target netns (EPERM/EACCES).
+pub const EXIT_NETNS_DENIED: i32 = 5;
+
+/// Exit status of `pstack-helper --net` when it could not enter the target
+/// netns otherwise (not a namespace descriptor, a different inode entered).
+pub const EXIT_NETNS_FAILED: i32 = 6;
 
 /// Largest per-surface byte cap a request may ask for (16 MiB).
 pub const MAX_SURFACE_BYTES: u64 = 16 << 20;
@@ -201,6 +219,71 @@ pub enum Outcome {
         error: ReadError,
     },
     /// The helper refused the request (no deadline, bad cap, bad version...).
+    Refused {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// One request to a net helper (`pstack-helper --net`), answered by exactly
+/// one [`NetResponse`] with the same `seq`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetRequest {
+    /// Must be [`PROTOCOL_VERSION`].
+    pub version: u32,
+    /// Echoed in the response.
+    pub seq: u32,
+    /// What to do.
+    pub kind: NetRequestKind,
+    /// Deadline the agent enforces on the whole request, ms. Zero is refused.
+    pub deadline_ms: u64,
+}
+
+/// What a net helper can be asked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "snake_case", deny_unknown_fields)]
+pub enum NetRequestKind {
+    /// One [`NetSample`] of the helper's netns, keeping the sockets that match.
+    Sample {
+        /// Which flows to keep.
+        filter: FlowFilter,
+    },
+    /// Confinement self-check, as [`SurfaceKind::ForbiddenSyscall`]: `socket`
+    /// tries `AF_INET`, which the net profile forbids.
+    ForbiddenSyscall {
+        /// Which syscall.
+        syscall: ForbiddenSyscall,
+    },
+}
+
+/// A net helper's answer to one [`NetRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetResponse {
+    /// The request's `seq`.
+    pub seq: u32,
+    /// Time the request took inside the helper, µs.
+    pub elapsed_us: u64,
+    /// What happened.
+    pub outcome: NetOutcome,
+}
+
+/// Outcome of one [`NetRequest`]. Externally tagged (`{"sample": {..}}`):
+/// an internally tagged enum is buffered by serde, and that buffer cannot
+/// hold the `i128` counters of a [`NetSample`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum NetOutcome {
+    /// The sample (each read inside it succeeds or fails on its own).
+    Sample {
+        /// Inode of the netns the helper read, from its own
+        /// `/proc/thread-self/ns/net` at the time of the read.
+        net_ns: u64,
+        /// The readings.
+        sample: Box<NetSample>,
+    },
+    /// The helper refused the request (no deadline, bad version...).
     Refused {
         /// Why.
         reason: String,
@@ -392,6 +475,12 @@ mod tests {
                 prop_assert_eq!(back, msg);
             }
             let _ = decode::<Response>(&bytes, max);
+            if let Ok(Some((msg, _))) = decode::<NetRequest>(&bytes, max) {
+                let again = encode(&msg, MAX_FRAME).unwrap();
+                let (back, _): (NetRequest, usize) = decode(&again, MAX_FRAME).unwrap().unwrap();
+                prop_assert_eq!(back, msg);
+            }
+            let _ = decode::<NetResponse>(&bytes, max);
             let _ = read_frame::<Request>(&mut std::io::Cursor::new(&bytes), max);
         }
 
@@ -450,6 +539,41 @@ mod tests {
             decode::<Request>(&frame, MAX_FRAME),
             Err(FrameError::Decode(_))
         ));
+    }
+
+    #[test]
+    fn net_messages_round_trip_and_are_closed_world() {
+        let req = NetRequest {
+            version: PROTOCOL_VERSION,
+            seq: 3,
+            kind: NetRequestKind::Sample {
+                filter: FlowFilter {
+                    peer: "10.0.0.2".parse().unwrap(),
+                    peer_port: Some(10001),
+                    local: None,
+                    local_port: None,
+                    either_port_in: None,
+                },
+            },
+            deadline_ms: 2000,
+        };
+        let frame = encode(&req, MAX_FRAME).unwrap();
+        let (back, _): (NetRequest, usize) = decode(&frame, MAX_FRAME).unwrap().unwrap();
+        assert_eq!(back, req);
+        let mut v = serde_json::to_value(&req).unwrap();
+        v["kind"]["filter"]["extra"] = serde_json::json!(1);
+        assert!(serde_json::from_value::<NetRequest>(v).is_err());
+        // A procfs request is not a net request, and vice versa.
+        let procfs = encode(
+            &Request {
+                version: 1,
+                surfaces: vec![],
+            },
+            MAX_FRAME,
+        )
+        .unwrap();
+        assert!(decode::<NetRequest>(&procfs, MAX_FRAME).is_err());
+        assert!(decode::<Request>(&frame, MAX_FRAME).is_err());
     }
 
     #[test]

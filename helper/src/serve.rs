@@ -2,6 +2,11 @@
 //! `pstack-collectors`, send one [`Response`] per surface as soon as it is
 //! done. Results go out in request order; the agent relies on that to know
 //! which surface is in flight.
+//!
+//! A net helper ([`serve_net`]) answers each [`NetRequest`] with exactly one
+//! [`NetResponse`]: a whole [`pstack_collectors::net::sample::sample`] of the
+//! netns it entered at start-up, stamped with that netns's inode as the
+//! helper sees it at the time of the read.
 
 use std::io::{Read, Write};
 use std::time::Instant;
@@ -11,8 +16,9 @@ use pstack_collectors::procfs::{Reading, json_safe};
 use serde::Serialize;
 
 use crate::protocol::{
-    ForbiddenSyscall, FrameError, MAX_FRAME, MAX_SURFACE_BYTES, Outcome, PROTOCOL_VERSION, Request,
-    Response, SurfaceKind, SurfaceRequest, read_frame, write_frame,
+    ForbiddenSyscall, FrameError, MAX_FRAME, MAX_SURFACE_BYTES, NET_MAX_FRAME, NetOutcome,
+    NetRequest, NetRequestKind, NetResponse, Outcome, PROTOCOL_VERSION, Request, Response,
+    SurfaceKind, SurfaceRequest, read_frame, write_frame,
 };
 
 /// Why a request is refused before any read, or `None` when it is acceptable.
@@ -102,6 +108,87 @@ pub fn perform(req: &SurfaceRequest) -> Outcome {
     }
 }
 
+/// Why a net request is refused before any read, or `None`.
+pub fn net_refusal(req: &NetRequest) -> Option<String> {
+    if req.version != PROTOCOL_VERSION {
+        return Some(format!(
+            "protocol version {} is not {PROTOCOL_VERSION}",
+            req.version
+        ));
+    }
+    if req.deadline_ms == 0 {
+        return Some("no deadline: every net request must carry one".into());
+    }
+    None
+}
+
+/// Perform one net request (after [`net_refusal`] said it is acceptable).
+pub fn perform_net(req: &NetRequest) -> NetOutcome {
+    match &req.kind {
+        NetRequestKind::Sample { filter } => {
+            let sample = pstack_collectors::net::sample::sample(filter);
+            match pstack_collectors::net::netns::current_inode() {
+                Ok(net_ns) => NetOutcome::Sample {
+                    net_ns,
+                    sample: Box::new(sample),
+                },
+                Err(e) => NetOutcome::Refused {
+                    reason: format!("cannot tell which netns was read: {e}"),
+                },
+            }
+        }
+        NetRequestKind::ForbiddenSyscall { syscall } => match attempt_forbidden(*syscall) {
+            Outcome::Refused { reason } => NetOutcome::Refused { reason },
+            other => NetOutcome::Refused {
+                reason: format!("{other:?}"),
+            },
+        },
+    }
+}
+
+/// Serve net requests from `input` until EOF, one response each, in order
+/// (responses up to [`NET_MAX_FRAME`]).
+pub fn serve_net(input: &mut impl Read, output: &mut impl Write) -> Result<(), FrameError> {
+    serve_net_capped(input, output, NET_MAX_FRAME)
+}
+
+/// [`serve_net`] with responses capped at `max` bytes: an answer that would
+/// not fit is replaced by a `refused` answer saying so.
+pub fn serve_net_capped(
+    input: &mut impl Read,
+    output: &mut impl Write,
+    max: u32,
+) -> Result<(), FrameError> {
+    while let Some(request) = read_frame::<NetRequest>(input, MAX_FRAME)? {
+        let start = Instant::now();
+        let outcome = match net_refusal(&request) {
+            Some(reason) => NetOutcome::Refused { reason },
+            None => perform_net(&request),
+        };
+        let mut response = NetResponse {
+            seq: request.seq,
+            elapsed_us: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
+            outcome,
+        };
+        if let Err(FrameError::TooLarge { len, max }) = crate::protocol::encode(&response, max) {
+            let sockets = match &response.outcome {
+                NetOutcome::Sample { sample, .. } => match &sample.tcp.value {
+                    Ok(d) => d.sockets.len(),
+                    Err(_) => 0,
+                },
+                NetOutcome::Refused { .. } => 0,
+            };
+            response.outcome = NetOutcome::Refused {
+                reason: format!(
+                    "the sample ({sockets} matching sockets) is {len} bytes, above the frame cap of {max}: narrow the flow filter (--peer ADDR:PORT, --local, --ports)"
+                ),
+            };
+        }
+        write_frame(output, &response, max)?;
+    }
+    Ok(())
+}
+
 /// Serve requests from `input` until EOF, writing one response per surface
 /// to `output` as each completes.
 pub fn serve(input: &mut impl Read, output: &mut impl Write) -> Result<(), FrameError> {
@@ -144,6 +231,86 @@ mod tests {
         assert!(r.contains("no deadline"), "{r}");
         assert!(refusal(PROTOCOL_VERSION, &req(SurfaceKind::Cmdline, 100)).is_none());
         assert!(refusal(2, &req(SurfaceKind::Cmdline, 100)).is_some());
+    }
+
+    #[test]
+    fn net_serve_answers_each_request_once_with_the_netns_it_read() {
+        let filter = pstack_collectors::net::FlowFilter {
+            peer: "127.0.0.1".parse().unwrap(),
+            peer_port: None,
+            local: None,
+            local_port: None,
+            either_port_in: None,
+        };
+        let mut input = Vec::new();
+        for (seq, deadline_ms) in [(1, 1000), (2, 0)] {
+            input.extend(
+                encode(
+                    &NetRequest {
+                        version: PROTOCOL_VERSION,
+                        seq,
+                        kind: NetRequestKind::Sample {
+                            filter: filter.clone(),
+                        },
+                        deadline_ms,
+                    },
+                    MAX_FRAME,
+                )
+                .unwrap(),
+            );
+        }
+        let mut out = Vec::new();
+        serve_net(&mut std::io::Cursor::new(input), &mut out).unwrap();
+        let mut cursor = std::io::Cursor::new(out);
+        let a: NetResponse = read_frame(&mut cursor, MAX_FRAME).unwrap().unwrap();
+        let b: NetResponse = read_frame(&mut cursor, MAX_FRAME).unwrap().unwrap();
+        let here = pstack_collectors::net::netns::current_inode().unwrap();
+        match a.outcome {
+            NetOutcome::Sample { net_ns, sample } => {
+                assert_eq!(net_ns, here);
+                assert!(sample.tcp.value.is_ok(), "{:?}", sample.tcp);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(b.seq, 2);
+        assert!(
+            matches!(&b.outcome, NetOutcome::Refused { reason } if reason.contains("no deadline")),
+            "{b:?}"
+        );
+        assert_eq!(
+            read_frame::<NetResponse>(&mut cursor, MAX_FRAME).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn a_net_sample_above_the_frame_cap_is_refused_with_the_reason_not_cut() {
+        let request = NetRequest {
+            version: PROTOCOL_VERSION,
+            seq: 1,
+            kind: NetRequestKind::Sample {
+                filter: pstack_collectors::net::FlowFilter {
+                    peer: "127.0.0.1".parse().unwrap(),
+                    peer_port: None,
+                    local: None,
+                    local_port: None,
+                    either_port_in: None,
+                },
+            },
+            deadline_ms: 1000,
+        };
+        let input = encode(&request, MAX_FRAME).unwrap();
+        let mut out = Vec::new();
+        serve_net_capped(&mut std::io::Cursor::new(input), &mut out, 1024).unwrap();
+        let r: NetResponse = read_frame(&mut std::io::Cursor::new(out), MAX_FRAME)
+            .unwrap()
+            .unwrap();
+        match r.outcome {
+            NetOutcome::Refused { reason } => {
+                assert!(reason.contains("above the frame cap of 1024"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

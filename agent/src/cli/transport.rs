@@ -7,12 +7,16 @@
 //!    [`TransportError::InvalidParameter`] naming it.
 //! 2. Opens the target netns (`--netns-pid` or `--netns`) up front: a PID that
 //!    is gone is [`TransportError::Netns`] before anything is read.
-//! 3. In a dedicated thread inside that netns ([`netns::run_in`]): samples
-//!    sock_diag (every TCP socket, filtered here), every snmp/netstat counter,
-//!    the route to the peer, the egress link and (for veth) its peer link,
-//!    conntrack occupancy and CPU load; sleeps the window; samples again.
-//!    When eBPF is available its TCP window runs concurrently and is joined to
-//!    flows by socket cookie.
+//! 3. Has `pstack-helper --net` ([`NetHelper`]) — a separate, killable process
+//!    that enters that netns from the open namespace file and confines itself
+//!    (only `CAP_NET_ADMIN`, `no_new_privs`, seccomp allowing `socket` for
+//!    `AF_NETLINK` only) — take a sample
+//!    ([`pstack_collectors::net::sample::sample`]: sock_diag, every
+//!    snmp/netstat counter, the route to the peer, the egress link and (for
+//!    veth) its peer link, conntrack occupancy and CPU load); sleeps the
+//!    window; has the same helper sample again. When eBPF is available its
+//!    TCP window runs concurrently in this process and is joined to flows by
+//!    socket cookie.
 //! 4. Builds one envelope per flow (union of flows matched at start and at
 //!    end, capped by `--max-flows`) and seals it.
 //!
@@ -32,9 +36,15 @@
 //!   a separate envelope, never merged into the old one.
 //! - **Bounds.** `max_threads` carries `--max-flows` (the universe cap);
 //!   `max_bytes_per_surface` is 0 because raw bytes are digested, never kept.
-//!   Net reads do not block on a diagnosed task and run in-thread; the one
-//!   that can wait (`pidfd_getfd` for `tcp/sockopt`) runs on its own thread and
-//!   is abandoned at the surface deadline (`timeout`).
+//!   `leak_budget` is the net helpers' leak budget ([`NET_LEAK_BUDGET`] one-shot).
+//!   Net reads run in the net helper, never in this process: each sample is
+//!   one request with a deadline of [`SURFACE_DEADLINE_MS`]; a helper that
+//!   misses it is SIGKILLed and reaped, and every surface of that sample is
+//!   `timeout` (`timeout_unreaped_helper` if the kernel would not let it go:
+//!   journaled, charged to the leak budget); the other end of the window
+//!   gets a fresh helper. The read that can wait in this process
+//!   (`pidfd_getfd` for `tcp/sockopt`) runs on its own thread and is
+//!   abandoned at the surface deadline (`timeout`).
 //! - **Which side reset.** A RST is attributed only from eBPF events joined by
 //!   socket cookie (`received` = the peer endpoint sent it, `sent` = this
 //!   host). Without eBPF the capture states what it saw (the flow left
@@ -46,14 +56,17 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant, SystemTime};
 
-use pstack_collectors::net::conntrack::{ConntrackError, ConntrackFacts, read_conntrack};
-use pstack_collectors::net::load::{LoadFacts, read_load};
-use pstack_collectors::net::netlink::NetlinkError;
-use pstack_collectors::net::netns::{self, NetnsError, NetnsTarget};
-use pstack_collectors::net::rtnl::{self, Answer, LinkFacts, RouteFacts};
+use crate::supervisor::{
+    CaptureError, LeakBudget, LeakJournal, NetHelper, NetHelperFailure, SupervisorConfig,
+};
+use pstack_collectors::net::conntrack::ConntrackError;
+use pstack_collectors::net::load::LoadFacts;
+use pstack_collectors::net::netns::{NetnsError, NetnsTarget};
+use pstack_collectors::net::rtnl::{LinkFacts, RouteFacts};
+use pstack_collectors::net::sample::{NetSample, Timed, timed};
 use pstack_collectors::net::sockdiag::{self, FlowFilter, PortRange, TcpDump, TcpSocket};
 use pstack_collectors::net::sockopt::{self, SockOptError, SockOpts};
-use pstack_collectors::net::{Counters, CountersError, TcpInfo, read_counters, snmp};
+use pstack_collectors::net::{CountersError, TcpInfo, snmp};
 use pstack_envelope::{
     Bounds, Claim, ClaimKind, Clock, Collector, Completeness, Envelope, HostIdentity,
     NextTransition, SCHEMA_ID, Scope, StatusCause, StreamIdentity, Subject, Surface, SurfaceStatus,
@@ -143,6 +156,9 @@ pub enum TransportError {
     /// The target network namespace cannot be entered.
     #[error(transparent)]
     Netns(#[from] NetnsError),
+    /// The net helper cannot be found (or its config built).
+    #[error(transparent)]
+    Helper(#[from] CaptureError),
     /// Host identity could not be read.
     #[error("host identity: {0}")]
     Host(String),
@@ -284,65 +300,17 @@ impl Plan {
     }
 }
 
-/// A read with its timing.
-#[derive(Debug, Clone)]
-struct Timed<T> {
-    value: T,
-    elapsed_us: u64,
-}
+/// What one end of the window produced: the net helper's sample, or why
+/// there is none (the status every surface of that end gets).
+type SampleRead = Result<NetSample, NetHelperFailure>;
 
-fn timed<T>(f: impl FnOnce() -> T) -> Timed<T> {
-    let t = Instant::now();
-    let value = f();
-    Timed {
-        value,
-        elapsed_us: t.elapsed().as_micros() as u64,
-    }
-}
+/// Leak budget of a one-shot transport capture (unreaped net helpers
+/// tolerated before samples are `skipped`).
+pub const NET_LEAK_BUDGET: u64 = 4;
 
-/// Everything read at one end of the window.
-#[derive(Debug, Clone)]
-struct Sample {
-    tcp: Timed<Result<TcpDump, NetlinkError>>,
-    counters: Timed<Result<(Counters, Vec<u8>), CountersError>>,
-    conntrack: Timed<Result<(ConntrackFacts, Vec<u8>), ConntrackError>>,
-    route: Timed<Result<Answer<RouteFacts>, NetlinkError>>,
-    link: Option<Timed<Result<Answer<LinkFacts>, NetlinkError>>>,
-    peer_link: Option<Timed<Result<Answer<LinkFacts>, NetlinkError>>>,
-    load: Timed<Result<(LoadFacts, Vec<u8>), String>>,
-}
-
-fn sample(filter: &FlowFilter) -> Sample {
-    let f = filter.clone();
-    let tcp = timed(|| sockdiag::dump_tcp(&|s| f.matches(s)));
-    let counters = timed(read_counters);
-    let conntrack = timed(read_conntrack);
-    let route = timed(|| rtnl::route_get(filter.peer));
-    let link = route
-        .value
-        .as_ref()
-        .ok()
-        .and_then(|r| r.value.oif)
-        .map(|oif| timed(|| rtnl::link_get(oif as i32, None)));
-    let peer_link = link.as_ref().and_then(|l| {
-        let l = l.value.as_ref().ok()?;
-        if l.value.kind.as_deref() != Some("veth") {
-            return None;
-        }
-        let peer = l.value.link?;
-        Some(timed(|| rtnl::link_get(peer, l.value.link_netnsid)))
-    });
-    let load = timed(read_load);
-    Sample {
-        tcp,
-        counters,
-        conntrack,
-        route,
-        link,
-        peer_link,
-        load,
-    }
-}
+/// Default leak journal (`PSTACK_LEAK_JOURNAL` overrides), shared with
+/// `pstackctl capture`.
+pub const DEFAULT_LEAK_JOURNAL: &str = "/run/pstack/helper-leaks.jsonl";
 
 /// Most descriptors examined when looking for sockets' owners.
 pub const MAX_OWNER_SCAN_FDS: usize = 1_000_000;
@@ -352,18 +320,17 @@ pub const MAX_OWNER_SCAN_FDS: usize = 1_000_000;
 /// in execve. An abandoned thread is in a killable wait, so process exit ends
 /// it; the surfaces say `timeout`.
 fn read_flow_sockopts_bounded(
-    end: &Sample,
+    end: Option<&TcpDump>,
 ) -> BTreeMap<u64, Timed<Result<SockOpts, SockOptError>>> {
-    let end = end.clone();
-    let cookies: Vec<u64> = match &end.tcp.value {
-        Ok(d) => d
-            .sockets
-            .iter()
-            .filter(|s| s.inode != 0)
-            .map(|s| s.cookie)
-            .collect(),
-        Err(_) => Vec::new(),
+    let Some(end) = end.cloned() else {
+        return BTreeMap::new();
     };
+    let cookies: Vec<u64> = end
+        .sockets
+        .iter()
+        .filter(|s| s.inode != 0)
+        .map(|s| s.cookie)
+        .collect();
     let (tx, rx) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("pstack-sockopt".into())
@@ -393,11 +360,8 @@ fn read_flow_sockopts_bounded(
 }
 
 /// TCP_USER_TIMEOUT / keepalive of every matched socket that has an owner.
-fn read_flow_sockopts(end: &Sample) -> BTreeMap<u64, Timed<Result<SockOpts, SockOptError>>> {
+fn read_flow_sockopts(dump: &TcpDump) -> BTreeMap<u64, Timed<Result<SockOpts, SockOptError>>> {
     let mut out = BTreeMap::new();
-    let Ok(dump) = &end.tcp.value else {
-        return out;
-    };
     let wanted: std::collections::BTreeSet<u64> = dump
         .sockets
         .iter()
@@ -566,44 +530,78 @@ pub struct CaptureResult {
     pub no_match: Option<Envelope>,
 }
 
-/// Run a capture.
+/// Run a capture one-shot: the helper is found by
+/// [`crate::supervisor::locate_helper`] (`PSTACK_HELPER`, else next to this
+/// executable), leaks are journaled in `PSTACK_LEAK_JOURNAL` (default
+/// [`DEFAULT_LEAK_JOURNAL`]) under a budget of [`NET_LEAK_BUDGET`].
 pub fn capture(plan: &Plan) -> Result<CaptureResult, TransportError> {
+    let config = SupervisorConfig::locate("pstackctl capture transport")?;
+    let journal = std::env::var_os("PSTACK_LEAK_JOURNAL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| DEFAULT_LEAK_JOURNAL.into());
+    let budget = LeakBudget::new(NET_LEAK_BUDGET, LeakJournal::new(journal), &config.boot_id);
+    capture_with(plan, &config, &budget)
+}
+
+/// Run a capture with the net helper of `config` (its reap deadline and
+/// spawn hook apply) under `budget`.
+pub fn capture_with(
+    plan: &Plan,
+    config: &SupervisorConfig,
+    budget: &LeakBudget,
+) -> Result<CaptureResult, TransportError> {
     let host = pstack_collectors::procfs::read_host_facts()
         .map_err(|e| TransportError::Host(e.to_string()))?;
-    let filter = plan.filter.clone();
-    let window = plan.window;
-    let want_ebpf = plan.ebpf;
-    let peer = plan.filter.peer;
-    let (raw, net_ns) = netns::run_in(&plan.target, move || {
-        let wall = pstack_envelope::wall_time::format_millis(SystemTime::now());
-        let mono_start = monotonic_ns();
-        // Programs are loaded before the first sample so the window covers it.
-        let ebpf = want_ebpf.then(|| match ebpf_start(peer) {
+    let subject = format!(
+        "transport {} netns {}",
+        plan.filter.selector(),
+        plan.target.path()
+    );
+    // The namespace file is opened here, before anything is spawned or read.
+    let mut net = NetHelper::open(&plan.target, config, budget, &subject)?;
+    let net_ns = net.net_ns();
+    let deadline = Duration::from_millis(SURFACE_DEADLINE_MS);
+    let wall = pstack_envelope::wall_time::format_millis(SystemTime::now());
+    let mono_start = monotonic_ns();
+    // Programs are loaded before the first sample so the window covers it.
+    let ebpf = plan.ebpf.then(|| {
+        let window = plan.window;
+        match ebpf_start(plan.filter.peer) {
             Ok(session) => std::thread::spawn(move || ebpf_window(session, window)),
             Err(unavailable) => std::thread::spawn(move || unavailable),
-        });
-        let start = sample(&filter);
-        std::thread::sleep(window);
-        let end = sample(&filter);
-        let sockopts = read_flow_sockopts_bounded(&end);
-        let ebpf = match ebpf {
-            None => EbpfWindow::NotRequested,
-            Some(h) => h.join().unwrap_or(EbpfWindow::Unavailable {
-                status: SurfaceStatus::Error,
-                message: "eBPF window thread panicked".into(),
-            }),
-        };
-        let mono_end = monotonic_ns();
-        Raw {
-            wall,
-            mono_start,
-            mono_end,
-            start,
-            end,
-            sockopts,
-            ebpf,
         }
-    })?;
+    });
+    let start = net.sample(&plan.filter, deadline).map(|r| r.sample);
+    if let Err(f) = &start
+        && let Some(e) = &f.unenterable
+    {
+        // As before the helper existed: a namespace that cannot be entered is
+        // a usage-level error, not an envelope (nothing was read). A started
+        // eBPF window thread is left to finish on its own (it only counts).
+        return Err(TransportError::Netns((**e).clone()));
+    }
+    std::thread::sleep(plan.window);
+    let end = net.sample(&plan.filter, deadline).map(|r| r.sample);
+    net.finish();
+    let sockopts =
+        read_flow_sockopts_bounded(end.as_ref().ok().and_then(|e| e.tcp.value.as_ref().ok()));
+    let ebpf = match ebpf {
+        None => EbpfWindow::NotRequested,
+        Some(h) => h.join().unwrap_or(EbpfWindow::Unavailable {
+            status: SurfaceStatus::Error,
+            message: "eBPF window thread panicked".into(),
+        }),
+    };
+    let mono_end = monotonic_ns();
+    let raw = Raw {
+        wall,
+        mono_start,
+        mono_end,
+        start,
+        end,
+        sockopts,
+        ebpf,
+    };
     let ctx = Ctx {
         plan,
         host: HostIdentity {
@@ -611,6 +609,7 @@ pub fn capture(plan: &Plan) -> Result<CaptureResult, TransportError> {
             boot_id: host.boot_id,
         },
         net_ns,
+        leak_budget: budget.capacity(),
         raw: &raw,
     };
     ctx.build()
@@ -621,8 +620,8 @@ struct Raw {
     wall: String,
     mono_start: u64,
     mono_end: u64,
-    start: Sample,
-    end: Sample,
+    start: SampleRead,
+    end: SampleRead,
     /// Socket options of the flows present at window end, by cookie.
     sockopts: BTreeMap<u64, Timed<Result<SockOpts, SockOptError>>>,
     ebpf: EbpfWindow,
@@ -632,7 +631,43 @@ struct Ctx<'a> {
     plan: &'a Plan,
     host: HostIdentity,
     net_ns: u64,
+    leak_budget: u64,
     raw: &'a Raw,
+}
+
+/// A surface that could not be read, and why.
+struct Unread {
+    status: SurfaceStatus,
+    errno: Option<i32>,
+    message: String,
+    elapsed_us: u64,
+}
+
+impl Unread {
+    fn of_helper(f: &NetHelperFailure) -> Unread {
+        Unread {
+            status: f.status,
+            errno: f.cause.errno,
+            message: f.cause.message.clone(),
+            elapsed_us: f.elapsed_us,
+        }
+    }
+}
+
+/// The sock_diag dump of one end of the window, or why it is missing.
+fn tcp_of(end: &SampleRead) -> Result<(&TcpDump, u64), Unread> {
+    match end {
+        Ok(s) => match &s.tcp.value {
+            Ok(d) => Ok((d, s.tcp.elapsed_us)),
+            Err(err) => Err(Unread {
+                status: status_of_errno(err.errno()),
+                errno: err.errno(),
+                message: err.to_string(),
+                elapsed_us: s.tcp.elapsed_us,
+            }),
+        },
+        Err(f) => Err(Unread::of_helper(f)),
+    }
 }
 
 /// A JSON number when exact, otherwise a decimal string.
@@ -930,8 +965,38 @@ struct NetnsView {
 
 impl Ctx<'_> {
     fn netns_view(&self) -> NetnsView {
-        let (s, e) = (&self.raw.start, &self.raw.end);
         let mut v = NetnsView::default();
+        let (s, e) = match (&self.raw.start, &self.raw.end) {
+            (Ok(s), Ok(e)) => (s, e),
+            (Err(f), _) | (_, Err(f)) => {
+                // The net helper could not sample one end: every netns-wide
+                // surface is missing that end, with the helper's status.
+                let u = Unread::of_helper(f);
+                for (id, auth) in [
+                    ("netstat", "procfs:/proc/thread-self/net/{snmp,netstat}"),
+                    ("route", "rtnetlink:RTM_GETROUTE"),
+                    ("link", "rtnetlink:RTM_GETLINK"),
+                    (
+                        "conntrack",
+                        "procfs:/proc/sys/net/netfilter/nf_conntrack_{count,max} + /proc/thread-self/net/stat/nf_conntrack",
+                    ),
+                    (
+                        "host/cpu",
+                        "procfs:/proc/loadavg + /proc/stat + /proc/pressure/cpu",
+                    ),
+                ] {
+                    v.surfaces.push(failed(
+                        id,
+                        auth,
+                        u.elapsed_us,
+                        u.status,
+                        u.errno,
+                        u.message.clone(),
+                    ));
+                }
+                return v;
+            }
+        };
 
         // Counters.
         let auth = "procfs:/proc/thread-self/net/{snmp,netstat}";
@@ -1157,19 +1222,19 @@ impl Ctx<'_> {
     }
 
     fn build(&self) -> Result<CaptureResult, TransportError> {
-        let (s, e) = (&self.raw.start, &self.raw.end);
+        let (s, e) = (tcp_of(&self.raw.start), tcp_of(&self.raw.end));
         let selector = format!("{} netns={}", self.plan.filter.selector(), self.net_ns);
         // Flows: union of matches at start and end, by cookie, in first-seen order.
         let mut order: Vec<u64> = Vec::new();
         let mut at_start: BTreeMap<u64, &TcpSocket> = BTreeMap::new();
         let mut at_end: BTreeMap<u64, &TcpSocket> = BTreeMap::new();
-        if let Ok(d) = &s.tcp.value {
+        if let Ok((d, _)) = &s {
             for x in &d.sockets {
                 at_start.insert(x.cookie, x);
                 order.push(x.cookie);
             }
         }
-        if let Ok(d) = &e.tcp.value {
+        if let Ok((d, _)) = &e {
             for x in &d.sockets {
                 at_end.insert(x.cookie, x);
                 if !at_start.contains_key(&x.cookie) {
@@ -1177,7 +1242,7 @@ impl Ctx<'_> {
                 }
             }
         }
-        let tcp_failed = s.tcp.value.as_ref().err().or(e.tcp.value.as_ref().err());
+        let tcp_failed = s.is_err() || e.is_err();
         if order.is_empty() {
             return Ok(CaptureResult {
                 net_ns: self.net_ns,
@@ -1245,7 +1310,7 @@ impl Ctx<'_> {
             bundle_deadline_ms: self.bundle_deadline_ms(),
             max_threads: self.plan.max_flows as u64,
             max_bytes_per_surface: 0,
-            leak_budget: 0,
+            leak_budget: self.leak_budget,
         }
     }
 
@@ -1260,31 +1325,30 @@ impl Ctx<'_> {
     fn no_match_envelope(
         &self,
         selector: &str,
-        tcp_failed: Option<&NetlinkError>,
+        tcp_failed: bool,
     ) -> Result<Envelope, TransportError> {
-        let (s, e) = (&self.raw.start, &self.raw.end);
         let mut surfaces = Vec::new();
         let mut claims = Vec::new();
-        for (id, t) in [("tcp/start", &s.tcp), ("tcp/end", &e.tcp)] {
-            match &t.value {
-                Ok(d) => surfaces.push(surface(
+        for (id, end) in [("tcp/start", &self.raw.start), ("tcp/end", &self.raw.end)] {
+            match tcp_of(end) {
+                Ok((d, elapsed_us)) => surfaces.push(surface(
                     id,
                     "netlink:NETLINK_SOCK_DIAG inet_diag tcp (AF_INET, AF_INET6)",
-                    t.elapsed_us,
+                    elapsed_us,
                     Some((d.raw.digest.clone(), d.raw.bytes)),
                     obj(json!({"matched": 0, "net_ns": self.net_ns.to_string()})),
                 )),
-                Err(err) => surfaces.push(failed(
+                Err(u) => surfaces.push(failed(
                     id,
                     "netlink:NETLINK_SOCK_DIAG",
-                    t.elapsed_us,
-                    status_of_errno(err.errno()),
-                    err.errno(),
-                    err.to_string(),
+                    u.elapsed_us,
+                    u.status,
+                    u.errno,
+                    u.message,
                 )),
             }
         }
-        let completeness = if tcp_failed.is_some() {
+        let completeness = if tcp_failed {
             Completeness::Partial
         } else {
             claims.push(Claim {
@@ -1353,7 +1417,6 @@ impl Ctx<'_> {
         observed: u64,
         termination: Termination,
     ) -> Result<Envelope, TransportError> {
-        let (s, e) = (&self.raw.start, &self.raw.end);
         let id_sock = start.or(end).expect("a flow is seen at one end at least");
         let mut surfaces = Vec::new();
         let auth = format!(
@@ -1363,42 +1426,42 @@ impl Ctx<'_> {
         for (id, t, sock, absent_status, absent) in [
             (
                 "tcp/start",
-                &s.tcp,
+                &self.raw.start,
                 start,
                 SurfaceStatus::Skipped,
                 "the flow did not exist at window start (opened during the window)",
             ),
             (
                 "tcp/end",
-                &e.tcp,
+                &self.raw.end,
                 end,
                 SurfaceStatus::Vanished,
                 "the socket was gone at window end (closed and released during the window)",
             ),
         ] {
-            match (&t.value, sock) {
-                (Ok(d), Some(x)) => surfaces.push(surface(
+            match (tcp_of(t), sock) {
+                (Ok((d, elapsed_us)), Some(x)) => surfaces.push(surface(
                     id,
                     auth.clone(),
-                    t.elapsed_us,
+                    elapsed_us,
                     Some((d.raw.digest.clone(), d.raw.bytes)),
                     socket_facts(x),
                 )),
-                (Ok(_), None) => surfaces.push(failed(
+                (Ok((_, elapsed_us)), None) => surfaces.push(failed(
                     id,
                     auth.clone(),
-                    t.elapsed_us,
+                    elapsed_us,
                     absent_status,
                     None,
                     absent,
                 )),
-                (Err(err), _) => surfaces.push(failed(
+                (Err(u), _) => surfaces.push(failed(
                     id,
                     auth.clone(),
-                    t.elapsed_us,
-                    status_of_errno(err.errno()),
-                    err.errno(),
-                    err.to_string(),
+                    u.elapsed_us,
+                    u.status,
+                    u.errno,
+                    u.message,
                 )),
             }
         }
@@ -1630,12 +1693,15 @@ impl Ctx<'_> {
                 );
             }
         }
-        // Left ESTABLISHED during the window.
+        // Left ESTABLISHED during the window. "Released" needs an end dump
+        // that was read and lacks the socket: a failed or timed-out end
+        // sample says nothing about it.
         let state_end = end.map(|x| x.state);
         if let Some(a) = start
             && a.state == 1
             && ok("tcp/start")
             && state_end != Some(1)
+            && (state_end.is_some() || tcp_of(&self.raw.end).is_ok())
         {
             fault = true;
             let (what, binds): (String, Vec<&str>) = match state_end {

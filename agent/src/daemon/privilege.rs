@@ -6,18 +6,24 @@
 //!   `mem`-adjacent files of other users' tasks are ptrace-access checked.
 //! - `CAP_DAC_READ_SEARCH`: read procfs files and traverse `/proc/<pid>/fd` of
 //!   tasks owned by other uids.
-//! - `CAP_SYS_ADMIN`: `setns(2)` into a subject's network namespace for
-//!   transport captures (and BPF on kernels without `CAP_BPF`).
+//! - `CAP_SYS_ADMIN`: `/proc/<pid>/stack` (read by the procfs helper), and
+//!   `setns(2)` into a subject's network namespace — done only by the net
+//!   helper (`pstack-helper --net`), which inherits the capability from us,
+//!   enters the netns, then drops it before reading anything; the agent's own
+//!   threads never change namespace (and BPF on kernels without `CAP_BPF`).
 //! - `CAP_BPF`, `CAP_PERFMON`: load the eBPF programs and attach tracepoints.
-//! - `CAP_NET_ADMIN`: sock_diag / conntrack netlink dumps inside other
-//!   network namespaces.
+//! - `CAP_NET_ADMIN`: passed on to the net helper, the one capability it
+//!   keeps: `RTM_GETLINK` with `IFLA_TARGET_NETNSID` (a veth peer's stats in
+//!   another network namespace) requires it. sock_diag dumps, route lookups
+//!   and the procfs counters/conntrack files need none.
 //! - `CAP_KILL`: SIGKILL a helper whose credentials no longer match ours.
 //!
 //! Everything else is dropped from the effective, permitted, inheritable and
 //! ambient sets and from the bounding set (so nothing we exec can regain it),
 //! then `PR_SET_NO_NEW_PRIVS` is set. The socket is bound and chowned *before*
 //! this runs (binding a path and `chown` need `CAP_CHOWN`, which we drop).
-//! The helper narrows further on its own (see `pstack-helper`'s `confine`).
+//! The helpers narrow further on their own (see `pstack-helper`'s `confine`:
+//! a procfs profile and a net profile).
 //! A non-root daemon (tests, development) has nothing to drop and only sets
 //! `no_new_privs`.
 

@@ -5,25 +5,34 @@
 //! `PR_SET_PDEATHSIG` in the helper fires when the *thread* that spawned it
 //! exits, so a caller must spawn from a thread that outlives the capture (the
 //! calling thread of [`super::capture`] does).
+//!
+//! [`HelperProcess::spawn`] starts a procfs helper; [`HelperProcess::spawn_net`]
+//! starts `pstack-helper --net`, handing it the already-open namespace file
+//! as descriptor 3 (the only descriptor it inherits besides its pipes and
+//! stderr). Both speak the same framing; [`HelperProcess::send_message`] and
+//! [`HelperProcess::next_message`] carry either protocol's messages.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use pstack_collectors::procfs::read::{TaskRef, read_stat};
 use pstack_helper::protocol::{FrameError, MAX_FRAME, Request, Response, decode, encode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use super::leak::HelperIdentity;
 
 /// Requested capacity of the helper's output pipe.
 const PIPE_BYTES: libc::c_int = 1 << 20;
 
-/// What waiting for the next response produced.
+/// What waiting for the next message produced.
 #[derive(Debug)]
-pub enum Received {
+pub enum Received<T = Response> {
     /// A response frame.
-    Response(Response),
+    Response(T),
     /// The deadline passed first.
     Timeout,
     /// The helper closed its stdout (it exited or died).
@@ -97,9 +106,49 @@ fn poll_until(fd: RawFd, events: libc::c_short, deadline: Instant) -> std::io::R
 }
 
 impl HelperProcess {
-    /// Spawn the helper at `path` with a cleared environment.
+    /// Spawn the procfs helper at `path` with a cleared environment.
     pub fn spawn(path: &std::path::Path, boot_id: &str) -> std::io::Result<HelperProcess> {
-        let mut child = Command::new(path)
+        HelperProcess::start(Command::new(path), boot_id)
+    }
+
+    /// Spawn `path --net` with a cleared environment. With `netns`, that open
+    /// namespace file becomes the helper's descriptor 3 (`--netns-fd 3`),
+    /// which it enters before confining itself; without, it reads the netns
+    /// it inherits.
+    pub fn spawn_net(
+        path: &std::path::Path,
+        boot_id: &str,
+        netns: Option<&std::fs::File>,
+    ) -> std::io::Result<HelperProcess> {
+        let mut cmd = Command::new(path);
+        cmd.arg("--net");
+        if let Some(file) = netns {
+            let fd = file.as_raw_fd();
+            cmd.args(["--netns-fd", "3"]);
+            // SAFETY: the closure runs in the forked child before exec and
+            // only calls dup2/fcntl (async-signal-safe) on its own descriptor
+            // table; `fd` is open in the parent for the duration of spawn.
+            // dup2 leaves the copy without FD_CLOEXEC; when `fd` already is 3
+            // the flag is cleared instead.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let rc = if fd == 3 {
+                        libc::fcntl(3, libc::F_SETFD, 0)
+                    } else {
+                        libc::dup2(fd, 3)
+                    };
+                    if rc < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        HelperProcess::start(cmd, boot_id)
+    }
+
+    fn start(mut cmd: Command, boot_id: &str) -> std::io::Result<HelperProcess> {
+        let mut child = cmd
             .env_clear()
             .env("PSTACK_HELPER_PARENT", std::process::id().to_string())
             .stdin(Stdio::piped())
@@ -137,7 +186,17 @@ impl HelperProcess {
 
     /// Send one request frame; `Ok(false)` if the deadline passed first.
     pub fn send(&mut self, request: &Request, deadline: Instant) -> Result<bool, FrameError> {
-        let frame = encode(request, MAX_FRAME)?;
+        self.send_message(request, deadline)
+    }
+
+    /// Send one frame of any protocol message; `Ok(false)` if the deadline
+    /// passed first.
+    pub fn send_message<T: Serialize>(
+        &mut self,
+        message: &T,
+        deadline: Instant,
+    ) -> Result<bool, FrameError> {
+        let frame = encode(message, MAX_FRAME)?;
         let stdin = self
             .stdin
             .as_mut()
@@ -169,9 +228,19 @@ impl HelperProcess {
     /// The next response, waiting at most until `deadline`. Responses that
     /// already arrived are returned even if the deadline has passed.
     pub fn next_response(&mut self, deadline: Instant) -> Received {
+        self.next_message(deadline, MAX_FRAME)
+    }
+
+    /// The next message of type `T` (a frame of at most `max` bytes),
+    /// waiting at most until `deadline`.
+    pub fn next_message<T: DeserializeOwned>(
+        &mut self,
+        deadline: Instant,
+        max: u32,
+    ) -> Received<T> {
         let mut chunk = [0u8; 64 * 1024];
         loop {
-            match decode::<Response>(&self.buf, MAX_FRAME) {
+            match decode::<T>(&self.buf, max) {
                 Ok(Some((resp, used))) => {
                     self.buf.drain(..used);
                     return Received::Response(resp);

@@ -29,6 +29,10 @@
 //!   captures) go to `pstack-helper` through [`risky::RiskyRun`]. Only reads
 //!   that do not take the target's locks (`stat`, `status`, `io`,
 //!   `schedstat`, `cgroup`, the `ns/pid` link) run here.
+//! - **Network-namespace samples never run in this process either** — the
+//!   transport capture's reads go to `pstack-helper --net` through
+//!   [`net_helper::NetHelper`] (same deadline/kill/reap/leak-budget rules),
+//!   and no thread of the agent enters another netns.
 //! - **No deadline, no capture**: a request without deadlines, or a risky read
 //!   without one, is refused with [`CaptureError::MissingDeadline`].
 //! - **Identity twice**: read before the slow surfaces and again before emit.
@@ -69,6 +73,7 @@ mod capture;
 pub mod clock;
 pub mod helper_process;
 pub mod leak;
+pub mod net_helper;
 pub mod risky;
 pub mod selection;
 
@@ -81,6 +86,7 @@ use pstack_envelope::Surface;
 
 pub use capture::{MAX_WINDOW, capture};
 pub use leak::{HelperIdentity, JournalEntry, LeakBudget, LeakJournal};
+pub use net_helper::{NetHelper, NetHelperFailure, NetReading};
 pub use risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, run_risky};
 pub use selection::{SelectionError, SurfaceFamily, SurfaceSelection, UnknownSurface};
 

@@ -123,6 +123,14 @@ pub fn describe_exit(status: Option<ExitStatus>) -> String {
             (Some(3), _) => {
                 "helper refused to serve: it could not confine itself (see its stderr)".into()
             }
+            (Some(pstack_helper::protocol::EXIT_NETNS_DENIED), _) => {
+                "net helper was refused entry to the target network namespace (see its stderr)"
+                    .into()
+            }
+            (Some(pstack_helper::protocol::EXIT_NETNS_FAILED), _) => {
+                "net helper could not enter the target network namespace (see its stderr)".into()
+            }
+            (Some(2), _) => "helper refused its arguments (see its stderr)".into(),
             (Some(code), _) => format!("helper exited with code {code} mid-batch"),
             (None, None) => "helper ended for an unknown reason".into(),
         },

@@ -6,5 +6,6 @@
 mod faults;
 mod hostile;
 mod longhorn;
+mod net_helper;
 mod netns_semantics;
 mod testbed;

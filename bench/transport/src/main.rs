@@ -9,7 +9,7 @@
 //!   socket (state, endpoints, cookie, full tcp_info) to stdout — the same job
 //!   `ss` does, output read to the end by the parent in both cases;
 //! - **in-process**: the reader alone (`dump_tcp`, parse included), the cost
-//!   pstackctl pays per sample.
+//!   the net helper (`pstack-helper --net`) pays per sample.
 //!
 //! With `--pstackctl PATH`, it also runs `pstackctl capture transport` over
 //! the same sockets (`--max-flows 200`) and reports envelope bytes per flow.

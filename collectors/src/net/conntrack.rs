@@ -13,10 +13,11 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Occupancy and summed per-CPU statistics.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConntrackFacts {
     /// Entries in this netns.
     pub count: u64,
@@ -37,7 +38,8 @@ impl ConntrackFacts {
 }
 
 /// Why conntrack facts could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub enum ConntrackError {
     /// The module is not loaded in this kernel (no files).
     #[error("nf_conntrack is not loaded: {0} is absent")]

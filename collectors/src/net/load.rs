@@ -9,10 +9,11 @@
 //! total tasks), `/proc/stat` (`procs_running`, `procs_blocked`) and
 //! `/proc/pressure/cpu` (PSI; absent on kernels built without it).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// CPU load facts.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LoadFacts {
     /// 1-minute load average ×1000.
     pub load1_milli: u64,

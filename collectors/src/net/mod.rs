@@ -7,8 +7,11 @@
 //!   text ([`sockdiag::parse_dump`], [`snmp::parse_into`], [`rtnl::parse_route`],
 //!   [`rtnl::parse_link`], [`conntrack::parse_stat`], [`load`]) and is tested
 //!   on them; the readers only open, read and call the decoder.
-//! - **Readers read the calling thread's network namespace.** Run them inside
-//!   [`netns::run_in`] to read another namespace (a PID's or a named one).
+//! - **Readers read the calling thread's network namespace.** To read another
+//!   namespace (a PID's or a named one), the transport capture runs
+//!   [`sample::sample`] in `pstack-helper --net`, which [`netns::enter`]s the
+//!   target before it confines itself; [`netns::run_in`] does the same in a
+//!   throwaway thread of the caller.
 //!   Procfs network files are read through `/proc/thread-self/net/`, never
 //!   `/proc/net/` (which follows the thread-group leader), and interface facts
 //!   come from rtnetlink, never `/sys/class/net` (bound to sysfs's mount netns).
@@ -23,6 +26,7 @@ pub mod load;
 pub mod netlink;
 pub mod netns;
 pub mod rtnl;
+pub mod sample;
 pub mod snmp;
 pub mod sockdiag;
 pub mod sockopt;
@@ -30,12 +34,14 @@ pub mod tcpinfo;
 
 pub use crate::procfs::RawMeta;
 pub use netns::{NetnsError, NetnsTarget, run_in};
+pub use sample::{NetSample, Timed};
 pub use snmp::Counters;
 pub use sockdiag::{FlowFilter, PortRange, TcpDump, TcpSocket, dump_tcp};
 pub use tcpinfo::TcpInfo;
 
 /// Why the namespace's counters could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub enum CountersError {
     /// Reading a file failed.
     #[error("{path}: {message} (errno {errno})")]

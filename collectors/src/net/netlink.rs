@@ -32,13 +32,14 @@ pub const NLM_F_DUMP: u16 = 0x300;
 pub const NLMSG_HDRLEN: usize = 16;
 
 /// A netlink failure.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub enum NetlinkError {
     /// A socket syscall failed.
     #[error("netlink {syscall} failed: {message} (errno {errno})")]
     Syscall {
         /// The syscall.
-        syscall: &'static str,
+        syscall: String,
         /// errno.
         errno: i32,
         /// The OS's description.
@@ -61,7 +62,7 @@ impl NetlinkError {
     fn last(syscall: &'static str) -> NetlinkError {
         let e = std::io::Error::last_os_error();
         NetlinkError::Syscall {
-            syscall,
+            syscall: syscall.into(),
             errno: e.raw_os_error().unwrap_or(0),
             message: e.to_string(),
         }

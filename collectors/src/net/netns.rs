@@ -1,19 +1,31 @@
-//! Running a reader inside a target network namespace.
+//! Entering a target network namespace.
 //!
 //! `setns(2)` with `CLONE_NEWNET` changes the namespace of the *calling
-//! thread* only, so [`run_in`] spawns a dedicated thread, enters the target
-//! there, runs the reader, and lets the thread die: the caller's threads never
-//! change namespace, and nothing outlives the read. Inside that thread:
+//! thread* only. Two ways to use it:
+//! - [`enter`]: the calling thread itself moves. `pstack-helper --net` calls
+//!   it while it is still single-threaded, so the whole helper process is in
+//!   the target netns before it confines itself and reads anything; this is
+//!   how the transport capture reads another namespace (the agent's own
+//!   threads never change namespace).
+//! - [`run_in`]: spawns a dedicated thread, enters the target there, runs the
+//!   reader, and lets the thread die: the caller's threads never change
+//!   namespace, and nothing outlives the read (kept for in-process readers
+//!   and the kernel-semantics tests).
+//!
+//! Inside the entered thread:
 //! - netlink sockets it opens belong to the target netns;
 //! - `/proc/thread-self/net/*` shows the target netns (plain `/proc/net` is
-//!   `/proc/self/net`, i.e. the thread-group leader's netns — the wrong one);
+//!   `/proc/self/net`, i.e. the thread-group leader's netns — the wrong one
+//!   unless the whole process moved);
 //! - `/proc/sys/net/*` resolves against the thread's netns;
 //! - `/sys/class/net` does **not** (sysfs is bound to the netns of its mount),
 //!   so interface facts come from rtnetlink, never sysfs.
 //!
-//! The namespace file is opened in the caller before the thread starts, so a
-//! PID that is gone or a name that does not exist is a typed error up front,
-//! and the namespace cannot be freed between open and `setns`.
+//! The namespace file is opened ([`open`]) before anything else, so a PID
+//! that is gone or a name that does not exist is a typed error up front, and
+//! the namespace cannot be freed between open and `setns`. After `setns`
+//! the thread's namespace inode is compared with the file's: entering
+//! anything else is an error, never a silent read of the wrong netns.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -172,6 +184,42 @@ pub fn current_inode() -> Result<u64, NetnsError> {
         .map_err(|e| NetnsError::os("stat", p, &e))
 }
 
+/// Move the calling thread into the network namespace `file` refers to
+/// (`path` is only for errors); returns the namespace inode now current,
+/// which is checked to be the file's.
+pub fn enter(file: &File, path: &str) -> Result<u64, NetnsError> {
+    let want = file
+        .metadata()
+        .map(|m| m.ino())
+        .map_err(|e| NetnsError::os("fstat", path, &e))?;
+    // SAFETY: setns on a valid, open namespace fd; affects only this thread.
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    if rc != 0 {
+        return Err(NetnsError::os(
+            "setns",
+            path,
+            &std::io::Error::last_os_error(),
+        ));
+    }
+    let now = current_inode()?;
+    if now != want {
+        return Err(NetnsError::Os {
+            op: "setns",
+            path: path.into(),
+            errno: 0,
+            message: format!("entered netns {now}, expected {want}"),
+        });
+    }
+    Ok(now)
+}
+
+/// Inode of the namespace `file` refers to.
+pub fn inode_of(file: &File, path: &str) -> Result<u64, NetnsError> {
+    file.metadata()
+        .map(|m| m.ino())
+        .map_err(|e| NetnsError::os("fstat", path, &e))
+}
+
 /// Run `f` in a fresh thread inside `target`'s network namespace; returns its
 /// result and the namespace inode it ran in.
 pub fn run_in<T, F>(target: &NetnsTarget, f: F) -> Result<(T, u64), NetnsError>
@@ -187,28 +235,10 @@ where
     let handle = std::thread::Builder::new()
         .name("pstack-netns".into())
         .spawn(move || -> Result<(T, u64), NetnsError> {
-            if let Some(file) = &file {
-                let want = file.metadata().map(|m| m.ino()).ok();
-                // SAFETY: setns on a valid, open namespace fd; affects only this thread.
-                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-                if rc != 0 {
-                    return Err(NetnsError::os(
-                        "setns",
-                        &path,
-                        &std::io::Error::last_os_error(),
-                    ));
-                }
-                let now = current_inode()?;
-                if want.is_some_and(|w| w != now) {
-                    return Err(NetnsError::Os {
-                        op: "setns",
-                        path,
-                        errno: 0,
-                        message: format!("entered netns {now}, expected {want:?}"),
-                    });
-                }
-            }
-            let ino = current_inode()?;
+            let ino = match &file {
+                Some(file) => enter(file, &path)?,
+                None => current_inode()?,
+            };
             Ok((f(), ino))
         })
         .map_err(|e| NetnsError::os("spawn", "thread", &e))?;

@@ -15,7 +15,7 @@
 
 use std::net::IpAddr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::netlink::{AttrIter, NLM_F_REQUEST, NetlinkError, NetlinkSocket};
 
@@ -44,7 +44,8 @@ const IFLA_LINK_NETNSID: u16 = 37;
 const IFLA_TARGET_NETNSID: u16 = 46;
 
 /// The kernel's route for one destination.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RouteFacts {
     /// Destination asked about.
     pub dst: IpAddr,
@@ -78,7 +79,8 @@ impl RouteFacts {
 }
 
 /// rtnl_link_stats64, the fields a transport investigation reads.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LinkStats {
     /// Packets received.
     pub rx_packets: u64,
@@ -105,7 +107,8 @@ pub struct LinkStats {
 }
 
 /// One interface.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LinkFacts {
     /// ifindex in its netns.
     pub index: i32,
@@ -290,7 +293,8 @@ pub fn parse_link(payload: &[u8]) -> Result<LinkFacts, NetlinkError> {
 }
 
 /// A decoded answer plus the raw reply's meta.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Answer<T> {
     /// Decoded value.
     pub value: T,

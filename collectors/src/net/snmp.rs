@@ -16,7 +16,8 @@ use std::collections::BTreeMap;
 pub type Counters = BTreeMap<String, i128>;
 
 /// A malformed counters file.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub enum SnmpError {
     /// A header line has no value line.
     #[error("section {section}: header line without a value line")]

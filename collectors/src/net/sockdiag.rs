@@ -16,7 +16,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::netlink::{AttrIter, NLM_F_DUMP, NLM_F_REQUEST, NetlinkError, NetlinkSocket, NlMsgIter};
 use super::tcpinfo::TcpInfo;
@@ -54,7 +54,7 @@ pub fn state_name(state: u8) -> &'static str {
 }
 
 /// The timer pending on a socket (`idiag_timer`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SocketTimer {
     /// No timer pending.
@@ -97,7 +97,8 @@ impl SocketTimer {
 }
 
 /// `SK_MEMINFO_*`: socket memory as the kernel accounts it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SkMemInfo {
     /// Receive queue memory allocated.
     pub rmem_alloc: u32,
@@ -120,7 +121,8 @@ pub struct SkMemInfo {
 }
 
 /// One TCP socket from the dump.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TcpSocket {
     /// Local endpoint.
     pub local: SocketAddr,
@@ -157,7 +159,8 @@ pub struct TcpSocket {
 }
 
 /// Port selection for one side of a flow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PortRange {
     /// Lowest port, inclusive.
     pub lo: u16,
@@ -177,7 +180,8 @@ impl PortRange {
 }
 
 /// Which sockets a capture means. Listeners never match (they have no peer).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FlowFilter {
     /// Remote address (required).
     pub peer: IpAddr,
@@ -382,7 +386,8 @@ pub fn parse_dump(bytes: &[u8]) -> Result<Vec<TcpSocket>, NetlinkError> {
 }
 
 /// A dump: every TCP socket (both families) plus the raw reply bytes' digest.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TcpDump {
     /// Every socket, both families.
     pub sockets: Vec<TcpSocket>,

@@ -9,13 +9,14 @@
 //! Counters that are `__u64` in the uapi are `u64` here; callers must not emit
 //! them as JSON numbers without checking they fit 2^53.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Smallest `tcp_info` we accept: through `tcpi_total_retrans` (Linux 2.6).
 pub const TCP_INFO_BASE_LEN: usize = 104;
 
 /// Parsed `tcp_info`; `None` for fields the kernel's struct did not include.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TcpInfo {
     /// Length of the struct the kernel returned.
     pub len: usize,

@@ -1,23 +1,98 @@
-//! `pstack-helper`: performs pstack's risky procfs reads in a confined,
-//! killable process. Spawned by the agent with pipes on stdin/stdout; reads
-//! request frames from stdin and streams one response frame per surface to
-//! stdout (see `pstack_helper::protocol`). Exits 0 at EOF, 3 if it cannot
-//! confine itself, 4 on a framing error. Not meant to be run by hand.
+//! `pstack-helper`: performs pstack's risky reads in a confined, killable
+//! process. Spawned by the agent with pipes on stdin/stdout; reads request
+//! frames from stdin and writes response frames to stdout (see
+//! `pstack_helper::protocol`). Not meant to be run by hand.
+//!
+//! - `pstack-helper`: risky procfs reads under the procfs profile; one
+//!   response frame per surface.
+//! - `pstack-helper --net [--netns-fd N]`: network-namespace samples under the
+//!   net profile. With `--netns-fd`, the inherited descriptor `N` (an open
+//!   `/proc/PID/ns/net` or `/run/netns/NAME`, opened by the agent) is entered
+//!   with `setns` and closed *before* confinement; without it the helper reads
+//!   the netns it was started in.
+//!
+//! Exits 0 at EOF, 2 on bad arguments, 3 if it cannot confine itself, 4 on a
+//! framing error; 5 if the kernel refused to let it enter the target network
+//! namespace (EPERM/EACCES), 6 if it cannot enter it otherwise (e.g. the
+//! descriptor is not a network namespace). The agent maps 5 and 6 back to
+//! typed namespace errors ([`pstack_helper::protocol::EXIT_NETNS_DENIED`],
+//! [`pstack_helper::protocol::EXIT_NETNS_FAILED`]).
 
 use std::io::Write;
+use std::os::fd::{FromRawFd, RawFd};
+
+/// How this helper was asked to run.
+enum Mode {
+    Procfs,
+    Net { netns_fd: Option<RawFd> },
+}
+
+fn parse_args(args: &[String]) -> Result<Mode, String> {
+    match args {
+        [] => Ok(Mode::Procfs),
+        [net] if net == "--net" => Ok(Mode::Net { netns_fd: None }),
+        [net, flag, fd] if net == "--net" && flag == "--netns-fd" => {
+            let fd: RawFd = fd
+                .parse()
+                .map_err(|_| format!("--netns-fd {fd:?} is not a descriptor number"))?;
+            if fd < 3 {
+                return Err(format!("--netns-fd {fd} is a standard stream"));
+            }
+            Ok(Mode::Net { netns_fd: Some(fd) })
+        }
+        other => Err(format!(
+            "unexpected arguments {other:?} (usage: pstack-helper [--net [--netns-fd N]])"
+        )),
+    }
+}
+
+fn fail(code: i32, message: std::fmt::Arguments<'_>) -> ! {
+    let _ = writeln!(std::io::stderr(), "pstack-helper: {message}");
+    std::process::exit(code);
+}
 
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = parse_args(&args).unwrap_or_else(|e| fail(2, format_args!("{e}")));
     let expected_parent = std::env::var("PSTACK_HELPER_PARENT")
         .ok()
         .and_then(|s| s.parse().ok());
-    if let Err(e) = pstack_helper::confine::confine(expected_parent) {
-        let _ = writeln!(std::io::stderr(), "pstack-helper: refusing to serve: {e}");
-        std::process::exit(3);
+    let net = matches!(mode, Mode::Net { .. });
+    if let Mode::Net { netns_fd: Some(fd) } = mode {
+        // SAFETY: the agent passed this descriptor for us to own; nothing else
+        // in this (still single-threaded) process uses it, and it is closed
+        // when `file` drops below.
+        let file = unsafe { std::fs::File::from_raw_fd(fd) };
+        let path = format!("netns fd {fd}");
+        if let Err(e) = pstack_collectors::net::netns::enter(&file, &path) {
+            let code = match e {
+                pstack_collectors::net::NetnsError::PermissionDenied { .. } => {
+                    pstack_helper::protocol::EXIT_NETNS_DENIED
+                }
+                _ => pstack_helper::protocol::EXIT_NETNS_FAILED,
+            };
+            fail(
+                code,
+                format_args!("cannot enter the target network namespace: {e}"),
+            );
+        }
+    }
+    let confined = if net {
+        pstack_helper::confine::confine_net(expected_parent)
+    } else {
+        pstack_helper::confine::confine(expected_parent)
+    };
+    if let Err(e) = confined {
+        fail(3, format_args!("refusing to serve: {e}"));
     }
     let mut input = std::io::stdin().lock();
     let mut output = std::io::BufWriter::new(std::io::stdout().lock());
-    if let Err(e) = pstack_helper::serve::serve(&mut input, &mut output) {
-        let _ = writeln!(std::io::stderr(), "pstack-helper: {e}");
-        std::process::exit(4);
+    let served = if net {
+        pstack_helper::serve::serve_net(&mut input, &mut output)
+    } else {
+        pstack_helper::serve::serve(&mut input, &mut output)
+    };
+    if let Err(e) = served {
+        fail(4, format_args!("{e}"));
     }
 }
