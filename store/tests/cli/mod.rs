@@ -65,30 +65,47 @@ async fn keys_create_list_revoke_sqlite() {
 async fn serve_exits_cleanly_on_sigterm_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("s.db");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut child = bin()
-        .args(["--db", db.to_str().unwrap(), "serve", "--listen", &listen])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
     let client = reqwest::Client::new();
-    let mut up = false;
-    for _ in 0..300 {
-        if let Ok(r) = client.get(format!("http://{listen}/healthz")).send().await
-            && r.status().is_success()
-        {
-            up = true;
+    // The port is picked by binding :0 and released before the server binds
+    // it; if another process takes it meanwhile the server exits, and we pick
+    // again rather than flake.
+    let mut started = None;
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut child = bin()
+            .args(["--db", db.to_str().unwrap(), "serve", "--listen", &listen])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut healthy = false;
+        for _ in 0..300 {
+            if let Ok(r) = client.get(format!("http://{listen}/healthz")).send().await
+                && r.status().is_success()
+            {
+                healthy = true;
+                break;
+            }
+            if child.try_wait().unwrap().is_some() {
+                break; // lost the port race: try another
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if healthy {
+            started = Some(child);
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = child.kill();
+        let _ = child.wait();
     }
+    let up = started.is_some();
     assert!(up, "server did not come up");
+    let mut child = started.unwrap();
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
