@@ -23,6 +23,10 @@ char LICENSE[] SEC("license") = "GPL";
 /* Set by the loader before load (aya override_global). */
 const volatile __u16 filter_port = 0;   /* 0 = any; else sport or dport must match */
 const volatile __u64 wakeup_bytes = 0;  /* wake the reader only past this backlog */
+/* 1: count events per kind and emit no record (pstackd's always-attached
+ * mode, whose only output is the counters): no ring-buffer reservation, no
+ * probe reads, just the per-CPU counter. */
+const volatile __u8 count_only = 0;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -78,6 +82,8 @@ static __always_inline __u64 wake_flag(void)
 static __always_inline struct pstack_tcp_event *reserve(__u8 kind)
 {
 	count(2 * kind);
+	if (count_only)
+		return 0;
 	struct pstack_tcp_event *e = bpf_ringbuf_reserve(&EVENTS, sizeof(*e), 0);
 	if (!e) {
 		count(2 * kind + 1);

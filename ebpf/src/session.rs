@@ -84,6 +84,13 @@ pub struct EbpfConfig {
     pub tcp: bool,
     /// Load the off-CPU programs (sched_switch + sched_wakeup).
     pub offcpu: bool,
+    /// Count TCP events per kind in the kernel and emit no record: the
+    /// programs do nothing past the per-CPU counter (no ring-buffer record,
+    /// no probe reads). Windows then carry kernel counts ([`WindowReport::tcp_kernel`])
+    /// but no TCP aggregate and no `ebpf:tcp_*` surfaces; [`EbpfSession::status`]
+    /// counts are unchanged. For an always-attached session whose only TCP
+    /// output is the counters (pstackd). Default false.
+    pub tcp_count_only: bool,
     /// Keep only TCP events with this local or remote port (filtered in the kernel).
     pub port: Option<u16>,
     /// Keep only TCP events with this address at either end (filtered in user space).
@@ -118,6 +125,7 @@ impl Default for EbpfConfig {
         EbpfConfig {
             tcp: true,
             offcpu: false,
+            tcp_count_only: false,
             port: None,
             addr: None,
             watch_pids: Vec::new(),
@@ -156,6 +164,12 @@ impl EbpfConfig {
             |param: &'static str, reason: String| Err(EbpfError::InvalidConfig { param, reason });
         if !self.tcp && !self.offcpu {
             return bad("programs", "neither tcp nor offcpu selected".into());
+        }
+        if self.tcp_count_only && !self.tcp {
+            return bad(
+                "tcp_count_only",
+                "counting TCP events needs the TCP programs (tcp = true)".into(),
+            );
         }
         if !self.ring_bytes.is_power_of_two() || self.ring_bytes < 4096 || self.ring_bytes > 1 << 30
         {
@@ -504,11 +518,19 @@ impl EbpfSession {
         let tcp = if cfg.tcp {
             let object = "tcp.bpf.o";
             let port = cfg.port.unwrap_or(0);
+            let count_only = u8::from(cfg.tcp_count_only);
+            // A counting session never writes the ring: keep it one page.
+            let ring_bytes = if cfg.tcp_count_only {
+                4096
+            } else {
+                cfg.ring_bytes
+            };
             let mut ebpf = EbpfLoader::new()
                 .btf(Some(&btf))
-                .map_max_entries("EVENTS", cfg.ring_bytes)
+                .map_max_entries("EVENTS", ring_bytes)
                 .override_global("filter_port", &port, true)
                 .override_global("wakeup_bytes", &cfg.wakeup_bytes, true)
+                .override_global("count_only", &count_only, true)
                 .load(objects::TCP)
                 .map_err(|e| EbpfError::load(object, e))?;
             for (p, k) in TCP_PROGRAMS {
@@ -712,6 +734,7 @@ impl EbpfSession {
         let mut agg = self
             .tcp
             .as_ref()
+            .filter(|_| !self.cfg.tcp_count_only)
             .map(|_| TcpAggregate::new(self.cfg.limits, self.cfg.addr));
         let watched: Vec<u32> = self.watched.iter().copied().collect();
         let d_min_ns = u64::try_from(self.cfg.d_min.as_nanos()).unwrap_or(u64::MAX);

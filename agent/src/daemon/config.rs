@@ -157,9 +157,10 @@ pub struct EbpfDaemonConfig {
     /// load (no BTF, no privilege) is logged and shown in `/v1/status`, never
     /// fatal; captures then load their own session, which fails the same typed way.
     pub enabled: bool,
-    /// Also keep the TCP programs attached (their event and loss counts show
-    /// in `/v1/status` and `/metrics`; the ring is drained every second).
-    /// Default true. Costs a few hundred ns per TCP event on the host.
+    /// Also keep the TCP programs attached, counting events per kind in the
+    /// kernel (the counts show in `/v1/status` and `/metrics`; no per-event
+    /// records are made, so nothing is lost). Default true. Costs about the
+    /// price of one per-CPU counter increment per TCP event on the host.
     pub tcp: bool,
 }
 

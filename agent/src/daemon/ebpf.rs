@@ -14,9 +14,11 @@
 //!   [`LOCK_WAIT`] loads its own one-shot session instead (counted as
 //!   `windows_one_shot_total`), so captures never queue behind each other's
 //!   windows.
-//! - **Counters stay meaningful.** With the TCP programs loaded, a background
-//!   task drains their ring buffer every [`DRAIN_EVERY`] (events nobody asked
-//!   for are discarded, not counted lost), and refreshes the cached status.
+//! - **Counters stay meaningful, and cheap.** The TCP programs run in
+//!   count-only mode (`EbpfConfig::tcp_count_only`): the kernel counts
+//!   events per kind and writes no record, so nothing queues and nothing is
+//!   lost. A background task refreshes the cached status every
+//!   [`DRAIN_EVERY`] (and, were records on, would drain the ring).
 //!   `/v1/status` reads the counters live when the session is free, else the
 //!   cached copy (`as_of_unix` says when it was read).
 
@@ -35,7 +37,7 @@ use crate::supervisor::OffCpuSource;
 /// its own.
 pub const LOCK_WAIT: Duration = Duration::from_millis(250);
 
-/// How often the TCP ring is drained and the status refreshed.
+/// How often the status is refreshed (and a recording TCP ring drained).
 pub const DRAIN_EVERY: Duration = Duration::from_secs(1);
 
 /// The daemon's eBPF state.
@@ -98,6 +100,9 @@ impl DaemonEbpf {
         if cfg.enabled {
             let mut ec = EbpfConfig::offcpu(Vec::new());
             ec.tcp = cfg.tcp;
+            // Its only TCP output is the counters in /v1/status and /metrics:
+            // count in the kernel, emit no records (see BENCHMARKS.md, eBPF).
+            ec.tcp_count_only = cfg.tcp;
             let loader = me.clone();
             tokio::spawn(async move {
                 let started = tokio::task::spawn_blocking(move || {
@@ -225,7 +230,7 @@ impl DaemonEbpf {
                     continue;
                 };
                 let mut g = session.lock().await;
-                if g.config().tcp {
+                if g.config().tcp && !g.config().tcp_count_only {
                     // A 1 ms window: its first step discards what queued since the last.
                     if let Err(e) = g.run_window(Duration::from_millis(1), |_| {}).await {
                         tracing::debug!(error = %e, "eBPF drain window failed");

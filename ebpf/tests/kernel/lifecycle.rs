@@ -66,3 +66,65 @@ fn short_exchange_shows_the_full_state_sequence_of_both_sides() {
         .expect("opened and closed in the window: a lifetime");
     assert!(lifetime > 0 && lifetime < 1_500_000_000);
 }
+
+/// The same short exchange, once recording and once in count-only mode
+/// (pstackd's always-attached setting): count-only emits no record and no
+/// `ebpf:tcp_*` surface, and its kernel counts equal what the recording
+/// session saw and read.
+#[test]
+fn count_only_mode_counts_what_recording_sees_and_emits_no_record() {
+    require_kernel!();
+    use pstack_ebpf::TcpEventKind;
+    // Ten exchanges: ~100 state changes, more records than the one-page ring
+    // of a counting session holds (39), so a kernel that still wrote records
+    // would show losses.
+    let exchange = |l: std::net::TcpListener| {
+        for _ in 0..10 {
+            let mut c = connect(l.local_addr().expect("addr")).expect("connect");
+            let (mut srv, _) = l.accept().expect("accept");
+            c.write_all(b"ping").expect("write");
+            let mut b = [0u8; 4];
+            srv.read_exact(&mut b).expect("read");
+            drop(c);
+            let mut rest = Vec::new();
+            srv.read_to_end(&mut rest).expect("eof");
+        }
+    };
+    let ns = NetNs::new();
+    let (recorded, (), _s) = in_port_window(
+        &ns,
+        EbpfConfig::tcp(),
+        Duration::from_millis(1500),
+        exchange,
+    );
+    let mut cfg = EbpfConfig::tcp();
+    cfg.tcp_count_only = true;
+    let (counted, (), _s) = in_port_window(&ns, cfg, Duration::from_millis(1500), exchange);
+
+    let agg = recorded.tcp.as_ref().expect("recording aggregates");
+    let rec_kernel = recorded.tcp_kernel.expect("kernel counts");
+    let state = TcpEventKind::ALL
+        .iter()
+        .position(|k| *k == TcpEventKind::StateChange)
+        .expect("state kind");
+    assert!(
+        rec_kernel.seen[state] >= 100,
+        "twenty sockets' lifecycles: {rec_kernel:?}"
+    );
+    assert_eq!(agg.seen(TcpEventKind::StateChange), rec_kernel.seen[state]);
+
+    assert!(counted.tcp.is_none(), "count-only builds no aggregate");
+    assert!(
+        counted
+            .surfaces()
+            .iter()
+            .all(|s| !s.id.starts_with("ebpf:tcp")),
+        "count-only makes no TCP surface"
+    );
+    let cnt_kernel = counted.tcp_kernel.expect("kernel counts");
+    assert_eq!(
+        cnt_kernel.seen, rec_kernel.seen,
+        "the same exchange is counted the same"
+    );
+    assert_eq!(cnt_kernel.lost, [0; 4], "nothing queued, nothing lost");
+}
