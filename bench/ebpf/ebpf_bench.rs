@@ -39,6 +39,25 @@ fn cpu_ns(pid: u32) -> u64 {
         .sum()
 }
 
+/// pstackd's setting: the TCP programs count in the kernel and write no
+/// record; like pstackd, the consumer only reads the counters once a second.
+fn consumer_count(secs: u64) {
+    let mut cfg = EbpfConfig::tcp();
+    cfg.tcp_count_only = true;
+    let s = EbpfSession::start(cfg).expect("start pstack session");
+    println!("READY");
+    std::io::stdout().flush().ok();
+    let mut st = s.status().expect("status");
+    for _ in 0..secs {
+        std::thread::sleep(Duration::from_secs(1));
+        st = s.status().expect("status");
+    }
+    let events: u64 = st.tcp_events.values().sum();
+    let lost: u64 = st.tcp_lost.values().sum();
+    let cpu = cpu_ns(std::process::id());
+    println!("RESULT events={events} lost={lost} cpu_ns={cpu}");
+}
+
 fn consumer(secs: u64, offcpu_pid: Option<u32>) {
     let mut cfg = EbpfConfig::tcp();
     if let Some(p) = offcpu_pid {
@@ -242,13 +261,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn run() {
-    let exe = std::env::current_exe().expect("exe");
-    sh("sysctl", &["-q", "-w", "kernel.bpf_stats_enabled=1"], None);
+/// One side-by-side per-event CPU measurement: bpftrace and a pstack consumer
+/// (`consumer_args`) attached at the same time to the same flood.
+fn per_event(exe: &std::path::Path, consumer_args: &[&str], label: &str) {
     let conns = 20_000usize;
     let writes = 20_000usize;
-
-    // ---- 1. per-event CPU, side by side ----
     let ns = Netns(format!("pstk-bench-{}", std::process::id()));
     sh("ip", &["netns", "add", &ns.0], None);
     sh("ip", &["-n", &ns.0, "link", "set", "lo", "up"], None);
@@ -275,8 +292,8 @@ fn run() {
     let _bt_out = wait_line(&mut bt.0, "Attaching");
     std::thread::sleep(Duration::from_millis(500));
     let mut ps = Kill(
-        Command::new(&exe)
-            .args(["consumer", "60"])
+        Command::new(exe)
+            .args(consumer_args)
             .stdout(Stdio::piped())
             .spawn()
             .expect("consumer"),
@@ -318,7 +335,7 @@ fn run() {
     let ours_user_ns = (ps1 - ps0) as f64;
     let theirs_user_ns = (bt1 - bt0) as f64;
     println!(
-        "== per-event CPU: {conns} short connections + a {writes}-write stream with 10% input drops, in {flood_secs:.1}s"
+        "== per-event CPU, {label}: {conns} short connections + a {writes}-write stream with 10% input drops, in {flood_secs:.1}s"
     );
     println!(
         "pstack   programs: {:>9.0} events  kernel {:>7.1} ns/event  consumer {:>7.1} ns/event  total {:>7.1} ns/event",
@@ -350,6 +367,24 @@ fn run() {
             );
         }
     }
+}
+
+fn run() {
+    let exe = std::env::current_exe().expect("exe");
+    sh("sysctl", &["-q", "-w", "kernel.bpf_stats_enabled=1"], None);
+
+    // ---- 1. per-event CPU, side by side: a record per event (captures,
+    // `trace tcp`), then count-only (pstackd's always-attached session) ----
+    per_event(
+        &exe,
+        &["consumer", "60"],
+        "pstack recording (a record per event)",
+    );
+    per_event(
+        &exe,
+        &["consumer", "60", "count"],
+        "pstack count-only (pstackd always attached)",
+    );
     if std::env::var_os("EBPF_BENCH_CPU_ONLY").is_some() {
         return;
     }
@@ -452,6 +487,9 @@ fn aggregate(n: usize) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
+        Some("consumer") if args.get(3).map(String::as_str) == Some("count") => {
+            consumer_count(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(30));
+        }
         Some("consumer") => {
             let secs = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(30);
             let off = args.get(3).map(|s| {
@@ -476,7 +514,7 @@ fn main() {
         Some("run") | None => run(),
         Some(other) => {
             eprintln!(
-                "unknown subcommand {other}: run | consumer SECS [PID|all] | blast SECS | flood CONNS"
+                "unknown subcommand {other}: run | consumer SECS [PID|all|count] | blast SECS | flood CONNS"
             );
             std::process::exit(2);
         }

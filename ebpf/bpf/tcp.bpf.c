@@ -66,6 +66,18 @@ static __always_inline int port_filtered(__u16 sport, __u16 dport)
 	return filter_port != 0 && sport != filter_port && dport != filter_port;
 }
 
+/* Count-only without a port filter needs nothing from the event: count it
+ * first thing, before any field or probe read. Both flags are read-only
+ * data, so the verifier drops whichever path is dead. */
+static __always_inline int counted_only(__u8 kind)
+{
+	if (count_only && filter_port == 0) {
+		count(2 * kind);
+		return 1;
+	}
+	return 0;
+}
+
 /* Wake the reader once, when the backlog crosses wakeup_bytes; below it (and
  * while a woken reader catches up) stay quiet: the reader also polls on a
  * tick. A wakeup per event under a flood costs more than the event itself. */
@@ -176,6 +188,9 @@ int pstack_tcp_retransmit(void *ctx)
 {
 	struct pstack_tcp_event *e;
 
+	if (counted_only(PSTACK_TCP_RETRANSMIT))
+		return 0;
+
 	if (bpf_core_type_exists(struct trace_event_raw_tcp_retransmit_skb)) {
 		struct trace_event_raw_tcp_retransmit_skb *tp = ctx;
 		__u16 sport = tp->sport, dport = tp->dport;
@@ -214,6 +229,8 @@ int pstack_tcp_retransmit(void *ctx)
 SEC("tracepoint/tcp/tcp_receive_reset")
 int pstack_tcp_receive_reset(struct trace_event_raw_tcp_event_sk *tp)
 {
+	if (counted_only(PSTACK_TCP_RECV_RESET))
+		return 0;
 	__u16 sport = tp->sport, dport = tp->dport;
 	if (port_filtered(sport, dport))
 		return 0;
@@ -260,6 +277,9 @@ SEC("tracepoint/tcp/tcp_send_reset")
 int pstack_tcp_send_reset(void *ctx)
 {
 	struct pstack_tcp_event *e;
+
+	if (counted_only(PSTACK_TCP_SEND_RESET))
+		return 0;
 
 	if (bpf_core_type_exists(struct trace_event_raw_tcp_send_reset)) {
 		struct trace_event_raw_tcp_send_reset *tp = ctx;
@@ -309,6 +329,8 @@ SEC("tracepoint/sock/inet_sock_set_state")
 int pstack_inet_sock_set_state(struct trace_event_raw_inet_sock_set_state *tp)
 {
 	if (tp->protocol != 6 /* IPPROTO_TCP */)
+		return 0;
+	if (counted_only(PSTACK_TCP_STATE))
 		return 0;
 	__u16 sport = tp->sport, dport = tp->dport;
 	if (port_filtered(sport, dport))
