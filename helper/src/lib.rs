@@ -34,5 +34,6 @@
 //!   [`protocol::NetRequest`]. The procfs profile is unchanged by it.
 
 pub mod confine;
+pub mod launch;
 pub mod protocol;
 pub mod serve;

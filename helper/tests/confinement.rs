@@ -9,9 +9,8 @@
 )]
 
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, Stdio};
 
 use pstack_collectors::net::FlowFilter;
@@ -158,30 +157,13 @@ fn helper_serves_every_risky_surface_of_a_real_process_under_seccomp() {
 
 /// Spawn `pstack-helper --net`, handing it `netns` as descriptor 3 when given.
 fn spawn_net(netns: Option<&std::fs::File>) -> Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pstack-helper"));
-    cmd.arg("--net")
-        .env("PSTACK_HELPER_PARENT", std::process::id().to_string())
+    let mut cmd = pstack_helper::launch::net_command(
+        std::path::Path::new(env!("CARGO_BIN_EXE_pstack-helper")),
+        netns,
+    );
+    cmd.env("PSTACK_HELPER_PARENT", std::process::id().to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
-    if let Some(f) = netns {
-        let fd = f.as_raw_fd();
-        cmd.args(["--netns-fd", "3"]);
-        // SAFETY: dup2/fcntl are async-signal-safe and touch only the child's
-        // descriptor table; `fd` stays open in the parent until spawn returns.
-        unsafe {
-            cmd.pre_exec(move || {
-                let rc = if fd == 3 {
-                    libc::fcntl(3, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(fd, 3)
-                };
-                if rc < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
     cmd.spawn().expect("spawn pstack-helper --net")
 }
 

@@ -14,7 +14,6 @@
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -120,30 +119,7 @@ impl HelperProcess {
         boot_id: &str,
         netns: Option<&std::fs::File>,
     ) -> std::io::Result<HelperProcess> {
-        let mut cmd = Command::new(path);
-        cmd.arg("--net");
-        if let Some(file) = netns {
-            let fd = file.as_raw_fd();
-            cmd.args(["--netns-fd", "3"]);
-            // SAFETY: the closure runs in the forked child before exec and
-            // only calls dup2/fcntl (async-signal-safe) on its own descriptor
-            // table; `fd` is open in the parent for the duration of spawn.
-            // dup2 leaves the copy without FD_CLOEXEC; when `fd` already is 3
-            // the flag is cleared instead.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let rc = if fd == 3 {
-                        libc::fcntl(3, libc::F_SETFD, 0)
-                    } else {
-                        libc::dup2(fd, 3)
-                    };
-                    if rc < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
+        let cmd = pstack_helper::launch::net_command(path, netns);
         HelperProcess::start(cmd, boot_id)
     }
 
