@@ -57,6 +57,35 @@ fn status_field(pid: u32, key: &str) -> String {
 }
 
 /// The flow envelope whose remote port is the data port.
+/// Start a capture of `ns` over `window` on its own thread; return it, the
+/// pid of the first net helper it spawned, and the channel that reports any
+/// later helper.
+fn capture_in_thread(
+    ns: &Netns,
+    window: &str,
+) -> (
+    std::thread::JoinHandle<Result<CaptureResult, transport::TransportError>>,
+    u32,
+    mpsc::Receiver<u32>,
+) {
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let mut cfg = config();
+    cfg.on_helper_spawned = Some(Arc::new(move |h| {
+        let _ = tx.lock().unwrap().send(h.pid);
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(ns, window);
+    let capture = std::thread::spawn(move || {
+        let b = budget(dir.path());
+        transport::capture_with(&p, &cfg, &b)
+    });
+    let helper = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("a net helper");
+    (capture, helper, rx)
+}
+
 fn data_flow(r: &CaptureResult) -> &pstack_envelope::Envelope {
     flow_to(&r.flows, DATA_PORT)
 }
@@ -73,21 +102,7 @@ fn root_net_helper_stands_in_the_target_netns_and_pstackctl_does_not() {
     let mine = ns_inode("/proc/thread-self/ns/net");
     assert_ne!(target, mine, "the test runs outside the testbed");
 
-    let (tx, rx) = mpsc::channel();
-    let mut cfg = config();
-    let tx = Mutex::new(tx);
-    cfg.on_helper_spawned = Some(Arc::new(move |h| {
-        let _ = tx.lock().unwrap().send(h.pid);
-    }));
-    let dir = tempfile::tempdir().unwrap();
-    let p = plan(&bed.a, "1500ms");
-    let capture = std::thread::spawn(move || {
-        let b = budget(dir.path());
-        transport::capture_with(&p, &cfg, &b)
-    });
-    let helper = rx
-        .recv_timeout(Duration::from_secs(5))
-        .expect("a net helper");
+    let (capture, helper, rx) = capture_in_thread(&bed.a, "1500ms");
     // The helper enters the netns before it confines itself and answers; it
     // then idles (same process) through the window: watch it from outside.
     let until = Instant::now() + Duration::from_millis(1200);
@@ -416,22 +431,8 @@ fn root_net_helper_stopped_during_the_window_times_out_the_end_and_claims_no_rel
     let _s = serial();
     let bed = Testbed::new("nse");
     let _t = Transfer::start(&bed, false, None);
-    let (tx, rx) = mpsc::channel();
-    let tx = Mutex::new(tx);
-    let mut cfg = config();
-    cfg.on_helper_spawned = Some(Arc::new(move |h| {
-        let _ = tx.lock().unwrap().send(h.pid);
-    }));
-    let dir = tempfile::tempdir().unwrap();
-    let p = plan(&bed.a, "3s");
     let started = Instant::now();
-    let capture = std::thread::spawn(move || {
-        let b = budget(dir.path());
-        transport::capture_with(&p, &cfg, &b)
-    });
-    let helper = rx
-        .recv_timeout(Duration::from_secs(5))
-        .expect("a net helper");
+    let (capture, helper, rx) = capture_in_thread(&bed.a, "3s");
     // Mid-window: the start sample is long answered, the end not yet asked.
     std::thread::sleep(Duration::from_millis(1500));
     // SAFETY: kill(2) with integer arguments on the helper the hook reported.
