@@ -58,6 +58,26 @@ fn consumer_count(secs: u64) {
     println!("RESULT events={events} lost={lost} cpu_ns={cpu}");
 }
 
+/// A recording session filtered (in the kernel) to port 1, which no flood
+/// connection uses: every event is dropped at the port check.
+fn consumer_filtered(secs: u64) {
+    let mut cfg = EbpfConfig::tcp();
+    cfg.port = Some(1);
+    let mut s = EbpfSession::start(cfg).expect("start pstack session");
+    println!("READY");
+    std::io::stdout().flush().ok();
+    let r = s
+        .run_window_blocking(Duration::from_secs(secs), |_| {})
+        .expect("window");
+    let k = r.tcp_kernel.expect("kernel counts");
+    let cpu = cpu_ns(std::process::id());
+    println!(
+        "RESULT matched={} lost={} cpu_ns={cpu}",
+        k.seen.iter().sum::<u64>(),
+        k.lost.iter().sum::<u64>()
+    );
+}
+
 fn consumer(secs: u64, offcpu_pid: Option<u32>) {
     let mut cfg = EbpfConfig::tcp();
     if let Some(p) = offcpu_pid {
@@ -385,6 +405,13 @@ fn run() {
         &["consumer", "60", "count"],
         "pstack count-only (pstackd always attached)",
     );
+    // A capture window filtered to a port the flood does not use: what a
+    // transport capture costs the host's unrelated TCP traffic.
+    per_event(
+        &exe,
+        &["consumer", "60", "port1"],
+        "pstack recording, port filter matching none of the flood",
+    );
     if std::env::var_os("EBPF_BENCH_CPU_ONLY").is_some() {
         return;
     }
@@ -487,6 +514,9 @@ fn aggregate(n: usize) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
+        Some("consumer") if args.get(3).map(String::as_str) == Some("port1") => {
+            consumer_filtered(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(30));
+        }
         Some("consumer") if args.get(3).map(String::as_str) == Some("count") => {
             consumer_count(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(30));
         }
@@ -514,7 +544,7 @@ fn main() {
         Some("run") | None => run(),
         Some(other) => {
             eprintln!(
-                "unknown subcommand {other}: run | consumer SECS [PID|all|count] | blast SECS | flood CONNS"
+                "unknown subcommand {other}: run | consumer SECS [PID|all|count|port1] | blast SECS | flood CONNS"
             );
             std::process::exit(2);
         }
