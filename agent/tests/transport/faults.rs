@@ -26,6 +26,26 @@ const FAULT_FACTS: [&str; 12] = [
 /// Regression guard for "no fault → no fault claimed": a healthy stream's
 /// envelopes are complete and carry only `no_fault_observed` (plus, at most,
 /// the CPU hypothesis on a busy machine).
+/// `capture transport --json --no-ebpf` on both hosts at once, each towards
+/// the other, over `window`; the two children to `finish`.
+fn capture_both_ends(bed: &Testbed, window: &str) -> (std::process::Child, std::process::Child) {
+    let side = |ns: &str, peer: &str| {
+        pstackctl_bg(&[
+            "capture",
+            "transport",
+            "--netns",
+            ns,
+            "--peer",
+            peer,
+            "--window",
+            window,
+            "--json",
+            "--no-ebpf",
+        ])
+    };
+    (side(&bed.a.name, B_V4), side(&bed.b.name, A_V4))
+}
+
 #[test]
 fn root_no_fault_envelope_is_complete_and_claims_no_fault() {
     if !root_or_skip("root_no_fault_envelope_is_complete_and_claims_no_fault") {
@@ -293,30 +313,7 @@ fn root_receiver_abort_counts_resets_on_the_sending_side_of_the_rst() {
     let _s = serial();
     let bed = Testbed::new("abort");
     let t = Transfer::start(&bed, false, None);
-    let a = pstackctl_bg(&[
-        "capture",
-        "transport",
-        "--netns",
-        &bed.a.name,
-        "--peer",
-        B_V4,
-        "--window",
-        "3s",
-        "--json",
-        "--no-ebpf",
-    ]);
-    let b = pstackctl_bg(&[
-        "capture",
-        "transport",
-        "--netns",
-        &bed.b.name,
-        "--peer",
-        A_V4,
-        "--window",
-        "3s",
-        "--json",
-        "--no-ebpf",
-    ]);
+    let (a, b) = capture_both_ends(&bed, "3s");
     std::thread::sleep(Duration::from_millis(1000));
     t.knobs.abort_data.store(true, Ordering::Relaxed);
     let (ea, eb) = (finish(a), finish(b));
@@ -348,30 +345,7 @@ fn root_receiver_stops_reading_shows_zero_window_and_probe_timer() {
     let _s = serial();
     let bed = Testbed::new("zwin");
     let t = Transfer::start(&bed, false, Some(8192));
-    let a = pstackctl_bg(&[
-        "capture",
-        "transport",
-        "--netns",
-        &bed.a.name,
-        "--peer",
-        B_V4,
-        "--window",
-        "3s",
-        "--json",
-        "--no-ebpf",
-    ]);
-    let b = pstackctl_bg(&[
-        "capture",
-        "transport",
-        "--netns",
-        &bed.b.name,
-        "--peer",
-        A_V4,
-        "--window",
-        "3s",
-        "--json",
-        "--no-ebpf",
-    ]);
+    let (a, b) = capture_both_ends(&bed, "3s");
     std::thread::sleep(Duration::from_millis(300));
     t.knobs.pause_reading.store(true, Ordering::Relaxed);
     let (ea, eb) = (finish(a), finish(b));
