@@ -39,14 +39,29 @@ fn cpu_ns(pid: u32) -> u64 {
         .sum()
 }
 
+/// Start a session and tell the parent (`wait_line(.., "READY")`) it is attached.
+fn start_ready(cfg: EbpfConfig) -> EbpfSession {
+    let s = EbpfSession::start(cfg).expect("start pstack session");
+    println!("READY");
+    std::io::stdout().flush().ok();
+    s
+}
+
+/// A session's window of `secs`, then its kernel counts and this process's CPU.
+fn window_result(cfg: EbpfConfig, secs: u64) -> (pstack_ebpf::WindowReport, u64) {
+    let mut s = start_ready(cfg);
+    let r = s
+        .run_window_blocking(Duration::from_secs(secs), |_| {})
+        .expect("window");
+    (r, cpu_ns(std::process::id()))
+}
+
 /// pstackd's setting: the TCP programs count in the kernel and write no
 /// record; like pstackd, the consumer only reads the counters once a second.
 fn consumer_count(secs: u64) {
     let mut cfg = EbpfConfig::tcp();
     cfg.tcp_count_only = true;
-    let s = EbpfSession::start(cfg).expect("start pstack session");
-    println!("READY");
-    std::io::stdout().flush().ok();
+    let s = start_ready(cfg);
     let mut st = s.status().expect("status");
     for _ in 0..secs {
         std::thread::sleep(Duration::from_secs(1));
@@ -63,14 +78,8 @@ fn consumer_count(secs: u64) {
 fn consumer_filtered(secs: u64) {
     let mut cfg = EbpfConfig::tcp();
     cfg.port = Some(1);
-    let mut s = EbpfSession::start(cfg).expect("start pstack session");
-    println!("READY");
-    std::io::stdout().flush().ok();
-    let r = s
-        .run_window_blocking(Duration::from_secs(secs), |_| {})
-        .expect("window");
+    let (r, cpu) = window_result(cfg, secs);
     let k = r.tcp_kernel.expect("kernel counts");
-    let cpu = cpu_ns(std::process::id());
     println!(
         "RESULT matched={} lost={} cpu_ns={cpu}",
         k.seen.iter().sum::<u64>(),
@@ -84,16 +93,10 @@ fn consumer(secs: u64, offcpu_pid: Option<u32>) {
         cfg.offcpu = true;
         cfg.watch_pids = vec![p];
     }
-    let mut s = EbpfSession::start(cfg).expect("start pstack session");
-    println!("READY");
-    std::io::stdout().flush().ok();
-    let r = s
-        .run_window_blocking(Duration::from_secs(secs), |_| {})
-        .expect("window");
+    let (r, cpu) = window_result(cfg, secs);
     let agg = r.tcp.expect("tcp");
     let events: u64 = TcpEventKind::ALL.iter().map(|k| agg.seen(*k)).sum();
     let lost: u64 = r.tcp_ctx.lost.iter().sum();
-    let cpu = cpu_ns(std::process::id());
     println!("RESULT events={events} lost={lost} cpu_ns={cpu}");
 }
 
@@ -557,10 +560,7 @@ fn consumer_with(secs: u64, off: Option<u32>) {
         let mut cfg = EbpfConfig::tcp();
         cfg.offcpu = true;
         cfg.watch_all = true;
-        let mut s = EbpfSession::start(cfg).expect("start");
-        println!("READY");
-        std::io::stdout().flush().ok();
-        let _ = s.run_window_blocking(Duration::from_secs(secs), |_| {});
+        let _ = window_result(cfg, secs);
         return;
     }
     consumer(secs, off)
