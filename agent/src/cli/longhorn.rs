@@ -890,12 +890,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     };
     if !args.json {
-        eprintln!(
-            "capturing rebuild transport {} for {} ms in netns {} ...",
-            plan.filter.selector(),
-            plan.window.as_millis(),
-            plan.target.path()
-        );
+        plan.announce("rebuild transport ");
     }
     let api = args.longhorn_api.clone();
     let volume = args.volume.clone();

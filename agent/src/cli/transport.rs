@@ -258,6 +258,16 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Tell the operator (stderr) what is being captured, for how long, where.
+    pub fn announce(&self, what: &str) {
+        eprintln!(
+            "capturing {what}{} for {} ms in netns {} ...",
+            self.filter.selector(),
+            self.window.as_millis(),
+            self.target.path()
+        );
+    }
+
     /// Validate a flow selection into a plan.
     pub fn from_selection(a: &FlowSelection, ebpf: bool) -> Result<Plan, TransportError> {
         let (peer, peer_port) = parse_endpoint("peer", &a.peer)?;
@@ -2179,12 +2189,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     };
     if !args.json {
-        eprintln!(
-            "capturing {} for {} ms in netns {} ...",
-            plan.filter.selector(),
-            plan.window.as_millis(),
-            plan.target.path()
-        );
+        plan.announce("");
     }
     let result = match capture(&plan) {
         Ok(r) => r,

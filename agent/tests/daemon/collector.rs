@@ -166,6 +166,17 @@ impl Collector {
             .sum()
     }
 
+    /// Every digest that arrived (each once, however often it was sent).
+    pub fn arrived(&self) -> std::collections::HashSet<String> {
+        self.record
+            .lock()
+            .unwrap()
+            .arrivals
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     pub fn has(&self, digest: &str) -> bool {
         self.record.lock().unwrap().arrivals.contains_key(digest)
     }

@@ -184,14 +184,7 @@ fn collector_down_then_up_across_a_pstackd_restart_delivers_each_envelope_exactl
     d.wait_status(Duration::from_secs(15), "spool drained", |s| {
         s["spool"]["files"] == 0
     });
-    let stored: HashSet<String> = collector
-        .record
-        .lock()
-        .unwrap()
-        .arrivals
-        .keys()
-        .cloned()
-        .collect();
+    let stored = collector.arrived();
     assert_eq!(stored, captured, "every captured envelope arrived");
     eprintln!(
         "duplicates counted at the collector: {}",
@@ -248,14 +241,7 @@ fn kill9_during_spool_writes_repeated_never_ships_a_torn_envelope_and_loses_noth
     d.wait_status(Duration::from_secs(30), "spool drained", |s| {
         s["spool"]["files"] == 0
     });
-    let stored: HashSet<String> = collector
-        .record
-        .lock()
-        .unwrap()
-        .arrivals
-        .keys()
-        .cloned()
-        .collect();
+    let stored = collector.arrived();
     let lost: Vec<_> = acknowledged.difference(&stored).collect();
     assert!(
         lost.is_empty(),

@@ -174,28 +174,39 @@ fn files_in(dir: &Path) -> usize {
         .count()
 }
 
-#[test]
-fn root_only_tiny_tmpfs_spool_fills_drop_oldest_counts_and_keeps_serving() {
+/// A daemon whose spool sits on a 160 KiB tmpfs, with this overflow policy.
+/// The byte bound is far above the filesystem: ENOSPC is what stops writes.
+/// `None` (with the reason printed) when not root or the mount fails.
+fn daemon_on_tiny_tmpfs(
+    overflow: &'static str,
+) -> Option<(tempfile::TempDir, Tmpfs, std::path::PathBuf, Daemon)> {
     if !is_root() {
         eprintln!("skipping: needs root to mount a tmpfs");
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let Some(fs) = Tmpfs::mount(&dir.path().join("spoolfs"), "160k") else {
         eprintln!("skipping: mount -t tmpfs failed");
-        return;
+        return None;
     };
     let spool = fs.0.join("spool");
-    // The byte bound is far above the filesystem: ENOSPC is what stops writes.
     let d = Daemon::start(
         dir.path(),
         &Settings {
             spool_dir: Some(spool.clone()),
             spool_max_bytes: 64 << 20,
-            overflow: "drop_oldest",
+            overflow,
             ..Settings::default()
         },
     );
+    Some((dir, fs, spool, d))
+}
+
+#[test]
+fn root_only_tiny_tmpfs_spool_fills_drop_oldest_counts_and_keeps_serving() {
+    let Some((_dir, _fs, spool, d)) = daemon_on_tiny_tmpfs("drop_oldest") else {
+        return;
+    };
     let target = Sleeper::spawn();
     let mut last = None;
     for _ in 0..40 {
@@ -237,25 +248,9 @@ fn root_only_tiny_tmpfs_spool_fills_drop_oldest_counts_and_keeps_serving() {
 
 #[test]
 fn root_only_tiny_tmpfs_spool_fills_refuse_new_refuses_and_keeps_what_it_holds() {
-    if !is_root() {
-        eprintln!("skipping: needs root to mount a tmpfs");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let Some(fs) = Tmpfs::mount(&dir.path().join("spoolfs"), "160k") else {
-        eprintln!("skipping: mount -t tmpfs failed");
+    let Some((_dir, _fs, spool, d)) = daemon_on_tiny_tmpfs("refuse_new") else {
         return;
     };
-    let spool = fs.0.join("spool");
-    let d = Daemon::start(
-        dir.path(),
-        &Settings {
-            spool_dir: Some(spool.clone()),
-            spool_max_bytes: 64 << 20,
-            overflow: "refuse_new",
-            ..Settings::default()
-        },
-    );
     let target = Sleeper::spawn();
     let mut ok = Vec::new();
     let mut refused = 0;

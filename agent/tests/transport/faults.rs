@@ -23,29 +23,18 @@ const FAULT_FACTS: [&str; 12] = [
     "conntrack_pressure",
 ];
 
+/// `capture transport --no-ebpf` on both hosts at once, each towards the
+/// other, over `window`; the two children to `finish`.
+fn capture_both_ends(bed: &Testbed, window: &str) -> (std::process::Child, std::process::Child) {
+    (
+        capture_bg(&bed.a, B_V4, window, &["--no-ebpf"]),
+        capture_bg(&bed.b, A_V4, window, &["--no-ebpf"]),
+    )
+}
+
 /// Regression guard for "no fault → no fault claimed": a healthy stream's
 /// envelopes are complete and carry only `no_fault_observed` (plus, at most,
 /// the CPU hypothesis on a busy machine).
-/// `capture transport --json --no-ebpf` on both hosts at once, each towards
-/// the other, over `window`; the two children to `finish`.
-fn capture_both_ends(bed: &Testbed, window: &str) -> (std::process::Child, std::process::Child) {
-    let side = |ns: &str, peer: &str| {
-        pstackctl_bg(&[
-            "capture",
-            "transport",
-            "--netns",
-            ns,
-            "--peer",
-            peer,
-            "--window",
-            window,
-            "--json",
-            "--no-ebpf",
-        ])
-    };
-    (side(&bed.a.name, B_V4), side(&bed.b.name, A_V4))
-}
-
 #[test]
 fn root_no_fault_envelope_is_complete_and_claims_no_fault() {
     if !root_or_skip("root_no_fault_envelope_is_complete_and_claims_no_fault") {
@@ -196,21 +185,8 @@ fn root_reject_with_tcp_reset_is_attributed_to_the_receiver() {
     for ebpf in [true, false] {
         let bed = Testbed::new(if ebpf { "rste" } else { "rst" });
         let t = Transfer::start(&bed, false, None);
-        let mut args = vec![
-            "capture",
-            "transport",
-            "--netns",
-            &bed.a.name,
-            "--peer",
-            B_V4,
-            "--window",
-            "4s",
-            "--json",
-        ];
-        if !ebpf {
-            args.push("--no-ebpf");
-        }
-        let a = pstackctl_bg(&args);
+        let extra: &[&str] = if ebpf { &[] } else { &["--no-ebpf"] };
+        let a = capture_bg(&bed.a, B_V4, "4s", extra);
         // Loading the eBPF programs takes a moment on a busy machine.
         std::thread::sleep(Duration::from_millis(2000));
         bed.b.nft(&format!(

@@ -537,8 +537,13 @@ pub fn finish(child: std::process::Child) -> Vec<Envelope> {
     envelopes(&stdout)
 }
 
-/// Capture `transport` in `ns` for `window`, JSON lines out.
-pub fn capture(ns: &Netns, peer: &str, window: &str, extra: &[&str]) -> Vec<Envelope> {
+/// `capture transport --netns NS --peer PEER --window W --json` plus `extra`.
+fn capture_args<'a>(
+    ns: &'a Netns,
+    peer: &'a str,
+    window: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
     let mut args = vec![
         "capture",
         "transport",
@@ -551,9 +556,20 @@ pub fn capture(ns: &Netns, peer: &str, window: &str, extra: &[&str]) -> Vec<Enve
         "--json",
     ];
     args.extend_from_slice(extra);
+    args
+}
+
+/// Capture `transport` in `ns` for `window`, JSON lines out.
+pub fn capture(ns: &Netns, peer: &str, window: &str, extra: &[&str]) -> Vec<Envelope> {
+    let args = capture_args(ns, peer, window, extra);
     let (code, out, err) = pstackctl(&args);
     assert_eq!(code, 0, "pstackctl {args:?}: {err}");
     envelopes(&out)
+}
+
+/// The same capture in the background; [`finish`] collects its envelopes.
+pub fn capture_bg(ns: &Netns, peer: &str, window: &str, extra: &[&str]) -> std::process::Child {
+    pstackctl_bg(&capture_args(ns, peer, window, extra))
 }
 
 /// The stream envelope whose remote port is `port`.
