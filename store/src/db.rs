@@ -36,6 +36,7 @@
 //!   one transaction each and recorded in `pstack_schema_migrations`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -54,12 +55,20 @@ use crate::receipts::{
 };
 
 /// Versioned migrations: (version, name, SQLite SQL, PostgreSQL SQL).
-const MIGRATIONS: &[(i64, &str, &str, &str)] = &[(
-    1,
-    "core",
-    include_str!("../migrations/sqlite/0001_core.sql"),
-    include_str!("../migrations/postgres/0001_core.sql"),
-)];
+const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
+    (
+        1,
+        "core",
+        include_str!("../migrations/sqlite/0001_core.sql"),
+        include_str!("../migrations/postgres/0001_core.sql"),
+    ),
+    (
+        2,
+        "analysis",
+        include_str!("../migrations/sqlite/0002_analysis.sql"),
+        include_str!("../migrations/postgres/0002_analysis.sql"),
+    ),
+];
 
 /// Everything that can go wrong in the storage layer.
 #[derive(Debug, thiserror::Error)]
@@ -411,8 +420,58 @@ fn placeholders(pg: bool, start: usize, n: usize) -> String {
     }
 }
 
+/// `(…),(…)` for a multi-row `VALUES`: `rows` rows of `width` placeholders,
+/// numbered on PostgreSQL in the order the row binds are pushed.
+fn values_rows(pg: bool, rows: usize, width: usize) -> String {
+    (0..rows)
+        .map(|r| format!("({})", placeholders(pg, r * width + 1, width)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn parse_identity(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
+}
+
+/// Create the SQLite file 0600 when it does not exist, and narrow an
+/// existing one to 0600: it holds every envelope (other users' process
+/// evidence). SQLite gives its `-wal` and `-shm` files the database file's
+/// mode, so they are 0600 too.
+fn restrict_database_file(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let io = |e: std::io::Error| StoreError::BadUrl(format!("{}: {e}", path.display()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let mode = std::fs::metadata(path).map_err(io)?.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                tracing::warn!(path = %path.display(), mode = format!("{mode:o}"), "database file readable by others; narrowing it to 0600");
+                for p in [
+                    path.to_path_buf(),
+                    wal_sibling(path, "-wal"),
+                    wal_sibling(path, "-shm"),
+                ] {
+                    if p.exists() {
+                        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+                            .map_err(io)?;
+                    }
+                }
+            }
+            Ok(())
+        }
+        Err(e) => Err(io(e)),
+    }
+}
+
+fn wal_sibling(path: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    s.into()
 }
 
 impl Store {
@@ -457,6 +516,7 @@ impl Store {
             {
                 return Err(StoreError::BadUrl(url.into()));
             }
+            restrict_database_file(Path::new(path))?;
             let base = SqliteConnectOptions::new()
                 .filename(path)
                 .create_if_missing(true)
@@ -1297,7 +1357,8 @@ impl Store {
         let mut report = RetentionReport::default();
         let mut touched: BTreeSet<String> = BTreeSet::new();
         let uncited =
-            "NOT EXISTS (SELECT 1 FROM receipt_evidence r WHERE r.digest = envelopes.digest)";
+            "NOT EXISTS (SELECT 1 FROM receipt_evidence r WHERE r.digest = envelopes.digest)
+             AND NOT EXISTS (SELECT 1 FROM finding_evidence f WHERE f.digest = envelopes.digest)";
         if let Some(age) = policy.max_age {
             let cutoff = now_ns.saturating_sub(i64::try_from(age.as_nanos()).unwrap_or(i64::MAX));
             loop {
@@ -1665,3 +1726,6 @@ pub fn history_query(
         limit,
     })
 }
+
+// After the macros above, which it uses.
+pub mod analysis;

@@ -41,15 +41,27 @@ pub struct AppState {
     pub limits: IngestLimits,
     /// Counters for `/metrics`.
     pub metrics: Arc<Metrics>,
+    /// Connection, per-key and byte-budget limits.
+    pub guards: Arc<crate::conn::Guards>,
 }
 
 impl AppState {
     /// State with default limits and fresh metrics.
     pub fn new(store: Store, limits: IngestLimits) -> AppState {
+        AppState::with_conn_limits(store, limits, crate::conn::ConnLimits::default())
+    }
+
+    /// State with these connection limits.
+    pub fn with_conn_limits(
+        store: Store,
+        limits: IngestLimits,
+        conn: crate::conn::ConnLimits,
+    ) -> AppState {
         AppState {
             store,
             limits,
             metrics: Arc::new(Metrics::default()),
+            guards: Arc::new(crate::conn::Guards::new(conn)),
         }
     }
 }
@@ -214,15 +226,21 @@ pub struct ApiError {
     code: String,
     message: String,
     detail: Option<serde_json::Value>,
+    retry_after: bool,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: impl Into<String>, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(
+        status: StatusCode,
+        code: impl Into<String>,
+        message: impl Into<String>,
+    ) -> ApiError {
         ApiError {
             status,
             code: code.into(),
             message: message.into(),
             detail: None,
+            retry_after: false,
         }
     }
 }
@@ -234,7 +252,7 @@ impl IntoResponse for ApiError {
             body["error"]["detail"] = d;
         }
         let mut resp = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+        if self.status == StatusCode::SERVICE_UNAVAILABLE || self.retry_after {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
@@ -256,6 +274,7 @@ impl From<StoreError> for ApiError {
                     code: r.rule().into(),
                     message: r.to_string(),
                     detail,
+                    retry_after: false,
                 }
             }
             other => {
@@ -282,34 +301,93 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/handoff/{digest}", get(get_handoff))
         .route("/v1/unknowns", get(get_unknowns))
         .route("/v1/receipts", post(post_receipt).get(get_receipts))
+        .merge(crate::http_analysis::routes())
+        .fallback(no_such_route)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }
 
-/// Per-request log line and metrics.
+async fn no_such_route() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_such_route",
+        "no such route (see store/README.md for the API)",
+    )
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method",
+    )
+}
+
+/// Records one request when dropped: on completion with its status, or —
+/// when the client went away and hyper dropped the request mid-way — as 499
+/// (`client_closed`), so every request is counted and logged.
+struct Observed {
+    state: AppState,
+    route: String,
+    method: axum::http::Method,
+    started: Instant,
+    status: Option<u16>,
+}
+
+impl Drop for Observed {
+    fn drop(&mut self) {
+        let elapsed = self.started.elapsed();
+        let status = self.status.unwrap_or(499);
+        let (method, route) = (&self.method, &self.route);
+        if self.status.is_some() {
+            tracing::info!(%method, route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request");
+        } else {
+            tracing::warn!(%method, route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request abandoned: the client closed the connection first");
+        }
+        let metrics = &self.state.metrics;
+        *lock(&metrics.responses)
+            .entry((route.clone(), status))
+            .or_insert(0) += 1;
+        let mut lat = lock(&metrics.latency);
+        let h = lat.entry(route.clone()).or_default();
+        let s = elapsed.as_secs_f64();
+        if let Some(i) = BUCKETS_S.iter().position(|le| s <= *le) {
+            h.counts[i] += 1;
+        }
+        h.count += 1;
+        h.sum += s;
+    }
+}
+
+/// Per-request log line and metrics; the request timeout.
 async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
-    let method = req.method().clone();
-    let started = Instant::now();
-    let resp = next.run(req).await;
-    let elapsed = started.elapsed();
-    let status = resp.status().as_u16();
-    tracing::info!(%method, route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request");
-    *lock(&state.metrics.responses)
-        .entry((route.clone(), status))
-        .or_insert(0) += 1;
-    let mut lat = lock(&state.metrics.latency);
-    let h = lat.entry(route).or_default();
-    let s = elapsed.as_secs_f64();
-    if let Some(i) = BUCKETS_S.iter().position(|le| s <= *le) {
-        h.counts[i] += 1;
-    }
-    h.count += 1;
-    h.sum += s;
+    let timeout = state.guards.limits().request_timeout;
+    let mut observed = Observed {
+        state,
+        route,
+        method: req.method().clone(),
+        started: Instant::now(),
+        status: None,
+    };
+    let resp = match tokio::time::timeout(timeout, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the request was not complete within {} s",
+                timeout.as_secs()
+            ),
+        )
+        .into_response(),
+    };
+    observed.status = Some(resp.status().as_u16());
     resp
 }
 
@@ -325,14 +403,54 @@ async fn healthz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
+    use std::fmt::Write;
+    let mut text = state.metrics.render();
+    let g = &state.guards;
+    for (name, kind, help, v) in [
+        (
+            "pstack_store_connections_open",
+            "gauge",
+            "Connections served now.",
+            g.connections_open.load(Ordering::Relaxed),
+        ),
+        (
+            "pstack_store_connections_refused_total",
+            "counter",
+            "Connections closed at accept over the connection cap.",
+            g.connections_refused.load(Ordering::Relaxed),
+        ),
+        (
+            "pstack_store_budget_refused_total",
+            "counter",
+            "Ingest requests answered 503 because the in-flight byte budget was held.",
+            g.budget_refused.load(Ordering::Relaxed),
+        ),
+        (
+            "pstack_store_key_limited_total",
+            "counter",
+            "Ingest requests answered 429 because their key had its limit in flight.",
+            g.key_limited.load(Ordering::Relaxed),
+        ),
+    ] {
+        let _ = writeln!(
+            text,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    }
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
     )
         .into_response()
 }
 
-async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+pub(crate) async fn authenticate(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<String, ApiError> {
     let fail = |reason: &'static str, message: &str| {
         *lock(&state.metrics.auth_failures)
             .entry(reason)
@@ -396,6 +514,34 @@ async fn post_envelopes(
 ) -> Result<Response, ApiError> {
     let key_id = authenticate(&state, &headers).await?;
     let limits = state.limits;
+    // Reserve the wire body before reading a byte of it; decoding reserves
+    // each further megabyte as it goes (ingest::decode_body_within).
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(limits.max_body_bytes as u64, |n| {
+            n.min(limits.max_body_bytes as u64)
+        });
+    let mut held = state
+        .guards
+        .admit(&key_id, declared)
+        .map_err(|r| match r {
+            crate::conn::Refusal::KeyBusy { limit } => {
+                let mut e = ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "key_busy",
+                    format!("this key already has {limit} ingest requests in flight; retry after the Retry-After delay"),
+                );
+                e.retry_after = true;
+                e
+            }
+            crate::conn::Refusal::Budget { wanted, budget } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                format!("requests in flight hold the store's {budget}-byte memory budget; this one needs up to {wanted} bytes: retry after the Retry-After delay"),
+            ),
+        })?;
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -411,9 +557,29 @@ async fn post_envelopes(
     {
         return Err(too_large());
     }
-    let raw = axum::body::to_bytes(body, limits.max_body_bytes)
-        .await
-        .map_err(|_| too_large())?;
+    // Streamed into one buffer sized from Content-Length (what was reserved),
+    // never grown by doubling past it.
+    let raw = {
+        use http_body_util::BodyExt;
+        let mut body = body;
+        let mut buf = Vec::with_capacity(declared as usize);
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "body_incomplete",
+                    format!("the request body ended early: {e}"),
+                )
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if buf.len() + data.len() > limits.max_body_bytes {
+                    return Err(too_large());
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        bytes::Bytes::from(buf)
+    };
     let encoding = headers
         .get(header::CONTENT_ENCODING)
         .map(|v| v.to_str().unwrap_or("invalid").to_string());
@@ -430,8 +596,17 @@ async fn post_envelopes(
             t == "application/x-ndjson" || t == "application/ndjson" || t == "application/jsonl"
         })
         .unwrap_or(false);
+    let guards = state.guards.clone();
     let verdicts = tokio::task::spawn_blocking(move || {
-        let decoded = ingest::decode_body(raw, encoding.as_deref(), &limits)?;
+        let decoded = ingest::decode_body_within(raw, encoding.as_deref(), &limits, &mut |n| {
+            let ok = held.grow(n);
+            if !ok {
+                guards
+                    .budget_refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            ok
+        })?;
         let (framing, items) = ingest::split_items(&decoded, ndjson, &limits)?;
         let verdicts = ingest::verify_items(&decoded, &items, &limits);
         Ok::<_, ingest::BodyError>((framing, verdicts, decoded.len()))
@@ -444,6 +619,7 @@ async fn post_envelopes(
             | ingest::BodyError::DecodedTooLarge { .. }
             | ingest::BodyError::TooManyItems { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ingest::BodyError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ingest::BodyError::Busy => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_REQUEST,
         };
         ApiError::new(status, e.code(), e.to_string())
@@ -756,7 +932,6 @@ pub async fn serve(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let guards = state.guards.clone();
+    crate::conn::serve_router(listener, router(state), guards, shutdown).await
 }

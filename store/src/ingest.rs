@@ -57,6 +57,10 @@ pub enum BodyError {
     /// The gzip-decoded body exceeds `max_decoded_bytes` (HTTP 413).
     #[error("decoded request body exceeds {limit} bytes")]
     DecodedTooLarge { limit: usize },
+    /// Decoding needs more memory than the store's in-flight budget has free
+    /// now (HTTP 503 + Retry-After).
+    #[error("the store's in-flight memory budget cannot hold this body decoded right now")]
+    Busy,
     /// `Content-Encoding: gzip` but the body is not a valid gzip stream (HTTP 400).
     #[error("body is not valid gzip: {0}")]
     MalformedGzip(String),
@@ -85,6 +89,7 @@ impl BodyError {
             BodyError::Empty => "empty_body",
             BodyError::MalformedBatch(_) => "malformed_batch",
             BodyError::TooManyItems { .. } => "too_many_items",
+            BodyError::Busy => "busy",
         }
     }
 }
@@ -95,6 +100,22 @@ pub fn decode_body(
     content_encoding: Option<&str>,
     limits: &IngestLimits,
 ) -> Result<Bytes, BodyError> {
+    decode_body_within(body, content_encoding, limits, &mut |_| true)
+}
+
+/// Decoding step: at most this many decoded bytes per budget reservation.
+const DECODE_CHUNK: usize = 1 << 20;
+
+/// [`decode_body`] where every decoded megabyte is first reserved with
+/// `reserve(bytes)`; a refused reservation stops decoding with
+/// [`BodyError::Busy`]. Memory held by decoding is thus bounded by what the
+/// caller's budget granted, not by `max_decoded_bytes` per request.
+pub fn decode_body_within(
+    body: Bytes,
+    content_encoding: Option<&str>,
+    limits: &IngestLimits,
+    reserve: &mut dyn FnMut(usize) -> bool,
+) -> Result<Bytes, BodyError> {
     if body.len() > limits.max_body_bytes {
         return Err(BodyError::TooLarge {
             limit: limits.max_body_bytes,
@@ -104,26 +125,34 @@ pub fn decode_body(
         None => Ok(body),
         Some(e) if e.is_empty() || e == "identity" => Ok(body),
         Some(e) if e == "gzip" || e == "x-gzip" => {
-            // The gzip trailer's ISIZE (decoded size mod 2^32) sizes the
-            // buffer once; it is only a hint (a hostile one is capped).
-            let hint = body
-                .len()
-                .checked_sub(4)
-                .and_then(|i| body.get(i..))
-                .and_then(|t| <[u8; 4]>::try_from(t).ok())
-                .map(|t| u32::from_le_bytes(t) as usize)
-                .unwrap_or(0);
-            let mut out =
-                Vec::with_capacity(hint.max(body.len()).min(limits.max_decoded_bytes + 1));
             let cap = limits.max_decoded_bytes as u64 + 1;
             let mut decoder = flate2::read::MultiGzDecoder::new(body.as_ref()).take(cap);
-            decoder
-                .read_to_end(&mut out)
-                .map_err(|e| BodyError::MalformedGzip(e.to_string()))?;
-            if out.len() > limits.max_decoded_bytes {
-                return Err(BodyError::DecodedTooLarge {
-                    limit: limits.max_decoded_bytes,
-                });
+            let mut out: Vec<u8> = Vec::new();
+            loop {
+                if !reserve(DECODE_CHUNK) {
+                    return Err(BodyError::Busy);
+                }
+                let start = out.len();
+                out.resize(start + DECODE_CHUNK, 0);
+                let mut filled = start;
+                while filled < out.len() {
+                    match decoder.read(&mut out[filled..]) {
+                        Ok(0) => break,
+                        Ok(n) => filled += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(BodyError::MalformedGzip(e.to_string())),
+                    }
+                }
+                let done = filled < out.len();
+                out.truncate(filled);
+                if out.len() > limits.max_decoded_bytes {
+                    return Err(BodyError::DecodedTooLarge {
+                        limit: limits.max_decoded_bytes,
+                    });
+                }
+                if done {
+                    break;
+                }
             }
             Ok(Bytes::from(out))
         }

@@ -18,11 +18,17 @@
 //!   receipt cites is ever deleted.
 //! - Nothing logs a key, a body or envelope contents.
 
+pub mod analysis;
+pub mod changes_cli;
+pub mod client;
+pub mod conn;
 pub mod db;
 pub mod http;
+pub mod http_analysis;
 pub mod ident;
 pub mod ingest;
 pub mod keys;
+pub mod query;
 pub mod receipts;
 pub mod synthetic;
 

@@ -4,22 +4,59 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use pstack_store::db::{OpenOptions, RetentionPolicy, Store};
 use pstack_store::http::{AppState, serve};
 use pstack_store::ingest::IngestLimits;
+use pstack_store::query::{
+    Connection, EnvelopesCommand, Query, ReceiptsArgs, SubjectsCommand, UnknownsArgs,
+};
+
+/// Where `serve`, `keys`, `retention` and `migrate` keep the database when
+/// no --db is given: systemd's StateDirectory= (`$STATE_DIRECTORY`), else
+/// this directory. It must exist: the store never invents a database in the
+/// current directory, nor a directory tree.
+const DEFAULT_STATE_DIR: &str = "/var/lib/pstack-store";
+
+fn default_db() -> Result<String> {
+    let dir = std::env::var("STATE_DIRECTORY")
+        .ok()
+        .and_then(|d| d.split(':').next().map(str::to_string))
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| DEFAULT_STATE_DIR.to_string());
+    let dir = std::path::PathBuf::from(dir);
+    if !dir.is_dir() {
+        bail!(
+            "no --db given and the state directory {} does not exist: create it (install -d -m 0750 {}) or pass --db PATH or --db postgres://...; pstack-store does not create a database in the current directory",
+            dir.display(),
+            dir.display()
+        );
+    }
+    Ok(dir.join("pstack-store.db").to_string_lossy().into_owned())
+}
+
+/// Exit codes of `pstack-store` (kept equal to the README's table by a test).
+const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  ok: served until SIGTERM or SIGINT and drained, or the command did its work
+  1  error: the database cannot be opened, the address cannot be bound, the store refused or could not be reached (the reason is printed)
+  2  usage error: a bad flag or value
+  3  not found: the store answered that the envelope, subject or receipt asked for does not exist";
 
 #[derive(Parser, Debug)]
-#[command(name = "pstack-store", version, about = "The pstack causal store")]
+#[command(
+    name = "pstack-store",
+    version = env!("PSTACK_VERSION"),
+    about = "The pstack causal store",
+    after_help = EXIT_CODES_HELP
+)]
 struct Cli {
-    /// Database: a SQLite file path (created if missing) or a postgres:// URL.
-    #[arg(
-        long,
-        env = "PSTACK_STORE_DB",
-        default_value = "pstack-store.db",
-        global = true
-    )]
-    db: String,
+    /// Database: a SQLite file path (created if missing) or a postgres:// URL
+    /// [default: $STATE_DIRECTORY/pstack-store.db under systemd, else
+    /// /var/lib/pstack-store/pstack-store.db; never the current directory].
+    /// Not used by the query commands, which go through --url.
+    #[arg(long, env = "PSTACK_STORE_DB", global = true)]
+    db: Option<String>,
     /// Log format.
     #[arg(long, value_parser = ["text", "json"], default_value = "text", global = true)]
     log_format: String,
@@ -74,6 +111,40 @@ enum Command {
     },
     /// Apply pending migrations and print the schema version.
     Migrate,
+    /// Record or list changes (deploys, flag flips, kernel upgrades…) in a
+    /// running store, e.g. from a CI/CD pipeline.
+    Changes {
+        #[command(subcommand)]
+        command: Box<pstack_store::changes_cli::ChangesCommand>,
+    },
+    /// Read stored envelopes over the HTTP API: `get DIGEST`, `list --subject KEY`.
+    Envelopes {
+        #[command(flatten)]
+        conn: Connection,
+        #[command(subcommand)]
+        command: EnvelopesCommand,
+    },
+    /// A subject's history over the HTTP API: `history --subject KEY`.
+    Subjects {
+        #[command(flatten)]
+        conn: Connection,
+        #[command(subcommand)]
+        command: SubjectsCommand,
+    },
+    /// The fleet's open unknowns (with --all, answered ones too), over the HTTP API.
+    Unknowns {
+        #[command(flatten)]
+        conn: Connection,
+        #[command(flatten)]
+        args: UnknownsArgs,
+    },
+    /// A subject's receipt chain, over the HTTP API.
+    Receipts {
+        #[command(flatten)]
+        conn: Connection,
+        #[command(flatten)]
+        args: ReceiptsArgs,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -97,19 +168,9 @@ enum KeysCommand {
     },
 }
 
+/// The one duration parser of pstack's CLIs (a unit is required: 30d, 12h, 10m, 45s).
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?}: expected e.g. 30d, 12h, 10m, 45s"))?;
-    let secs = match unit {
-        "s" | "" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86_400,
-        _ => return Err(format!("{s:?}: unit must be s, m, h or d")),
-    };
-    Ok(Duration::from_secs(secs))
+    pstack_cli::parse_duration(s).map_err(|e| e.to_string())
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -130,10 +191,16 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 }
 
 fn init_logs(format: &str) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("PSTACK_STORE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    // Colour only on a terminal without NO_COLOR: a log file or the journal
+    // gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(pstack_cli::output::color_wanted(
+            std::io::stderr().is_terminal(),
+        ))
         .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
@@ -159,21 +226,80 @@ async fn shutdown_signal() {
     tracing::info!("shutdown requested; draining in-flight requests");
 }
 
+/// Parse the command line; every subcommand's `--help` ends with the exit codes.
+fn parse_cli() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    fn with_exit_codes(c: clap::Command) -> clap::Command {
+        c.after_help(EXIT_CODES_HELP)
+            .mut_subcommands(with_exit_codes)
+    }
+    let command = with_exit_codes(Cli::command());
+    let matches = command.get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 #[tokio::main]
-async fn main() -> Result<()> {
-    let cli = Cli::parse();
+async fn main() -> std::process::ExitCode {
+    pstack_packaging::assets::write_if_requested(Cli::command);
+    let cli = parse_cli();
+    let (conn, query) = match cli.command {
+        Command::Envelopes { conn, command } => (conn, Query::Envelopes(command)),
+        Command::Subjects { conn, command } => (conn, Query::Subjects(command)),
+        Command::Unknowns { conn, args } => (conn, Query::Unknowns(args)),
+        Command::Receipts { conn, args } => (conn, Query::Receipts(args)),
+        command => {
+            let cli = Cli { command, ..cli };
+            return match run(cli).await {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) if pstack_cli::output::is_broken_pipe(e.as_ref()) => {
+                    std::process::ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("pstack-store: {e:#}");
+                    std::process::ExitCode::from(1)
+                }
+            };
+        }
+    };
+    if cli.db.is_some() {
+        eprintln!(
+            "pstack-store: --db is for serve, keys, retention and migrate; queries go through --url"
+        );
+        return std::process::ExitCode::from(2);
+    }
+    match pstack_store::query::run(&conn, query).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.is_broken_pipe() => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pstack-store: {e}");
+            std::process::ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
+        }
+    }
+}
+
+/// `serve`, `keys`, `retention`, `migrate`: the commands that open the database.
+async fn run(cli: Cli) -> Result<()> {
     init_logs(&cli.log_format);
+    // An HTTP client of a running store: opens no database.
+    if let Command::Changes { command } = &cli.command {
+        return pstack_store::changes_cli::run(command).await;
+    }
     let durable = matches!(cli.command, Command::Serve { durable: true, .. });
     let opts = OpenOptions {
         sqlite_durable: durable,
         ..OpenOptions::default()
     };
-    let store = Store::open(&cli.db, &opts)
+    let db = match cli.db {
+        Some(db) => db,
+        None => default_db()?,
+    };
+    let store = Store::open(&db, &opts)
         .await
         .with_context(|| "opening the database (check --db / PSTACK_STORE_DB)".to_string())?;
     match cli.command {
+        Command::Changes { .. } => {} // handled above, before the database
         Command::Migrate => {
-            println!("schema version {}", store.schema_version().await?);
+            pstack_cli::outln!("schema version {}", store.schema_version().await?)?;
         }
         Command::Keys { command } => match command {
             KeysCommand::Create { name } => {
@@ -185,28 +311,28 @@ async fn main() -> Result<()> {
                     "created key {} for {name:?}; it is shown once, store it now:",
                     key.id
                 );
-                println!("{}", key.plaintext);
+                pstack_cli::outln!("{}", key.plaintext)?;
             }
             KeysCommand::List { json } => {
                 let keys = store.list_keys().await?;
                 if json {
-                    println!("{}", serde_json::to_string_pretty(&keys)?);
+                    pstack_cli::outln!("{}", serde_json::to_string_pretty(&keys)?)?;
                 } else {
-                    println!("{:<18} {:<25} {:<25} NAME", "ID", "CREATED", "REVOKED");
+                    pstack_cli::outln!("{:<18} {:<25} {:<25} NAME", "ID", "CREATED", "REVOKED")?;
                     for k in keys {
-                        println!(
+                        pstack_cli::outln!(
                             "{:<18} {:<25} {:<25} {}",
                             k.id,
                             k.created_at,
                             k.revoked_at.as_deref().unwrap_or("-"),
                             k.name
-                        );
+                        )?;
                     }
                 }
             }
             KeysCommand::Revoke { id } => {
                 store.revoke_key(&id).await?;
-                println!("revoked {id}");
+                pstack_cli::outln!("revoked {id}")?;
             }
         },
         Command::Retention { max_age, max_bytes } => {
@@ -219,7 +345,13 @@ async fn main() -> Result<()> {
                     pstack_store::now_ns(),
                 )
                 .await?;
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            pstack_cli::outln!("{}", serde_json::to_string_pretty(&report)?)?;
+        }
+        Command::Envelopes { .. }
+        | Command::Subjects { .. }
+        | Command::Unknowns { .. }
+        | Command::Receipts { .. } => {
+            bail!("internal: a query command reached the database path")
         }
         Command::Serve {
             durable: _,

@@ -3,9 +3,13 @@
 
 mod support;
 
+mod analysis;
 mod cli;
+mod hostile;
 mod ingest;
 mod lifecycle;
 mod queries;
+mod query_cli;
 mod receipts;
 mod retention;
+mod tls_proxy;

@@ -1,9 +1,10 @@
 //! Ingest: hostile inputs first, each refused with its precise status and
 //! typed reason, nothing partial stored; then batches, replay, concurrency.
 
-use pstack_envelope::{Envelope, verify};
+use pstack_envelope::Envelope;
 use pstack_store::ingest::IngestLimits;
 use pstack_store::synthetic::Capture;
+use pstack_testkit::verify;
 use reqwest::StatusCode;
 use serde_json::Value;
 

@@ -293,15 +293,22 @@ async fn healthz_and_metrics(db: Db) {
     let (_, one) = crate::support::sealed("node-a", 1, 1);
     h.post_batch(&[one.clone(), one, br#"{"schema":"x"}"#.to_vec()])
         .await;
-    let text = h
-        .client
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let resp = h.client.get(h.url("/metrics")).send().await.unwrap();
+    assert_eq!(
+        resp.headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let text = resp.text().await.unwrap();
+    // Prometheus's own linter is the oracle for the exposition format and naming.
+    pstack_testkit::require!(
+        pstack_testkit::have_tool("promtool"),
+        "promtool is not installed (scripts/setup.d/60-oracles.sh installs Debian's prometheus)"
+    );
+    if let Err(said) = pstack_testkit::promtool_check_metrics(&text) {
+        panic!("promtool check metrics on the store's /metrics:\n{said}\n---\n{text}");
+    }
     for line in [
         "pstack_store_ingest_items_total{status=\"accepted\"} 1",
         "pstack_store_ingest_items_total{status=\"duplicate\"} 1",

@@ -92,7 +92,7 @@ async fn receipt_chain_refuses_every_forbidden_substitution(db: Db) {
     let mut same = cap(10, true).unsealed();
     same.clock.wall_time = cap(22, true).wall_time();
     let same_bytes = serde_json::to_vec(&same.seal().unwrap()).unwrap();
-    let same = pstack_envelope::verify(&same_bytes).unwrap().digest;
+    let same = pstack_testkit::verify(&same_bytes).unwrap().digest;
     h.post_batch(&[same_bytes]).await;
     // An identity_race capture after the change: it attributes nothing.
     let mut race = cap(23, false).unsealed();
@@ -100,7 +100,7 @@ async fn receipt_chain_refuses_every_forbidden_substitution(db: Db) {
     race.claims.clear();
     let race_bytes =
         serde_json::to_vec(&race.seal().expect("identity_race fixture is valid")).unwrap();
-    let race = pstack_envelope::verify(&race_bytes).unwrap().digest;
+    let race = pstack_testkit::verify(&race_bytes).unwrap().digest;
     h.post_batch(&[race_bytes]).await;
     let fixed = ship(&h, &cap(24, false)).await;
     let early_soak = ship(&h, &cap(30, false)).await;

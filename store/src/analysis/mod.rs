@@ -1,0 +1,15 @@
+//! The analysis half of the store (seed 000): which change caused it.
+//!
+//! Pure rule modules — [`verdict`] (the six blast-radius verdicts and the
+//! Newcombe interval), [`proof`] (causal proof tier, fingerprint,
+//! counterfactual pairing), [`fleet`] (node cohorts from envelope claims),
+//! [`ledger`] (change validation), [`otlp`] (OTLP decode and aggregation) —
+//! and [`blast`], which assembles a blast radius from stored aggregates.
+//! Storage is `crate::db::analysis`; routes are `crate::http_analysis`.
+
+pub mod blast;
+pub mod fleet;
+pub mod ledger;
+pub mod otlp;
+pub mod proof;
+pub mod verdict;

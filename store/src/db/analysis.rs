@@ -1,0 +1,919 @@
+//! Storage of the analysis half: change ledger, OTLP aggregates, findings,
+//! eval runs, and the envelope reads the fleet verdicts need.
+//!
+//! Invariants:
+//! - One OTLP body's aggregates are upserted in one transaction (counters
+//!   add; a failed body adds nothing). Rows are written in key order so
+//!   concurrent PostgreSQL upserts wait rather than deadlock; transient
+//!   conflicts are retried.
+//! - A change and its nodes, a finding and its cited evidence, are each
+//!   written in one transaction.
+//! - `finding_evidence.digest` references `envelopes.digest ON DELETE
+//!   RESTRICT`, and retention skips cited envelopes.
+//! - Ids are `chg_`/`fnd_`/`evr_` + 16 random hex digits.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+use sqlx::Row;
+
+use super::{Bind, Pools, Store, StoreError, placeholders, values_rows};
+use crate::analysis::fleet::NodeEnvelope;
+use crate::analysis::ledger::{ChangeNode, ChangeRecord, NewChange, rfc3339};
+use crate::analysis::otlp::{Batch, CallAgg, CallKey, FailedRequest, RequestAgg, RequestKey};
+use crate::analysis::proof::EvalRun;
+
+/// A fresh id with `prefix`.
+pub fn new_id(prefix: &str) -> Result<String, StoreError> {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b)
+        .map_err(|e| StoreError::Key(crate::keys::KeyError::Random(e.to_string())))?;
+    Ok(format!("{prefix}_{}", hex::encode(b)))
+}
+
+/// (digest, wall_ns, kind, identity, key name, body).
+type NodeRow = (String, i64, String, String, Option<String>, Vec<u8>);
+/// (digest, wall_ns, identity, key name, body).
+type ClaimRow = (String, i64, String, Option<String>, Vec<u8>);
+
+/// Which versions a cohort holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VersionFilter<'a> {
+    /// Every version.
+    Any,
+    /// Exactly this one.
+    Is(&'a str),
+    /// Every other one.
+    Not(&'a str),
+}
+
+impl<'a> VersionFilter<'a> {
+    fn binds(self) -> (Option<&'a str>, Option<&'a str>) {
+        match self {
+            VersionFilter::Any => (None, None),
+            VersionFilter::Is(v) => (Some(v), None),
+            VersionFilter::Not(v) => (None, Some(v)),
+        }
+    }
+}
+
+/// Request counts and latency histogram of a cohort.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestTotals {
+    /// Requests.
+    pub requests: i64,
+    /// Failed requests.
+    pub errors: i64,
+    /// Latency bin → requests.
+    pub histogram: BTreeMap<i64, i64>,
+}
+
+/// Calls of a cohort to one resource.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallTotals {
+    /// Calls.
+    pub calls: i64,
+    /// Failed calls.
+    pub errors: i64,
+    /// Sum of durations, µs.
+    pub duration_us: i64,
+    /// One contending span (`traceId/spanId`).
+    pub exemplar: String,
+}
+
+/// A stored finding row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FindingRow {
+    /// `fnd_…`.
+    pub id: String,
+    /// Environment.
+    pub environment: String,
+    /// Incident.
+    pub incident_id: Option<String>,
+    /// Fault locus.
+    pub fault_locus_entity_id: String,
+    /// JSON array of links.
+    pub causal_chain: Value,
+    /// JSON array of ids.
+    pub cited_evidence_ids: Value,
+    /// Contributing change.
+    pub contributing_change_id: Option<String>,
+    /// That change's verdict when the finding was judged.
+    pub change_verdict: Option<String>,
+    /// JSON counterfactual (run ids, requiredTrials, verified).
+    pub counterfactual: Option<Value>,
+    /// Recurrence fingerprint.
+    pub fingerprint: String,
+    /// JSON fingerprint input.
+    pub fingerprint_input: Value,
+    /// Derived tier.
+    pub causal_proof_tier: String,
+    /// Idempotency key.
+    pub idempotency_key: String,
+    /// Created, ns.
+    pub created_ns: i64,
+    /// Updated, ns.
+    pub updated_ns: i64,
+}
+
+fn json_text(v: &Value) -> String {
+    v.to_string()
+}
+
+fn parse_json(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or(Value::Null)
+}
+
+const FINDING_COLUMNS: &str = "id, environment, incident_id, fault_locus_entity_id, causal_chain,
+    cited_evidence_ids, contributing_change_id, change_verdict, counterfactual, fingerprint,
+    fingerprint_input, causal_proof_tier, idempotency_key, created_ns, updated_ns";
+
+macro_rules! finding_row {
+    ($row:expr) => {{
+        let row = $row;
+        FindingRow {
+            id: row.try_get("id")?,
+            environment: row.try_get("environment")?,
+            incident_id: row.try_get("incident_id")?,
+            fault_locus_entity_id: row.try_get("fault_locus_entity_id")?,
+            causal_chain: parse_json(&row.try_get::<String, _>("causal_chain")?),
+            cited_evidence_ids: parse_json(&row.try_get::<String, _>("cited_evidence_ids")?),
+            contributing_change_id: row.try_get("contributing_change_id")?,
+            change_verdict: row.try_get("change_verdict")?,
+            counterfactual: row
+                .try_get::<Option<String>, _>("counterfactual")?
+                .map(|s| parse_json(&s)),
+            fingerprint: row.try_get("fingerprint")?,
+            fingerprint_input: parse_json(&row.try_get::<String, _>("fingerprint_input")?),
+            causal_proof_tier: row.try_get("causal_proof_tier")?,
+            idempotency_key: row.try_get("idempotency_key")?,
+            created_ns: row.try_get("created_ns")?,
+            updated_ns: row.try_get("updated_ns")?,
+        }
+    }};
+}
+
+macro_rules! eval_row {
+    ($row:expr) => {{
+        let row = $row;
+        EvalRun {
+            id: row.try_get("id")?,
+            eval_case_id: row.try_get("eval_case_id")?,
+            input_payload_hash: row.try_get("input_payload_hash")?,
+            passed: row.try_get::<i64, _>("passed")? != 0,
+            service_version: row.try_get("service_version")?,
+            commit_sha: row.try_get("commit_sha")?,
+            candidate_agent_version: row.try_get("candidate_agent_version")?,
+            failure_fingerprint: row.try_get("failure_fingerprint")?,
+        }
+    }};
+}
+
+/// A JSON text column decoded; text that does not parse reads as the
+/// default (empty list / map).
+fn json_column<'r, R, T>(row: &'r R, name: &'r str) -> Result<T, sqlx::Error>
+where
+    R: Row,
+    &'r str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    T: serde::de::DeserializeOwned + Default,
+{
+    Ok(serde_json::from_str(&row.try_get::<String, _>(name)?).unwrap_or_default())
+}
+
+impl Store {
+    // ---- change ledger ----
+
+    /// Store a validated change (and its nodes) in one transaction.
+    pub async fn record_change(
+        &self,
+        c: &NewChange,
+        key_id: &str,
+        now_ns: i64,
+    ) -> Result<String, StoreError> {
+        let id = new_id("chg")?;
+        let paths = serde_json::to_string(&c.touched_paths).unwrap_or_else(|_| "[]".into());
+        with_pool!(self, write, |pool, pg| {
+            let mut tx = pool.begin().await?;
+            sqlx::query(
+                "INSERT INTO changes (id, environment, kind, service, version, previous_version, commit_sha,
+                    previous_commit_sha, config_digest, summary, touched_paths, at_ns, key_id, created_ns)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+            )
+            .bind(&id)
+            .bind(&c.environment)
+            .bind(&c.kind)
+            .bind(c.service.as_deref())
+            .bind(c.version.as_deref())
+            .bind(c.previous_version.as_deref())
+            .bind(c.commit_sha.as_deref())
+            .bind(c.previous_commit_sha.as_deref())
+            .bind(c.config_digest.as_deref())
+            .bind(c.summary.as_deref())
+            .bind(&paths)
+            .bind(c.at_ns)
+            .bind(key_id)
+            .bind(now_ns)
+            .execute(&mut *tx)
+            .await?;
+            for chunk in c.nodes.chunks(300) {
+                let sql = format!(
+                    "INSERT INTO change_nodes (change_id, node, at_ns) VALUES {}",
+                    values_rows(pg, chunk.len(), 3)
+                );
+                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 3);
+                for (node, at) in chunk.iter() {
+                    binds.extend([Bind::Text(&id), Bind::Text(node), Bind::I64(*at)]);
+                }
+                bind_all!(sqlx::query(&sql), &binds)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok::<(), StoreError>(())
+        })?;
+        Ok(id)
+    }
+
+    /// Changes, newest first.
+    pub async fn changes(
+        &self,
+        environment: Option<&str>,
+        service: Option<&str>,
+        since_ns: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<ChangeRecord>, StoreError> {
+        let ids: Vec<String> = with_pool!(self, read, |pool, pg| {
+            sqlx::query_scalar(
+                "SELECT id FROM changes
+                 WHERE ($1 IS NULL OR environment = $1) AND ($2 IS NULL OR service = $2)
+                   AND at_ns >= $3
+                 ORDER BY at_ns DESC, id DESC LIMIT $4",
+            )
+            .bind(environment)
+            .bind(service)
+            .bind(since_ns.unwrap_or(i64::MIN))
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+        });
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(c) = self.change(&id).await? {
+                out.push(c);
+            }
+        }
+        Ok(out)
+    }
+
+    /// One change with its nodes.
+    pub async fn change(&self, id: &str) -> Result<Option<ChangeRecord>, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            let Some(row) = sqlx::query(
+                "SELECT id, environment, kind, service, version, previous_version, commit_sha,
+                    previous_commit_sha, config_digest, summary, touched_paths, at_ns
+                 FROM changes WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_optional(pool)
+            .await?
+            else {
+                return Ok(None);
+            };
+            let nodes: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT node, at_ns FROM change_nodes WHERE change_id = $1 ORDER BY node",
+            )
+            .bind(id)
+            .fetch_all(pool)
+            .await?;
+            let at_ns: i64 = row.try_get("at_ns")?;
+            Ok(Some(ChangeRecord {
+                id: row.try_get("id")?,
+                environment: row.try_get("environment")?,
+                kind: row.try_get("kind")?,
+                service: row.try_get("service")?,
+                version: row.try_get("version")?,
+                previous_version: row.try_get("previous_version")?,
+                commit_sha: row.try_get("commit_sha")?,
+                previous_commit_sha: row.try_get("previous_commit_sha")?,
+                config_digest: row.try_get("config_digest")?,
+                summary: row.try_get("summary")?,
+                touched_paths: json_column(&row, "touched_paths")?,
+                at: rfc3339(at_ns),
+                at_ns,
+                nodes: nodes
+                    .into_iter()
+                    .map(|(node, at)| ChangeNode {
+                        node,
+                        at: Some(rfc3339(at)),
+                    })
+                    .collect(),
+            }))
+        })
+    }
+
+    // ---- OTLP aggregates ----
+
+    /// Add one body's aggregates, atomically.
+    pub async fn ingest_traces(&self, batch: &Batch) -> Result<(), StoreError> {
+        let mut attempt = 0;
+        loop {
+            match self.ingest_traces_once(batch).await {
+                Err(e) if e.is_transient() && attempt < 5 => {
+                    attempt += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(5 << attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn ingest_traces_once(&self, batch: &Batch) -> Result<(), StoreError> {
+        const ROWS: usize = 200;
+        let requests: BTreeMap<&RequestKey, &RequestAgg> = batch.requests.iter().collect();
+        let calls: BTreeMap<&CallKey, &CallAgg> = batch.calls.iter().collect();
+        let requests: Vec<_> = requests.into_iter().collect();
+        let calls: Vec<_> = calls.into_iter().collect();
+        let mut failed: Vec<&FailedRequest> = batch.failed.iter().collect();
+        failed.sort_by(|a, b| a.span_id.cmp(&b.span_id));
+        failed.dedup_by(|a, b| a.span_id == b.span_id);
+        with_pool!(self, write, |pool, pg| {
+            let mut tx = pool.begin().await?;
+            for chunk in requests.chunks(ROWS) {
+                let mut sql = format!(
+                    "INSERT INTO request_stats (environment, service, version, bucket_ns, latency_bin, requests, errors) VALUES {}",
+                    values_rows(pg, chunk.len(), 7)
+                );
+                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 7);
+                for (k, v) in chunk.iter() {
+                    binds.extend([
+                        Bind::Text(&k.environment),
+                        Bind::Text(&k.service),
+                        Bind::Text(&k.version),
+                        Bind::I64(k.bucket_ns),
+                        Bind::I64(k.latency_bin),
+                        Bind::I64(v.requests),
+                        Bind::I64(v.errors),
+                    ]);
+                }
+                sql.push_str(
+                    " ON CONFLICT (environment, service, bucket_ns, version, latency_bin) DO UPDATE
+                      SET requests = request_stats.requests + excluded.requests,
+                          errors = request_stats.errors + excluded.errors",
+                );
+                bind_all!(sqlx::query(&sql), &binds)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            for chunk in calls.chunks(ROWS) {
+                let mut sql = format!(
+                    "INSERT INTO call_stats (environment, service, version, bucket_ns, resource, calls, errors, duration_us, exemplar) VALUES {}",
+                    values_rows(pg, chunk.len(), 9)
+                );
+                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 9);
+                for (k, v) in chunk.iter() {
+                    binds.extend([
+                        Bind::Text(&k.environment),
+                        Bind::Text(&k.service),
+                        Bind::Text(&k.version),
+                        Bind::I64(k.bucket_ns),
+                        Bind::Text(&k.resource),
+                        Bind::I64(v.calls),
+                        Bind::I64(v.errors),
+                        Bind::I64(v.duration_us),
+                        Bind::Text(&v.exemplar),
+                    ]);
+                }
+                sql.push_str(
+                    " ON CONFLICT (environment, service, bucket_ns, version, resource) DO UPDATE
+                      SET calls = call_stats.calls + excluded.calls,
+                          errors = call_stats.errors + excluded.errors,
+                          duration_us = call_stats.duration_us + excluded.duration_us",
+                );
+                bind_all!(sqlx::query(&sql), &binds)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let texts: Vec<(String, String)> = failed
+                .iter()
+                .map(|f| {
+                    (
+                        serde_json::to_string(&f.code_paths).unwrap_or_else(|_| "[]".into()),
+                        serde_json::to_string(&f.feature_flags).unwrap_or_else(|_| "{}".into()),
+                    )
+                })
+                .collect();
+            for (ci, chunk) in failed.chunks(ROWS).enumerate() {
+                let mut sql = format!(
+                    "INSERT INTO failed_requests (span_id, trace_id, environment, service, version, operation,
+                        error_signature, downstream, code_paths, config_digest, feature_flags, start_ns) VALUES {}",
+                    values_rows(pg, chunk.len(), 12)
+                );
+                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 12);
+                for (r, f) in chunk.iter().enumerate() {
+                    let (paths, flags) = &texts[ci * ROWS + r];
+                    binds.extend([
+                        Bind::Text(&f.span_id),
+                        Bind::Text(&f.trace_id),
+                        Bind::Text(&f.environment),
+                        Bind::Text(&f.service),
+                        Bind::Text(&f.version),
+                        Bind::Text(&f.operation),
+                        Bind::Text(&f.error_signature),
+                        Bind::OptText(f.downstream.as_deref()),
+                        Bind::Text(paths),
+                        Bind::OptText(f.config_digest.as_deref()),
+                        Bind::Text(flags),
+                        Bind::I64(f.start_ns),
+                    ]);
+                }
+                sql.push_str(" ON CONFLICT (span_id) DO NOTHING");
+                bind_all!(sqlx::query(&sql), &binds)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+
+    /// Requests of `service` in `[start, end)`, one version or all.
+    pub async fn request_totals(
+        &self,
+        environment: &str,
+        service: &str,
+        versions: VersionFilter<'_>,
+        start_ns: i64,
+        end_ns: i64,
+    ) -> Result<RequestTotals, StoreError> {
+        let (is, not) = versions.binds();
+        let rows: Vec<(i64, i64, i64)> = with_pool!(self, read, |pool, pg| {
+            sqlx::query_as(
+                "SELECT latency_bin, CAST(SUM(requests) AS BIGINT), CAST(SUM(errors) AS BIGINT)
+                 FROM request_stats
+                 WHERE environment = $1 AND service = $2 AND bucket_ns >= $3 AND bucket_ns < $4
+                   AND ($5 IS NULL OR version = $5) AND ($6 IS NULL OR version <> $6)
+                 GROUP BY latency_bin",
+            )
+            .bind(environment)
+            .bind(service)
+            .bind(start_ns)
+            .bind(end_ns)
+            .bind(is)
+            .bind(not)
+            .fetch_all(pool)
+            .await?
+        });
+        let mut t = RequestTotals::default();
+        for (bin, req, err) in rows {
+            t.requests += req;
+            t.errors += err;
+            t.histogram.insert(bin, req);
+        }
+        Ok(t)
+    }
+
+    /// Calls by resource of one version in `[start, end)`.
+    pub async fn call_totals(
+        &self,
+        environment: &str,
+        service: &str,
+        versions: VersionFilter<'_>,
+        start_ns: i64,
+        end_ns: i64,
+    ) -> Result<BTreeMap<String, CallTotals>, StoreError> {
+        let (is, not) = versions.binds();
+        let rows: Vec<(String, i64, i64, i64, String)> = with_pool!(self, read, |pool, pg| {
+            sqlx::query_as(
+                "SELECT resource, CAST(SUM(calls) AS BIGINT), CAST(SUM(errors) AS BIGINT),
+                        CAST(SUM(duration_us) AS BIGINT), MAX(exemplar)
+                 FROM call_stats
+                 WHERE environment = $1 AND service = $2
+                   AND bucket_ns >= $3 AND bucket_ns < $4
+                   AND ($5 IS NULL OR version = $5) AND ($6 IS NULL OR version <> $6)
+                 GROUP BY resource",
+            )
+            .bind(environment)
+            .bind(service)
+            .bind(start_ns)
+            .bind(end_ns)
+            .bind(is)
+            .bind(not)
+            .fetch_all(pool)
+            .await?
+        });
+        Ok(rows
+            .into_iter()
+            .map(|(r, calls, errors, duration_us, exemplar)| {
+                (
+                    r,
+                    CallTotals {
+                        calls,
+                        errors,
+                        duration_us,
+                        exemplar,
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// `code.filepath` values on failed requests of one version in `[start, end)`.
+    pub async fn failing_code_paths(
+        &self,
+        environment: &str,
+        service: &str,
+        versions: VersionFilter<'_>,
+        start_ns: i64,
+        end_ns: i64,
+    ) -> Result<BTreeSet<String>, StoreError> {
+        let (is, not) = versions.binds();
+        let rows: Vec<String> = with_pool!(self, read, |pool, pg| {
+            sqlx::query_scalar(
+                "SELECT DISTINCT code_paths FROM failed_requests
+                 WHERE environment = $1 AND service = $2
+                   AND start_ns >= $3 AND start_ns < $4 AND code_paths <> '[]'
+                   AND ($5 IS NULL OR version = $5) AND ($6 IS NULL OR version <> $6)
+                 LIMIT 10000",
+            )
+            .bind(environment)
+            .bind(service)
+            .bind(start_ns)
+            .bind(end_ns)
+            .bind(is)
+            .bind(not)
+            .fetch_all(pool)
+            .await?
+        });
+        Ok(rows
+            .iter()
+            .flat_map(|s| serde_json::from_str::<Vec<String>>(s).unwrap_or_default())
+            .collect())
+    }
+
+    /// A sampled failed request by span id (hex).
+    pub async fn failed_request(&self, span_id: &str) -> Result<Option<FailedRequest>, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            let Some(row) = sqlx::query(
+                "SELECT span_id, trace_id, environment, service, version, operation, error_signature,
+                        downstream, code_paths, config_digest, feature_flags, start_ns
+                 FROM failed_requests WHERE span_id = $1",
+            )
+            .bind(span_id)
+            .fetch_optional(pool)
+            .await?
+            else {
+                return Ok(None);
+            };
+            Ok(Some(FailedRequest {
+                span_id: row.try_get("span_id")?,
+                trace_id: row.try_get("trace_id")?,
+                environment: row.try_get("environment")?,
+                service: row.try_get("service")?,
+                version: row.try_get("version")?,
+                operation: row.try_get("operation")?,
+                error_signature: row.try_get("error_signature")?,
+                downstream: row.try_get("downstream")?,
+                code_paths: json_column(&row, "code_paths")?,
+                config_digest: row.try_get("config_digest")?,
+                feature_flags: json_column(&row, "feature_flags")?,
+                start_ns: row.try_get("start_ns")?,
+            }))
+        })
+    }
+
+    /// Bytes the database holds (benchmarks: bytes per million spans).
+    /// SQLite: used pages × page size; PostgreSQL: every table of the
+    /// schema with its indexes and TOAST.
+    pub async fn bench_database_bytes(&self) -> Result<i64, StoreError> {
+        with_pool!(self, write, |pool, pg| {
+            let sql = if pg {
+                "SELECT CAST(COALESCE(SUM(pg_total_relation_size(c.oid)), 0) AS BIGINT) FROM pg_class c
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = current_schema() AND c.relkind = 'r'"
+            } else {
+                "SELECT (p.page_count - f.freelist_count) * s.page_size
+                 FROM pragma_page_count() p, pragma_freelist_count() f, pragma_page_size() s"
+            };
+            Ok(sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await?)
+        })
+    }
+
+    // ---- envelopes for the fleet ----
+
+    /// Envelopes captured in `[start, end)` with their node (the subject's
+    /// `host`, else `source_node`, else the name of the key that shipped it)
+    /// and claim codes. At most `cap` (oldest first); the bool says whether
+    /// the cap cut the list.
+    pub async fn node_envelopes(
+        &self,
+        start_ns: i64,
+        end_ns: i64,
+        cap: i64,
+    ) -> Result<(Vec<NodeEnvelope>, bool), StoreError> {
+        let rows: Vec<NodeRow> = with_pool!(self, read, |pool, pg| {
+            sqlx::query_as(
+                "SELECT e.digest, e.wall_ns, e.kind, e.identity, k.name, e.body
+                 FROM envelopes e LEFT JOIN api_keys k ON k.id = e.key_id
+                 WHERE e.wall_ns >= $1 AND e.wall_ns < $2
+                 ORDER BY e.wall_ns, e.digest LIMIT $3",
+            )
+            .bind(start_ns)
+            .bind(end_ns)
+            .bind(cap + 1)
+            .fetch_all(pool)
+            .await?
+        });
+        let cut = rows.len() as i64 > cap;
+        let out = rows
+            .into_iter()
+            .take(usize::try_from(cap).unwrap_or(0))
+            .map(
+                |(digest, wall_ns, kind, identity, key_name, body)| NodeEnvelope {
+                    node: node_of(&identity, key_name.as_deref()),
+                    codes: claim_codes(&body),
+                    digest,
+                    wall_ns,
+                    kind,
+                },
+            )
+            .collect();
+        Ok((out, cut))
+    }
+
+    /// Envelopes since `since_ns` carrying a claim `code`: (node, digest, wall_ns).
+    pub async fn envelopes_with_claim(
+        &self,
+        code: &str,
+        since_ns: i64,
+        cap: i64,
+    ) -> Result<(Vec<(String, String, i64)>, bool), StoreError> {
+        // A cheap byte prefilter in SQL; the parsed claims decide.
+        // The quoted code alone: envelopes need not be compact JSON.
+        let needle = format!("\"{code}\"");
+        let rows: Vec<ClaimRow> = with_pool!(self, read, |pool, pg| {
+            let sql = if pg {
+                "SELECT e.digest, e.wall_ns, e.identity, k.name, e.body
+                 FROM envelopes e LEFT JOIN api_keys k ON k.id = e.key_id
+                 WHERE e.wall_ns >= $1 AND position(convert_to($2, 'UTF8') in e.body) > 0
+                 ORDER BY e.wall_ns, e.digest LIMIT $3"
+            } else {
+                "SELECT e.digest, e.wall_ns, e.identity, k.name, e.body
+                 FROM envelopes e LEFT JOIN api_keys k ON k.id = e.key_id
+                 WHERE e.wall_ns >= $1 AND instr(e.body, CAST($2 AS BLOB)) > 0
+                 ORDER BY e.wall_ns, e.digest LIMIT $3"
+            };
+            sqlx::query_as(sql)
+                .bind(since_ns)
+                .bind(needle.as_str())
+                .bind(cap + 1)
+                .fetch_all(pool)
+                .await?
+        });
+        let cut = rows.len() as i64 > cap;
+        Ok((
+            rows.into_iter()
+                .take(usize::try_from(cap).unwrap_or(0))
+                .filter(|r| claim_codes(&r.4).iter().any(|c| c == code))
+                .map(|(digest, wall_ns, identity, key_name, _)| {
+                    (node_of(&identity, key_name.as_deref()), digest, wall_ns)
+                })
+                .collect(),
+            cut,
+        ))
+    }
+
+    /// Which of `digests` are not stored.
+    pub async fn missing_digests(&self, digests: &[String]) -> Result<Vec<String>, StoreError> {
+        let mut present: BTreeSet<String> = BTreeSet::new();
+        for chunk in digests.chunks(400) {
+            let sql = format!(
+                "SELECT digest FROM envelopes WHERE digest IN ({})",
+                placeholders(self.backend() == super::Backend::Postgres, 1, chunk.len())
+            );
+            let binds: Vec<Bind<'_>> = chunk.iter().map(|d| Bind::Text(d)).collect();
+            let rows: Vec<String> = with_pool!(self, read, |pool, pg| {
+                bind_all!(sqlx::query_scalar(&sql), &binds)
+                    .fetch_all(pool)
+                    .await?
+            });
+            present.extend(rows);
+        }
+        Ok(digests
+            .iter()
+            .filter(|d| !present.contains(*d))
+            .cloned()
+            .collect())
+    }
+
+    // ---- eval runs ----
+
+    /// Store an eval run.
+    pub async fn record_eval_run(
+        &self,
+        run: &EvalRun,
+        key_id: &str,
+        now_ns: i64,
+    ) -> Result<String, StoreError> {
+        let id = new_id("evr")?;
+        with_pool!(self, write, |pool, pg| {
+            sqlx::query(
+                "INSERT INTO eval_runs (id, eval_case_id, input_payload_hash, passed, service_version, commit_sha,
+                    candidate_agent_version, failure_fingerprint, key_id, created_ns)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            )
+            .bind(&id)
+            .bind(&run.eval_case_id)
+            .bind(&run.input_payload_hash)
+            .bind(i64::from(run.passed))
+            .bind(run.service_version.as_deref())
+            .bind(run.commit_sha.as_deref())
+            .bind(run.candidate_agent_version.as_deref())
+            .bind(run.failure_fingerprint.as_deref())
+            .bind(key_id)
+            .bind(now_ns)
+            .execute(pool)
+            .await?;
+            Ok::<(), StoreError>(())
+        })?;
+        Ok(id)
+    }
+
+    /// One eval run.
+    pub async fn eval_run(&self, id: &str) -> Result<Option<(EvalRun, i64)>, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            let Some(row) = sqlx::query(
+                "SELECT id, eval_case_id, input_payload_hash, passed, service_version, commit_sha,
+                        candidate_agent_version, failure_fingerprint, created_ns
+                 FROM eval_runs WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_optional(pool)
+            .await?
+            else {
+                return Ok(None);
+            };
+            let created: i64 = row.try_get("created_ns")?;
+            Ok(Some((eval_row!(&row), created)))
+        })
+    }
+
+    // ---- findings ----
+
+    /// Insert a finding and its cited envelopes in one transaction. An
+    /// existing finding with the same idempotency key wins: returns it and
+    /// `false`.
+    pub async fn insert_finding(
+        &self,
+        f: &FindingRow,
+        digests: &[String],
+        key_id: &str,
+    ) -> Result<(FindingRow, bool), StoreError> {
+        if let Some(existing) = self.finding_by_key(&f.idempotency_key).await? {
+            return Ok((existing, false));
+        }
+        let result = with_pool!(self, write, |pool, pg| {
+            let mut tx = pool.begin().await?;
+            sqlx::query(&format!(
+                "INSERT INTO findings ({FINDING_COLUMNS}, key_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"
+            ))
+            .bind(&f.id)
+            .bind(&f.environment)
+            .bind(f.incident_id.as_deref())
+            .bind(&f.fault_locus_entity_id)
+            .bind(json_text(&f.causal_chain))
+            .bind(json_text(&f.cited_evidence_ids))
+            .bind(f.contributing_change_id.as_deref())
+            .bind(f.change_verdict.as_deref())
+            .bind(f.counterfactual.as_ref().map(json_text))
+            .bind(&f.fingerprint)
+            .bind(json_text(&f.fingerprint_input))
+            .bind(&f.causal_proof_tier)
+            .bind(&f.idempotency_key)
+            .bind(f.created_ns)
+            .bind(f.updated_ns)
+            .bind(key_id)
+            .execute(&mut *tx)
+            .await?;
+            let unique: BTreeSet<&String> = digests.iter().collect();
+            for d in unique {
+                sqlx::query("INSERT INTO finding_evidence (finding_id, digest) VALUES ($1, $2)")
+                    .bind(&f.id)
+                    .bind(d)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok::<(), StoreError>(())
+        });
+        match result {
+            Ok(()) => Ok((f.clone(), true)),
+            // A concurrent retry with the same key inserted first.
+            Err(e) if e.is_unique_violation() => {
+                match self.finding_by_key(&f.idempotency_key).await? {
+                    Some(existing) => Ok((existing, false)),
+                    None => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A finding by idempotency key.
+    pub async fn finding_by_key(&self, key: &str) -> Result<Option<FindingRow>, StoreError> {
+        self.finding_where("idempotency_key", key).await
+    }
+
+    /// A finding by id.
+    pub async fn finding(&self, id: &str) -> Result<Option<FindingRow>, StoreError> {
+        self.finding_where("id", id).await
+    }
+
+    async fn finding_where(
+        &self,
+        column: &'static str,
+        value: &str,
+    ) -> Result<Option<FindingRow>, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            let row = sqlx::query(&format!(
+                "SELECT {FINDING_COLUMNS} FROM findings WHERE {column} = $1"
+            ))
+            .bind(value)
+            .fetch_optional(pool)
+            .await?;
+            match row {
+                None => Ok(None),
+                Some(row) => Ok(Some(finding_row!(&row))),
+            }
+        })
+    }
+
+    /// Findings sharing a fingerprint, newest first.
+    pub async fn findings_by_fingerprint(
+        &self,
+        fingerprint: &str,
+        limit: i64,
+    ) -> Result<Vec<FindingRow>, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            let rows = sqlx::query(&format!(
+                "SELECT {FINDING_COLUMNS} FROM findings WHERE fingerprint = $1 ORDER BY created_ns DESC, id DESC LIMIT $2"
+            ))
+            .bind(fingerprint)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for row in &rows {
+                out.push(finding_row!(row));
+            }
+            Ok(out)
+        })
+    }
+
+    /// Record a counterfactual outcome and the tier it earns.
+    pub async fn update_finding_proof(
+        &self,
+        id: &str,
+        counterfactual: &Value,
+        tier: &str,
+        now_ns: i64,
+    ) -> Result<(), StoreError> {
+        with_pool!(self, write, |pool, pg| {
+            sqlx::query("UPDATE findings SET counterfactual = $1, causal_proof_tier = $2, updated_ns = $3 WHERE id = $4")
+                .bind(json_text(counterfactual))
+                .bind(tier)
+                .bind(now_ns)
+                .bind(id)
+                .execute(pool)
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+/// The node an envelope speaks for.
+fn node_of(identity: &str, key_name: Option<&str>) -> String {
+    let v: Value = serde_json::from_str(identity).unwrap_or(Value::Null);
+    ["host", "source_node"]
+        .iter()
+        .find_map(|k| v.get(*k).and_then(Value::as_str).map(str::to_string))
+        .or_else(|| key_name.map(str::to_string))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Claim codes of a stored envelope (its bytes verified at ingest).
+fn claim_codes(body: &[u8]) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Claims {
+        #[serde(default)]
+        claims: Vec<Code>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Code {
+        code: String,
+    }
+    serde_json::from_slice::<Claims>(body)
+        .map(|c| c.claims.into_iter().map(|c| c.code).collect())
+        .unwrap_or_default()
+}

@@ -1,0 +1,952 @@
+//! HTTP routes of the analysis half (seed 000): change ledger, OTLP traces,
+//! blast radius, findings, eval runs, cross-node claims, and the OpenAPI
+//! document of every route the store serves.
+//!
+//! Invariants:
+//! - Every route but `/openapi.json` authenticates with the ingest API key
+//!   before it reads a body.
+//! - Errors are `{"error": {"code", "message", "field"?}}`; a refusal of
+//!   input names the field (camelCase path) that caused it.
+//! - A request is validated whole before anything is stored: a finding
+//!   citing an unknown digest, change or eval run stores nothing.
+//! - `causalProofTier` is always derived by the server; a client-sent one is
+//!   ignored (and reported as ignored).
+//! - OTLP decoding (CPU-bound) runs on the blocking pool.
+
+// Handlers and their helpers fail with the finished HTTP response: it is
+// what the caller returns, once, so its size is not worth a box.
+#![allow(clippy::result_large_err)]
+
+use std::collections::BTreeMap;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use prost::Message;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::analysis::blast::{BlastParams, blast_radius};
+use crate::analysis::fleet::FleetMetric;
+use crate::analysis::ledger::{self, ChangeRequest, FieldError, rfc3339};
+use crate::analysis::otlp::{self, Encoding};
+use crate::analysis::proof::{
+    self, BrokenState, CausalProofTier, EvalRun, FingerprintInput, ProofFacts,
+    RelationshipCertainty,
+};
+use crate::analysis::verdict::Verdict;
+use crate::db::analysis::{FindingRow, new_id};
+use crate::http::{ApiError, AppState, authenticate};
+
+/// The OpenAPI document (every route of the store).
+pub const OPENAPI: &str = include_str!("../openapi.json");
+
+type Reply = Result<Response, Response>;
+
+fn err(
+    status: StatusCode,
+    code: &str,
+    message: impl Into<String>,
+    field: Option<&str>,
+) -> Response {
+    let mut e = json!({"error": {"code": code, "message": message.into()}});
+    if let Some(f) = field {
+        e["error"]["field"] = json!(f);
+    }
+    (status, Json(e)).into_response()
+}
+
+fn field_err(status: StatusCode, code: &str, e: FieldError) -> Response {
+    err(status, code, e.to_string(), Some(&e.field))
+}
+
+fn api(e: ApiError) -> Response {
+    e.into_response()
+}
+
+fn store_err(e: crate::db::StoreError) -> Response {
+    ApiError::from(e).into_response()
+}
+
+async fn auth(state: &AppState, headers: &HeaderMap) -> Result<String, Response> {
+    authenticate(state, headers).await.map_err(api)
+}
+
+/// Read a JSON body (≤ 1 MiB) into `T`, naming the field on failure.
+async fn json_body<T: DeserializeOwned>(body: Body, code: &str) -> Result<T, Response> {
+    let bytes = axum::body::to_bytes(body, 1 << 20).await.map_err(|_| {
+        err(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "JSON bodies are at most 1 MiB",
+            None,
+        )
+    })?;
+    let de = &mut serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = (path != "." && !path.is_empty()).then_some(path);
+        err(
+            StatusCode::BAD_REQUEST,
+            code,
+            e.inner().to_string(),
+            field.as_deref(),
+        )
+    })
+}
+
+fn bad_query(field: &str, message: impl Into<String>) -> Response {
+    err(
+        StatusCode::BAD_REQUEST,
+        "invalid_query",
+        message,
+        Some(field),
+    )
+}
+
+fn only_params(params: &BTreeMap<String, String>, allowed: &[&str]) -> Result<(), Response> {
+    match params.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) => Err(bad_query(
+            k,
+            format!("unknown parameter {k:?} (allowed: {})", allowed.join(", ")),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `30s`, `15m`, `24h`, `7d` → ns.
+pub fn parse_window(s: &str) -> Option<i64> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
+    let n: i64 = num.parse().ok()?;
+    let mult: i64 = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return None,
+    };
+    n.checked_mul(mult)?
+        .checked_mul(1_000_000_000)
+        .filter(|v| *v > 0)
+}
+
+fn time_param(params: &BTreeMap<String, String>, name: &str) -> Result<Option<i64>, Response> {
+    match params.get(name) {
+        None => Ok(None),
+        Some(s) => ledger::parse_time(name, s)
+            .map(Some)
+            .map_err(|e| bad_query(name, e.message)),
+    }
+}
+
+/// `limit=` in 1..=1000, `default` when absent.
+fn limit_param(params: &BTreeMap<String, String>, default: i64) -> Result<i64, Response> {
+    match params.get("limit") {
+        None => Ok(default),
+        Some(s) => s
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=1000).contains(n))
+            .ok_or_else(|| {
+                bad_query(
+                    "limit",
+                    format!("limit {s:?} must be an integer in 1..=1000"),
+                )
+            }),
+    }
+}
+
+/// The analysis routes (merged into [`crate::http::router`]).
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/openapi.json", get(openapi))
+        .route("/v1/changes", post(post_change).get(get_changes))
+        .route("/v1/changes/{id}", get(get_change))
+        .route("/v1/traces", post(post_traces))
+        .route("/v1/claims", get(get_claims))
+        .route("/internal/changes/{id}/blast-radius", get(get_blast_radius))
+        .route("/internal/findings", post(post_finding).get(get_findings))
+        .route("/internal/findings/{id}", get(get_finding))
+        .route(
+            "/internal/findings/{id}/counterfactual",
+            post(post_counterfactual),
+        )
+        .route("/internal/evals/runs", post(post_eval_run))
+        .route("/internal/evals/runs/{id}", get(get_eval_run))
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+// ---- change ledger ----
+
+async fn post_change(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
+    let key_id = auth(&state, &headers).await?;
+    let req: ChangeRequest = json_body(body, "invalid_change").await?;
+    let now = crate::now_ns();
+    let change = ledger::validate(req, now)
+        .map_err(|e| field_err(StatusCode::UNPROCESSABLE_ENTITY, "invalid_change", e))?;
+    let id = state
+        .store
+        .record_change(&change, &key_id, now)
+        .await
+        .map_err(store_err)?;
+    tracing::info!(id = %id, kind = %change.kind, key_id = %key_id, "change recorded");
+    Ok((StatusCode::CREATED, Json(json!({"id": id}))).into_response())
+}
+
+async fn get_changes(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<BTreeMap<String, String>>,
+) -> Reply {
+    auth(&state, &headers).await?;
+    only_params(&params, &["environment", "service", "since", "limit"])?;
+    let since = time_param(&params, "since")?;
+    let limit = limit_param(&params, 100)?;
+    let items = state
+        .store
+        .changes(
+            params.get("environment").map(String::as_str),
+            params.get("service").map(String::as_str),
+            since,
+            limit,
+        )
+        .await
+        .map_err(store_err)?;
+    Ok(Json(json!({"items": items})).into_response())
+}
+
+async fn get_change(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Reply {
+    auth(&state, &headers).await?;
+    let c = state.store.change(&id).await.map_err(store_err)?;
+    match c {
+        Some(c) => Ok(Json(c).into_response()),
+        None => Err(err(
+            StatusCode::NOT_FOUND,
+            "change_not_found",
+            format!("no change {id}"),
+            None,
+        )),
+    }
+}
+
+// ---- OTLP ----
+
+async fn post_traces(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
+    auth(&state, &headers).await?;
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let encoding = Encoding::from_content_type(ct).ok_or_else(|| {
+        err(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_content_type",
+            format!(
+                "Content-Type {ct:?}: send application/x-protobuf or application/json (OTLP/HTTP)"
+            ),
+            Some("content-type"),
+        )
+    })?;
+    let limits = state.limits;
+    let raw = axum::body::to_bytes(body, limits.max_body_bytes)
+        .await
+        .map_err(|_| {
+            err(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("request body exceeds {} bytes", limits.max_body_bytes),
+                None,
+            )
+        })?;
+    let content_encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("invalid").to_string());
+    let batch = tokio::task::spawn_blocking(move || {
+        let decoded = crate::ingest::decode_body(raw, content_encoding.as_deref(), &limits)
+            .map_err(|e| {
+                let status = match e {
+                    crate::ingest::BodyError::UnsupportedEncoding(_) => {
+                        StatusCode::UNSUPPORTED_MEDIA_TYPE
+                    }
+                    crate::ingest::BodyError::TooLarge { .. }
+                    | crate::ingest::BodyError::DecodedTooLarge { .. } => {
+                        StatusCode::PAYLOAD_TOO_LARGE
+                    }
+                    _ => StatusCode::BAD_REQUEST,
+                };
+                err(status, e.code(), e.to_string(), None)
+            })?;
+        let req = otlp::decode(&decoded, encoding).map_err(|e| {
+            err(
+                StatusCode::BAD_REQUEST,
+                e.code(),
+                e.to_string(),
+                Some("body"),
+            )
+        })?;
+        Ok::<_, Response>(otlp::aggregate(&req))
+    })
+    .await
+    .map_err(|e| {
+        err(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            e.to_string(),
+            None,
+        )
+    })??;
+    state.store.ingest_traces(&batch).await.map_err(store_err)?;
+    tracing::debug!(spans = batch.spans, "otlp traces");
+    Ok(match encoding {
+        Encoding::Protobuf => {
+            let resp = opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse::default();
+            (
+                [(header::CONTENT_TYPE, "application/x-protobuf")],
+                resp.encode_to_vec(),
+            )
+                .into_response()
+        }
+        Encoding::Json => Json(json!({})).into_response(),
+    })
+}
+
+// ---- blast radius ----
+
+async fn get_blast_radius(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(params): Query<BTreeMap<String, String>>,
+) -> Reply {
+    auth(&state, &headers).await?;
+    only_params(&params, &["minSample", "window", "metric"])?;
+    let mut p = BlastParams::default();
+    if let Some(s) = params.get("minSample") {
+        p.min_sample = s.parse::<u64>().ok().filter(|n| *n >= 1).ok_or_else(|| {
+            bad_query(
+                "minSample",
+                format!("minSample {s:?} must be a positive integer"),
+            )
+        })?;
+    }
+    if let Some(s) = params.get("window") {
+        p.window_ns = Some(
+            parse_window(s)
+                .ok_or_else(|| bad_query("window", format!("window {s:?}: e.g. 30m, 24h, 7d")))?,
+        );
+    }
+    if let Some(s) = params.get("metric") {
+        p.metric = FleetMetric::parse(s).ok_or_else(|| {
+            bad_query(
+                "metric",
+                format!("metric {s:?}: resets, rto_timeouts, d_state_episodes or rebuild_failures"),
+            )
+        })?;
+    }
+    let change = state
+        .store
+        .change(&id)
+        .await
+        .map_err(store_err)?
+        .ok_or_else(|| {
+            err(
+                StatusCode::NOT_FOUND,
+                "change_not_found",
+                format!("no change {id}"),
+                None,
+            )
+        })?;
+    let b = blast_radius(&state.store, &change, &p, crate::now_ns())
+        .await
+        .map_err(store_err)?;
+    Ok(Json(b.body).into_response())
+}
+
+// ---- claims across nodes ----
+
+async fn get_claims(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<BTreeMap<String, String>>,
+) -> Reply {
+    auth(&state, &headers).await?;
+    only_params(&params, &["code", "since"])?;
+    let code = params
+        .get("code")
+        .ok_or_else(|| bad_query("code", "give code=<claim code>, e.g. flow_rto_timeouts"))?;
+    if code.is_empty()
+        || code.len() > 64
+        || !code
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(bad_query(
+            "code",
+            format!("{code:?} is not a claim code (snake_case, at most 64 bytes)"),
+        ));
+    }
+    let since =
+        time_param(&params, "since")?.unwrap_or_else(|| crate::now_ns() - 86_400_000_000_000);
+    const CAP: i64 = 100_000;
+    let (rows, cut) = state
+        .store
+        .envelopes_with_claim(code, since, CAP)
+        .await
+        .map_err(store_err)?;
+    let mut nodes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (node, digest, _) in &rows {
+        nodes.entry(node.clone()).or_default().push(digest.clone());
+    }
+    let nodes: Vec<Value> = nodes
+        .into_iter()
+        .map(
+            |(node, digests)| json!({"node": node, "envelopes": digests.len(), "digests": digests}),
+        )
+        .collect();
+    Ok(Json(json!({
+        "code": code,
+        "since": rfc3339(since),
+        "envelopes": rows.len(),
+        "capReached": cut,
+        "nodes": nodes,
+    }))
+    .into_response())
+}
+
+// ---- eval runs ----
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct EvalRunRequest {
+    eval_case_id: String,
+    input_payload_hash: String,
+    passed: bool,
+    #[serde(default)]
+    service_version: Option<String>,
+    #[serde(default)]
+    commit_sha: Option<String>,
+    #[serde(default)]
+    candidate_agent_version: Option<String>,
+    #[serde(default)]
+    failure_fingerprint: Option<String>,
+}
+
+fn eval_json(r: &EvalRun, created_ns: i64) -> Value {
+    json!({
+        "id": r.id,
+        "evalCaseId": r.eval_case_id,
+        "inputPayloadHash": r.input_payload_hash,
+        "passed": r.passed,
+        "serviceVersion": r.service_version,
+        "commitSha": r.commit_sha,
+        "candidateAgentVersion": r.candidate_agent_version,
+        "failureFingerprint": r.failure_fingerprint,
+        "createdAt": rfc3339(created_ns),
+    })
+}
+
+async fn post_eval_run(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
+    let key_id = auth(&state, &headers).await?;
+    let r: EvalRunRequest = json_body(body, "invalid_eval_run").await?;
+    for (field, v) in [
+        ("evalCaseId", &r.eval_case_id),
+        ("inputPayloadHash", &r.input_payload_hash),
+    ] {
+        if v.trim().is_empty() || v.len() > 1024 {
+            return Err(err(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_eval_run",
+                "required, at most 1024 bytes",
+                Some(field),
+            ));
+        }
+    }
+    let run = EvalRun {
+        id: String::new(),
+        eval_case_id: r.eval_case_id,
+        input_payload_hash: r.input_payload_hash,
+        passed: r.passed,
+        service_version: r.service_version,
+        commit_sha: r.commit_sha,
+        candidate_agent_version: r.candidate_agent_version,
+        failure_fingerprint: r.failure_fingerprint,
+    };
+    let id = state
+        .store
+        .record_eval_run(&run, &key_id, crate::now_ns())
+        .await
+        .map_err(store_err)?;
+    Ok((StatusCode::CREATED, Json(json!({"id": id}))).into_response())
+}
+
+async fn get_eval_run(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Reply {
+    auth(&state, &headers).await?;
+    match state.store.eval_run(&id).await.map_err(store_err)? {
+        Some((r, created)) => Ok(Json(eval_json(&r, created)).into_response()),
+        None => Err(err(
+            StatusCode::NOT_FOUND,
+            "eval_run_not_found",
+            format!("no eval run {id}"),
+            None,
+        )),
+    }
+}
+
+// ---- findings ----
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Link {
+    subject: String,
+    relation: String,
+    object: String,
+    #[serde(default)]
+    relationship_certainty: Option<RelationshipCertainty>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CounterfactualRequest {
+    failing_run_id: String,
+    passing_run_ids: Vec<String>,
+    required_trials: usize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FindingRequest {
+    environment: String,
+    #[serde(default)]
+    incident_id: Option<String>,
+    fault_locus_entity_id: String,
+    causal_chain: Vec<Link>,
+    #[serde(default)]
+    cited_evidence_ids: Vec<String>,
+    #[serde(default)]
+    contributing_change_id: Option<String>,
+    #[serde(default)]
+    counterfactual: Option<CounterfactualRequest>,
+    #[serde(default)]
+    fingerprint_input: Option<FingerprintInput>,
+    idempotency_key: String,
+    /// Accepted and ignored: the server derives the tier.
+    #[serde(default)]
+    causal_proof_tier: Option<Value>,
+}
+
+fn finding_json(f: &FindingRow) -> Value {
+    json!({
+        "id": f.id,
+        "environment": f.environment,
+        "incidentId": f.incident_id,
+        "faultLocusEntityId": f.fault_locus_entity_id,
+        "causalChain": f.causal_chain,
+        "citedEvidenceIds": f.cited_evidence_ids,
+        "contributingChangeId": f.contributing_change_id,
+        "changeVerdict": f.change_verdict,
+        "counterfactual": f.counterfactual,
+        "fingerprint": f.fingerprint,
+        "fingerprintInput": f.fingerprint_input,
+        "causalProofTier": f.causal_proof_tier,
+        "idempotencyKey": f.idempotency_key,
+        "createdAt": rfc3339(f.created_ns),
+        "updatedAt": rfc3339(f.updated_ns),
+    })
+}
+
+fn unprocessable(code: &str, message: impl Into<String>, field: &str) -> Response {
+    err(StatusCode::UNPROCESSABLE_ENTITY, code, message, Some(field))
+}
+
+/// Load every named run, or refuse naming the first missing one.
+async fn load_runs(
+    state: &AppState,
+    cf: &CounterfactualRequest,
+    prefix: &str,
+) -> Result<(EvalRun, Vec<EvalRun>), Response> {
+    let get = |id: String, field: String| async move {
+        match state.store.eval_run(&id).await.map_err(store_err)? {
+            Some((r, _)) => Ok(r),
+            None => Err(unprocessable(
+                "unknown_eval_run",
+                format!("no eval run {id}"),
+                &field,
+            )),
+        }
+    };
+    let failing = get(cf.failing_run_id.clone(), format!("{prefix}failingRunId")).await?;
+    let mut passing = Vec::with_capacity(cf.passing_run_ids.len());
+    for (i, id) in cf.passing_run_ids.iter().enumerate() {
+        passing.push(get(id.clone(), format!("{prefix}passingRunIds[{i}]")).await?);
+    }
+    Ok((failing, passing))
+}
+
+async fn broken_state(state: &AppState, f: &FindingRow) -> Result<BrokenState, Response> {
+    let change = match &f.contributing_change_id {
+        Some(id) => state.store.change(id).await.map_err(store_err)?,
+        None => None,
+    };
+    Ok(BrokenState {
+        fingerprint: f.fingerprint.clone(),
+        service_version: change.as_ref().and_then(|c| c.version.clone()),
+        commit_sha: change.as_ref().and_then(|c| c.commit_sha.clone()),
+    })
+}
+
+fn counterfactual_json(
+    cf: &CounterfactualRequest,
+    outcome: &Result<(), proof::CounterfactualRefusal>,
+) -> Value {
+    json!({
+        "failingRunId": cf.failing_run_id,
+        "passingRunIds": cf.passing_run_ids,
+        "requiredTrials": cf.required_trials,
+        "verified": outcome.is_ok(),
+        "error": outcome.as_ref().err().map(|e| e.to_string()),
+    })
+}
+
+fn refusal_json(e: &proof::CounterfactualRefusal) -> Value {
+    let code = serde_json::to_value(e)
+        .ok()
+        .and_then(|v| v.get("code").cloned())
+        .unwrap_or(json!("counterfactual_not_verified"));
+    json!({"code": code, "message": e.to_string()})
+}
+
+async fn post_finding(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
+    let key_id = auth(&state, &headers).await?;
+    let req: FindingRequest = json_body(body, "invalid_finding").await?;
+    // Validate everything before storing anything.
+    for (field, v) in [
+        ("environment", &req.environment),
+        ("faultLocusEntityId", &req.fault_locus_entity_id),
+        ("idempotencyKey", &req.idempotency_key),
+    ] {
+        if v.trim().is_empty() || v.len() > 1024 {
+            return Err(unprocessable(
+                "invalid_finding",
+                "required, at most 1024 bytes",
+                field,
+            ));
+        }
+    }
+    if req.causal_chain.is_empty() {
+        return Err(unprocessable(
+            "invalid_finding",
+            "at least one {subject, relation, object} link",
+            "causalChain",
+        ));
+    }
+    for (i, l) in req.causal_chain.iter().enumerate() {
+        if !proof::RELATIONS.contains(&l.relation.as_str()) {
+            return Err(unprocessable(
+                "unknown_relation",
+                format!(
+                    "{:?} is not one of {}",
+                    l.relation,
+                    proof::RELATIONS.join(", ")
+                ),
+                &format!("causalChain[{i}].relation"),
+            ));
+        }
+    }
+    let digests: Vec<String> = req
+        .cited_evidence_ids
+        .iter()
+        .filter(|d| d.starts_with("sha256:"))
+        .cloned()
+        .collect();
+    for d in &digests {
+        if !pstack_envelope::is_sha256_digest(d) {
+            let i = req
+                .cited_evidence_ids
+                .iter()
+                .position(|x| x == d)
+                .unwrap_or(0);
+            return Err(unprocessable(
+                "invalid_digest",
+                format!("{d:?} is not sha256:<64 lowercase hex>"),
+                &format!("citedEvidenceIds[{i}]"),
+            ));
+        }
+    }
+    let missing = state
+        .store
+        .missing_digests(&digests)
+        .await
+        .map_err(store_err)?;
+    if let Some(m) = missing.first() {
+        let i = req
+            .cited_evidence_ids
+            .iter()
+            .position(|x| x == m)
+            .unwrap_or(0);
+        return Err(unprocessable(
+            "unknown_evidence",
+            format!("no envelope {m} in the store"),
+            &format!("citedEvidenceIds[{i}]"),
+        ));
+    }
+    let change = match &req.contributing_change_id {
+        None => None,
+        Some(id) => Some(
+            state
+                .store
+                .change(id)
+                .await
+                .map_err(store_err)?
+                .ok_or_else(|| {
+                    unprocessable(
+                        "unknown_change",
+                        format!("no change {id}"),
+                        "contributingChangeId",
+                    )
+                })?,
+        ),
+    };
+    let runs = match &req.counterfactual {
+        Some(cf) => Some(load_runs(&state, cf, "counterfactual.").await?),
+        None => None,
+    };
+    // Idempotent replay: the stored finding, unchanged.
+    if let Some(existing) = state
+        .store
+        .finding_by_key(&req.idempotency_key)
+        .await
+        .map_err(store_err)?
+    {
+        return Ok((
+            StatusCode::OK,
+            Json(json!({"finding": finding_json(&existing), "idempotentReplay": true})),
+        )
+            .into_response());
+    }
+    // Fingerprint: given, else resolved from a sampled failing span, else the locus as a service.
+    let fp_input = match req.fingerprint_input.clone() {
+        Some(f) => f,
+        None => match state
+            .store
+            .failed_request(&req.fault_locus_entity_id.to_ascii_lowercase())
+            .await
+            .map_err(store_err)?
+        {
+            Some(span) => FingerprintInput {
+                originating_node_id: span.service,
+                normalized_operation: proof::normalize_operation(&span.operation),
+                error_signature: span.error_signature,
+                downstream_target_node_id: span.downstream.unwrap_or_default(),
+            },
+            None => FingerprintInput {
+                originating_node_id: req.fault_locus_entity_id.clone(),
+                ..FingerprintInput::default()
+            },
+        },
+    };
+    let fingerprint = proof::fingerprint(&req.environment, &fp_input);
+    // The server's own evidence: the change's blast radius.
+    let radius = match &change {
+        Some(c) => Some(
+            blast_radius(&state.store, c, &BlastParams::default(), crate::now_ns())
+                .await
+                .map_err(store_err)?,
+        ),
+        None => None,
+    };
+    let verdict: Option<Verdict> = radius.as_ref().map(|r| r.verdict);
+    let overlap_found = radius
+        .as_ref()
+        .is_some_and(|r| !r.touched_paths_overlap.is_empty());
+    let asserts_overlap = req
+        .causal_chain
+        .iter()
+        .any(|l| l.relation == "touched_same_code_path");
+    let chain: Vec<Value> = req
+        .causal_chain
+        .iter()
+        .map(|l| {
+            let certainty = if l.relation == "touched_same_code_path" && overlap_found {
+                RelationshipCertainty::Exact
+            } else {
+                l.relationship_certainty.unwrap_or(RelationshipCertainty::Heuristic)
+            };
+            json!({"subject": l.subject, "relation": l.relation, "object": l.object, "relationshipCertainty": certainty})
+        })
+        .collect();
+    let facts = ProofFacts {
+        change_verdict: verdict,
+        counterfactual_verified: false,
+        code_path_overlap: overlap_found || asserts_overlap,
+    };
+    let now = crate::now_ns();
+    let row = FindingRow {
+        id: new_id("fnd").map_err(store_err)?,
+        environment: req.environment.clone(),
+        incident_id: req.incident_id.clone(),
+        fault_locus_entity_id: req.fault_locus_entity_id.clone(),
+        causal_chain: Value::Array(chain),
+        cited_evidence_ids: json!(req.cited_evidence_ids),
+        contributing_change_id: req.contributing_change_id.clone(),
+        change_verdict: verdict.map(|v| v.as_str().to_string()),
+        counterfactual: None,
+        fingerprint,
+        fingerprint_input: serde_json::to_value(&fp_input).unwrap_or(Value::Null),
+        causal_proof_tier: proof::derive_tier(&facts).as_str().to_string(),
+        idempotency_key: req.idempotency_key.clone(),
+        created_ns: now,
+        updated_ns: now,
+    };
+    let (mut stored, inserted) = state
+        .store
+        .insert_finding(&row, &digests, &key_id)
+        .await
+        .map_err(store_err)?;
+    if !inserted {
+        return Ok((
+            StatusCode::OK,
+            Json(json!({"finding": finding_json(&stored), "idempotentReplay": true})),
+        )
+            .into_response());
+    }
+    let mut out = json!({});
+    if let (Some(cf), Some((failing, passing))) = (&req.counterfactual, runs) {
+        let broken = broken_state(&state, &stored).await?;
+        let outcome = proof::check_counterfactual(&broken, &failing, &passing, cf.required_trials);
+        let tier = proof::derive_tier(&ProofFacts {
+            counterfactual_verified: outcome.is_ok(),
+            ..facts
+        });
+        let cf_json = counterfactual_json(cf, &outcome);
+        state
+            .store
+            .update_finding_proof(&stored.id, &cf_json, tier.as_str(), now)
+            .await
+            .map_err(store_err)?;
+        stored.counterfactual = Some(cf_json);
+        stored.causal_proof_tier = tier.as_str().to_string();
+        if let Err(e) = &outcome {
+            out["counterfactualError"] = refusal_json(e);
+        }
+    }
+    out["finding"] = finding_json(&stored);
+    if req.causal_proof_tier.is_some() {
+        out["ignoredFields"] = json!(["causalProofTier"]);
+    }
+    tracing::info!(id = %stored.id, tier = %stored.causal_proof_tier, key_id = %key_id, "finding recorded");
+    Ok((StatusCode::CREATED, Json(out)).into_response())
+}
+
+async fn get_finding(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Reply {
+    auth(&state, &headers).await?;
+    match state.store.finding(&id).await.map_err(store_err)? {
+        Some(f) => Ok(Json(finding_json(&f)).into_response()),
+        None => Err(err(
+            StatusCode::NOT_FOUND,
+            "finding_not_found",
+            format!("no finding {id}"),
+            None,
+        )),
+    }
+}
+
+async fn get_findings(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<BTreeMap<String, String>>,
+) -> Reply {
+    auth(&state, &headers).await?;
+    only_params(&params, &["fingerprint", "limit"])?;
+    let fp = params
+        .get("fingerprint")
+        .ok_or_else(|| bad_query("fingerprint", "give fingerprint=fp_…"))?;
+    let limit = limit_param(&params, 50)?;
+    let items: Vec<Value> = state
+        .store
+        .findings_by_fingerprint(fp, limit)
+        .await
+        .map_err(store_err)?
+        .iter()
+        .map(finding_json)
+        .collect();
+    Ok(Json(json!({"items": items})).into_response())
+}
+
+async fn post_counterfactual(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Body,
+) -> Reply {
+    auth(&state, &headers).await?;
+    let cf: CounterfactualRequest = json_body(body, "invalid_counterfactual").await?;
+    let finding = state
+        .store
+        .finding(&id)
+        .await
+        .map_err(store_err)?
+        .ok_or_else(|| {
+            err(
+                StatusCode::NOT_FOUND,
+                "finding_not_found",
+                format!("no finding {id}"),
+                None,
+            )
+        })?;
+    let (failing, passing) = load_runs(&state, &cf, "").await?;
+    let broken = broken_state(&state, &finding).await?;
+    let outcome = proof::check_counterfactual(&broken, &failing, &passing, cf.required_trials);
+    if let Err(e) = &outcome {
+        return Ok((
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({"error": refusal_json(e), "finding": finding_json(&finding)})),
+        )
+            .into_response());
+    }
+    let now = crate::now_ns();
+    let cf_json = counterfactual_json(&cf, &outcome);
+    let tier = CausalProofTier::CounterfactualVerified;
+    state
+        .store
+        .update_finding_proof(&id, &cf_json, tier.as_str(), now)
+        .await
+        .map_err(store_err)?;
+    let mut f = finding;
+    f.counterfactual = Some(cf_json);
+    f.causal_proof_tier = tier.as_str().into();
+    f.updated_ns = now;
+    Ok(Json(json!({"finding": finding_json(&f)})).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_parse() {
+        assert_eq!(parse_window("30m"), Some(1_800_000_000_000));
+        assert_eq!(parse_window("1d"), Some(86_400_000_000_000));
+        assert_eq!(parse_window("0h"), None);
+        assert_eq!(parse_window("10"), None);
+        assert_eq!(parse_window("h"), None);
+    }
+}
