@@ -110,15 +110,8 @@ impl EnvelopeDiff {
                 c.surface, c.before, c.after
             ));
         }
-        let show = |v: &Option<Value>| v.as_ref().map_or("(absent)".to_string(), Value::to_string);
         for f in &self.facts_changed {
-            out.push_str(&format!(
-                "  ~ fact {}/{}: {} -> {}\n",
-                f.surface,
-                f.fact,
-                show(&f.before),
-                show(&f.after)
-            ));
+            out.push_str(&render_fact_change(f));
         }
         for c in &self.claims_new {
             out.push_str(&format!("  + claim {c}\n"));
@@ -134,6 +127,58 @@ impl EnvelopeDiff {
         }
         out
     }
+}
+
+/// Longest one-line `before -> after` before a change is shown item by item.
+const ONE_LINE: usize = 120;
+
+/// One fact's change: on one line when short; a list as the items removed
+/// and added, an object as the members that changed (one per line), so a
+/// 1,000-entry fd list that gained one descriptor shows one line, not two
+/// copies of the list.
+fn render_fact_change(f: &FactChange) -> String {
+    let show = |v: &Option<Value>| v.as_ref().map_or("(absent)".to_string(), Value::to_string);
+    let (before, after) = (show(&f.before), show(&f.after));
+    let head = format!("  ~ fact {}/{}", f.surface, f.fact);
+    if before.len() + after.len() <= ONE_LINE {
+        return format!("{head}: {before} -> {after}\n");
+    }
+    let mut out = String::new();
+    match (&f.before, &f.after) {
+        (Some(Value::Array(b)), Some(Value::Array(a))) => {
+            let texts = |v: &[Value]| v.iter().map(Value::to_string).collect::<Vec<_>>();
+            let (bt, at) = (texts(b), texts(a));
+            let (bs, as_): (
+                std::collections::BTreeSet<&String>,
+                std::collections::BTreeSet<&String>,
+            ) = (bt.iter().collect(), at.iter().collect());
+            out.push_str(&format!("{head}: {} -> {} items\n", b.len(), a.len()));
+            for t in bt.iter().filter(|t| !as_.contains(t)) {
+                out.push_str(&format!("      - {t}\n"));
+            }
+            for t in at.iter().filter(|t| !bs.contains(t)) {
+                out.push_str(&format!("      + {t}\n"));
+            }
+        }
+        (Some(Value::Object(b)), Some(Value::Object(a))) => {
+            out.push_str(&format!("{head}:\n"));
+            let keys: std::collections::BTreeSet<&String> = b.keys().chain(a.keys()).collect();
+            for k in keys {
+                let (bv, av) = (b.get(k), a.get(k));
+                if bv != av {
+                    let show1 =
+                        |v: Option<&Value>| v.map_or("(absent)".to_string(), Value::to_string);
+                    out.push_str(&format!("      {k}: {} -> {}\n", show1(bv), show1(av)));
+                }
+            }
+        }
+        _ => {
+            out.push_str(&format!(
+                "{head}:\n      before {before}\n      after  {after}\n"
+            ));
+        }
+    }
+    out
 }
 
 fn only_in(a: &BTreeMap<String, ()>, b: &BTreeMap<String, ()>) -> Vec<String> {
@@ -224,4 +269,47 @@ pub fn diff(before: &Envelope, after: &Envelope) -> Result<EnvelopeDiff, Envelop
         unknowns_new: only_in(&au, &bu),
         unknowns_resolved: only_in(&bu, &au),
     })
+}
+
+#[cfg(test)]
+mod render_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn change(before: Value, after: Value) -> String {
+        render_fact_change(&FactChange {
+            surface: "proc/fd".into(),
+            fact: "fds".into(),
+            before: Some(before),
+            after: Some(after),
+        })
+    }
+
+    /// Issue 19: the text diff printed a whole fd list as one ~1.5 KB line per side.
+    #[test]
+    fn a_long_list_shows_only_what_was_added_and_removed() {
+        let fds: Vec<Value> = (0..40)
+            .map(|n| json!({"fd": n, "target": format!("/var/lib/app/data-{n}.db")}))
+            .collect();
+        let mut after = fds.clone();
+        after.remove(3);
+        after.push(json!({"fd": 99, "target": "socket:[12345]"}));
+        let text = change(Value::Array(fds), Value::Array(after));
+        assert_eq!(
+            text,
+            "  ~ fact proc/fd/fds: 40 -> 40 items\n      - {\"fd\":3,\"target\":\"/var/lib/app/data-3.db\"}\n      + {\"fd\":99,\"target\":\"socket:[12345]\"}\n"
+        );
+        assert!(text.lines().all(|l| l.len() < 100), "{text}");
+    }
+
+    #[test]
+    fn a_long_object_shows_the_members_that_changed() {
+        let before = json!({"cgroup": "x".repeat(150), "pid": 1, "comm": "a"});
+        let after = json!({"cgroup": "x".repeat(150), "pid": 1, "comm": "b"});
+        assert_eq!(
+            change(before, after),
+            "  ~ fact proc/fd/fds:\n      comm: \"a\" -> \"b\"\n"
+        );
+        assert_eq!(change(json!(1), json!(2)), "  ~ fact proc/fd/fds: 1 -> 2\n");
+    }
 }

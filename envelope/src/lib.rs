@@ -24,10 +24,12 @@ mod diff;
 mod error;
 pub mod example;
 mod handoff;
+mod keyed;
 mod model;
 mod redact;
 mod rules;
 mod seal;
+mod secrets;
 mod strict;
 pub mod wall_time;
 
@@ -35,6 +37,7 @@ pub use canonical::{to_canonical, write_canonical};
 pub use diff::{EnvelopeDiff, FactChange, StatusChange, diff};
 pub use error::EnvelopeError;
 pub use handoff::{Frontier, Handoff, LiveHypothesis, OpenUnknown, handoff};
+pub use keyed::{BadDigestKey, DigestKey, HMAC_PREFIX, KEY_BYTES, is_hmac_digest};
 pub use model::*;
 pub use redact::{RedactedCommand, RedactedEnviron, redact_argv, redact_cmdline, redact_environ};
 pub use rules::{check_rules, from_value};
@@ -42,6 +45,7 @@ pub use seal::{
     DIGEST_PREFIX, Rejection, canonical_without_digest, compute_digest, is_sha256_digest, parse,
     sha256_digest, verify,
 };
+pub use secrets::{REDACTED, looks_secret, redact_text};
 pub use strict::{MAX_DEPTH, MAX_SAFE_INTEGER, parse_strict};
 
 /// The JSON Schema of `pstack.envelope/v1`, published with the crate.

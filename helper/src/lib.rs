@@ -19,11 +19,15 @@
 //!   received, so it can attribute a missed deadline to exactly one surface.
 //! - **No request without a deadline**: a surface whose `deadline_ms` is 0 is
 //!   refused (the agent refuses it first; this is the second lock).
-//! - **Least privilege** ([`confine`]): before reading any request the helper
-//!   sets `PR_SET_PDEATHSIG(SIGKILL)`, drops every capability but the three
-//!   its reads need, sets `no_new_privs`, disables core dumps and installs a
-//!   seccomp allow-list whose mismatch action kills the process (SIGSYS): it
-//!   cannot open sockets or exec.
+//! - **Least privilege** ([`confine`], [`filter`], [`view`]): before reading
+//!   any request the helper sets `PR_SET_PDEATHSIG(SIGKILL)`, moves into its
+//!   own mount namespace whose only content is a read-only `/proc`, empties
+//!   its bounding set, keeps only the capabilities its reads need (each
+//!   justified in [`confine`]), sets `no_new_privs`, disables core dumps and
+//!   installs a seccomp allow-list with argument filters whose mismatch
+//!   action kills the process (SIGSYS): it cannot open anything for writing,
+//!   write anywhere but its response pipe, signal another process, trace,
+//!   mount, load modules, open sockets or exec.
 //! - **Net reads in a second, separate profile** (`pstack-helper --net`,
 //!   [`serve::serve_net`], [`confine::confine_net`]): the helper enters the
 //!   target network namespace from a descriptor the agent opened, *then*
@@ -34,6 +38,8 @@
 //!   [`protocol::NetRequest`]. The procfs profile is unchanged by it.
 
 pub mod confine;
+pub mod filter;
 pub mod launch;
 pub mod protocol;
 pub mod serve;
+pub mod view;

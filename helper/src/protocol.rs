@@ -20,6 +20,7 @@ use std::io::{Read, Write};
 
 use pstack_collectors::net::{FlowFilter, NetSample};
 use pstack_collectors::procfs::{RawMeta, ReadError};
+use pstack_envelope::DigestKey;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -44,6 +45,10 @@ pub const EXIT_NETNS_DENIED: i32 = 5;
 /// Exit status of `pstack-helper --net` when it could not enter the target
 /// netns otherwise (not a namespace descriptor, a different inode entered).
 pub const EXIT_NETNS_FAILED: i32 = 6;
+
+/// Exit status of a helper that panicked after confinement (it cannot say
+/// more: stderr is not writable under its seccomp filter).
+pub const EXIT_PANIC: i32 = 7;
 
 /// Largest per-surface byte cap a request may ask for (16 MiB).
 pub const MAX_SURFACE_BYTES: u64 = 16 << 20;
@@ -84,6 +89,10 @@ pub enum FrameError {
 pub struct Request {
     /// Must be [`PROTOCOL_VERSION`].
     pub version: u32,
+    /// The host's digest key: `cmdline` arguments and `environ` blocks are
+    /// digested under it (HMAC-SHA-256), never with a bare hash. Travels
+    /// only over the helper's private stdin pipe.
+    pub digest_key: DigestKey,
     /// Surfaces, performed in this order.
     pub surfaces: Vec<SurfaceRequest>,
 }
@@ -419,8 +428,13 @@ mod tests {
                 deadline_ms,
                 max_bytes,
             });
-        (any::<u32>(), proptest::collection::vec(surface, 0..8))
-            .prop_map(|(version, surfaces)| Request { version, surfaces })
+        (any::<u32>(), proptest::collection::vec(surface, 0..8)).prop_map(|(version, surfaces)| {
+            Request {
+                version,
+                digest_key: DigestKey::from_bytes([9; 32]),
+                surfaces,
+            }
+        })
     }
 
     fn response() -> impl Strategy<Value = Response> {
@@ -567,6 +581,7 @@ mod tests {
         let procfs = encode(
             &Request {
                 version: 1,
+                digest_key: DigestKey::from_bytes([9; 32]),
                 surfaces: vec![],
             },
             MAX_FRAME,
@@ -580,6 +595,7 @@ mod tests {
     fn encode_refuses_above_cap() {
         let req = Request {
             version: 1,
+            digest_key: DigestKey::from_bytes([9; 32]),
             surfaces: vec![],
         };
         assert!(matches!(encode(&req, 4), Err(FrameError::TooLarge { .. })));

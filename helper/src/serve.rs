@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use pstack_collectors::procfs::read::{self, TaskRef};
 use pstack_collectors::procfs::{Reading, json_safe};
+use pstack_envelope::DigestKey;
 use serde::Serialize;
 
 use crate::protocol::{
@@ -91,8 +92,9 @@ fn attempt_forbidden(which: ForbiddenSyscall) -> Outcome {
     }
 }
 
-/// Perform one surface (after [`refusal`] said it is acceptable).
-pub fn perform(req: &SurfaceRequest) -> Outcome {
+/// Perform one surface (after [`refusal`] said it is acceptable); `key`
+/// digests `cmdline` arguments and `environ` blocks.
+pub fn perform(req: &SurfaceRequest, key: &DigestKey) -> Outcome {
     let max = req.max_bytes;
     match &req.kind {
         SurfaceKind::Wchan { tid } => done(read::read_wchan(TaskRef::thread(req.pid, *tid), max)),
@@ -100,8 +102,8 @@ pub fn perform(req: &SurfaceRequest) -> Outcome {
         SurfaceKind::Syscall { tid } => {
             done(read::read_syscall(TaskRef::thread(req.pid, *tid), max))
         }
-        SurfaceKind::Cmdline => done(read::read_cmdline(req.pid, max)),
-        SurfaceKind::Environ => done(read::read_environ(req.pid, max)),
+        SurfaceKind::Cmdline => done(read::read_cmdline(req.pid, max, key)),
+        SurfaceKind::Environ => done(read::read_environ(req.pid, max, key)),
         SurfaceKind::FdTargets { max_fds } => done(read::read_fd_targets(req.pid, *max_fds, max)),
         SurfaceKind::ThreadWchans { tids } => done(read::read_thread_wchans(req.pid, tids, max)),
         SurfaceKind::ForbiddenSyscall { syscall } => attempt_forbidden(*syscall),
@@ -197,7 +199,7 @@ pub fn serve(input: &mut impl Read, output: &mut impl Write) -> Result<(), Frame
             let start = Instant::now();
             let outcome = match refusal(request.version, surface) {
                 Some(reason) => Outcome::Refused { reason },
-                None => perform(surface),
+                None => perform(surface, &request.digest_key),
             };
             let response = Response {
                 seq: surface.seq,
@@ -318,6 +320,7 @@ mod tests {
         let me = std::process::id();
         let request = Request {
             version: PROTOCOL_VERSION,
+            digest_key: DigestKey::from_bytes([3; 32]),
             surfaces: vec![
                 req(SurfaceKind::Wchan { tid: me }, 100),
                 SurfaceRequest {

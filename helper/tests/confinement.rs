@@ -14,7 +14,6 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, Stdio};
 
 use pstack_collectors::net::FlowFilter;
-use pstack_helper::confine::{kept_caps_mask, kept_net_caps_mask};
 use pstack_helper::protocol::{
     ForbiddenSyscall, MAX_FRAME, NetOutcome, NetRequest, NetRequestKind, NetResponse, Outcome,
     PROTOCOL_VERSION, Request, Response, SurfaceKind, SurfaceRequest, encode, read_frame,
@@ -37,6 +36,7 @@ fn spawn() -> Child {
 fn ask(child: &mut Child, kind: SurfaceKind) -> Option<Response> {
     let req = Request {
         version: PROTOCOL_VERSION,
+        digest_key: pstack_envelope::DigestKey::from_bytes([5; 32]),
         surfaces: vec![SurfaceRequest {
             seq: 1,
             pid: std::process::id(),
@@ -60,34 +60,70 @@ fn status_field(pid: u32, key: &str) -> String {
         .to_string()
 }
 
+/// The confinement lines of a live helper's `/proc/PID/status`.
+fn confinement(pid: u32) -> Vec<(String, String)> {
+    [
+        "CapInh",
+        "CapPrm",
+        "CapEff",
+        "CapBnd",
+        "CapAmb",
+        "NoNewPrivs",
+        "Seccomp",
+    ]
+    .iter()
+    .map(|k| (k.to_string(), status_field(pid, k)))
+    .collect()
+}
+
+fn expect(lines: &[(&str, &str)]) -> Vec<(String, String)> {
+    lines
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+const PROCFS_HELPER_STATUS: &[(&str, &str)] = &[
+    ("CapInh", "0000000000000000"),
+    ("CapPrm", "0000000000280004"),
+    ("CapEff", "0000000000280004"),
+    ("CapBnd", "0000000000000000"),
+    ("CapAmb", "0000000000000000"),
+    ("NoNewPrivs", "1"),
+    ("Seccomp", "2"),
+];
+
+const NET_HELPER_STATUS: &[(&str, &str)] = &[
+    ("CapInh", "0000000000000000"),
+    ("CapPrm", "0000000000001000"),
+    ("CapEff", "0000000000001000"),
+    ("CapBnd", "0000000000000000"),
+    ("CapAmb", "0000000000000000"),
+    ("NoNewPrivs", "1"),
+    ("Seccomp", "2"),
+];
+
 #[test]
 fn root_helper_status_shows_no_new_privs_seccomp_and_reduced_caps() {
-    if !is_root() {
-        eprintln!("skipped: needs root (capability sets are only reduced from a privileged start)");
-        return;
-    }
+    pstack_testkit::require!(
+        is_root(),
+        "needs root (capability sets are only reduced from a privileged start)"
+    );
     let mut child = spawn();
     let me = std::process::id();
     let first = ask(&mut child, SurfaceKind::Wchan { tid: me }).expect("a response");
     assert!(matches!(first.outcome, Outcome::Ok { .. }), "{first:?}");
     let pid = child.id();
-    assert_eq!(status_field(pid, "NoNewPrivs"), "1");
-    assert_eq!(status_field(pid, "Seccomp"), "2");
-    let eff = u64::from_str_radix(&status_field(pid, "CapEff"), 16).unwrap();
-    let bnd = u64::from_str_radix(&status_field(pid, "CapBnd"), 16).unwrap();
-    assert_eq!(eff, kept_caps_mask(), "CapEff {eff:x}");
-    assert_eq!(bnd, kept_caps_mask(), "CapBnd {bnd:x}");
-    assert_eq!(status_field(pid, "CapInh"), "0000000000000000");
+    // Literal values, not the library's own masks: CAP_DAC_READ_SEARCH (2),
+    // CAP_SYS_PTRACE (19), CAP_SYS_ADMIN (21); nothing in the bounding set.
+    assert_eq!(confinement(pid), expect(PROCFS_HELPER_STATUS));
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
 }
 
 #[test]
 fn root_forbidden_socket_and_execve_kill_the_helper_with_sigsys() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "needs root");
     for syscall in [ForbiddenSyscall::Socket, ForbiddenSyscall::Execve] {
         let mut child = spawn();
         let resp = ask(&mut child, SurfaceKind::ForbiddenSyscall { syscall });
@@ -122,6 +158,7 @@ fn helper_serves_every_risky_surface_of_a_real_process_under_seccomp() {
     ];
     let req = Request {
         version: PROTOCOL_VERSION,
+        digest_key: pstack_envelope::DigestKey::from_bytes([5; 32]),
         surfaces: kinds
             .iter()
             .enumerate()
@@ -198,10 +235,10 @@ fn ns_inode(path: &str) -> u64 {
 
 #[test]
 fn root_net_helper_is_confined_to_net_admin_and_netlink_works_under_seccomp() {
-    if !is_root() {
-        eprintln!("skipped: needs root (capability sets are only reduced from a privileged start)");
-        return;
-    }
+    pstack_testkit::require!(
+        is_root(),
+        "needs root (capability sets are only reduced from a privileged start)"
+    );
     let mut child = spawn_net(None);
     let resp = ask_net(&mut child, loopback_sample()).expect("a response");
     let pid = child.id();
@@ -218,23 +255,15 @@ fn root_net_helper_is_confined_to_net_admin_and_netlink_works_under_seccomp() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(status_field(pid, "NoNewPrivs"), "1");
-    assert_eq!(status_field(pid, "Seccomp"), "2");
-    let eff = u64::from_str_radix(&status_field(pid, "CapEff"), 16).unwrap();
-    let bnd = u64::from_str_radix(&status_field(pid, "CapBnd"), 16).unwrap();
-    assert_eq!(eff, kept_net_caps_mask(), "CapEff {eff:x}");
-    assert_eq!(bnd, kept_net_caps_mask(), "CapBnd {bnd:x}");
-    assert_eq!(status_field(pid, "CapInh"), "0000000000000000");
+    // Literal: CAP_NET_ADMIN (12) only; nothing in the bounding set.
+    assert_eq!(confinement(pid), expect(NET_HELPER_STATUS));
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
 }
 
 #[test]
 fn root_net_helper_af_inet_socket_and_execve_kill_it_with_sigsys() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "needs root");
     // socket(AF_INET, SOCK_STREAM, 0) is not AF_NETLINK: the argument filter
     // does not match, and the mismatch action kills the process (SIGSYS), it
     // does not return EPERM.
@@ -278,10 +307,7 @@ impl Drop for TestNetns {
 
 #[test]
 fn root_net_helper_reads_the_netns_whose_fd_it_was_given() {
-    if !is_root() {
-        eprintln!("skipped: needs root (setns into another netns)");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "needs root (setns into another netns)");
     let ns = TestNetns::new();
     let path = format!("/run/netns/{}", ns.0);
     let file = std::fs::File::open(&path).unwrap();
@@ -320,4 +346,111 @@ fn net_helper_with_a_descriptor_that_is_not_a_netns_exits_before_serving() {
         pstack_helper::protocol::EXIT_NETNS_DENIED
     };
     assert_eq!(status.code(), Some(want), "{status:?}");
+}
+
+/// The seccomp allow-lists compared with literal, reviewed lists written here (not the
+/// code's constants compared with themselves): a syscall added to or removed from
+/// either profile must be reviewed here too.
+#[test]
+fn seccomp_allow_lists_are_exactly_the_reviewed_lists() {
+    use std::collections::BTreeSet;
+    let procfs: BTreeSet<i64> = [
+        libc::SYS_read,
+        libc::SYS_write,
+        libc::SYS_writev,
+        libc::SYS_openat,
+        libc::SYS_close,
+        libc::SYS_fstat,
+        libc::SYS_newfstatat,
+        libc::SYS_statx,
+        libc::SYS_lseek,
+        libc::SYS_readlinkat,
+        libc::SYS_getdents64,
+        libc::SYS_fcntl,
+        libc::SYS_mmap,
+        libc::SYS_munmap,
+        libc::SYS_mremap,
+        libc::SYS_mprotect,
+        libc::SYS_madvise,
+        libc::SYS_brk,
+        libc::SYS_futex,
+        libc::SYS_rt_sigreturn,
+        libc::SYS_rt_sigprocmask,
+        libc::SYS_rt_sigaction,
+        libc::SYS_sigaltstack,
+        libc::SYS_clock_gettime,
+        libc::SYS_clock_nanosleep,
+        libc::SYS_sched_yield,
+        libc::SYS_getrandom,
+        libc::SYS_getpid,
+        libc::SYS_gettid,
+        libc::SYS_getppid,
+        libc::SYS_tgkill,
+        libc::SYS_exit,
+        libc::SYS_exit_group,
+        libc::SYS_restart_syscall,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_readlink,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_open,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_stat,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_lstat,
+    ]
+    .into_iter()
+    .collect();
+    let net_extra: BTreeSet<i64> = [
+        libc::SYS_setsockopt,
+        libc::SYS_sendto,
+        libc::SYS_recvfrom,
+        libc::SYS_sched_getaffinity,
+    ]
+    .into_iter()
+    .collect();
+    // Of those, the ones allowed only with argument filters (read-only open
+    // flags, writes to the response fd, no executable mappings, signals to
+    // itself only): reviewed here too.
+    let filtered: BTreeSet<i64> = [
+        libc::SYS_openat,
+        libc::SYS_write,
+        libc::SYS_writev,
+        libc::SYS_mmap,
+        libc::SYS_mprotect,
+        libc::SYS_fcntl,
+        libc::SYS_tgkill,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_open,
+    ]
+    .into_iter()
+    .collect();
+    let code_filtered: BTreeSet<i64> = pstack_helper::filter::FILTERED_SYSCALLS
+        .iter()
+        .copied()
+        .collect();
+    assert_eq!(
+        code_filtered, filtered,
+        "argument-filtered syscalls changed: review them here"
+    );
+    let code_unfiltered: BTreeSet<i64> = pstack_helper::filter::UNFILTERED_SYSCALLS
+        .iter()
+        .copied()
+        .collect();
+    let unfiltered: BTreeSet<i64> = procfs.difference(&filtered).copied().collect();
+    assert_eq!(
+        code_unfiltered, unfiltered,
+        "procfs helper allow-list changed: review it here"
+    );
+    let code_net: BTreeSet<i64> = pstack_helper::filter::NET_EXTRA_SYSCALLS
+        .iter()
+        .copied()
+        .collect();
+    assert_eq!(
+        code_net, net_extra,
+        "net helper allow-list changed: review it here"
+    );
+    assert_eq!(
+        pstack_helper::filter::NET_NETLINK_PROTOCOLS,
+        [libc::NETLINK_ROUTE, libc::NETLINK_SOCK_DIAG]
+    );
 }

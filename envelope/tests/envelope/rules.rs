@@ -3,7 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use pstack_envelope::{EnvelopeError, verify};
+use pstack_envelope::EnvelopeError;
+use pstack_testkit::verify;
 use serde_json::{Value, json};
 
 use crate::fixtures::{base, complete_base, sealed_bytes};

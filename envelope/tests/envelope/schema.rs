@@ -23,7 +23,7 @@ fn schema_accepts_what_the_model_accepts() {
     ] {
         let errs: Vec<String> = v.iter_errors(&env).map(|e| e.to_string()).collect();
         assert!(errs.is_empty(), "{errs:?}");
-        pstack_envelope::verify(&serde_json::to_vec(&env).unwrap()).unwrap();
+        pstack_testkit::verify(&serde_json::to_vec(&env).unwrap()).unwrap();
     }
 }
 
@@ -70,12 +70,52 @@ fn schema_rejects_what_the_model_rejects_structurally() {
         ),
     ];
     for (name, mutate) in mutations {
-        let mut env = reseal(base());
+        let mut env = base();
         mutate(&mut env);
+        // Reseal *after* the mutation, with the independent canonicalizer (it also
+        // renders the float fixture, which pstack's refuses): the digest is right, so
+        // the model must reject the envelope for the structural fault itself. Before,
+        // the mutation came after resealing and `verify` failed on the digest whatever
+        // the model did.
+        env["digest"] = json!(pstack_testkit::jcs_oracle_digest(&env));
         assert!(!v.is_valid(&env), "schema accepted: {name}");
+        let rejection = pstack_envelope::verify(&serde_json::to_vec(&env).unwrap())
+            .expect_err(&format!("model accepted: {name}"));
+        let rules: Vec<&str> = rejection.errors.iter().map(|e| e.rule()).collect();
         assert!(
-            pstack_envelope::verify(&serde_json::to_vec(&env).unwrap()).is_err(),
-            "model accepted: {name}"
+            !rules.is_empty() && !rules.contains(&"bad_digest"),
+            "{name}: the model must reject the fault, not the digest: {rules:?}"
         );
+    }
+}
+
+/// JSON Schema's `integer` is a value test (4242.0 is an integer there), while the
+/// envelope parser refuses every number literal with a fraction, an exponent or a
+/// negative zero (RFC 8785 would re-render them). A schema cannot see the literal, so
+/// the difference is documented in the schema's description, and this test keeps the
+/// documentation and both behaviours in step.
+#[test]
+fn integer_literals_the_schema_accepts_but_the_parser_refuses_are_documented() {
+    let v = validator();
+    let schema: Value = serde_json::from_str(JSON_SCHEMA).unwrap();
+    let description = schema["description"].as_str().unwrap();
+    for literal in ["4242.0", "1e2", "-0"] {
+        assert!(
+            description.contains(literal),
+            "the schema's description must name {literal}: {description}"
+        );
+        let mut placeholder = reseal(base());
+        placeholder["universe"]["observed_count"] = json!(4_242_424);
+        let text = serde_json::to_string(&placeholder)
+            .unwrap()
+            .replacen("4242424", literal, 1);
+        let env: Value = serde_json::from_str(&text).unwrap();
+        let errs: Vec<String> = v.iter_errors(&env).map(|e| e.to_string()).collect();
+        assert!(
+            errs.is_empty(),
+            "JSON Schema accepts {literal} as an integer (if this changes, update the description): {errs:?}"
+        );
+        let err = pstack_envelope::parse_strict(text.as_bytes()).unwrap_err();
+        assert_eq!(err.rule(), "float", "{literal}: {err}");
     }
 }

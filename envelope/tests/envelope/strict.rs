@@ -1,6 +1,7 @@
 //! Strict parsing: duplicate keys, unsafe integers, floats, depth, garbage.
 
-use pstack_envelope::{EnvelopeError, MAX_DEPTH, parse_strict, to_canonical, verify};
+use pstack_envelope::{EnvelopeError, MAX_DEPTH, parse_strict, to_canonical};
+use pstack_testkit::verify;
 
 #[test]
 fn duplicate_keys_are_rejected_with_their_path() {

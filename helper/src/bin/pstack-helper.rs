@@ -12,7 +12,8 @@
 //!   the netns it was started in.
 //!
 //! Exits 0 at EOF, 2 on bad arguments, 3 if it cannot confine itself, 4 on a
-//! framing error; 5 if the kernel refused to let it enter the target network
+//! framing error, 7 on a panic after confinement (then it cannot write to
+//! stderr: its seccomp filter allows writes to the response pipe only); 5 if the kernel refused to let it enter the target network
 //! namespace (EPERM/EACCES), 6 if it cannot enter it otherwise (e.g. the
 //! descriptor is not a network namespace). The agent maps 5 and 6 back to
 //! typed namespace errors ([`pstack_helper::protocol::EXIT_NETNS_DENIED`],
@@ -23,13 +24,34 @@ use std::os::fd::{FromRawFd, RawFd};
 
 /// How this helper was asked to run.
 enum Mode {
+    /// `--version`: print the version and the commit built from, exit 0.
+    Version,
     Procfs,
-    Net { netns_fd: Option<RawFd> },
+    Net {
+        netns_fd: Option<RawFd>,
+    },
 }
+
+/// `pstack-helper --help` (exit codes kept equal to the README's table by a test).
+const HELP: &str = "\
+pstack-helper: pstack's confined, killable reader. Started by pstackctl and
+pstackd with pipes on stdin/stdout; not meant to be run by hand.
+
+Usage: pstack-helper [--net [--netns-fd N]]
+
+Exit codes:
+  0  end of input: the agent closed the request pipe
+  2  bad arguments
+  3  cannot confine itself (no_new_privs, capabilities, seccomp or Landlock refused): it refuses to serve
+  4  a framing error on the request pipe
+  5  the kernel refused entry into the target network namespace (EPERM or EACCES)
+  6  cannot enter the target network namespace otherwise (e.g. the descriptor is not one)
+";
 
 fn parse_args(args: &[String]) -> Result<Mode, String> {
     match args {
         [] => Ok(Mode::Procfs),
+        [v] if v == "--version" || v == "-V" => Ok(Mode::Version),
         [net] if net == "--net" => Ok(Mode::Net { netns_fd: None }),
         [net, flag, fd] if net == "--net" && flag == "--netns-fd" => {
             let fd: RawFd = fd
@@ -41,7 +63,7 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
             Ok(Mode::Net { netns_fd: Some(fd) })
         }
         other => Err(format!(
-            "unexpected arguments {other:?} (usage: pstack-helper [--net [--netns-fd N]])"
+            "unexpected arguments {other:?} (usage: pstack-helper [--net [--netns-fd N]] | --version)"
         )),
     }
 }
@@ -53,7 +75,15 @@ fn fail(code: i32, message: std::fmt::Arguments<'_>) -> ! {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if matches!(args.as_slice(), [h] if h == "--help" || h == "-h") {
+        let _ = std::io::stdout().write_all(HELP.as_bytes());
+        std::process::exit(0);
+    }
     let mode = parse_args(&args).unwrap_or_else(|e| fail(2, format_args!("{e}")));
+    if let Mode::Version = mode {
+        println!("pstack-helper {}", env!("PSTACK_VERSION"));
+        return;
+    }
     let expected_parent = std::env::var("PSTACK_HELPER_PARENT")
         .ok()
         .and_then(|s| s.parse().ok());
@@ -85,6 +115,13 @@ fn main() {
     if let Err(e) = confined {
         fail(3, format_args!("refusing to serve: {e}"));
     }
+    // From here on only descriptor 1 is writable: a panic message would be
+    // a forbidden write (SIGSYS, indistinguishable from an attack), so a
+    // panic ends the process with its own exit status instead.
+    std::panic::set_hook(Box::new(|_| {
+        // SAFETY: _exit takes an integer and never returns.
+        unsafe { libc::_exit(pstack_helper::protocol::EXIT_PANIC) }
+    }));
     let mut input = std::io::stdin().lock();
     let mut output = std::io::BufWriter::new(std::io::stdout().lock());
     let served = if net {
@@ -92,7 +129,8 @@ fn main() {
     } else {
         pstack_helper::serve::serve(&mut input, &mut output)
     };
-    if let Err(e) = served {
-        fail(4, format_args!("{e}"));
+    if served.is_err() {
+        // No message: stderr is not writable under the seccomp filter.
+        std::process::exit(4);
     }
 }
