@@ -5,4 +5,6 @@
 pub mod cli;
 pub mod client;
 pub mod daemon;
+pub mod digest_key;
+pub mod probes;
 pub mod supervisor;

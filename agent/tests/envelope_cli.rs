@@ -144,3 +144,46 @@ fn diff_and_handoff() {
     let h: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(h["next_transition"]["action"], "CAPTURE_AGAIN");
 }
+
+/// The example envelopes' digests recomputed outside the crate: Python's json module
+/// canonicalizes (envelope/tests/oracles/jcs_canonical.py) and coreutils' `sha256sum`
+/// hashes. The shipped example's declared digest must match; the tampered one's must not.
+#[test]
+fn example_digests_agree_with_a_canonicalizer_and_hash_outside_the_crate() {
+    pstack_testkit::require!(
+        pstack_testkit::have_tool("python3") && pstack_testkit::have_tool("sha256sum"),
+        "python3 and sha256sum are needed (scripts/setup.d/60-oracles.sh)"
+    );
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../envelope/tests/oracles/jcs_canonical.py");
+    let outside_digest = |name: &str| -> String {
+        let o = Command::new("bash")
+            .arg("-c")
+            .arg("set -o pipefail; python3 \"$0\" \"$1\" | sha256sum")
+            .arg(&script)
+            .arg(example(name))
+            .output()
+            .expect("bash");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let hex = stdout(&o)
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_string();
+        assert_eq!(hex.len(), 64, "sha256sum printed {:?}", stdout(&o));
+        format!("sha256:{hex}")
+    };
+    let declared = |name: &str| -> String {
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(example(name)).unwrap()).unwrap();
+        v["digest"].as_str().unwrap().to_string()
+    };
+    let good = "process-d-state.envelope.json";
+    assert_eq!(outside_digest(good), declared(good));
+    let bad = "tampered.envelope.json";
+    assert_ne!(
+        outside_digest(bad),
+        declared(bad),
+        "the tampered example must not verify"
+    );
+}

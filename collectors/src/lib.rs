@@ -6,5 +6,6 @@
 //! block on the task being diagnosed must run inside `pstack-helper`, which
 //! the agent can kill (see `pstack_helper`).
 
+pub mod kubelet;
 pub mod net;
 pub mod procfs;

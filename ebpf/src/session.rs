@@ -283,65 +283,102 @@ pub struct OffCpuStatus {
 }
 
 impl EbpfStatus {
-    /// Prometheus text exposition (for pstackd's `/metrics`): `pstack_ebpf_up`
-    /// (1 running, 0 not) with the state as a label, per-program
-    /// `pstack_ebpf_program_attached`, per-kind `pstack_ebpf_tcp_events_total`
-    /// and `pstack_ebpf_tcp_lost_events_total`, and the off-CPU counters.
+    /// Prometheus text exposition (for pstackd's `/metrics`, so every family carries
+    /// pstackd's one prefix, `pstackd_ebpf_`): `pstackd_ebpf_up` (1 running, 0 not) with
+    /// the state as a label, per-program `pstackd_ebpf_program_attached`, per-kind
+    /// `pstackd_ebpf_tcp_events_total` and `pstackd_ebpf_tcp_lost_events_total`, and
+    /// the off-CPU counters. Every family has HELP and TYPE; counters end in `_total`
+    /// and no name part reads as an abbreviated unit (`promtool check metrics` clean).
     pub fn to_prometheus(&self) -> String {
         use std::fmt::Write as _;
         let mut o = String::new();
+        let family = |o: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = writeln!(o, "# HELP {name} {help}");
+            let _ = writeln!(o, "# TYPE {name} {kind}");
+        };
         let up = u8::from(self.state == "running");
-        let _ = writeln!(
-            o,
-            "# HELP pstack_ebpf_up Whether pstack's eBPF programs are loaded (state label: running, unsupported, permission_denied, error)."
+        family(
+            &mut o,
+            "pstackd_ebpf_up",
+            "gauge",
+            "Whether pstack's eBPF programs are loaded (state label: running, disabled, unsupported, permission_denied, error).",
         );
-        let _ = writeln!(o, "# TYPE pstack_ebpf_up gauge");
-        let _ = writeln!(o, "pstack_ebpf_up{{state=\"{}\"}} {up}", self.state);
-        let _ = writeln!(o, "# TYPE pstack_ebpf_program_attached gauge");
+        let _ = writeln!(o, "pstackd_ebpf_up{{state=\"{}\"}} {up}", self.state);
+        family(
+            &mut o,
+            "pstackd_ebpf_program_attached",
+            "gauge",
+            "Whether each eBPF program is attached to its tracepoint (1 attached, 0 not).",
+        );
         for p in &self.programs {
             let _ = writeln!(
                 o,
-                "pstack_ebpf_program_attached{{program=\"{}\",tracepoint=\"{}\"}} {}",
+                "pstackd_ebpf_program_attached{{program=\"{}\",tracepoint=\"{}\"}} {}",
                 p.program,
                 p.tracepoint,
                 u8::from(p.attached)
             );
         }
-        let _ = writeln!(o, "# TYPE pstack_ebpf_tcp_events_total counter");
-        for (k, v) in &self.tcp_events {
-            let _ = writeln!(o, "pstack_ebpf_tcp_events_total{{kind=\"{k}\"}} {v}");
-        }
-        let _ = writeln!(
-            o,
-            "# HELP pstack_ebpf_tcp_lost_events_total TCP events dropped because the ring buffer was full."
+        family(
+            &mut o,
+            "pstackd_ebpf_tcp_events_total",
+            "counter",
+            "TCP events the programs delivered, by kind (after the kernel-side port filter).",
         );
-        let _ = writeln!(o, "# TYPE pstack_ebpf_tcp_lost_events_total counter");
+        for (k, v) in &self.tcp_events {
+            let _ = writeln!(o, "pstackd_ebpf_tcp_events_total{{kind=\"{k}\"}} {v}");
+        }
+        family(
+            &mut o,
+            "pstackd_ebpf_tcp_lost_events_total",
+            "counter",
+            "TCP events dropped because the ring buffer was full, by kind.",
+        );
         for (k, v) in &self.tcp_lost {
-            let _ = writeln!(o, "pstack_ebpf_tcp_lost_events_total{{kind=\"{k}\"}} {v}");
+            let _ = writeln!(o, "pstackd_ebpf_tcp_lost_events_total{{kind=\"{k}\"}} {v}");
         }
         if let Some(c) = &self.offcpu {
-            let _ = writeln!(o, "# TYPE pstack_ebpf_offcpu_switches_total counter");
-            let _ = writeln!(o, "pstack_ebpf_offcpu_switches_total {}", c.switches);
-            let _ = writeln!(o, "# TYPE pstack_ebpf_offcpu_d_episodes_total counter");
-            let _ = writeln!(o, "pstack_ebpf_offcpu_d_episodes_total {}", c.episodes);
-            let _ = writeln!(o, "# TYPE pstack_ebpf_offcpu_lost_total counter");
-            let _ = writeln!(
-                o,
-                "pstack_ebpf_offcpu_lost_total{{reason=\"ring_buffer\"}} {}",
-                c.lost_ring
+            family(
+                &mut o,
+                "pstackd_ebpf_offcpu_switches_total",
+                "counter",
+                "Context switches away from CPU of watched tasks.",
+            );
+            let _ = writeln!(o, "pstackd_ebpf_offcpu_switches_total {}", c.switches);
+            family(
+                &mut o,
+                "pstackd_ebpf_offcpu_uninterruptible_episodes_total",
+                "counter",
+                "Uninterruptible (D-state) off-CPU episodes of watched tasks that ended.",
             );
             let _ = writeln!(
                 o,
-                "pstack_ebpf_offcpu_lost_total{{reason=\"start_map_full\"}} {}",
-                c.lost_start
+                "pstackd_ebpf_offcpu_uninterruptible_episodes_total {}",
+                c.episodes
             );
-            let _ = writeln!(
-                o,
-                "pstack_ebpf_offcpu_lost_total{{reason=\"totals_map_full\"}} {}",
-                c.lost_totals
+            family(
+                &mut o,
+                "pstackd_ebpf_offcpu_lost_total",
+                "counter",
+                "Off-CPU records lost, by reason (ring buffer full, a map full).",
             );
-            let _ = writeln!(o, "# TYPE pstack_ebpf_offcpu_watched gauge");
-            let _ = writeln!(o, "pstack_ebpf_offcpu_watched {}", c.watched);
+            for (reason, v) in [
+                ("ring_buffer", c.lost_ring),
+                ("start_map_full", c.lost_start),
+                ("totals_map_full", c.lost_totals),
+            ] {
+                let _ = writeln!(
+                    o,
+                    "pstackd_ebpf_offcpu_lost_total{{reason=\"{reason}\"}} {v}"
+                );
+            }
+            family(
+                &mut o,
+                "pstackd_ebpf_offcpu_watched_processes",
+                "gauge",
+                "Processes whose off-CPU time is being recorded now.",
+            );
+            let _ = writeln!(o, "pstackd_ebpf_offcpu_watched_processes {}", c.watched);
         }
         o
     }
@@ -1045,7 +1082,7 @@ mod tests {
         assert_eq!(st.state, "unsupported");
         let text = st.to_prometheus();
         assert!(
-            text.contains("pstack_ebpf_up{state=\"unsupported\"} 0"),
+            text.contains("pstackd_ebpf_up{state=\"unsupported\"} 0"),
             "{text}"
         );
         let json = serde_json::to_value(&st).expect("serializable for /v1/status");

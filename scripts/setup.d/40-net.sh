@@ -15,5 +15,5 @@ apt_need iproute2 nftables conntrack procps
 
 # nf_conntrack must be available for the conntrack-pressure test (built in or a module).
 if [ ! -e /proc/sys/net/netfilter/nf_conntrack_max ]; then
-    modprobe nf_conntrack 2>/dev/null || echo "40-net: nf_conntrack unavailable; the conntrack test will skip" >&2
+    modprobe nf_conntrack 2>/dev/null || echo "40-net: nf_conntrack unavailable; the conntrack test fails under PSTACK_STRICT=1" >&2
 fi

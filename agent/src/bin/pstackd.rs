@@ -2,16 +2,29 @@
 
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use pstack_agent::daemon::config::{Config, DEFAULT_CONFIG_PATH};
 use pstack_agent::daemon::run::{RunOptions, prepare, run};
 
+/// Exit codes of `pstackd` (kept equal to the README's table by a test).
+const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  stopped cleanly after SIGTERM or SIGINT (in-flight captures drained), or --check-config found the configuration valid (or the default file absent: built-in defaults apply, and it says so)
+  1  cannot start: the configuration, the socket, the privilege drop, the spool or the runtime failed (the reason is logged)
+  2  usage error, or --check-config found the configuration invalid or the file given with --config missing";
+
 /// Serve captures on a Unix socket and ship sealed envelopes to the store.
 #[derive(Debug, Parser)]
-#[command(name = "pstackd", version)]
+#[command(
+    name = "pstackd",
+    version = pstack_agent::supervisor::VERSION,
+    after_help = EXIT_CODES_HELP
+)]
 struct Args {
     /// Configuration file (TOML). Default /etc/pstack/pstackd.toml (optional
-    /// at the default path; required when given).
+    /// at the default path: built-in defaults apply; required when given).
+    /// Every key and default: docs/configuration.md; an annotated file:
+    /// examples/pstackd.toml.
     #[arg(long, short = 'c')]
     config: Option<PathBuf>,
     /// Validate the configuration and exit (0 valid, 2 invalid).
@@ -52,6 +65,7 @@ fn main() {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
+    pstack_packaging::assets::write_if_requested(Args::command);
     let args = Args::parse();
     let explicit = args.config.is_some();
     let config_path = args
@@ -59,8 +73,15 @@ fn main() {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));
     if args.check_config {
         match Config::load(&config_path, explicit) {
+            Ok(_) if !explicit && !config_path.exists() => {
+                let _ = pstack_cli::outln!(
+                    "{}: not found; pstackd runs on its built-in defaults (see docs/configuration.md)",
+                    config_path.display()
+                );
+                std::process::exit(0);
+            }
             Ok(_) => {
-                println!("{}: valid", config_path.display());
+                let _ = pstack_cli::outln!("{}: valid", config_path.display());
                 std::process::exit(0);
             }
             Err(e) => {

@@ -15,7 +15,8 @@
 //! `permission_denied` and the envelope `partial`, like any denied surface.
 
 use std::collections::BTreeMap;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -41,25 +42,53 @@ pub struct Args {
     /// Capture this one thread (its process identity included).
     #[arg(long, value_name = "TID")]
     pub tid: Option<u32>,
-    /// Capture every process on the host: identity, state and wchan of every thread (up to --max-threads).
+    /// Capture every process on the host: identity, state and wchan of every thread (up to
+    /// --max-threads). The summary shows the threads in trouble (D, R, Z, T) and the most
+    /// crowded waits, grouped by wchan with counts; --all lists every thread.
     #[arg(long)]
     pub host: bool,
-    /// Write the sealed envelope here [default: ./sha256-<digest>.json].
+    /// Write the sealed envelope to FILE (compact JSON), or to stdout with `-o -`
+    /// (then nothing else is printed there). Without -o or --out-dir the envelope
+    /// is only printed (--json) or summarized, never written into the current directory.
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Print the envelope as JSON instead of the summary.
+    /// Keep every envelope in DIR as `sha256-<digest>.json` (a configured evidence directory).
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "PSTACK_OUT_DIR",
+        conflicts_with = "output"
+    )]
+    pub out_dir: Option<PathBuf>,
+    /// With --host: list every thread, not only those in trouble (D, R, Z, T) and the most
+    /// crowded waits.
+    #[arg(long, conflicts_with_all = ["pid", "tid"])]
+    pub all: bool,
+    /// Print the envelope as JSON (pretty) on stdout instead of the summary; no file unless -o/--out-dir.
     #[arg(long)]
     pub json: bool,
-    /// Deadline of each surface, ms. A surface past it is abandoned: its helper is SIGKILLed.
-    #[arg(long, value_name = "MS", default_value_t = 2000)]
-    pub surface_deadline_ms: u64,
-    /// Deadline of the whole capture, ms. Surfaces not started by then are `skipped`.
-    #[arg(long, value_name = "MS", default_value_t = 10_000)]
-    pub bundle_deadline_ms: u64,
-    /// How long to wait for a killed helper to be reaped before journaling it as leaked, ms.
-    #[arg(long, value_name = "MS", default_value_t = 200)]
-    pub reap_deadline_ms: u64,
-    /// Most threads read (the universe cap; the envelope says when it cut).
+    /// Deadline of each surface (`250ms`, `2s`). A surface past it is abandoned: its helper is SIGKILLed.
+    /// [default: 2s; pstackd uses 250ms: a daemon serves many callers and must not stall on one]
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, conflicts_with = "surface_deadline_ms")]
+    pub surface_deadline: Option<Duration>,
+    /// Same as --surface-deadline, in milliseconds (a bare number) or a duration.
+    #[arg(long, value_name = "MS", value_parser = millis_arg)]
+    pub surface_deadline_ms: Option<Duration>,
+    /// Deadline of the whole capture (`10s`). Surfaces not started by then are `skipped`.
+    /// [default: 10s; pstackd uses 2s]
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, conflicts_with = "bundle_deadline_ms")]
+    pub bundle_deadline: Option<Duration>,
+    /// Same as --bundle-deadline, in milliseconds (a bare number) or a duration.
+    #[arg(long, value_name = "MS", value_parser = millis_arg)]
+    pub bundle_deadline_ms: Option<Duration>,
+    /// How long to wait for a killed helper to be reaped before journaling it as leaked [default: 200ms].
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, conflicts_with = "reap_deadline_ms")]
+    pub reap_deadline: Option<Duration>,
+    /// Same as --reap-deadline, in milliseconds (a bare number) or a duration.
+    #[arg(long, value_name = "MS", value_parser = millis_arg)]
+    pub reap_deadline_ms: Option<Duration>,
+    /// Most threads read (the universe cap; the envelope says when it cut). [pstackd: 10000,
+    /// bounding the memory of its concurrent captures]
     #[arg(long, value_name = "N", default_value_t = 16_384)]
     pub max_threads: u64,
     /// Most raw bytes kept per surface (truncation is reported) [default: 65536; 4194304 with
@@ -105,6 +134,30 @@ pub struct Args {
     pub surfaces: Vec<String>,
 }
 
+/// Durations on the command line (the one parser, units required).
+pub fn duration_arg(s: &str) -> Result<Duration, String> {
+    pstack_cli::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// `...-ms` flags: a bare number of milliseconds, or a duration.
+pub fn millis_arg(s: &str) -> Result<Duration, String> {
+    pstack_cli::parse_millis(s).map_err(|e| e.to_string())
+}
+
+/// CLI defaults of the one-shot capture. They are wider than pstackd's
+/// (250 ms / 2 s, see `daemon::config`): an operator running one capture by
+/// hand waits for a slow surface rather than lose it; a daemon serving many
+/// callers must not let one stuck subject hold its capture slots.
+pub const CLI_SURFACE_DEADLINE: Duration = Duration::from_secs(2);
+/// See [`CLI_SURFACE_DEADLINE`].
+pub const CLI_BUNDLE_DEADLINE: Duration = Duration::from_secs(10);
+/// Wait for a SIGKILLed helper to be reaped before journaling it as leaked.
+pub const CLI_REAP_DEADLINE: Duration = Duration::from_millis(200);
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Run `pstackctl capture`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     if let Some(net) = args.net {
@@ -120,19 +173,27 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     } else {
         supervisor::SurfaceSelection::parse(&args.surfaces)?
     };
-    let window_ms = args
-        .window
-        .map(|w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX));
+    let surface_deadline = args
+        .surface_deadline
+        .or(args.surface_deadline_ms)
+        .unwrap_or(CLI_SURFACE_DEADLINE);
+    let reap_deadline = args
+        .reap_deadline
+        .or(args.reap_deadline_ms)
+        .unwrap_or(CLI_REAP_DEADLINE);
+    let window_ms = args.window.map(ms);
     // The window runs inside the bundle deadline: give it its own room.
-    let bundle_ms = args
-        .bundle_deadline_ms
-        .saturating_add(window_ms.unwrap_or(0));
+    let bundle_ms = ms(args
+        .bundle_deadline
+        .or(args.bundle_deadline_ms)
+        .unwrap_or(CLI_BUNDLE_DEADLINE))
+    .saturating_add(window_ms.unwrap_or(0));
+    let progress = args
+        .window
+        .map(|w| pstack_cli::progress::Progress::start("observing off-CPU time (eBPF)", w));
     if !args.one_shot {
-        let mut body = crate::client::CaptureRequestBody::for_target(
-            target,
-            args.surface_deadline_ms,
-            bundle_ms,
-        );
+        let mut body =
+            crate::client::CaptureRequestBody::for_target(target, ms(surface_deadline), bundle_ms);
         body.window_ms = window_ms;
         if !args.surfaces.is_empty() {
             body.surfaces = Some(args.surfaces.clone());
@@ -140,14 +201,21 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         let timeout = Duration::from_millis(bundle_ms.saturating_add(5_000));
         if let Some(envelope) = crate::client::try_capture_via_daemon(&args.socket, &body, timeout)?
         {
-            return emit_daemon_capture(&args, &envelope);
+            drop(progress);
+            return emit(&args, &envelope, &[], Some(&args.socket));
         }
     }
     let mut config = match &args.helper {
         Some(p) => SupervisorConfig::new("pstackctl", p.clone())?,
         None => SupervisorConfig::locate("pstackctl")?,
     };
-    config.reap_deadline = Duration::from_millis(args.reap_deadline_ms.max(1));
+    config.reap_deadline = reap_deadline.max(Duration::from_millis(1));
+    // The daemon's key when this user can read it, so one-shot and daemon
+    // digests of the same arguments compare; else a key of this run only.
+    let (key, _shared) =
+        crate::digest_key::for_one_shot(Path::new(crate::digest_key::DEFAULT_PATH))
+            .map_err(crate::supervisor::CaptureError::DigestKey)?;
+    *config.digest_key.write().unwrap_or_else(|p| p.into_inner()) = key;
     let budget = LeakBudget::new(
         args.leak_budget,
         LeakJournal::new(&args.leak_journal),
@@ -156,7 +224,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let request = CaptureRequest {
         target,
         deadlines: Some(Deadlines {
-            surface: Duration::from_millis(args.surface_deadline_ms),
+            surface: surface_deadline,
             bundle: Duration::from_millis(bundle_ms),
         }),
         max_threads: args.max_threads,
@@ -168,63 +236,99 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         surfaces,
     };
     let envelope = supervisor::capture(&request, &config, &budget)?;
-    let path = args
-        .output
-        .clone()
-        .unwrap_or_else(|| default_name(&envelope));
-    // Compact on disk (any formatting verifies: the digest is over the canonical form).
-    let mut bytes = serde_json::to_vec(&envelope)?;
-    bytes.push(b'\n');
-    write_atomically(&path, &bytes).with_context(|| format!("cannot write {}", path.display()))?;
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        out.write_all(&envelope.to_json_pretty())?;
-    } else {
-        let color = std::io::stdout().is_terminal();
-        out.write_all(render_summary(&envelope, &path, color).as_bytes())?;
-        let leaked = budget.leaked_helpers();
-        if !leaked.is_empty() {
-            writeln!(
-                out,
-                "{} helper(s) still unreaped (pids {}); journaled in {}",
-                leaked.len(),
-                leaked
-                    .iter()
-                    .map(|h| h.pid.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                budget.journal().path().display()
-            )?;
+    drop(progress);
+    let leaked = budget.leaked_helpers();
+    let mut notes = Vec::new();
+    if !leaked.is_empty() {
+        notes.push(format!(
+            "{} helper(s) still unreaped (pids {}); journaled in {}",
+            leaked.len(),
+            leaked
+                .iter()
+                .map(|h| h.pid.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            budget.journal().path().display()
+        ));
+    }
+    emit(&args, &envelope, &notes, None)
+}
+
+/// Where the envelope goes, from `-o` and `--out-dir`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// `-o -`: the envelope (compact JSON) is the only thing on stdout.
+    Stdout,
+    /// `-o FILE` or `--out-dir DIR` (then `DIR/sha256-<digest>.json`).
+    File(PathBuf),
+    /// Neither: printed or summarized only.
+    Nowhere,
+}
+
+impl Destination {
+    /// Resolve the flags for one envelope.
+    pub fn resolve(output: Option<&Path>, out_dir: Option<&Path>, envelope: &Envelope) -> Self {
+        match (output, out_dir) {
+            (Some(o), _) if o == Path::new("-") => Destination::Stdout,
+            (Some(o), _) => Destination::File(o.to_path_buf()),
+            (None, Some(dir)) => Destination::File(dir.join(default_name(envelope))),
+            (None, None) => Destination::Nowhere,
         }
     }
-    Ok(0)
 }
 
-/// Write and print an envelope that pstackd captured (and spooled for shipping).
-fn emit_daemon_capture(args: &Args, envelope: &Envelope) -> anyhow::Result<i32> {
-    let path = args
-        .output
-        .clone()
-        .unwrap_or_else(|| default_name(envelope));
-    let mut bytes = serde_json::to_vec(envelope)?;
-    bytes.push(b'\n');
-    write_atomically(&path, &bytes).with_context(|| format!("cannot write {}", path.display()))?;
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        out.write_all(&envelope.to_json_pretty())?;
-    } else {
-        let color = std::io::stdout().is_terminal();
-        out.write_all(render_summary(envelope, &path, color).as_bytes())?;
-        writeln!(
-            out,
-            "captured by pstackd ({}); spooled for shipping",
-            args.socket.display()
-        )?;
+/// Write and print an envelope: to its destination, then the summary or the
+/// JSON on stdout. `notes` follow the summary; `via` names pstackd's socket
+/// when the daemon captured it (and spooled it for shipping).
+fn emit(
+    args: &Args,
+    envelope: &Envelope,
+    notes: &[String],
+    via: Option<&Path>,
+) -> anyhow::Result<i32> {
+    let destination =
+        Destination::resolve(args.output.as_deref(), args.out_dir.as_deref(), envelope);
+    // Compact on disk (any formatting verifies: the digest is over the canonical form).
+    let mut compact = serde_json::to_vec(envelope)?;
+    compact.push(b'\n');
+    match &destination {
+        Destination::Stdout => {
+            if args.json {
+                pstack_cli::output::out_bytes(&envelope.to_json_pretty())?;
+            } else {
+                pstack_cli::output::out_bytes(&compact)?;
+            }
+            return Ok(0);
+        }
+        Destination::File(path) => write_atomically(path, &compact)
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        Destination::Nowhere => {}
     }
+    if args.json {
+        pstack_cli::output::out_bytes(&envelope.to_json_pretty())?;
+        return Ok(0);
+    }
+    let style = Style::for_stdout(args.all);
+    let written = match &destination {
+        Destination::File(p) => Some(p.as_path()),
+        _ => None,
+    };
+    let mut text = render_summary(envelope, written, &style);
+    for note in notes {
+        text.push_str(note);
+        text.push('\n');
+    }
+    if let Some(socket) = via {
+        text.push_str(&format!(
+            "captured by pstackd ({}); spooled for shipping\n",
+            socket.display()
+        ));
+    }
+    pstack_cli::output::out_bytes(text.as_bytes())?;
     Ok(0)
 }
 
-/// `./sha256-<hex>.json`.
+/// `sha256-<hex>.json`.
 pub fn default_name(envelope: &Envelope) -> PathBuf {
     PathBuf::from(format!("{}.json", envelope.digest.replace(':', "-")))
 }
@@ -241,7 +345,13 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .unwrap_or_else(|| "envelope".into());
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
+        // 0600: an envelope is evidence about other users' processes.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
@@ -251,6 +361,39 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// How the summary is drawn: colour, the terminal's width, and whether the
+/// host view lists every thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Style {
+    /// ANSI colour on marked rows (a terminal without `NO_COLOR`).
+    pub color: bool,
+    /// The terminal's columns; rows are cut to fit. `None`: whole rows.
+    pub columns: Option<usize>,
+    /// `--all`: every thread in the host view.
+    pub all: bool,
+}
+
+impl Style {
+    /// For stdout as it is now (terminal or not, `NO_COLOR`, width).
+    pub fn for_stdout(all: bool) -> Style {
+        Style {
+            color: pstack_cli::output::stdout_color(),
+            columns: pstack_cli::output::terminal_columns(),
+            all,
+        }
+    }
+
+    /// A table row: cut to the terminal, then marked when hot.
+    fn row(&self, row: &str, hot: bool) -> String {
+        let fitted = pstack_cli::output::fit_line(row, self.columns);
+        if hot {
+            mark(&fitted, self.color)
+        } else {
+            fitted.into_owned()
+        }
+    }
 }
 
 fn mark(text: &str, color: bool) -> String {
@@ -285,7 +428,8 @@ fn elapsed_ms(env: &Envelope) -> u64 {
 }
 
 /// The human summary of an envelope.
-pub fn render_summary(env: &Envelope, path: &Path, color: bool) -> String {
+pub fn render_summary(env: &Envelope, written: Option<&Path>, style: &Style) -> String {
+    let color = style.color;
     let mut o = String::new();
     let line = |o: &mut String, s: String| {
         o.push_str(&s);
@@ -311,8 +455,8 @@ pub fn render_summary(env: &Envelope, path: &Path, color: bool) -> String {
     let by_id: BTreeMap<&str, &Surface> = env.surfaces.iter().map(|s| (s.id.as_str(), s)).collect();
     o.push('\n');
     match env.subject {
-        Subject::Host(_) => render_host(&mut o, env, &by_id, color),
-        _ => render_task(&mut o, env, &by_id, color),
+        Subject::Host(_) => render_host(&mut o, env, &by_id, style),
+        _ => render_task(&mut o, env, &by_id, style),
     }
     let failed: Vec<&Surface> = env
         .surfaces
@@ -377,11 +521,18 @@ pub fn render_summary(env: &Envelope, path: &Path, color: bool) -> String {
         ),
     );
     line(&mut o, format!("digest:       {}", env.digest));
-    line(&mut o, format!("written:      {}", path.display()));
+    line(
+        &mut o,
+        match written {
+            Some(path) => format!("written:      {}", path.display()),
+            None => "written:      nowhere (keep it with -o FILE, -o - or --out-dir DIR)".into(),
+        },
+    );
     o
 }
 
-fn render_task(o: &mut String, env: &Envelope, by_id: &BTreeMap<&str, &Surface>, color: bool) {
+fn render_task(o: &mut String, env: &Envelope, by_id: &BTreeMap<&str, &Surface>, style: &Style) {
+    let color = style.color;
     let mut tids: Vec<u64> = env
         .surfaces
         .iter()
@@ -392,10 +543,13 @@ fn render_task(o: &mut String, env: &Envelope, by_id: &BTreeMap<&str, &Surface>,
         })
         .collect();
     tids.dedup();
-    o.push_str(&format!(
-        "{:<9} {:<6} {:<16} {:<28} {:<18} {}\n",
+    let header = format!(
+        "{:<9} {:<6} {:<16} {:<28} {:<18} {}",
         "TID", "STATE", "COMM", "WCHAN", "SYSCALL", "STACK TOP"
-    ));
+    );
+    o.push_str(&style.row(&header, false));
+    o.push('\n');
+    use pstack_cli::output::cell as fit;
     for tid in tids.iter().take(200) {
         let get = |name: &str| by_id.get(format!("task/{tid}/{name}").as_str()).copied();
         let stat = get("stat");
@@ -426,9 +580,15 @@ fn render_task(o: &mut String, env: &Envelope, by_id: &BTreeMap<&str, &Surface>,
                 .and_then(Value::as_str)
                 .map(str::to_string)
         });
-        let row = format!("{tid:<9} {state:<6} {comm:<16} {wchan:<28} {syscall:<18} {stack}");
+        let row = format!(
+            "{tid:<9} {} {} {} {} {stack}",
+            fit(&state, 6),
+            fit(&comm, 16),
+            fit(&wchan, 28),
+            fit(&syscall, 18)
+        );
         let hot = state == "D" || row.contains("!!");
-        o.push_str(&if hot { mark(&row, color) } else { row });
+        o.push_str(&style.row(row.trim_end(), hot));
         o.push('\n');
     }
     if tids.len() > 200 {
@@ -493,9 +653,34 @@ fn render_task(o: &mut String, env: &Envelope, by_id: &BTreeMap<&str, &Surface>,
     }
 }
 
-fn render_host(o: &mut String, env: &Envelope, by_id: &BTreeMap<&str, &Surface>, color: bool) {
-    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-    let mut notable = Vec::new();
+/// The host view of a host envelope alone (what [`render_summary`] shows
+/// between the header and the surfaces/claims).
+pub fn render_host_view(env: &Envelope, style: &Style) -> String {
+    let by_id: BTreeMap<&str, &Surface> = env.surfaces.iter().map(|s| (s.id.as_str(), s)).collect();
+    let mut o = String::new();
+    render_host(&mut o, env, &by_id, style);
+    o
+}
+
+/// One thread of a host capture, as the host view shows it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct HostThread {
+    pid: u64,
+    tid: u64,
+    state: String,
+    comm: String,
+    wchan: String,
+}
+
+/// States an operator looks for first: uninterruptible, running, zombie, stopped.
+const TROUBLE_STATES: [&str; 6] = ["D", "R", "Z", "T", "t", "X"];
+/// Thread examples named per wchan group before `(+N)`.
+const GROUP_EXAMPLES: usize = 6;
+/// Sleeping wchan groups shown without --all.
+const SLEEP_GROUPS: usize = 10;
+
+fn host_threads(env: &Envelope, by_id: &BTreeMap<&str, &Surface>) -> Vec<HostThread> {
+    let mut rows = Vec::new();
     for s in env.surfaces.iter().filter(|s| s.id.ends_with("/tasks")) {
         let Some(threads) = s.facts.get("threads").and_then(Value::as_array) else {
             continue;
@@ -521,44 +706,130 @@ fn render_host(o: &mut String, env: &Envelope, by_id: &BTreeMap<&str, &Surface>,
             })
             .unwrap_or_default();
         for t in threads {
-            let state = t
-                .get("state")
-                .and_then(Value::as_str)
-                .unwrap_or("?")
-                .to_string();
-            *counts.entry(state.clone()).or_default() += 1;
-            if matches!(state.as_str(), "D" | "Z" | "T" | "t") {
-                let tid = t.get("tid").and_then(Value::as_u64).unwrap_or(0);
-                let comm = t
-                    .get("comm")
-                    .and_then(Value::as_str)
-                    .unwrap_or("?")
-                    .to_string();
-                notable.push((
-                    state,
-                    pid,
-                    tid,
-                    comm,
-                    wchans.get(&tid).cloned().unwrap_or_else(|| "-".into()),
-                ));
-            }
+            let tid = t.get("tid").and_then(Value::as_u64).unwrap_or(0);
+            let text = |k: &str| t.get(k).and_then(Value::as_str).unwrap_or("?").to_string();
+            let wchan = match wchans.get(&tid).map(String::as_str) {
+                None | Some("" | "0") => "-".to_string(),
+                Some(w) => w.to_string(),
+            };
+            rows.push(HostThread {
+                pid,
+                tid,
+                state: text("state"),
+                comm: text("comm"),
+                wchan,
+            });
         }
     }
+    rows.sort();
+    rows
+}
+
+/// Rank of a state in the trouble view: D first.
+fn trouble_rank(state: &str) -> Option<usize> {
+    TROUBLE_STATES.iter().position(|s| *s == state)
+}
+
+/// The host view: counts by state, then the threads that matter — D, R, Z
+/// and stopped threads grouped by state and wchan, then the most crowded
+/// sleeping wchans — like `ps` filtered to trouble. `--all` lists every thread.
+/// A host snapshot has no per-thread wait age: how long a thread has been
+/// off CPU is what `capture --pid P --window 5s` measures.
+fn render_host(o: &mut String, env: &Envelope, by_id: &BTreeMap<&str, &Surface>, style: &Style) {
+    use pstack_cli::output::cell as fit;
+    let rows = host_threads(env, by_id);
+    let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
+    for r in &rows {
+        *counts.entry(r.state.as_str()).or_default() += 1;
+    }
     let text: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    o.push_str(&format!("threads by state: {}\n", text.join("  ")));
-    if !notable.is_empty() {
-        notable.sort();
-        o.push_str(&format!(
-            "\n{:<6} {:<9} {:<9} {:<16} {}\n",
+    o.push_str(&format!(
+        "threads by state: {}   ({} threads)\n",
+        text.join("  "),
+        rows.len()
+    ));
+    if style.all {
+        o.push('\n');
+        let header = format!(
+            "{:<6} {:<9} {:<9} {:<16} {}",
             "STATE", "PID", "TID", "COMM", "WCHAN"
-        ));
-        for (state, pid, tid, comm, wchan) in notable.iter().take(40) {
-            let row = format!("{state:<6} {pid:<9} {tid:<9} {comm:<16} {wchan}");
-            o.push_str(&if state == "D" { mark(&row, color) } else { row });
+        );
+        o.push_str(&style.row(&header, false));
+        o.push('\n');
+        for r in &rows {
+            let row = format!(
+                "{} {:<9} {:<9} {} {}",
+                fit(&r.state, 6),
+                r.pid,
+                r.tid,
+                fit(&r.comm, 16),
+                r.wchan
+            );
+            o.push_str(&style.row(&row, r.state == "D"));
             o.push('\n');
         }
-        if notable.len() > 40 {
-            o.push_str(&format!("... and {} more\n", notable.len() - 40));
+        return;
+    }
+    // (rank, state, wchan) -> threads
+    type Groups<'a> = BTreeMap<(usize, &'a str, &'a str), Vec<&'a HostThread>>;
+    let mut trouble: Groups<'_> = BTreeMap::new();
+    let mut sleeping: Groups<'_> = BTreeMap::new();
+    for r in &rows {
+        match trouble_rank(&r.state) {
+            Some(rank) => trouble
+                .entry((rank, &r.state, &r.wchan))
+                .or_default()
+                .push(r),
+            None => sleeping.entry((0, &r.state, &r.wchan)).or_default().push(r),
+        }
+    }
+    let header = format!(
+        "{:<6} {:<28} {:>6}  {}",
+        "STATE", "WCHAN", "COUNT", "THREADS (pid/tid comm)"
+    );
+    let group_row = |state: &str, wchan: &str, threads: &[&HostThread]| {
+        let mut named: Vec<String> = threads
+            .iter()
+            .take(GROUP_EXAMPLES)
+            .map(|t| format!("{}/{} {}", t.pid, t.tid, t.comm))
+            .collect();
+        if threads.len() > GROUP_EXAMPLES {
+            named.push(format!("(+{})", threads.len() - GROUP_EXAMPLES));
+        }
+        format!(
+            "{} {} {:>6}  {}",
+            fit(state, 6),
+            fit(wchan, 28),
+            threads.len(),
+            named.join(", ")
+        )
+    };
+    o.push('\n');
+    if trouble.is_empty() {
+        o.push_str("no thread in D, R, Z or T\n");
+    } else {
+        o.push_str("in trouble (D, R, Z, T), by state and wchan:\n");
+        o.push_str(&style.row(&header, false));
+        o.push('\n');
+        for ((_, state, wchan), threads) in &trouble {
+            o.push_str(&style.row(&group_row(state, wchan, threads), *state == "D"));
+            o.push('\n');
+        }
+    }
+    let mut crowded: Vec<_> = sleeping.into_iter().collect();
+    // Most crowded first; ties in state/wchan order (deterministic).
+    crowded.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then_with(|| a.0.cmp(&b.0)));
+    if !crowded.is_empty() {
+        o.push_str(&format!(
+            "\nwaiting, most crowded wchans ({} of {}; --all lists every thread):\n",
+            crowded.len().min(SLEEP_GROUPS),
+            crowded.len()
+        ));
+        o.push_str(&style.row(&header, false));
+        o.push('\n');
+        for ((_, state, wchan), threads) in crowded.iter().take(SLEEP_GROUPS) {
+            o.push_str(&style.row(&group_row(state, wchan, threads), false));
+            o.push('\n');
         }
     }
 }

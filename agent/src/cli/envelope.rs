@@ -80,66 +80,71 @@ pub fn read_input(path: &Path) -> anyhow::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-fn print_rejection(path: &Path, rejection: &Rejection, as_json: bool) {
+fn print_rejection(path: &Path, rejection: &Rejection, as_json: bool) -> std::io::Result<()> {
     if as_json {
         let report = json!({"file": path.display().to_string(), "valid": false, "errors": rejection.errors
             .iter()
             .map(|e| json!({"rule": e.rule(), "message": e.to_string(), "detail": e}))
             .collect::<Vec<_>>()});
-        println!("{report}");
+        pstack_cli::outln!("{report}")?;
     } else {
-        println!(
+        pstack_cli::outln!(
             "{}: INVALID ({} problem{})",
             path.display(),
             rejection.errors.len(),
             if rejection.errors.len() == 1 { "" } else { "s" }
-        );
+        )?;
         for e in &rejection.errors {
-            println!("  [{}] {e}", e.rule());
+            pstack_cli::outln!("  [{}] {e}", e.rule())?;
         }
     }
+    Ok(())
 }
 
-/// Verify a file; `Err(code)` carries the exit code after printing why.
-fn load(path: &Path, as_json: bool) -> Result<Envelope, i32> {
+/// Verify a file; `Ok(Err(code))` carries the exit code after printing why
+/// (`Err` only when stdout itself failed, e.g. a closed pipe).
+fn load(path: &Path, as_json: bool) -> std::io::Result<Result<Envelope, i32>> {
     let bytes = match read_input(path) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("pstackctl: {e:#}");
-            return Err(2);
+            return Ok(Err(2));
         }
     };
-    verify(&bytes).map_err(|rejection| {
-        print_rejection(path, &rejection, as_json);
-        1
-    })
+    match verify(&bytes) {
+        Ok(env) => Ok(Ok(env)),
+        Err(rejection) => {
+            print_rejection(path, &rejection, as_json)?;
+            Ok(Err(1))
+        }
+    }
 }
 
 /// Run `pstackctl envelope`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     match args.command {
         Command::Verify { file, json } => {
-            let env = match load(&file, json) {
+            let env = match load(&file, json)? {
                 Ok(env) => env,
                 Err(code) => return Ok(code),
             };
             if json {
-                println!(
+                pstack_cli::outln!(
                     "{}",
                     json!({"file": file.display().to_string(), "valid": true, "digest": env.digest,
                         "subject": env.subject.describe(), "completeness": env.completeness})
-                );
+                )?;
             } else {
-                println!("{}: valid", file.display());
-                println!("  subject:      {}", env.subject.describe());
-                println!("  completeness: {}", env.completeness.as_str());
-                println!(
+                pstack_cli::outln!("{}: valid", file.display())?;
+                pstack_cli::outln!("  subject:      {}", env.subject.describe())?;
+                pstack_cli::outln!("  completeness: {}", env.completeness.as_str())?;
+                pstack_cli::outln!(
                     "  surfaces:     {}  claims: {}  unknowns: {}",
                     env.surfaces.len(),
                     env.claims.len(),
                     env.unknowns.len()
-                );
-                println!("  digest:       {}", env.digest);
+                )?;
+                pstack_cli::outln!("  digest:       {}", env.digest)?;
             }
             Ok(0)
         }
@@ -148,21 +153,21 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             after,
             json,
         } => {
-            let (b, a) = match (load(&before, json), load(&after, json)) {
+            let (b, a) = match (load(&before, json)?, load(&after, json)?) {
                 (Ok(b), Ok(a)) => (b, a),
                 (Err(c), _) | (_, Err(c)) => return Ok(c),
             };
             match diff(&b, &a) {
-                Ok(d) if json => println!("{}", serde_json::to_string(&d)?),
-                Ok(d) => print!("{}", d.render()),
+                Ok(d) if json => pstack_cli::outln!("{}", serde_json::to_string(&d)?)?,
+                Ok(d) => pstack_cli::out!("{}", d.render())?,
                 Err(e) => {
                     if json {
-                        println!(
+                        pstack_cli::outln!(
                             "{}",
                             json!({"error": {"rule": e.rule(), "message": e.to_string()}})
-                        );
+                        )?;
                     } else {
-                        println!("cannot diff: [{}] {e}", e.rule());
+                        pstack_cli::outln!("cannot diff: [{}] {e}", e.rule())?;
                     }
                     return Ok(1);
                 }
@@ -170,15 +175,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Handoff { file, json } => {
-            let env = match load(&file, json) {
+            let env = match load(&file, json)? {
                 Ok(env) => env,
                 Err(code) => return Ok(code),
             };
             let h = handoff(&env);
             if json {
-                println!("{}", serde_json::to_string(&h)?);
+                pstack_cli::outln!("{}", serde_json::to_string(&h)?)?;
             } else {
-                print!("{}", h.render());
+                pstack_cli::out!("{}", h.render())?;
             }
             Ok(0)
         }

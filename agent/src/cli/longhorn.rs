@@ -919,6 +919,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             0,
         ))
     });
+    // Hubble reports the window's past after it: its own phase on the line.
+    let progress = hubble
+        .as_ref()
+        .map(|_| pstack_cli::progress::Progress::start("reading Hubble flows", HUBBLE_DEADLINE));
     let hubble = hubble.map(|h| {
         h.join().unwrap_or(HubbleRead {
             command: String::new(),
@@ -930,6 +934,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             elapsed_us: 0,
         })
     });
+    drop(progress);
     let transfer = match transfer_envelope(&args, &plan, &streams, manager, hubble) {
         Ok(e) => e,
         Err(e) => {

@@ -19,14 +19,17 @@ pub struct Args {
     /// Print the daemon's JSON status document.
     #[arg(long)]
     pub json: bool,
-    /// Give up after this many milliseconds.
-    #[arg(long, default_value_t = 5_000)]
-    pub timeout_ms: u64,
+    /// Give up after this long (`5s`, `500ms`).
+    #[arg(long, value_name = "DURATION", value_parser = super::capture::duration_arg, default_value = "5s")]
+    pub timeout: Duration,
+    /// Same as --timeout, in milliseconds (a bare number) or a duration.
+    #[arg(long, value_name = "MS", value_parser = super::capture::millis_arg, conflicts_with = "timeout")]
+    pub timeout_ms: Option<Duration>,
 }
 
 /// Run `pstackctl status`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let status = match client::status(&args.socket, Duration::from_millis(args.timeout_ms)) {
+    let status = match client::status(&args.socket, args.timeout_ms.unwrap_or(args.timeout)) {
         Ok(s) => s,
         Err(e @ ClientError::NoDaemon { .. }) => {
             eprintln!(
@@ -40,10 +43,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
+        pstack_cli::outln!("{}", serde_json::to_string_pretty(&status)?)?;
         return Ok(0);
     }
-    print!("{}", render(&status));
+    pstack_cli::out!("{}", render(&status))?;
     Ok(0)
 }
 

@@ -91,11 +91,7 @@ pub const CONNTRACK_PRESSURE_PPM: u64 = 900_000;
 pub const CPU_PSI_HYPOTHESIS_CENTI: u64 = 1000;
 const MAX_SAFE: i128 = 9_007_199_254_740_991;
 
-/// Source commit recorded in envelopes (`PSTACK_SOURCE_COMMIT` at build time).
-pub const SOURCE_COMMIT: &str = match option_env!("PSTACK_SOURCE_COMMIT") {
-    Some(c) => c,
-    None => "unrecorded",
-};
+pub use crate::supervisor::SOURCE_COMMIT;
 
 /// Which flows to capture and how long to watch them; shared by
 /// `capture transport` and `capture longhorn`.
@@ -123,6 +119,10 @@ pub struct FlowSelection {
     /// Most flows enveloped; more matching flows make every envelope `bounded`.
     #[arg(long, default_value_t = 64)]
     pub max_flows: usize,
+    /// Watch the whole window even when no flow matches at the first sample
+    /// (a stream expected to start). Without it the capture stops early and says so.
+    #[arg(long)]
+    pub wait: bool,
 }
 
 /// Arguments of `pstackctl capture transport`.
@@ -202,24 +202,15 @@ pub fn parse_endpoint(
     ))
 }
 
-/// `30s`, `500ms`, `2m`, or bare seconds; within [`MIN_WINDOW`, `MAX_WINDOW`].
+/// `30s`, `500ms`, `2m` (a unit is required; the one parser of
+/// `pstack_cli::duration`), within [`MIN_WINDOW`, `MAX_WINDOW`].
 pub fn parse_window(s: &str) -> Result<Duration, TransportError> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => (&s[..i], &s[i..]),
-        None => (s, "s"),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| invalid("window", format!("{s:?} is not a duration like 30s")))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        u => return Err(invalid("window", format!("unknown unit {u:?} (ms, s, m)"))),
-    };
+    let d = pstack_cli::parse_duration(s).map_err(|e| invalid("window", e.to_string()))?;
     if d < MIN_WINDOW || d > MAX_WINDOW {
-        return Err(invalid("window", format!("{s} is outside 100ms–60m")));
+        return Err(invalid(
+            "window",
+            format!("{} is outside 100ms–60m", s.trim()),
+        ));
     }
     Ok(d)
 }
@@ -255,15 +246,17 @@ pub struct Plan {
     pub max_flows: usize,
     /// Whether to run the eBPF TCP window.
     pub ebpf: bool,
+    /// Watch the whole window even when nothing matches at the first sample.
+    pub wait: bool,
 }
 
 impl Plan {
     /// Tell the operator (stderr) what is being captured, for how long, where.
     pub fn announce(&self, what: &str) {
         eprintln!(
-            "capturing {what}{} for {} ms in netns {} ...",
+            "capturing {what}{} for {} in netns {} ...",
             self.filter.selector(),
-            self.window.as_millis(),
+            pstack_cli::duration::format_duration(self.window),
             self.target.path()
         );
     }
@@ -306,6 +299,7 @@ impl Plan {
             window: parse_window(&a.window)?,
             max_flows: a.max_flows,
             ebpf,
+            wait: a.wait,
         })
     }
 }
@@ -590,13 +584,33 @@ pub fn capture_with(
         // eBPF window thread is left to finish on its own (it only counts).
         return Err(TransportError::Netns((**e).clone()));
     }
-    std::thread::sleep(plan.window);
+    // Nothing to watch: the first sample read fine and matched no socket.
+    // Unless asked to wait for one, the end sample follows at once (it
+    // confirms the absence) instead of after the whole window.
+    let stopped_early = !plan.wait
+        && start
+            .as_ref()
+            .is_ok_and(|s| s.tcp.value.as_ref().is_ok_and(|d| d.sockets.is_empty()));
+    if stopped_early {
+        eprintln!(
+            "no TCP flow matches {} in netns {}: stopping now instead of watching {} (--wait watches the whole window)",
+            plan.filter.selector(),
+            plan.target.path(),
+            pstack_cli::duration::format_duration(plan.window)
+        );
+    } else {
+        let progress = pstack_cli::progress::Progress::start("sampling TCP flows", plan.window);
+        std::thread::sleep(plan.window);
+        progress.finish();
+    }
     let end = net.sample(&plan.filter, deadline).map(|r| r.sample);
     net.finish();
     let sockopts =
         read_flow_sockopts_bounded(end.as_ref().ok().and_then(|e| e.tcp.value.as_ref().ok()));
     let ebpf = match ebpf {
         None => EbpfWindow::NotRequested,
+        // The window thread finishes on its own; a no-match envelope has no eBPF surfaces.
+        Some(_) if stopped_early => EbpfWindow::NotRequested,
         Some(h) => h.join().unwrap_or(EbpfWindow::Unavailable {
             status: SurfaceStatus::Error,
             message: "eBPF window thread panicked".into(),
@@ -611,6 +625,7 @@ pub fn capture_with(
         end,
         sockopts,
         ebpf,
+        stopped_early,
     };
     let ctx = Ctx {
         plan,
@@ -635,6 +650,8 @@ struct Raw {
     /// Socket options of the flows present at window end, by cookie.
     sockopts: BTreeMap<u64, Timed<Result<SockOpts, SockOptError>>>,
     ebpf: EbpfWindow,
+    /// No flow matched the first sample and the window was not waited out.
+    stopped_early: bool,
 }
 
 struct Ctx<'a> {
@@ -1365,11 +1382,19 @@ impl Ctx<'_> {
                 id: "c1".into(),
                 kind: ClaimKind::Fact,
                 code: "no_matching_flow".into(),
-                statement: format!(
-                    "no TCP socket in netns {} matched `{}` at window start or end",
-                    self.net_ns,
-                    self.plan.filter.selector()
-                ),
+                statement: if self.raw.stopped_early {
+                    format!(
+                        "no TCP socket in netns {} matched `{}` at the first sample nor at the second, taken at once (the window was not waited out)",
+                        self.net_ns,
+                        self.plan.filter.selector()
+                    )
+                } else {
+                    format!(
+                        "no TCP socket in netns {} matched `{}` at window start or end",
+                        self.net_ns,
+                        self.plan.filter.selector()
+                    )
+                },
                 surfaces: vec!["tcp/start".into(), "tcp/end".into()],
                 scope: Scope::Universal,
                 falsifier: None,
@@ -1787,8 +1812,8 @@ impl Ctx<'_> {
                             blocks: "ATTRIBUTE_RESET".into(),
                             owner: "node operator".into(),
                             probe: format!(
-                                "pstackctl trace --addr {} (or: bpftrace -e 'tracepoint:tcp:tcp_receive_reset, tracepoint:tcp:tcp_send_reset {{ printf(\"%s %d\\n\", probe, args->dport); }}') during the next failure",
-                                remote.ip()
+                                "{} during the next failure (or: bpftrace -e 'tracepoint:tcp:tcp_receive_reset, tracepoint:tcp:tcp_send_reset {{ printf(\"%s %d\\n\", probe, args->dport); }}')",
+                                crate::probes::trace_tcp_addr(remote.ip())
                             ),
                             surface: surfaces.iter().any(|x| x.id == "ebpf/tcp").then(|| "ebpf/tcp".to_string()),
                         });
@@ -2239,7 +2264,7 @@ mod tests {
         assert_eq!(parse_window("30s").unwrap(), Duration::from_secs(30));
         assert_eq!(parse_window("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_window("2m").unwrap(), Duration::from_secs(120));
-        for bad in ["0s", "10ms", "2h", "61m", "x", "5 s"] {
+        for bad in ["0s", "10ms", "2h", "61m", "x", "5 s", "30"] {
             assert!(parse_window(bad).is_err(), "{bad:?}");
         }
         assert_eq!(parse_port_range("10000-30000").unwrap(), LONGHORN_PORTS);

@@ -12,7 +12,11 @@
 //!   body parsing. The refusal log carries uid, gid and pid, never the request.
 //! - A capture answers 200 only after its envelope is durably spooled (see
 //!   `spool`): a 200 is the daemon's promise that the envelope will be shipped
-//!   (or, under `drop_oldest`, counted and journaled if it is ever dropped).
+//!   (or, under `drop_oldest`, counted in `pstackd_spool_dropped_total` and
+//!   journaled if it is ever dropped). The answer says which: header
+//!   `x-pstack-spool-status: spooled | spooled_may_be_dropped |
+//!   already_spooled`, and `x-pstack-spool-dropped: N` older envelopes
+//!   dropped to make room for it.
 //! - Over-limit captures are refused at once with 429; nothing queues.
 
 use std::sync::Arc;
@@ -187,11 +191,14 @@ async fn post_capture(
         e.retry_after = Some(1);
         return Err(e);
     };
-    if !state.spool.has_room_for(64 << 10) {
+    // Only a spool already at its bound refuses before capturing; the real
+    // size is checked by the spool's put, against the same bound.
+    if !state.spool.has_room_for(0) {
         state
             .counters
             .captures_spool_full
             .fetch_add(1, Ordering::Relaxed);
+        state.spool.counters.refused.fetch_add(1, Ordering::Relaxed);
         return Err(ApiError::new(
             StatusCode::INSUFFICIENT_STORAGE,
             "spool_full",
@@ -273,6 +280,24 @@ async fn post_capture(
             if let Ok(v) = HeaderValue::from_str(&digest) {
                 h.insert("x-pstack-digest", v);
             }
+            // What the acknowledgement promises: under drop_oldest a spooled
+            // capture may still be dropped before it is shipped.
+            let (spool_status, dropped) = match put {
+                super::spool::PutOutcome::Written { dropped } => (
+                    if state.spool.limits().overflow == super::config::OverflowPolicy::DropOldest {
+                        "spooled_may_be_dropped"
+                    } else {
+                        "spooled"
+                    },
+                    dropped,
+                ),
+                super::spool::PutOutcome::AlreadySpooled => ("already_spooled", 0),
+            };
+            h.insert(
+                "x-pstack-spool-status",
+                HeaderValue::from_static(spool_status),
+            );
+            h.insert("x-pstack-spool-dropped", HeaderValue::from(dropped));
             Ok(resp)
         }
         Err(CaptureErrorOrSpool::Capture(e)) => {
@@ -423,6 +448,7 @@ pub fn status_json(state: &DaemonState) -> serde_json::Value {
             "collector": config.shipper.url,
             "lag_seconds": lag_seconds(state),
             "last_error": s.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            "last_error_unix": s.last_error_unix.load(Ordering::Relaxed),
             "last_success_unix": s.last_success_unix.load(Ordering::Relaxed),
             "next_retry_ms": s.next_delay_ms.load(Ordering::Relaxed),
             "batches_total": s.batches.load(Ordering::Relaxed),

@@ -12,7 +12,9 @@
 //! - The API key is read from `shipper.api_key_file`, never from the TOML
 //!   itself, and never appears in `Debug` output or logs.
 //!
-//! Every key with its default (an empty file is the defaults):
+//! Every key with its default (an empty file is the defaults); the annotated
+//! copy operators read is `examples/pstackd.toml` (reference:
+//! `docs/configuration.md`; a test keeps both equal to these defaults):
 //!
 //! ```toml
 //! socket_path = "/run/pstack/pstackd.sock"   # ignored when socket-activated
@@ -49,6 +51,10 @@
 //! leak_budget = 4
 //! leak_journal = "/var/lib/pstack/leaks.jsonl"
 //! helper_path = ""                 # empty: next to pstackd
+//! digest_key_file = "/var/lib/pstack/digest.key"  # HMAC key of cmdline/environ digests;
+//!                                  # created 0600 if missing, re-read on reload (replace the
+//!                                  # file, or point here at a new one, and SIGHUP to rotate)
+//! kubelet_url = ""                 # bound at start; e.g. "http://127.0.0.1:10255": k8s/pod names a pod's processes; empty = unsupported
 //!
 //! [ebpf]                           # bound at start (restart to change)
 //! enabled = true                   # keep the off-CPU programs attached; a load failure is logged, not fatal
@@ -57,7 +63,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Default location of the configuration file.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/pstack/pstackd.toml";
@@ -114,7 +120,7 @@ impl OverflowPolicy {
 }
 
 /// The whole daemon configuration.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Unix socket to listen on when not socket-activated. Default
@@ -149,7 +155,7 @@ pub struct Config {
 }
 
 /// eBPF settings (bound at start).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EbpfDaemonConfig {
     /// Load the off-CPU programs at start and keep them attached; windowed
@@ -174,7 +180,7 @@ impl Default for EbpfDaemonConfig {
 }
 
 /// Spool settings.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SpoolConfig {
     /// Directory holding sealed envelopes. Default `/var/lib/pstack/spool`.
@@ -189,7 +195,7 @@ pub struct SpoolConfig {
 }
 
 /// Shipper settings.
-#[derive(Clone, PartialEq, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ShipperConfig {
     /// Collector base URL (`https://store:8443`); `POST {url}/v1/envelopes`.
@@ -233,14 +239,19 @@ impl std::fmt::Debug for ShipperConfig {
 
 /// Capture defaults (callers may lower deadlines, never raise them past the
 /// configured maxima).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CaptureConfig {
-    /// Default per-surface deadline, ms. Default 250.
+    /// Default per-surface deadline, ms. Default 250 (`pstackctl capture`
+    /// one-shot: 2 s). A daemon serves many callers with a few capture slots:
+    /// a surface stuck on a hung mount must give its slot back fast; an
+    /// operator running one capture by hand can wait for a slow surface.
     pub surface_deadline_ms: u64,
-    /// Default whole-capture deadline, ms. Default 2000.
+    /// Default whole-capture deadline, ms. Default 2000 (one-shot: 10 s), for
+    /// the same reason.
     pub bundle_deadline_ms: u64,
-    /// Most threads read per capture. Default 10,000.
+    /// Most threads read per capture. Default 10,000 (one-shot: 16,384 — a
+    /// daemon bounds the memory of four concurrent captures).
     pub max_threads: u64,
     /// Most raw bytes per surface. Default 64 KiB.
     pub max_bytes_per_surface: u64,
@@ -250,6 +261,16 @@ pub struct CaptureConfig {
     pub leak_journal: PathBuf,
     /// The `pstack-helper` binary; empty: next to `pstackd`, then `$PATH`.
     pub helper_path: PathBuf,
+    /// The host's digest key (HMAC-SHA-256 of `cmdline` arguments and
+    /// `environ` blocks); created 0600 when missing; re-read on reload, which
+    /// is how it is rotated. Default `/var/lib/pstack/digest.key`.
+    pub digest_key_file: PathBuf,
+    /// The node kubelet's read-only endpoint (`http://127.0.0.1:10255`):
+    /// captures of a process in a pod read `GET {kubelet_url}/pods` for the
+    /// pod's name, namespace and container name (surface `k8s/pod`). Empty
+    /// (default): `k8s/pod` is `unsupported`; the container ID and pod UID
+    /// still come from the cgroup path (`proc/container`).
+    pub kubelet_url: String,
 }
 
 impl Default for Config {
@@ -309,6 +330,8 @@ impl Default for CaptureConfig {
             leak_budget: 4,
             leak_journal: PathBuf::from("/var/lib/pstack/leaks.jsonl"),
             helper_path: PathBuf::new(),
+            digest_key_file: PathBuf::from(crate::digest_key::DEFAULT_PATH),
+            kubelet_url: String::new(),
         }
     }
 }
@@ -383,6 +406,17 @@ impl Config {
 
     /// Check every value.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let kubelet = &self.capture.kubelet_url;
+        if !kubelet.is_empty() {
+            let u = url::Url::parse(kubelet)
+                .map_err(|e| invalid("capture.kubelet_url", format!("not a URL: {e}")))?;
+            if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
+                return Err(invalid(
+                    "capture.kubelet_url",
+                    "an http(s) URL of the kubelet's read-only endpoint, e.g. http://127.0.0.1:10255",
+                ));
+            }
+        }
         if !self.socket_path.is_absolute() {
             return Err(invalid("socket_path", "must be an absolute path"));
         }
@@ -530,6 +564,9 @@ impl Config {
         if self.ebpf != proposed.ebpf {
             out.push("ebpf");
         }
+        if self.capture.kubelet_url != proposed.capture.kubelet_url {
+            out.push("capture.kubelet_url");
+        }
         out
     }
 }
@@ -574,6 +611,11 @@ mod tests {
             ("max_concurrent_captures = 0", "max_concurrent_captures"),
             ("socket_mode = \"0044\"", "socket_mode"),
             ("socket_path = \"relative.sock\"", "socket_path"),
+            (
+                "[capture]\nkubelet_url = \"unix:/run/kubelet.sock\"",
+                "capture.kubelet_url",
+            ),
+            ("[capture]\nkubelet_url = \"10255\"", "capture.kubelet_url"),
             (
                 "[shipper]\nurl = \"http://collector.example\"",
                 "shipper.url",

@@ -5,10 +5,16 @@
 //!   time. The PID in it is decoration for logs, never an identity (it can be
 //!   reused, and a connected fd can be passed to another process).
 //! - Allowed: uid 0; the daemon's own uid (only differs from 0 for an
-//!   unprivileged development daemon); a peer whose gid is the configured group; a peer whose
-//!   uid is a member of that group in the group database (primary group or
-//!   listed member). Everyone else is refused with 403 and one log event
-//!   carrying uid, gid and pid — never the request.
+//!   unprivileged development daemon); a peer whose gid is the configured
+//!   group; a peer that holds the group as a supplementary group (the
+//!   kernel's SO_PEERGROUPS at connect: `newgrp`, `sg`, a service with
+//!   `SupplementaryGroups=`); a peer whose uid is a member of that group in
+//!   the group database (primary group or listed member). Everyone else is
+//!   refused with 403 and one log event carrying uid, gid and pid — never the
+//!   request.
+//! - Authorization happens at accept, before the connection is counted
+//!   against `max_connections`: a peer that may not use the API can never
+//!   hold one of its slots (see `run`).
 //! - The group is resolved when the configuration is loaded (and on reload),
 //!   not per request, so a slow NSS lookup cannot stall the accept path.
 
@@ -23,6 +29,42 @@ pub struct PeerCred {
     pub gid: u32,
     /// PID at connect time (for logs only).
     pub pid: Option<i32>,
+    /// Whether the configured group was among the peer's supplementary
+    /// groups at connect time (SO_PEERGROUPS).
+    pub supplementary_member: bool,
+}
+
+/// The peer's supplementary groups (SO_PEERGROUPS), as the kernel recorded
+/// them at connect.
+pub fn peer_groups(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Vec<u32>> {
+    use std::os::fd::AsRawFd;
+    let mut groups = vec![0u32; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<u32>()) as libc::socklen_t;
+        // SAFETY: the buffer is `len` bytes of writable, initialised memory
+        // owned by `groups`; the kernel writes at most `len` bytes and
+        // updates `len`.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if rc == 0 {
+            groups.truncate(len as usize / std::mem::size_of::<u32>());
+            return Ok(groups);
+        }
+        let e = std::io::Error::last_os_error();
+        // ERANGE: `len` now says how much is needed.
+        if e.raw_os_error() == Some(libc::ERANGE) && (len as usize) > groups.len() * 4 {
+            groups.resize(len as usize / std::mem::size_of::<u32>() + 1, 0);
+            continue;
+        }
+        return Err(e);
+    }
 }
 
 /// The resolved authorization rule.
@@ -84,7 +126,7 @@ impl AccessPolicy {
         let Some(gid) = self.gid else {
             return false;
         };
-        if peer.gid == gid {
+        if peer.gid == gid || peer.supplementary_member {
             return true;
         }
         match User::from_uid(Uid::from_raw(peer.uid)) {
@@ -113,12 +155,14 @@ mod tests {
         assert!(p.allows(&PeerCred {
             uid: 0,
             gid: 0,
-            pid: None
+            pid: None,
+            supplementary_member: false
         }));
         assert!(!p.allows(&PeerCred {
             uid: 1000,
             gid: 1000,
-            pid: None
+            pid: None,
+            supplementary_member: false
         }));
     }
 
@@ -128,13 +172,27 @@ mod tests {
         assert!(p.allows(&PeerCred {
             uid: 65533,
             gid: 4242,
-            pid: Some(1)
+            pid: Some(1),
+            supplementary_member: false
         }));
         assert!(!p.allows(&PeerCred {
             uid: 65533,
             gid: 4243,
-            pid: Some(1)
+            pid: Some(1),
+            supplementary_member: false
         }));
+    }
+
+    #[test]
+    fn a_supplementary_member_is_admitted() {
+        let p = policy(Some(4242), &[]);
+        let peer = PeerCred {
+            uid: 65533,
+            gid: 65533,
+            pid: None,
+            supplementary_member: true,
+        };
+        assert!(p.allows(&peer));
     }
 
     #[test]
@@ -148,13 +206,15 @@ mod tests {
         assert!(p.allows(&PeerCred {
             uid: 65534,
             gid: 65534,
-            pid: None
+            pid: None,
+            supplementary_member: false
         }));
         let q = policy(Some(4242), &["someone-else"]);
         assert!(!q.allows(&PeerCred {
             uid: 65534,
             gid: 65534,
-            pid: None
+            pid: None,
+            supplementary_member: false
         }));
     }
 }

@@ -16,7 +16,14 @@
 //!   keeps: `RTM_GETLINK` with `IFLA_TARGET_NETNSID` (a veth peer's stats in
 //!   another network namespace) requires it. sock_diag dumps, route lookups
 //!   and the procfs counters/conntrack files need none.
-//! - `CAP_KILL`: SIGKILL a helper whose credentials no longer match ours.
+//! - Not `CAP_KILL`: helpers run as our uid (0) and never change it, so the
+//!   kernel's same-uid rule already lets us SIGKILL them.
+//! - `CAP_SETPCAP`: passed on to every helper (procfs and net), which uses
+//!   it for one thing: emptying its own bounding set before it drops
+//!   `CAP_SETPCAP` with everything else it does not keep. Without it a
+//!   helper would run with our bounding set (`KILL`, `NET_ADMIN`, `BPF`,
+//!   `PERFMON`, …) and refuses to serve. pstackd itself uses it only to
+//!   narrow its own bounding set at start (below).
 //!
 //! Everything else is dropped from the effective, permitted, inheritable and
 //! ambient sets and from the bounding set (so nothing we exec can regain it),
@@ -37,7 +44,7 @@ pub const KEPT: [Capability; 7] = [
     Capability::CAP_BPF,
     Capability::CAP_PERFMON,
     Capability::CAP_NET_ADMIN,
-    Capability::CAP_KILL,
+    Capability::CAP_SETPCAP,
 ];
 
 /// Why dropping privileges failed.

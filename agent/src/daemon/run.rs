@@ -167,6 +167,7 @@ pub async fn run(opts: RunOptions, prepared: Prepared) -> Result<(), DaemonError
     let snap = spool.snapshot();
     tracing::info!(files = snap.files, bytes = snap.bytes, dir = %config.spool.dir.display(), "spool indexed");
 
+    let digest_key = load_digest_key(&config.capture.digest_key_file)?;
     let ebpf = super::ebpf::DaemonEbpf::start(&config.ebpf);
     let engine = {
         let helper = if config.capture.helper_path.as_os_str().is_empty() {
@@ -176,7 +177,9 @@ pub async fn run(opts: RunOptions, prepared: Prepared) -> Result<(), DaemonError
         };
         match helper.and_then(|p| SupervisorConfig::new("pstackd", p)) {
             Ok(mut sc) => {
+                *sc.digest_key.write().unwrap_or_else(|p| p.into_inner()) = digest_key.clone();
                 sc.offcpu = Some(ebpf.clone() as Arc<dyn crate::supervisor::OffCpuSource>);
+                sc.kubelet_url = Some(config.capture.kubelet_url.clone()).filter(|u| !u.is_empty());
                 let budget = LeakBudget::new(
                     config.capture.leak_budget,
                     LeakJournal::new(config.capture.leak_journal.clone()),
@@ -270,18 +273,34 @@ pub async fn run(opts: RunOptions, prepared: Prepared) -> Result<(), DaemonError
                     }
                 };
                 let config = state.config();
-                if state.counters.connections_open.load(Ordering::Relaxed) >= config.max_connections as u64 {
-                    state.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
-                    drop(stream);
-                    continue;
-                }
+                let policy = state.policy();
                 let cred = match stream.peer_cred() {
-                    Ok(c) => PeerCred { uid: c.uid(), gid: c.gid(), pid: c.pid() },
+                    Ok(c) => {
+                        use std::os::fd::AsFd;
+                        let groups = super::peer::peer_groups(stream.as_fd()).unwrap_or_default();
+                        PeerCred {
+                            uid: c.uid(),
+                            gid: c.gid(),
+                            pid: c.pid(),
+                            supplementary_member: policy.gid.is_some_and(|g| groups.contains(&g)),
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "SO_PEERCRED failed; connection closed");
                         continue;
                     }
                 };
+                // Authorize before counting: a peer that may not use the API
+                // never holds one of the max_connections slots.
+                if !policy.allows(&cred) {
+                    refuse_unauthorized(stream, cred, &policy.group_name, &state);
+                    continue;
+                }
+                if state.counters.connections_open.load(Ordering::Relaxed) >= config.max_connections as u64 {
+                    state.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
+                    drop(stream);
+                    continue;
+                }
                 let svc = router.clone().map_request(move |mut req: axum::http::Request<hyper::body::Incoming>| {
                     req.extensions_mut().insert(cred);
                     req
@@ -340,6 +359,66 @@ pub async fn run(opts: RunOptions, prepared: Prepared) -> Result<(), DaemonError
     Ok(())
 }
 
+/// Most refusals answered at once; beyond it a refused peer's connection is
+/// closed without an answer.
+const MAX_REFUSALS_IN_FLIGHT: u64 = 16;
+
+/// Answer an unauthorized peer with a JSON 403 (after reading at most 16 KiB
+/// of its request for at most 1 s, so it sees the answer rather than a reset)
+/// and close; outside the connection count.
+fn refuse_unauthorized(
+    mut stream: tokio::net::UnixStream,
+    cred: PeerCred,
+    group: &str,
+    state: &Arc<DaemonState>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    state.counters.unauthorized.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(
+        uid = cred.uid,
+        gid = cred.gid,
+        pid = cred.pid.unwrap_or(0),
+        "refused a peer that is neither root nor in the configured group (primary or supplementary)"
+    );
+    let in_flight = &state.counters.refusals_in_flight;
+    if in_flight.fetch_add(1, Ordering::Relaxed) >= MAX_REFUSALS_IN_FLIGHT {
+        in_flight.fetch_sub(1, Ordering::Relaxed);
+        return;
+    }
+    let body = serde_json::json!({"error": {"code": "forbidden", "message": format!(
+        "uid {} (gid {}) may not use pstackd: only root and members of group {group:?} (primary or supplementary) may",
+        cred.uid, cred.gid
+    )}})
+    .to_string();
+    let st = state.clone();
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            let mut buf = vec![0u8; 16 << 10];
+            let mut got = 0;
+            while got < buf.len() {
+                match stream.read(&mut buf[got..]).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got += n,
+                }
+                if buf[..got].windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            let head = format!(
+                "HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes()).await;
+            let _ = stream.write_all(body.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        })
+        .await;
+        st.counters
+            .refusals_in_flight
+            .fetch_sub(1, Ordering::Relaxed);
+    });
+}
+
 fn status_line(state: &DaemonState) -> String {
     let sp = state.spool.snapshot();
     format!(
@@ -350,6 +429,14 @@ fn status_line(state: &DaemonState) -> String {
         sp.dropped_total,
         sp.quarantined_total
     )
+}
+
+/// Read (or create) the host's digest key, logging which.
+fn load_digest_key(path: &std::path::Path) -> Result<pstack_envelope::DigestKey, DaemonError> {
+    let (key, created) =
+        crate::digest_key::load_or_create(path).map_err(|e| DaemonError::Io(e.to_string()))?;
+    tracing::info!(path = %path.display(), created, "digest key ready");
+    Ok(key)
 }
 
 /// Re-read the config file; apply it whole or keep the old one.
@@ -376,6 +463,23 @@ fn reload(state: &DaemonState, opts: &RunOptions) {
             return;
         }
     };
+    // The digest key rotates with the config: re-read it (or create it at a
+    // new path) before anything is applied, so a bad key file rejects the
+    // whole reload.
+    let key = match load_digest_key(&proposed.capture.digest_key_file) {
+        Ok(k) => k,
+        Err(e) => {
+            state
+                .counters
+                .reloads_rejected
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "reload rejected; keeping the running configuration");
+            return;
+        }
+    };
+    if let Ok(sc) = &state.engine.supervisor {
+        *sc.digest_key.write().unwrap_or_else(|p| p.into_inner()) = key;
+    }
     let running = state.config();
     let mut applied = proposed.clone();
     for name in running.fixed_differences(&proposed) {
@@ -388,6 +492,7 @@ fn reload(state: &DaemonState, opts: &RunOptions) {
     applied.socket_mode = running.socket_mode.clone();
     applied.spool.dir = running.spool.dir.clone();
     applied.capture.leak_journal = running.capture.leak_journal.clone();
+    applied.capture.kubelet_url = running.capture.kubelet_url.clone();
     applied.ebpf = running.ebpf.clone();
     state.spool.set_limits(spool_limits(&applied));
     let _ = state.shipper_config.send(applied.shipper.clone());

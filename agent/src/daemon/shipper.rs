@@ -234,6 +234,8 @@ pub struct ShipperStats {
     pub failures: Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// Last failure, for people (never contains the key or payloads).
     pub last_error: Mutex<Option<String>>,
+    /// When `last_error` was set (unix seconds; 0 when there is none).
+    pub last_error_unix: AtomicU64,
     /// Unix seconds of the last batch that acknowledged something.
     pub last_success_unix: AtomicU64,
     /// Delay chosen before the next attempt, ms (0 when not backing off).
@@ -249,6 +251,14 @@ impl ShipperStats {
             .entry(class.label())
             .or_insert(0) += 1;
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(message);
+        self.last_error_unix.store(unix_now(), Ordering::Relaxed);
+    }
+
+    /// A batch was answered: the last error no longer describes the present.
+    fn succeeded(&self) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.last_error_unix.store(0, Ordering::Relaxed);
+        self.last_success_unix.store(unix_now(), Ordering::Relaxed);
     }
 }
 
@@ -397,28 +407,21 @@ impl Shipper {
         let spool = self.spool.clone();
         let digests: Vec<String> = entries.iter().map(|e| e.digest()).collect();
         let read = tokio::task::spawn_blocking(move || {
-            let mut body = Vec::with_capacity(2 + digests.len());
-            body.push(b'[');
-            let mut kept = Vec::new();
+            let mut items = Vec::with_capacity(digests.len());
             for d in digests {
-                // A file that fails verification is quarantined by the spool.
+                // A file that fails verification or cannot be read is
+                // quarantined by the spool (and leaves its index).
                 if let Ok(Some(bytes)) = spool.read_verified(&d) {
-                    if !kept.is_empty() {
-                        body.push(b',');
-                    }
-                    body.extend_from_slice(&bytes);
-                    kept.push(d);
+                    items.push((d, bytes));
                 }
             }
-            body.push(b']');
-            let gz = gzip(&body);
-            (kept, gz)
+            items
         })
         .await;
-        let Ok((batch, body)) = read else {
+        let Ok(items) = read else {
             return BatchOutcome::Failed(FailureClass::BadResponse);
         };
-        if batch.is_empty() {
+        if items.is_empty() {
             return BatchOutcome::Answered {
                 accepted: 0,
                 duplicate: 0,
@@ -426,6 +429,88 @@ impl Shipper {
                 unacknowledged: 0,
             };
         }
+        // 413: halve the batch until the collector takes it; an item it
+        // refuses alone is quarantined. Ranges are sent oldest first.
+        let mut pending = vec![(0, items.len())];
+        let (mut accepted, mut duplicate, mut rejected, mut unacknowledged) = (0, 0, 0, 0);
+        while let Some((from, to)) = pending.pop() {
+            match self.post(client, config, &items[from..to]).await {
+                Err(FailureClass::Client { status: 413 }) if to - from > 1 => {
+                    let mid = from + (to - from) / 2;
+                    tracing::info!(
+                        items = to - from,
+                        "collector refused the batch as too large (413); splitting it"
+                    );
+                    pending.push((mid, to));
+                    pending.push((from, mid));
+                }
+                Err(FailureClass::Client { status: 413 }) => {
+                    let digest = &items[from].0;
+                    tracing::warn!(digest = %digest, bytes = items[from].1.len(), "collector refused this envelope alone as too large (413); quarantined");
+                    let _ = self
+                        .spool
+                        .quarantine(digest, QuarantineReason::TooLargeForCollector);
+                    rejected += 1;
+                }
+                Err(class) => {
+                    if accepted + duplicate + rejected > 0 {
+                        // Part of the batch went through: report that, and
+                        // let the rest be retried after a backoff.
+                        return BatchOutcome::Answered {
+                            accepted,
+                            duplicate,
+                            rejected,
+                            unacknowledged: unacknowledged
+                                + pending.iter().map(|(a, b)| b - a).sum::<usize>()
+                                + (to - from),
+                        };
+                    }
+                    return BatchOutcome::Failed(class);
+                }
+                Ok(BatchOutcome::Answered {
+                    accepted: a,
+                    duplicate: d,
+                    rejected: r,
+                    unacknowledged: u,
+                }) => {
+                    accepted += a;
+                    duplicate += d;
+                    rejected += r;
+                    unacknowledged += u;
+                }
+                Ok(other) => return other,
+            }
+        }
+        BatchOutcome::Answered {
+            accepted,
+            duplicate,
+            rejected,
+            unacknowledged,
+        }
+    }
+
+    /// POST one batch of verified items; the per-item outcome, or the class
+    /// of failure (recorded in the stats).
+    async fn post(
+        &self,
+        client: &reqwest::Client,
+        config: &ShipperConfig,
+        items: &[(String, Vec<u8>)],
+    ) -> Result<BatchOutcome, FailureClass> {
+        let mut json =
+            Vec::with_capacity(2 + items.iter().map(|(_, b)| b.len() + 1).sum::<usize>());
+        json.push(b'[');
+        for (i, (_, bytes)) in items.iter().enumerate() {
+            if i > 0 {
+                json.push(b',');
+            }
+            json.extend_from_slice(bytes);
+        }
+        json.push(b']');
+        let body = tokio::task::spawn_blocking(move || gzip(&json))
+            .await
+            .map_err(|_| FailureClass::BadResponse)?;
+        let batch: Vec<String> = items.iter().map(|(d, _)| d.clone()).collect();
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let url = format!("{}/v1/envelopes", config.url.trim_end_matches('/'));
         let mut req = client
@@ -441,7 +526,7 @@ impl Shipper {
             Err(e) => {
                 let class = transport_class(&e);
                 self.stats.fail(&class, describe(&e));
-                return BatchOutcome::Failed(class);
+                return Err(class);
             }
         };
         let status = resp.status().as_u16();
@@ -454,14 +539,14 @@ impl Shipper {
             let class = classify_status(status, retry_after.as_deref(), SystemTime::now());
             self.stats
                 .fail(&class, format!("collector answered HTTP {status}"));
-            return BatchOutcome::Failed(class);
+            return Err(class);
         }
         let bytes = match resp.bytes().await {
             Ok(b) => b,
             Err(e) => {
                 let class = transport_class(&e);
                 self.stats.fail(&class, describe(&e));
-                return BatchOutcome::Failed(class);
+                return Err(class);
             }
         };
         let Ok(parsed) = serde_json::from_slice::<IngestResponse>(&bytes) else {
@@ -470,9 +555,9 @@ impl Shipper {
                 &class,
                 format!("collector answered HTTP {status} without a per-item result list"),
             );
-            return BatchOutcome::Failed(class);
+            return Err(class);
         };
-        self.apply(&batch, parsed.results).await
+        Ok(self.apply(&batch, parsed.results).await)
     }
 
     async fn apply(&self, batch: &[String], results: Vec<ItemResult>) -> BatchOutcome {
@@ -535,6 +620,7 @@ impl Shipper {
             Duration::from_millis(config.backoff_max_ms),
             u64::from(std::process::id()) ^ 0x9e37_79b9_7f4a_7c15,
         );
+        let mut wake_early = false;
         loop {
             if *shutdown.borrow() {
                 return;
@@ -557,13 +643,18 @@ impl Shipper {
                         rejected,
                         unacknowledged,
                     } => {
-                        if accepted + duplicate + rejected > 0 {
+                        let settled = accepted + duplicate + rejected;
+                        if settled > 0 {
                             backoff.reset();
-                            self.stats
-                                .last_success_unix
-                                .store(unix_now(), Ordering::Relaxed);
+                            self.stats.succeeded();
                         }
-                        if unacknowledged > 0 {
+                        wake_early = false;
+                        if settled == 0 && unacknowledged == 0 {
+                            // Entries were indexed but none could be sent
+                            // (each was quarantined or vanished): progress was
+                            // made on the index, but never spin on it.
+                            Some(backoff.next_delay().min(Duration::from_secs(1)))
+                        } else if unacknowledged > 0 {
                             tracing::warn!(
                                 unacknowledged,
                                 "collector left items unacknowledged; retrying"
@@ -574,6 +665,13 @@ impl Shipper {
                         }
                     }
                     BatchOutcome::Failed(class) => {
+                        // The collector was unreachable: a new capture is a
+                        // reason to try again now rather than at the end of
+                        // the backoff. Throttling (Retry-After) is honoured.
+                        wake_early = matches!(
+                            class,
+                            FailureClass::Connect | FailureClass::Timeout | FailureClass::Transport
+                        );
                         let d = match &class {
                             FailureClass::Throttled {
                                 retry_after: Some(ra),
@@ -598,6 +696,15 @@ impl Shipper {
             );
             match delay {
                 Some(d) if d.is_zero() => continue,
+                Some(d) if wake_early => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(d) => {}
+                        _ = self.wake.notified() => {
+                            tracing::info!("new capture while the collector was unreachable; retrying now");
+                        }
+                        _ = shutdown.changed() => {}
+                    }
+                }
                 Some(d) => {
                     tokio::select! {
                         _ = tokio::time::sleep(d) => {}

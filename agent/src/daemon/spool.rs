@@ -109,6 +109,14 @@ pub enum QuarantineReason {
     Oversized,
     /// The collector rejected it permanently.
     RejectedByCollector,
+    /// Not a regular file (a FIFO, a directory, a device) where an envelope
+    /// was indexed: replaced after the index was built.
+    NotRegular,
+    /// Opening or reading it failed with something other than "not found"
+    /// (a symlink, a symlink loop, EIO, EACCES).
+    Unreadable,
+    /// The collector refused it alone with 413 (too large for it).
+    TooLargeForCollector,
 }
 
 impl QuarantineReason {
@@ -121,6 +129,9 @@ impl QuarantineReason {
             QuarantineReason::UnexpectedName => "unexpected_name",
             QuarantineReason::Oversized => "oversized",
             QuarantineReason::RejectedByCollector => "rejected",
+            QuarantineReason::NotRegular => "not_regular",
+            QuarantineReason::Unreadable => "unreadable",
+            QuarantineReason::TooLargeForCollector => "too_large_for_collector",
         }
     }
 }
@@ -211,6 +222,8 @@ impl Index {
 /// Counters, monotonically increasing since start.
 #[derive(Debug, Default)]
 pub struct SpoolCounters {
+    /// Temp files found complete and valid at start and renamed into place.
+    pub recovered: AtomicU64,
     /// Envelopes written.
     pub written: AtomicU64,
     /// Envelopes dropped by `drop_oldest`.
@@ -246,6 +259,9 @@ pub struct SpoolSnapshot {
     pub quarantined_total: u64,
     /// Deleted after acknowledgement since start.
     pub acknowledged_total: u64,
+    /// Temp files recovered at start (complete, valid envelopes killed
+    /// between fsync and rename).
+    pub recovered_total: u64,
 }
 
 /// The spool.
@@ -256,6 +272,7 @@ pub struct Spool {
     index: Mutex<Index>,
     limits: Mutex<SpoolLimits>,
     tmp_counter: AtomicU64,
+    quarantine_counter: AtomicU64,
     /// Counters.
     pub counters: SpoolCounters,
 }
@@ -300,6 +317,7 @@ impl Spool {
             index: Mutex::new(Index::default()),
             limits: Mutex::new(limits),
             tmp_counter: AtomicU64::new(0),
+            quarantine_counter: AtomicU64::new(0),
             counters: SpoolCounters::default(),
         };
         let mut found: Vec<(std::time::SystemTime, String, u64)> = Vec::new();
@@ -307,9 +325,10 @@ impl Spool {
             let entry = entry.map_err(io_err("read directory", dir))?;
             let name = entry.file_name();
             let Some(name) = name.to_str().map(str::to_owned) else {
+                let lossy = name.to_string_lossy().replace(['/', '\u{fffd}'], "_");
                 spool.quarantine_file(
                     &entry.path(),
-                    "non-utf8-name",
+                    &format!("non-utf8-{lossy}"),
                     QuarantineReason::UnexpectedName,
                 );
                 continue;
@@ -322,7 +341,17 @@ impl Spool {
                 Err(_) => continue,
             };
             if name.starts_with(TMP_PREFIX) {
-                spool.quarantine_file(&entry.path(), &name, QuarantineReason::StrayTmp);
+                match spool.recover_tmp(&entry.path(), &name) {
+                    Some((hex, size)) => {
+                        let mtime = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+                        found.push((mtime, hex, size));
+                    }
+                    // (Unless it was a duplicate and is already gone.)
+                    None if fs::symlink_metadata(entry.path()).is_ok() => {
+                        spool.quarantine_file(&entry.path(), &name, QuarantineReason::StrayTmp)
+                    }
+                    None => {}
+                }
                 continue;
             }
             let hex = name.strip_suffix(".json").filter(|h| is_hex64(h));
@@ -349,6 +378,37 @@ impl Spool {
         }
         spool.trim_quarantine();
         Ok(spool)
+    }
+
+    /// A temp file `.tmp-<hex>-…` that holds the complete, valid envelope
+    /// `sha256:<hex>` (killed between fsync and rename): rename it into place
+    /// (unless that file already exists) and return it for indexing.
+    fn recover_tmp(&self, path: &Path, name: &str) -> Option<(String, u64)> {
+        let hex = name.strip_prefix(TMP_PREFIX)?.get(..64)?.to_owned();
+        if !is_hex64(&hex) {
+            return None;
+        }
+        let bytes = read_regular(path).ok()?;
+        let env = pstack_envelope::verify(&bytes).ok()?;
+        if env.digest != format!("{DIGEST_PREFIX}{hex}") {
+            return None;
+        }
+        let final_path = self.dir.join(format!("{hex}.json"));
+        if final_path.exists() {
+            // The rename happened after all (or a copy exists): drop ours.
+            let _ = fs::remove_file(path);
+            tracing::info!(
+                file = name,
+                "temp file duplicates a spooled envelope; removed"
+            );
+            return None;
+        }
+        File::open(path).and_then(|f| f.sync_all()).ok()?;
+        fs::rename(path, &final_path).ok()?;
+        let _ = sync_dir(&self.dir);
+        self.counters.recovered.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(digest = %env.digest, "recovered a complete envelope from a temp file left by a crash");
+        Some((hex, bytes.len() as u64))
     }
 
     fn lock_index(&self) -> std::sync::MutexGuard<'_, Index> {
@@ -549,21 +609,29 @@ impl Spool {
     /// is quarantined and `Ok(None)` returned; a missing file is forgotten.
     pub fn read_verified(&self, digest: &str) -> Result<Option<Vec<u8>>, SpoolError> {
         let hex = hex_of(digest)?.to_owned();
-        let path = self.dir.join(format!("{hex}.json"));
-        let mut file = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == ErrorKind::NotFound => {
+        let name = format!("{hex}.json");
+        let path = self.dir.join(&name);
+        let bytes = match read_regular(&path) {
+            Ok(b) => b,
+            Err(ReadRegular::Io(e)) if e.kind() == ErrorKind::NotFound => {
                 self.lock_index().remove(&hex);
                 return Ok(None);
             }
-            Err(e) => return Err(io_err("open", &path)(e)),
+            Err(ReadRegular::NotRegular(kind)) => {
+                tracing::warn!(file = %name, kind, "spool entry is not a regular file");
+                self.lock_index().remove(&hex);
+                self.quarantine_file(&path, &name, QuarantineReason::NotRegular);
+                return Ok(None);
+            }
+            Err(ReadRegular::Io(e)) => {
+                // Never retry an unreadable entry forever (a symlink, ELOOP,
+                // EIO): move it aside, or forget it if even that fails.
+                tracing::warn!(file = %name, error = %e, "spool entry unreadable");
+                self.lock_index().remove(&hex);
+                self.quarantine_file(&path, &name, QuarantineReason::Unreadable);
+                return Ok(None);
+            }
         };
-        let mut bytes = Vec::new();
-        (&mut file)
-            .take(MAX_ENVELOPE_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(io_err("read", &path))?;
-        drop(file);
         let reason = if bytes.is_empty() {
             Some(QuarantineReason::Empty)
         } else if bytes.len() as u64 > MAX_ENVELOPE_BYTES {
@@ -576,13 +644,12 @@ impl Spool {
         };
         if let Some(reason) = reason {
             self.lock_index().remove(&hex);
-            self.quarantine_file(&path, &format!("{hex}.json"), reason);
+            self.quarantine_file(&path, &name, reason);
             return Ok(None);
         }
         Ok(Some(bytes))
     }
 
-    /// Delete an acknowledged envelope.
     pub fn acknowledge(&self, digest: &str) -> Result<(), SpoolError> {
         let hex = hex_of(digest)?.to_owned();
         let removed = self.lock_index().remove(&hex);
@@ -608,7 +675,18 @@ impl Spool {
     }
 
     fn quarantine_file(&self, path: &Path, name: &str, reason: QuarantineReason) {
-        let target = self.quarantine.join(format!("{name}.{}", reason.as_str()));
+        // Unique: two entries with the same (or the same lossy) name never
+        // overwrite each other's evidence.
+        let n = self.quarantine_counter.fetch_add(1, Ordering::Relaxed);
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let target = self.quarantine.join(format!(
+            "{name}.{}.{stamp}-{}-{n}",
+            reason.as_str(),
+            std::process::id()
+        ));
         if let Err(e) = fs::rename(path, &target) {
             // Cannot move it aside: delete it rather than stall on it forever.
             let _ = fs::remove_file(path);
@@ -660,8 +738,51 @@ impl Spool {
             refused_total: c.refused.load(Ordering::Relaxed),
             quarantined_total: c.quarantined.load(Ordering::Relaxed),
             acknowledged_total: c.acknowledged.load(Ordering::Relaxed),
+            recovered_total: c.recovered.load(Ordering::Relaxed),
         }
     }
+}
+
+/// Why [`read_regular`] returned no bytes.
+#[derive(Debug)]
+enum ReadRegular {
+    /// Opening, `fstat` or reading failed.
+    Io(std::io::Error),
+    /// Not a regular file: what it is.
+    NotRegular(&'static str),
+}
+
+/// Read a spool file that must be a regular file: opened `O_NONBLOCK`
+/// (a FIFO cannot block the open or the read) and `O_NOFOLLOW` (a symlink
+/// or symlink loop fails with ELOOP), checked with `fstat` before any read,
+/// read up to [`MAX_ENVELOPE_BYTES`] + 1.
+fn read_regular(path: &Path) -> Result<Vec<u8>, ReadRegular> {
+    use std::os::unix::fs::FileTypeExt;
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(ReadRegular::Io)?;
+    let ft = file.metadata().map_err(ReadRegular::Io)?.file_type();
+    if !ft.is_file() {
+        let kind = if ft.is_dir() {
+            "directory"
+        } else if ft.is_fifo() {
+            "fifo"
+        } else if ft.is_socket() {
+            "socket"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "device"
+        } else {
+            "other"
+        };
+        return Err(ReadRegular::NotRegular(kind));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_ENVELOPE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(ReadRegular::Io)?;
+    Ok(bytes)
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -774,6 +895,44 @@ mod tests {
             assert_eq!(s.snapshot().quarantined_total, 1);
             assert!(!path.exists());
         }
+    }
+
+    #[test]
+    fn a_complete_temp_file_is_recovered_and_a_torn_one_quarantined() {
+        let dir = tempfile::tempdir().unwrap();
+        let (d, b) = sealed(11);
+        let (d2, b2) = sealed(12);
+        // Killed between fsync and rename: a complete, valid envelope.
+        std::fs::write(dir.path().join(format!(".tmp-{}-77-0", &d[7..])), &b).unwrap();
+        // Killed mid-write: a torn one.
+        std::fs::write(
+            dir.path().join(format!(".tmp-{}-77-1", &d2[7..])),
+            &b2[..b2.len() / 2],
+        )
+        .unwrap();
+        let s = Spool::open(dir.path(), limits(10, OverflowPolicy::DropOldest)).unwrap();
+        assert!(s.contains(&d));
+        assert_eq!(s.read_verified(&d).unwrap().unwrap(), b);
+        assert!(!s.contains(&d2));
+        let snap = s.snapshot();
+        assert_eq!((snap.recovered_total, snap.quarantined_total), (1, 1));
+    }
+
+    #[test]
+    fn quarantine_names_are_unique() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Spool::open(dir.path(), limits(10, OverflowPolicy::DropOldest)).unwrap();
+        for _ in 0..2 {
+            let p = dir.path().join("same");
+            std::fs::write(&p, b"x").unwrap();
+            s.quarantine_file(&p, "same", QuarantineReason::UnexpectedName);
+        }
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("quarantine"))
+                .unwrap()
+                .count(),
+            2
+        );
     }
 
     #[test]

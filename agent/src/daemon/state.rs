@@ -42,6 +42,8 @@ pub struct Counters {
     pub connections_refused: AtomicU64,
     /// Connections open now.
     pub connections_open: AtomicU64,
+    /// Unauthorized peers being answered 403 at accept now.
+    pub refusals_in_flight: AtomicU64,
     /// Reloads applied / rejected.
     pub reloads_ok: AtomicU64,
     /// Reloads rejected.

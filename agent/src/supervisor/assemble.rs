@@ -144,11 +144,7 @@ impl Assembly {
     }
 
     fn target_command(&self) -> String {
-        match &self.subject {
-            Subject::Process(p) => format!("pstackctl capture --pid {}", p.pid),
-            Subject::Thread(t) => format!("pstackctl capture --tid {}", t.tid),
-            _ => "pstackctl capture --host".into(),
-        }
+        crate::probes::capture_again(&self.subject)
     }
 
     fn completeness(&self) -> Completeness {
@@ -658,11 +654,14 @@ impl Assembly {
         }) {
             ebpf_failed += 1;
             let cause = s.cause.as_ref().map(|c| c.message.as_str()).unwrap_or("");
-            let window = format!("{}ms", s.deadline_ms.max(1));
+            let window = std::time::Duration::from_millis(s.deadline_ms.max(1));
             let (question, probe) = match s.status {
                 SurfaceStatus::PermissionDenied => (
                     format!("How long were the subject's threads off CPU, and in D, during a window? (eBPF denied: {cause})"),
-                    format!("sudo {again} --window {window} --one-shot"),
+                    crate::probes::with_privilege(
+                        &crate::probes::capture_window(&self.subject, window),
+                        &crate::supervisor::denial::Caller::current(),
+                    ),
                 ),
                 SurfaceStatus::Unsupported => (
                     format!("How long were the subject's threads off CPU, and in D, during a window? (eBPF unsupported here: {cause})"),
@@ -670,7 +669,7 @@ impl Assembly {
                 ),
                 _ => (
                     format!("Why did the eBPF surface {} fail? ({cause})", s.id),
-                    format!("{again} --window {window} --one-shot"),
+                    crate::probes::capture_window(&self.subject, window),
                 ),
             };
             out.push(Unknown {
@@ -734,7 +733,10 @@ impl Assembly {
                 }
                 SurfaceStatus::PermissionDenied => (
                     format!("What does {path} show to a caller allowed to read it?"),
-                    format!("sudo {again}"),
+                    crate::probes::with_privilege(
+                        &again,
+                        &crate::supervisor::denial::Caller::current(),
+                    ),
                 ),
                 SurfaceStatus::Skipped if cause.contains("leak budget") => (
                     format!("What does {path} show once leaked helpers have exited?"),
@@ -742,9 +744,11 @@ impl Assembly {
                 ),
                 SurfaceStatus::Skipped => (
                     format!("What does {path} show with more time?"),
-                    format!(
-                        "{again} --bundle-deadline-ms {}",
-                        self.bounds.bundle_deadline_ms.saturating_mul(2)
+                    crate::probes::capture_longer(
+                        &self.subject,
+                        std::time::Duration::from_millis(
+                            self.bounds.bundle_deadline_ms.saturating_mul(2),
+                        ),
                     ),
                 ),
                 SurfaceStatus::IdentityRace => (
@@ -774,7 +778,7 @@ impl Assembly {
                 ),
                 blocks: "CLASSIFY_BLOCKING".into(),
                 owner,
-                probe: format!("{again} --json | jq '.surfaces[] | select(.status != \"ok\")'"),
+                probe: crate::probes::capture_failed_surfaces(&self.subject),
                 surface: None,
             });
         }

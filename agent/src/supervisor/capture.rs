@@ -289,7 +289,12 @@ impl Ctx<'_> {
 fn identity_error(what: &'static str, id: u32, e: ReadError) -> CaptureError {
     match e {
         ReadError::Vanished { .. } => CaptureError::NoSuchProcess { what, id },
-        error => CaptureError::IdentityUnreadable { id, error },
+        error => CaptureError::IdentityUnreadable {
+            id,
+            advice: matches!(error, ReadError::PermissionDenied { .. })
+                .then(|| super::denial::explain(&super::denial::Caller::current())),
+            error,
+        },
     }
 }
 
@@ -409,6 +414,118 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
     })
 }
 
+/// `proc/container` and `k8s/pod` for a process whose cgroup (as the
+/// identity read saw it) names a container; nothing for any other process.
+/// The container facts are re-read from `/proc/<pid>/cgroup` so the surface
+/// carries the digest of the bytes they came from.
+fn container_surfaces(
+    ctx: &Ctx<'_>,
+    safe: &SafeReader,
+    pid: u32,
+    before: &IdentityReading,
+) -> Vec<Surface> {
+    use pstack_collectors::procfs::container;
+    let Some(seen) = container::parse_cgroup(&before.identity.cgroup) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if ctx.wants(SurfaceFamily::ProcContainer) {
+        let file = std::path::PathBuf::from(format!("/proc/{pid}/cgroup"));
+        let max = ctx.request.max_bytes_per_surface;
+        out.push(safe.read(
+            "proc/container".into(),
+            format!("procfs:/proc/{pid}/cgroup"),
+            || {
+                container::read_container(&file, max).and_then(|r| match r.facts {
+                    Some(facts) => Ok(Reading { facts, raw: r.raw }),
+                    // Moved out of its container between the identity read
+                    // and this one: the identity re-read will say so too.
+                    None => Err(ReadError::Parse {
+                        path: file.display().to_string(),
+                        reason: "the cgroup no longer names a container".into(),
+                    }),
+                })
+            },
+        ));
+    }
+    if let Some(uid) = seen.pod_uid.as_deref()
+        && ctx.wants(SurfaceFamily::K8sPod)
+        && let Some(url) = ctx.config.kubelet_url.as_deref()
+    {
+        let url = format!("{}/pods", url.trim_end_matches('/'));
+        let deadline = Duration::from_millis(safe.deadline_ms.max(1));
+        out.push(safe.read("k8s/pod".into(), format!("kubelet:{url}"), || {
+            let body = fetch_pod_list(&url, deadline)?;
+            let raw = pstack_collectors::procfs::RawRead::capped(body, MAX_POD_LIST_BYTES);
+            if raw.truncated {
+                return Err(ReadError::Parse {
+                    path: url.clone(),
+                    reason: format!("pod list larger than {MAX_POD_LIST_BYTES} bytes"),
+                });
+            }
+            let facts = pstack_collectors::kubelet::find_pod(&raw.bytes, uid, &seen.container_id)
+                .map_err(|e| ReadError::Parse {
+                path: url.clone(),
+                reason: e.to_string(),
+            })?;
+            Ok(Reading {
+                facts,
+                raw: raw.meta(),
+            })
+        }));
+    } else if let Some(uid) = seen.pod_uid.as_deref()
+        && ctx.wants(SurfaceFamily::K8sPod)
+    {
+        out.push(with_status(
+            "k8s/pod".into(),
+            "kubelet:/pods".into(),
+            safe.deadline_ms,
+            SurfaceStatus::Unsupported,
+            &format!(
+                "pod name, namespace and container name need the node's kubelet or CRI \
+                 endpoint, and pstackd has none configured; pod {uid}, container {}: \
+                 on the node `crictl inspect {}` shows its io.kubernetes.pod.* labels",
+                seen.container_id, seen.container_id
+            ),
+        ));
+    }
+    out
+}
+
+/// Largest kubelet `/pods` answer read (a node's whole pod list).
+const MAX_POD_LIST_BYTES: u64 = 16 << 20;
+
+/// `GET url` within `deadline`, on a runtime of its own (captures run on
+/// blocking threads, never inside the daemon's async tasks).
+fn fetch_pod_list(url: &str, deadline: Duration) -> Result<Vec<u8>, ReadError> {
+    let io = |message: String| ReadError::Io {
+        path: url.to_string(),
+        errno: 0,
+        message,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| io(format!("runtime: {e}")))?;
+    rt.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(deadline)
+            .build()
+            .map_err(|e| io(e.to_string()))?;
+        let resp = client
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| io(format!("GET: {e}")))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(io(format!("GET answered {status}")));
+        }
+        let bytes = resp.bytes().await.map_err(|e| io(format!("body: {e}")))?;
+        Ok(bytes.to_vec())
+    })
+}
+
 /// The `ebpf:offcpu` surface of a window thread (an `error` surface if it panicked).
 fn offcpu_surfaces(window: Duration, joined: std::thread::Result<Vec<Surface>>) -> Vec<Surface> {
     let keep = |s: &Surface| s.id == pstack_ebpf::OFFCPU_SURFACE;
@@ -487,6 +604,7 @@ fn task_reads(
             }),
         );
     }
+    surfaces.extend(container_surfaces(ctx, &safe, pid, before));
     if before.kernel_thread {
         for (name, family) in [
             ("cmdline", SurfaceFamily::ProcCmdline),
@@ -538,7 +656,54 @@ fn task_reads(
     for ((id, authority), o) in ids.into_iter().zip(authorities).zip(outcomes) {
         surfaces.push(risky_surface(id, authority, o));
     }
+    let key = ctx
+        .config
+        .digest_key
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    settle_zombie_memory_reads(&mut surfaces, pid, &key);
     Ok(surfaces)
+}
+
+/// A zombie (state `Z`: exited, not yet reaped) has released its memory, so opening an
+/// mm-backed file (`environ`) fails with ESRCH although the process is still there
+/// (its `cmdline` likewise reads empty). That is not `vanished` — the second identity
+/// read still finds the same process — and nothing is missing: the complete answer is
+/// "no environment any more". The main thread's stat surface, read in this capture
+/// and showing `Z`, is the evidence; the surface's facts say why it is empty.
+fn settle_zombie_memory_reads(
+    surfaces: &mut [Surface],
+    pid: u32,
+    key: &pstack_envelope::DigestKey,
+) {
+    let stat_id = format!("task/{pid}/stat");
+    let zombie = surfaces.iter().any(|s| {
+        s.id == stat_id
+            && s.status == SurfaceStatus::Ok
+            && s.facts.get("state").and_then(Value::as_str) == Some("Z")
+    });
+    if !zombie {
+        return;
+    }
+    for s in surfaces.iter_mut().filter(|s| {
+        s.id == "proc/environ"
+            && s.status == SurfaceStatus::Vanished
+            && s.cause.as_ref().and_then(|c| c.errno) == Some(libc::ESRCH)
+    }) {
+        s.status = SurfaceStatus::Ok;
+        s.cause = None;
+        s.bytes = 0;
+        s.truncated = false;
+        s.digest = Some(pstack_envelope::sha256_digest(b""));
+        s.facts = facts_of(&pstack_envelope::redact_environ(b"", key));
+        s.facts.insert(
+            "memory".into(),
+            Value::String(format!(
+                "released: the process exited and is not yet reaped (state Z in {stat_id}); the kernel has no memory to read"
+            )),
+        );
+    }
 }
 
 /// Second identity read, universe, assembly.

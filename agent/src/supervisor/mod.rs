@@ -71,6 +71,7 @@
 mod assemble;
 mod capture;
 pub mod clock;
+pub mod denial;
 pub mod helper_process;
 pub mod leak;
 pub mod net_helper;
@@ -194,6 +195,14 @@ pub struct SupervisorConfig {
     pub on_helper_spawned: Option<HelperSpawnHook>,
     /// Source of the off-CPU window; `None` uses [`OneShotOffCpu`].
     pub offcpu: Option<Arc<dyn OffCpuSource>>,
+    /// The host's digest key for `cmdline` arguments and `environ` blocks
+    /// (see [`crate::digest_key`]); [`SupervisorConfig::new`] starts with a
+    /// random one.
+    pub digest_key: crate::digest_key::SharedDigestKey,
+    /// The node kubelet's read-only endpoint (e.g. `http://127.0.0.1:10255`):
+    /// `k8s/pod` reads `GET {url}/pods` for a process in a pod. `None`:
+    /// `k8s/pod` is `unsupported`.
+    pub kubelet_url: Option<String>,
 }
 
 impl std::fmt::Debug for SupervisorConfig {
@@ -206,6 +215,7 @@ impl std::fmt::Debug for SupervisorConfig {
             .field("boot_id", &self.boot_id)
             .field("on_helper_spawned", &self.on_helper_spawned.is_some())
             .field("offcpu", &self.offcpu.is_some())
+            .field("kubelet_url", &self.kubelet_url)
             .finish()
     }
 }
@@ -213,11 +223,12 @@ impl std::fmt::Debug for SupervisorConfig {
 /// Default reap deadline.
 pub const DEFAULT_REAP_DEADLINE: Duration = Duration::from_millis(200);
 
-/// Source commit recorded in envelopes (`PSTACK_SOURCE_COMMIT` at build time).
-pub const SOURCE_COMMIT: &str = match option_env!("PSTACK_SOURCE_COMMIT") {
-    Some(c) => c,
-    None => "unrecorded",
-};
+/// The commit this build came from, recorded in every envelope's
+/// `collector.source_commit` (set by `packaging/source_commit.rs`).
+pub const SOURCE_COMMIT: &str = env!("PSTACK_SOURCE_COMMIT");
+
+/// What `--version` prints: `0.1.0 (commit <SOURCE_COMMIT>)`.
+pub const VERSION: &str = env!("PSTACK_VERSION");
 
 impl SupervisorConfig {
     /// A config using the helper at `helper_path`.
@@ -226,7 +237,9 @@ impl SupervisorConfig {
         helper_path: PathBuf,
     ) -> Result<SupervisorConfig, CaptureError> {
         let host = pstack_collectors::procfs::read_host_facts().map_err(CaptureError::HostFacts)?;
+        let key = crate::digest_key::random_key().map_err(CaptureError::DigestKey)?;
         Ok(SupervisorConfig {
+            digest_key: Arc::new(std::sync::RwLock::new(key)),
             helper_path,
             reap_deadline: DEFAULT_REAP_DEADLINE,
             collector_name: collector_name.to_string(),
@@ -234,6 +247,7 @@ impl SupervisorConfig {
             boot_id: host.boot_id,
             on_helper_spawned: None,
             offcpu: None,
+            kubelet_url: None,
         })
     }
 
@@ -274,6 +288,9 @@ pub fn locate_helper() -> Result<PathBuf, CaptureError> {
 /// wrong with a *surface* is a surface status instead.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
+    /// No random digest key could be made (`/dev/urandom` unreadable).
+    #[error("cannot make a digest key from /dev/urandom: {0}")]
+    DigestKey(std::io::Error),
     /// A request or a risky read without a deadline.
     #[error("refused: surface {surface} has no deadline (every risky read must carry one)")]
     MissingDeadline {
@@ -297,12 +314,15 @@ pub enum CaptureError {
         id: u32,
     },
     /// The target's identity could not be read.
-    #[error("cannot read the identity of {id}: {error}{}", if matches!(.error, ReadError::PermissionDenied { .. }) { " (run as root to capture other users' processes)" } else { "" })]
+    #[error("cannot read the identity of {id}: {error}{}", .advice.as_ref().map(|a| format!(" ({a})")).unwrap_or_default())]
     IdentityUnreadable {
         /// The id.
         id: u32,
         /// Why.
         error: ReadError,
+        /// For a permission denial: what to do, true for who was refused
+        /// (see [`denial::explain`]).
+        advice: Option<String>,
     },
     /// Host facts (hostname, boot id) could not be read.
     #[error("cannot read host facts: {0}")]

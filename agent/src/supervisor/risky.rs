@@ -131,6 +131,12 @@ pub fn describe_exit(status: Option<ExitStatus>) -> String {
                 "net helper could not enter the target network namespace (see its stderr)".into()
             }
             (Some(2), _) => "helper refused its arguments (see its stderr)".into(),
+            (Some(4), _) => {
+                "helper read a malformed request frame (agent and helper versions differ?)".into()
+            }
+            (Some(pstack_helper::protocol::EXIT_PANIC), _) => {
+                "helper panicked after confinement (it cannot write to stderr then)".into()
+            }
             (Some(code), _) => format!("helper exited with code {code} mid-batch"),
             (None, None) => "helper ended for an unknown reason".into(),
         },
@@ -327,8 +333,13 @@ impl<'a> RiskyRun<'a> {
                 }
             };
             self.helpers_spawned += 1;
+            let digest_key = match self.config.digest_key.read() {
+                Ok(k) => k.clone(),
+                Err(poisoned) => poisoned.into_inner().clone(),
+            };
             let request = Request {
                 version: PROTOCOL_VERSION,
+                digest_key,
                 surfaces: self.reads[self.next..]
                     .iter()
                     .enumerate()

@@ -26,6 +26,12 @@ pub enum SurfaceFamily {
     ProcIo,
     /// `proc/freezer` (only where a freezer cgroup exists).
     ProcFreezer,
+    /// `proc/container` (only for a process in a recognised container:
+    /// container ID, runtime, pod UID from its cgroup path).
+    ProcContainer,
+    /// `k8s/pod` (only for a process in a pod: name, namespace, container
+    /// name; `unsupported` while no kubelet endpoint is configured).
+    K8sPod,
     /// `proc/cmdline` (risky: helper).
     ProcCmdline,
     /// `proc/environ` (risky: helper).
@@ -54,10 +60,12 @@ pub enum SurfaceFamily {
 
 impl SurfaceFamily {
     /// Every family, in a stable order.
-    pub const ALL: [SurfaceFamily; 15] = [
+    pub const ALL: [SurfaceFamily; 17] = [
         SurfaceFamily::ProcStatus,
         SurfaceFamily::ProcIo,
         SurfaceFamily::ProcFreezer,
+        SurfaceFamily::ProcContainer,
+        SurfaceFamily::K8sPod,
         SurfaceFamily::ProcCmdline,
         SurfaceFamily::ProcEnviron,
         SurfaceFamily::ProcFd,
@@ -78,6 +86,8 @@ impl SurfaceFamily {
             SurfaceFamily::ProcStatus => "proc/status",
             SurfaceFamily::ProcIo => "proc/io",
             SurfaceFamily::ProcFreezer => "proc/freezer",
+            SurfaceFamily::ProcContainer => "proc/container",
+            SurfaceFamily::K8sPod => "k8s/pod",
             SurfaceFamily::ProcCmdline => "proc/cmdline",
             SurfaceFamily::ProcEnviron => "proc/environ",
             SurfaceFamily::ProcFd => "proc/fd",

@@ -91,10 +91,7 @@ fn a_tid_passed_as_pid_names_the_right_flags() {
 
 #[test]
 fn root_kernel_thread_gets_unsupported_user_memory_surfaces() {
-    if !is_root() {
-        eprintln!("skipped: kernel-thread stacks need root");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "kernel-thread stacks need root");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("k.json");
     let o = pstackctl(&["--pid", "2", "-o", out.to_str().unwrap()], dir.path());
@@ -105,7 +102,7 @@ fn root_kernel_thread_gets_unsupported_user_memory_surfaces() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let env = pstack_envelope::verify(&std::fs::read(&out).unwrap()).unwrap();
+    let env = pstack_testkit::verify(&std::fs::read(&out).unwrap()).unwrap();
     for id in ["proc/cmdline", "proc/environ", "proc/fd"] {
         let s = env.surfaces.iter().find(|s| s.id == id).unwrap();
         assert_eq!(s.status, SurfaceStatus::Unsupported, "{s:?}");
@@ -116,10 +113,7 @@ fn root_kernel_thread_gets_unsupported_user_memory_surfaces() {
 
 #[test]
 fn root_process_of_another_user_is_read_by_the_reduced_helper() {
-    if !is_root() {
-        eprintln!("skipped: spawning as another user needs root");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "spawning as another user needs root");
     let mut cmd = Command::new("sleep");
     cmd.arg("1000").uid(65534).gid(65534);
     let p = Proc(cmd.spawn().unwrap());
@@ -137,7 +131,7 @@ fn root_process_of_another_user_is_read_by_the_reduced_helper() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let env = pstack_envelope::verify(&std::fs::read(&out).unwrap()).unwrap();
+    let env = pstack_testkit::verify(&std::fs::read(&out).unwrap()).unwrap();
     match &env.subject {
         pstack_envelope::Subject::Process(id) => assert_eq!(id.uid, 65534),
         other => panic!("{other:?}"),
@@ -166,10 +160,7 @@ pub(crate) fn as_nobody(args: &[&str], dir: &std::path::Path) -> Output {
 
 #[test]
 fn root_unprivileged_caller_gets_permission_denied_surfaces_not_a_crash() {
-    if !is_root() {
-        eprintln!("skipped: needs root to drop to another user");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "needs root to drop to another user");
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(
         dir.path(),
@@ -193,7 +184,7 @@ fn root_unprivileged_caller_gets_permission_denied_surfaces_not_a_crash() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let env = pstack_envelope::verify(&std::fs::read(&out).unwrap()).unwrap();
+    let env = pstack_testkit::verify(&std::fs::read(&out).unwrap()).unwrap();
     let stack = env
         .surfaces
         .iter()
@@ -224,7 +215,11 @@ fn root_unprivileged_caller_gets_permission_denied_surfaces_not_a_crash() {
 fn cli_summary_and_json_and_default_file_name() {
     let p = Proc::spawn("sleep", &["1000"]);
     let dir = tempfile::tempdir().unwrap();
-    let o = pstackctl(&["--pid", &p.pid().to_string()], dir.path());
+    // The default name is used in a configured directory (never the cwd by surprise).
+    let o = pstackctl(
+        &["--pid", &p.pid().to_string(), "--out-dir", "."],
+        dir.path(),
+    );
     assert_eq!(
         o.status.code(),
         Some(0),
@@ -244,12 +239,12 @@ fn cli_summary_and_json_and_default_file_name() {
         .collect();
     assert_eq!(written.len(), 1, "{written:?}");
     let env =
-        pstack_envelope::verify(&std::fs::read(dir.path().join(&written[0])).unwrap()).unwrap();
+        pstack_testkit::verify(&std::fs::read(dir.path().join(&written[0])).unwrap()).unwrap();
     assert_eq!(written[0], format!("{}.json", env.digest.replace(':', "-")));
     let o = pstackctl(
         &["--pid", &p.pid().to_string(), "--json", "-o", "j.json"],
         dir.path(),
     );
-    let printed = pstack_envelope::verify(&o.stdout).unwrap();
+    let printed = pstack_testkit::verify(&o.stdout).unwrap();
     assert_eq!(printed.subject, env.subject);
 }

@@ -2,7 +2,7 @@
 //! (digest over the kept bytes), a thread cap cuts the universe to `cap`, and
 //! neither envelope may carry a universal claim.
 
-use pstack_agent::supervisor::{self, Target};
+use pstack_agent::supervisor::Target;
 use pstack_envelope::{Completeness, Scope, SurfaceStatus, Termination};
 
 use crate::fixtures::{Proc, budget, config, request, surface, wait_state};
@@ -14,7 +14,7 @@ fn byte_cap_truncates_surfaces_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let mut req = request(Target::Process { pid: p.pid() }, 2000, 10_000);
     req.max_bytes_per_surface = 64;
-    let env = supervisor::capture(&req, &config(), &budget(dir.path(), 1)).unwrap();
+    let env = crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 1)).unwrap();
     let status = surface(&env, "proc/status");
     assert_eq!(status.status, SurfaceStatus::Truncated, "{status:?}");
     assert!(status.truncated);
@@ -23,7 +23,7 @@ fn byte_cap_truncates_surfaces_and_says_so() {
     assert_eq!(env.bounds.max_bytes_per_surface, 64);
     assert_ne!(env.completeness, Completeness::Complete);
     assert!(env.claims.iter().all(|c| c.scope == Scope::Existential));
-    pstack_envelope::verify(&env.to_json_pretty()).unwrap();
+    pstack_testkit::verify(&env.to_json_pretty()).unwrap();
 }
 
 #[test]
@@ -34,7 +34,7 @@ fn thread_cap_cuts_the_universe_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let mut req = request(Target::Process { pid: me }, 2000, 10_000);
     req.max_threads = 1;
-    let env = supervisor::capture(&req, &config(), &budget(dir.path(), 1)).unwrap();
+    let env = crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 1)).unwrap();
     assert_eq!(env.universe.termination, Termination::Cap);
     assert!(env.universe.expected_count >= 2, "{:?}", env.universe);
     assert_eq!(env.universe.observed_count, 1);

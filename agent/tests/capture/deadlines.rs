@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use pstack_agent::supervisor::{self, CaptureError, CaptureRequest, RiskyRead, Target, run_risky};
+use pstack_agent::supervisor::{CaptureError, CaptureRequest, RiskyRead, Target, run_risky};
 use pstack_helper::protocol::SurfaceKind;
 
 use crate::fixtures::{Proc, budget, config, request};
@@ -20,13 +20,14 @@ fn capture_request_without_deadlines_is_refused() {
         deadlines: None,
         ..CaptureRequest::default()
     };
-    let err = supervisor::capture(&req, &config(), &budget(dir.path(), 1)).unwrap_err();
+    let err = crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 1)).unwrap_err();
     assert!(matches!(err, CaptureError::MissingDeadline { .. }), "{err}");
     let mut zero = request(Target::Host, 0, 1000);
-    let err = supervisor::capture(&zero, &config(), &budget(dir.path(), 1)).unwrap_err();
+    let err =
+        crate::fixtures::sealed_capture(&zero, &config(), &budget(dir.path(), 1)).unwrap_err();
     assert!(matches!(err, CaptureError::MissingDeadline { .. }), "{err}");
     zero.deadlines = None;
-    assert!(supervisor::capture(&zero, &config(), &budget(dir.path(), 1)).is_err());
+    assert!(crate::fixtures::sealed_capture(&zero, &config(), &budget(dir.path(), 1)).is_err());
 }
 
 #[test]
@@ -74,7 +75,7 @@ fn risky_read_without_deadline_is_refused_and_nothing_is_spawned() {
 fn every_surface_of_a_capture_carries_the_deadline_it_ran_under() {
     let p = Proc::spawn("sleep", &["1000"]);
     let dir = tempfile::tempdir().unwrap();
-    let env = supervisor::capture(
+    let env = crate::fixtures::sealed_capture(
         &request(Target::Process { pid: p.pid() }, 1234, 10_000),
         &config(),
         &budget(dir.path(), 1),

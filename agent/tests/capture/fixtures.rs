@@ -47,10 +47,22 @@ pub fn request(target: Target, surface_ms: u64, bundle_ms: u64) -> CaptureReques
     }
 }
 
+/// `supervisor::capture`, plus the independent-canonicalizer check on every envelope
+/// it seals (pstack-testkit): the capture tests all go through here.
+pub fn sealed_capture(
+    request: &CaptureRequest,
+    config: &SupervisorConfig,
+    budget: &LeakBudget,
+) -> Result<Envelope, pstack_agent::supervisor::CaptureError> {
+    let env = supervisor::capture(request, config, budget)?;
+    pstack_testkit::check_envelope(&env);
+    Ok(env)
+}
+
 /// Capture a process with generous deadlines.
 pub fn capture_pid(pid: u32) -> Envelope {
     let dir = tempfile::tempdir().unwrap();
-    supervisor::capture(
+    sealed_capture(
         &request(Target::Process { pid }, 2000, 10_000),
         &config(),
         &budget(dir.path(), 4),

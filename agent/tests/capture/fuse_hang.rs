@@ -8,24 +8,24 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use pstack_agent::supervisor::{self, Target};
+use pstack_agent::supervisor::Target;
 use pstack_envelope::SurfaceStatus;
 
 use crate::fixtures::{HangingFuse, Proc, budget, config, is_root, request, wait_state};
 
 #[test]
 fn root_fd_target_on_a_hung_fuse_mount_times_out_and_the_rest_is_intact() {
-    if !is_root() {
-        eprintln!("skipped: mounting FUSE needs root");
-        return;
-    }
-    let mut fuse = match HangingFuse::mount() {
-        Ok(f) => f,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
-    };
+    pstack_testkit::require!(is_root(), "mounting FUSE needs root");
+    let fuse = HangingFuse::mount();
+    pstack_testkit::require!(
+        fuse.is_ok(),
+        "{} (scripts/setup.d/10-kernel.sh loads fuse)",
+        fuse.as_ref()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    );
+    let mut fuse = fuse.expect("checked above");
     // The subject holds the mount root open as its stdin.
     let dir = std::fs::File::open(fuse.mountpoint.path()).unwrap();
     let subject = Proc(
@@ -43,7 +43,7 @@ fn root_fd_target_on_a_hung_fuse_mount_times_out_and_the_rest_is_intact() {
     let budget = budget(dir.path(), 4);
     let bundle_ms = 4000;
     let started = Instant::now();
-    let env = supervisor::capture(
+    let env = crate::fixtures::sealed_capture(
         &request(Target::Process { pid: subject.pid() }, 500, bundle_ms),
         &config(),
         &budget,

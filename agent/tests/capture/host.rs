@@ -1,7 +1,7 @@
 //! Host-wide captures: every process's threads with state and wchan, sealed;
 //! the universe cap is reported, never silent.
 
-use pstack_agent::supervisor::{self, Target};
+use pstack_agent::supervisor::Target;
 use pstack_envelope::{Completeness, SurfaceStatus, Termination};
 
 use crate::fixtures::{Proc, budget, config, request};
@@ -10,14 +10,14 @@ use crate::fixtures::{Proc, budget, config, request};
 fn host_capture_covers_this_process_and_verifies() {
     let p = Proc::spawn("sleep", &["1000"]);
     let dir = tempfile::tempdir().unwrap();
-    let env = supervisor::capture(
+    let env = crate::fixtures::sealed_capture(
         &request(Target::Host, 2000, 20_000),
         &config(),
         &budget(dir.path(), 2),
     )
     .unwrap();
     assert_eq!(env.subject.kind(), "host");
-    pstack_envelope::verify(&env.to_json_pretty()).unwrap();
+    pstack_testkit::verify(&env.to_json_pretty()).unwrap();
     let tasks = env
         .surfaces
         .iter()
@@ -34,7 +34,7 @@ fn host_capture_universe_cap_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let mut req = request(Target::Host, 2000, 20_000);
     req.max_threads = 3;
-    let env = supervisor::capture(&req, &config(), &budget(dir.path(), 2)).unwrap();
+    let env = crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 2)).unwrap();
     assert_eq!(env.universe.termination, Termination::Cap);
     assert!(env.universe.expected_count > 3);
     assert!(env.universe.observed_count <= 3);

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pstack_agent::supervisor::{self, CaptureError, OffCpuSource, Target};
+use pstack_agent::supervisor::{CaptureError, OffCpuSource, Target};
 use pstack_envelope::{ClaimKind, Completeness, Envelope, Scope, Surface, SurfaceStatus};
 use serde_json::Value;
 
@@ -51,7 +51,7 @@ fn capture_cli(args: &[&str], dir: &Path) -> Envelope {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
-    pstack_envelope::verify(&std::fs::read(&out).unwrap()).expect("the envelope verifies")
+    pstack_testkit::verify(&std::fs::read(&out).unwrap()).expect("the envelope verifies")
 }
 
 fn arr<'a>(s: &'a Surface, key: &str) -> &'a [Value] {
@@ -64,10 +64,7 @@ fn arr<'a>(s: &'a Surface, key: &str) -> &'a [Value] {
 
 #[test]
 fn root_window_as_nobody_gives_a_typed_permission_denied_offcpu_surface() {
-    if !is_root() {
-        eprintln!("skipped: needs root to drop to another user");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "needs root to drop to another user");
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(
         dir.path(),
@@ -106,7 +103,7 @@ fn root_window_as_nobody_gives_a_typed_permission_denied_offcpu_surface() {
         summary.contains("off-cpu:") && summary.contains("permission_denied"),
         "{summary}"
     );
-    let env = pstack_envelope::verify(&std::fs::read(&out).unwrap()).unwrap();
+    let env = pstack_testkit::verify(&std::fs::read(&out).unwrap()).unwrap();
     let s = surface(&env, OFFCPU);
     assert_eq!(s.status, SurfaceStatus::PermissionDenied, "{s:?}");
     assert!(s.facts.is_empty());
@@ -145,8 +142,8 @@ fn window_without_kernel_btf_is_unsupported_with_an_unknown_and_no_facts() {
     cfg.offcpu = Some(Arc::new(NoBtf));
     let mut req = request(Target::Process { pid: p.pid() }, 2000, 10_000);
     req.window = Some(Duration::from_millis(200));
-    let env = supervisor::capture(&req, &cfg, &budget(dir.path(), 4)).unwrap();
-    let env = pstack_envelope::verify(&serde_json::to_vec(&env).unwrap()).unwrap();
+    let env = crate::fixtures::sealed_capture(&req, &cfg, &budget(dir.path(), 4)).unwrap();
+    let env = pstack_testkit::verify(&serde_json::to_vec(&env).unwrap()).unwrap();
     let s = surface(&env, OFFCPU);
     assert_eq!(s.status, SurfaceStatus::Unsupported, "{s:?}");
     assert_eq!(env.completeness, Completeness::Partial);
@@ -171,6 +168,8 @@ fn nonsense_windows_are_refused_with_clear_errors() {
     for (args, needle) in [
         (vec!["--host", "--window", "1s"], "cannot be used with"),
         (vec!["--pid", pid.as_str(), "--window", "0s"], "outside"),
+        // Issue 19: `--window 5` was silently five seconds.
+        (vec!["--pid", pid.as_str(), "--window", "5"], "has no unit"),
         (
             vec!["--pid", pid.as_str(), "--window", "5parsecs"],
             "unknown unit",
@@ -192,7 +191,7 @@ fn nonsense_windows_are_refused_with_clear_errors() {
     let b = budget(dir.path(), 4);
     let mut req = request(Target::Process { pid: p.pid() }, 500, 1_000);
     req.window = Some(Duration::from_secs(1));
-    match supervisor::capture(&req, &cfg, &b) {
+    match crate::fixtures::sealed_capture(&req, &cfg, &b) {
         Err(CaptureError::InvalidParameter {
             param: "window",
             reason,
@@ -204,7 +203,7 @@ fn nonsense_windows_are_refused_with_clear_errors() {
     let mut req = request(Target::Host, 500, 10_000);
     req.window = Some(Duration::from_millis(100));
     assert!(matches!(
-        supervisor::capture(&req, &cfg, &b),
+        crate::fixtures::sealed_capture(&req, &cfg, &b),
         Err(CaptureError::InvalidParameter {
             param: "window",
             ..
@@ -214,14 +213,12 @@ fn nonsense_windows_are_refused_with_clear_errors() {
 
 #[test]
 fn root_window_on_a_frozen_process_shows_a_d_episode_bound_to_ebpf_offcpu() {
-    if !is_root() {
-        eprintln!("skipped: eBPF and the cgroup freezer need root");
-        return;
-    }
-    let Some(freezer) = Freezer::new("offcpu-d") else {
-        eprintln!("skipped: cgroup-v1 freezer not mounted at /sys/fs/cgroup/freezer");
-        return;
-    };
+    pstack_testkit::require!(is_root(), "eBPF and the cgroup freezer need root");
+    pstack_testkit::require!(
+        pstack_testkit::freezer_mounted(),
+        "cgroup-v1 freezer not mounted at /sys/fs/cgroup/freezer (scripts/setup.d/10-kernel.sh mounts it)"
+    );
+    let freezer = Freezer::new("offcpu-d").expect("a freezer cgroup under the mounted hierarchy");
     let p = Proc::spawn("sleep", &["1000"]);
     assert!(wait_state(p.pid(), 'S'));
     freezer.add(p.pid());
@@ -283,10 +280,7 @@ fn root_window_on_a_frozen_process_shows_a_d_episode_bound_to_ebpf_offcpu() {
 
 #[test]
 fn root_window_on_a_sleeping_thread_shows_s_time_and_no_d_episode() {
-    if !is_root() {
-        eprintln!("skipped: eBPF needs root");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "eBPF needs root");
     // Sleeps in 20 ms naps: every nap is a switch-out in S.
     let p = Proc::spawn("perl", &["-e", "select(undef, undef, undef, 0.02) while 1"]);
     assert!(wait_state(p.pid(), 'S'));
@@ -345,10 +339,7 @@ fn without_a_window_there_is_no_ebpf_surface() {
 
 #[test]
 fn root_window_on_one_thread_claims_only_that_thread() {
-    if !is_root() {
-        eprintln!("skipped: eBPF needs root");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "eBPF needs root");
     // A thread of this (multi-threaded) test process naps; the window watches
     // the whole process, the claims speak for the subject thread only.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -367,10 +358,10 @@ fn root_window_on_one_thread_claims_only_that_thread() {
     let dir = tempfile::tempdir().unwrap();
     let mut req = request(Target::Thread { tid }, 2000, 10_000);
     req.window = Some(Duration::from_millis(800));
-    let env = supervisor::capture(&req, &config(), &budget(dir.path(), 4)).unwrap();
+    let env = crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 4)).unwrap();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     napper.join().unwrap();
-    let env = pstack_envelope::verify(&serde_json::to_vec(&env).unwrap()).unwrap();
+    let env = pstack_testkit::verify(&serde_json::to_vec(&env).unwrap()).unwrap();
     let s = surface(&env, OFFCPU);
     assert!(ok(s), "{s:?}");
     assert!(

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use pstack_agent::supervisor::{self, CaptureError, SurfaceSelection, Target};
+use pstack_agent::supervisor::{CaptureError, SurfaceSelection, Target};
 use pstack_envelope::Envelope;
 
 use crate::fixtures::{Proc, budget, config, request};
@@ -49,8 +49,8 @@ fn a_process_capture_reads_only_the_selected_surfaces_plus_thread_states() {
     let dir = tempfile::tempdir().unwrap();
     let mut req = request(Target::Process { pid: p.pid() }, 2000, 10_000);
     req.surfaces = SurfaceSelection::parse(&["task/*/stack", "proc/fd"]).unwrap();
-    let env = supervisor::capture(&req, &config(), &budget(dir.path(), 2)).unwrap();
-    pstack_envelope::verify(&env.to_json_pretty()).unwrap();
+    let env = crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 2)).unwrap();
+    pstack_testkit::verify(&env.to_json_pretty()).unwrap();
     assert_eq!(
         families(&env),
         ["proc/fd", "task/*/stack", "task/*/stat"]
@@ -75,7 +75,7 @@ fn a_process_capture_reads_only_the_selected_surfaces_plus_thread_states() {
         env.universe.selector
     );
     // The same subject captured whole has a different selector (and digest).
-    let whole = supervisor::capture(
+    let whole = crate::fixtures::sealed_capture(
         &request(Target::Process { pid: p.pid() }, 2000, 10_000),
         &config(),
         &budget(dir.path(), 2),
@@ -94,7 +94,7 @@ fn a_selection_without_risky_surfaces_spawns_no_helper() {
     cfg.helper_path = PathBuf::from("/nonexistent/pstack-helper");
     let mut req = request(Target::Process { pid: p.pid() }, 2000, 10_000);
     req.surfaces = SurfaceSelection::parse(&["proc/status", "task/*/schedstat"]).unwrap();
-    let env = supervisor::capture(&req, &cfg, &budget(dir.path(), 2)).unwrap();
+    let env = crate::fixtures::sealed_capture(&req, &cfg, &budget(dir.path(), 2)).unwrap();
     assert_eq!(
         families(&env),
         ["proc/status", "task/*/schedstat", "task/*/stat"]
@@ -113,7 +113,7 @@ fn a_selection_without_risky_surfaces_spawns_no_helper() {
 
     // The same with a risky family selected does need the helper.
     req.surfaces = SurfaceSelection::parse(&["task/*/wchan"]).unwrap();
-    let env = supervisor::capture(&req, &cfg, &budget(dir.path(), 2)).unwrap();
+    let env = crate::fixtures::sealed_capture(&req, &cfg, &budget(dir.path(), 2)).unwrap();
     assert_ne!(env.completeness, pstack_envelope::Completeness::Complete);
 }
 
@@ -122,8 +122,8 @@ fn a_host_capture_without_wchan_reads_thread_states_only() {
     let dir = tempfile::tempdir().unwrap();
     let mut req = request(Target::Host, 2000, 20_000);
     req.surfaces = SurfaceSelection::parse(&["proc/*/tasks"]).unwrap();
-    let env = supervisor::capture(&req, &config(), &budget(dir.path(), 2)).unwrap();
-    pstack_envelope::verify(&env.to_json_pretty()).unwrap();
+    let env = crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 2)).unwrap();
+    pstack_testkit::verify(&env.to_json_pretty()).unwrap();
     assert_eq!(families(&env), ["proc/*/tasks".to_string()].into());
     assert!(env.universe.observed_count > 0);
     assert!(env.universe.selector.ends_with(" surfaces=proc/*/tasks"));
@@ -138,7 +138,7 @@ fn misfit_selections_are_refused_before_any_read() {
         if window {
             req.window = Some(std::time::Duration::from_millis(100));
         }
-        match supervisor::capture(&req, &config(), &budget(dir.path(), 2)) {
+        match crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 2)) {
             Err(CaptureError::InvalidParameter { param, reason }) => {
                 assert_eq!(param, "surfaces");
                 reason
@@ -179,7 +179,7 @@ fn pstackctl_surface_flag_selects_and_a_typo_is_a_clear_usage_error() {
         dir.path(),
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let env = pstack_envelope::verify(&std::fs::read(&out).unwrap()).unwrap();
+    let env = pstack_testkit::verify(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(
         families(&env),
         ["proc/io", "task/*/stat", "task/*/wchan"]

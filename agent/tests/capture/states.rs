@@ -69,10 +69,11 @@ fn root_sleeping_process_is_s_with_wchan_and_universal_no_d_claim() {
 
 #[test]
 fn root_frozen_task_is_d_with_a_bound_d_claim() {
-    let Some(freezer) = Freezer::new("state-d") else {
-        eprintln!("skipped: cgroup-v1 freezer not mounted at /sys/fs/cgroup/freezer");
-        return;
-    };
+    pstack_testkit::require!(
+        pstack_testkit::freezer_mounted(),
+        "cgroup-v1 freezer not mounted at /sys/fs/cgroup/freezer (scripts/setup.d/10-kernel.sh mounts it)"
+    );
+    let freezer = Freezer::new("state-d").expect("a freezer cgroup under the mounted hierarchy");
     let p = Proc::spawn("sleep", &["1000"]);
     assert!(wait_state(p.pid(), 'S'));
     freezer.add(p.pid());
@@ -129,6 +130,29 @@ fn root_unreaped_child_is_z() {
     let (state, env) = classified(child);
     assert_eq!(state, "Z");
     assert!(claim_codes(&env).contains(&"threads_in_state_zombie".to_string()));
+    // A zombie has no memory: its environ cannot be opened (ESRCH), yet the process
+    // is still there. That is a complete, empty answer, not `vanished`, and the
+    // capture stays complete.
+    let environ = surface(&env, "proc/environ");
+    assert_eq!(environ.status, SurfaceStatus::Ok, "{environ:?}");
+    assert_eq!(environ.facts["names"], serde_json::json!([]));
+    assert!(
+        environ.facts["memory"]
+            .as_str()
+            .is_some_and(|m| m.contains("state Z")),
+        "{environ:?}"
+    );
+    if is_root() {
+        assert_eq!(
+            env.completeness,
+            Completeness::Complete,
+            "{:?}",
+            env.surfaces
+                .iter()
+                .filter(|s| s.status != SurfaceStatus::Ok)
+                .collect::<Vec<_>>()
+        );
+    }
 }
 
 #[test]
@@ -154,7 +178,7 @@ struct Planted {
     _procs: Vec<Proc>,
 }
 
-fn plant(state: char) -> Option<Planted> {
+fn plant(state: char) -> Planted {
     let planted = match state {
         'R' => {
             let p = Proc::spawn("sh", &["-c", "while :; do :; done"]);
@@ -173,7 +197,7 @@ fn plant(state: char) -> Option<Planted> {
             }
         }
         'D' => {
-            let freezer = Freezer::new("table")?;
+            let freezer = Freezer::new("table").expect("freezer mounted (checked by the caller)");
             let p = Proc::spawn("sleep", &["1000"]);
             assert!(wait_state(p.pid(), 'S'));
             freezer.add(p.pid());
@@ -218,29 +242,30 @@ fn plant(state: char) -> Option<Planted> {
         "fixture for {state} shows {:?}",
         state_of(planted.pid)
     );
-    Some(planted)
+    planted
 }
 
 #[test]
 fn root_every_distinguished_state_has_a_fixture_classified_correctly() {
     // Table test: each state the classifier distinguishes has a planted
     // fixture, and each is classified as itself. A classifier that maps every
-    // state to R fails on four of the five rows.
+    // state to R fails on four of the five rows. Every row is required: the D row
+    // needs the freezer, so a missing freezer is a precondition failure, not a dropped row.
+    pstack_testkit::require!(
+        pstack_testkit::freezer_mounted(),
+        "the D row needs the cgroup-v1 freezer at /sys/fs/cgroup/freezer (scripts/setup.d/10-kernel.sh)"
+    );
     let mut seen = BTreeSet::new();
     for state in DISTINGUISHED {
-        let Some(planted) = plant(state) else {
-            eprintln!(
-                "skipped row {state}: cgroup-v1 freezer not mounted at /sys/fs/cgroup/freezer"
-            );
-            continue;
-        };
+        let planted = plant(state);
         let (got, _) = classified(planted.pid);
         assert_eq!(got, state.to_string(), "fixture for {state}");
         seen.insert(got);
     }
-    assert!(
-        seen.len() >= 4,
-        "the classifier must tell the planted states apart: {seen:?}"
+    let all: BTreeSet<String> = DISTINGUISHED.iter().map(|c| c.to_string()).collect();
+    assert_eq!(
+        seen, all,
+        "the classifier must tell every planted state apart"
     );
 }
 
@@ -249,7 +274,7 @@ fn root_thread_capture_of_one_thread() {
     let p = Proc::spawn("sleep", &["1000"]);
     assert!(wait_state(p.pid(), 'S'));
     let dir = tempfile::tempdir().unwrap();
-    let env = pstack_agent::supervisor::capture(
+    let env = crate::fixtures::sealed_capture(
         &crate::fixtures::request(
             pstack_agent::supervisor::Target::Thread { tid: p.pid() },
             2000,
@@ -268,4 +293,87 @@ fn root_thread_capture_of_one_thread() {
         surface(&env, &format!("task/{}/stat", p.pid())).facts["state"],
         "S"
     );
+}
+
+/// `ps` (procps, written by others) as an oracle: for every planted state, the state
+/// letter, the wait channel and the start time the envelope reports agree with what `ps`
+/// prints for the same task.
+#[test]
+fn root_ps_agrees_with_the_envelope_on_state_wchan_and_start_time() {
+    pstack_testkit::require!(is_root(), "reading another task's wchan needs root");
+    pstack_testkit::require!(
+        pstack_testkit::freezer_mounted(),
+        "the D row needs the cgroup-v1 freezer (scripts/setup.d/10-kernel.sh)"
+    );
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    let btime: u64 = std::fs::read_to_string("/proc/stat")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .expect("btime in /proc/stat")
+        .trim()
+        .parse()
+        .unwrap();
+    for state in DISTINGUISHED {
+        let planted = plant(state);
+        if state == 'S' {
+            // Past exec and dynamic loading: the sleep itself has begun.
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while std::time::Instant::now() < until
+                && std::fs::read_to_string(format!("/proc/{}/wchan", planted.pid))
+                    .unwrap_or_default()
+                    != "hrtimer_nanosleep"
+            {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
+        let (got, env) = classified(planted.pid);
+        let ps = std::process::Command::new("ps")
+            .args(["-o", "stat=,wchan:64=,lstart=", "-p"])
+            .arg(planted.pid.to_string())
+            .env("LC_ALL", "C")
+            .env("TZ", "UTC")
+            .output()
+            .expect("ps (procps) is installed");
+        let line = String::from_utf8_lossy(&ps.stdout).trim().to_string();
+        let mut cols = line.split_whitespace();
+        let (ps_stat, ps_wchan) = (cols.next().unwrap_or(""), cols.next().unwrap_or(""));
+        let ps_lstart = cols.collect::<Vec<_>>().join(" ");
+        assert_eq!(
+            ps_stat.chars().next(),
+            got.chars().next(),
+            "row {state}: ps says {line:?}, the envelope {got}"
+        );
+        // A running or exiting task has no stable wait channel; compare where one exists.
+        if matches!(state, 'S' | 'D' | 'T') {
+            let wchan = surface(&env, &format!("task/{}/wchan", planted.pid));
+            assert_eq!(wchan.status, SurfaceStatus::Ok, "row {state}: {wchan:?}");
+            assert_eq!(
+                wchan.facts["wchan"].as_str(),
+                Some(ps_wchan),
+                "row {state}: ps says {line:?}"
+            );
+        }
+        let pstack_envelope::Subject::Process(identity) = &env.subject else {
+            panic!(
+                "row {state}: a process capture names a process: {:?}",
+                env.subject
+            )
+        };
+        let start_ticks = identity.start_ticks;
+        let ours = btime + start_ticks / hz;
+        let date = std::process::Command::new("date")
+            .args(["-u", "+%s", "-d", &ps_lstart])
+            .output()
+            .expect("date");
+        let theirs: u64 = String::from_utf8_lossy(&date.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("row {state}: ps lstart {ps_lstart:?} is not a date"));
+        assert!(
+            ours.abs_diff(theirs) <= 1,
+            "row {state}: start time {ours} (btime + start_ticks/HZ) vs ps {theirs} ({ps_lstart})"
+        );
+    }
 }

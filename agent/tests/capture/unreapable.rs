@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pstack_agent::supervisor::{self, JournalEntry, Target};
+use pstack_agent::supervisor::{JournalEntry, Target};
 use pstack_envelope::SurfaceStatus;
 
 use crate::fixtures::{Freezer, Proc, budget, config, request, wait_state};
@@ -30,10 +30,11 @@ fn freeze_first_helper(
 
 #[test]
 fn root_frozen_helper_is_timeout_unreaped_journaled_budgeted_and_restored_after_thaw() {
-    let Some(freezer) = Freezer::new("helper") else {
-        eprintln!("skipped: cgroup-v1 freezer not mounted at /sys/fs/cgroup/freezer");
-        return;
-    };
+    pstack_testkit::require!(
+        pstack_testkit::freezer_mounted(),
+        "cgroup-v1 freezer not mounted at /sys/fs/cgroup/freezer (scripts/setup.d/10-kernel.sh mounts it)"
+    );
+    let freezer = Freezer::new("helper").expect("a freezer cgroup under the mounted hierarchy");
     let freezer = Arc::new(freezer);
     let subject = Proc::spawn("sleep", &["1000"]);
     assert!(wait_state(subject.pid(), 'S'));
@@ -44,7 +45,7 @@ fn root_frozen_helper_is_timeout_unreaped_journaled_budgeted_and_restored_after_
 
     let bundle_ms = 5000;
     let started = Instant::now();
-    let env = supervisor::capture(
+    let env = crate::fixtures::sealed_capture(
         &request(Target::Process { pid: subject.pid() }, 300, bundle_ms),
         &cfg,
         &budget,
@@ -130,17 +131,18 @@ fn root_frozen_helper_is_timeout_unreaped_journaled_budgeted_and_restored_after_
 
 #[test]
 fn root_spent_leak_budget_skips_remaining_risky_surfaces_with_the_reason() {
-    let Some(freezer) = Freezer::new("budget") else {
-        eprintln!("skipped: cgroup-v1 freezer not mounted at /sys/fs/cgroup/freezer");
-        return;
-    };
+    pstack_testkit::require!(
+        pstack_testkit::freezer_mounted(),
+        "cgroup-v1 freezer not mounted at /sys/fs/cgroup/freezer (scripts/setup.d/10-kernel.sh mounts it)"
+    );
+    let freezer = Freezer::new("budget").expect("a freezer cgroup under the mounted hierarchy");
     let freezer = Arc::new(freezer);
     let subject = Proc::spawn("sleep", &["1000"]);
     let dir = tempfile::tempdir().unwrap();
     let budget = budget(dir.path(), 1);
     let mut cfg = config();
     let spawned = freeze_first_helper(&mut cfg, freezer.clone());
-    let env = supervisor::capture(
+    let env = crate::fixtures::sealed_capture(
         &request(Target::Process { pid: subject.pid() }, 200, 5000),
         &cfg,
         &budget,

@@ -2,6 +2,7 @@
 //! envelopes; anyone else gets 403 with a clear body and a logged refusal.
 
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use super::common::*;
 
@@ -34,10 +35,7 @@ fn code_and_body(o: &Output) -> (u16, String) {
 
 #[test]
 fn root_only_unprivileged_peer_gets_403_root_and_group_members_get_envelopes() {
-    if !is_root() {
-        eprintln!("skipping: needs root to setuid the test client");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "needs root to setuid the test client");
     let dir = tempfile::tempdir().unwrap();
     // 0666 so an outsider can reach the API at all and meet SO_PEERCRED.
     let d = Daemon::start(
@@ -86,7 +84,7 @@ fn root_only_unprivileged_peer_gets_403_root_and_group_members_get_envelopes() {
     let o = curl_as(65533, users, &d.socket, &capture_args);
     let (code, text) = code_and_body(&o);
     assert_eq!(code, 200, "group member: {text}");
-    pstack_envelope::verify(text.as_bytes()).expect("member's envelope verifies");
+    pstack_testkit::verify(text.as_bytes()).expect("member's envelope verifies");
 
     // Root too, through the library client.
     let env = d.capture_pid(target.pid()).expect("root capture");
@@ -114,10 +112,7 @@ fn root_only_unprivileged_peer_gets_403_root_and_group_members_get_envelopes() {
 
 #[test]
 fn root_only_default_socket_mode_keeps_outsiders_from_connecting() {
-    if !is_root() {
-        eprintln!("skipping: needs root to setuid the test client");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "needs root to setuid the test client");
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(dir.path(), &Settings::default());
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -141,10 +136,10 @@ fn root_only_default_socket_mode_keeps_outsiders_from_connecting() {
 
 #[test]
 fn root_only_daemon_drops_capabilities_and_sets_no_new_privs() {
-    if !is_root() {
-        eprintln!("skipping: needs root (an unprivileged daemon has no capabilities to drop)");
-        return;
-    }
+    pstack_testkit::require!(
+        is_root(),
+        "needs root (an unprivileged daemon has no capabilities to drop)"
+    );
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(dir.path(), &Settings::default());
     // Capabilities are per thread: every thread of the daemon must hold the
@@ -163,22 +158,35 @@ fn root_only_daemon_drops_capabilities_and_sets_no_new_privs() {
             status
                 .lines()
                 .find_map(|l| l.strip_prefix(name))
-                .map(|v| u64::from_str_radix(v.trim(), 16).unwrap_or(u64::MAX))
+                .map(|v| v.trim().to_string())
                 .unwrap()
         };
-        let mut expected = 0u64;
-        for cap in pstack_agent::daemon::privilege::KEPT {
-            expected |= 1 << cap.index();
-        }
+        // Literal, reviewed list (not the code's KEPT): changing what pstackd keeps
+        // must change this test too. Names decoded by libcap's capsh.
+        let expected = pstack_testkit::names(&[
+            "CAP_SYS_PTRACE",
+            "CAP_DAC_READ_SEARCH",
+            "CAP_SYS_ADMIN",
+            "CAP_BPF",
+            "CAP_PERFMON",
+            "CAP_NET_ADMIN",
+            // Passed on to each helper, which needs it to empty its own
+            // bounding set before dropping it (issue 10).
+            "CAP_SETPCAP",
+        ]);
         assert_eq!(
-            field("CapEff:"),
+            pstack_testkit::capsh_decode(&field("CapEff:")),
             expected,
             "effective set is exactly the documented set"
         );
-        assert_eq!(field("CapPrm:"), expected);
-        assert_eq!(field("CapBnd:"), expected, "bounding set narrowed too");
-        assert_eq!(field("CapInh:"), 0);
-        assert_eq!(field("CapAmb:"), 0);
+        assert_eq!(pstack_testkit::capsh_decode(&field("CapPrm:")), expected);
+        assert_eq!(
+            pstack_testkit::capsh_decode(&field("CapBnd:")),
+            expected,
+            "bounding set narrowed too"
+        );
+        assert!(pstack_testkit::capsh_decode(&field("CapInh:")).is_empty());
+        assert!(pstack_testkit::capsh_decode(&field("CapAmb:")).is_empty());
         assert!(
             status
                 .lines()
@@ -187,4 +195,90 @@ fn root_only_daemon_drops_capabilities_and_sets_no_new_privs() {
     }
     // And it still captures with that set.
     d.capture_pid(target.pid()).expect("capture after the drop");
+}
+
+#[test]
+fn root_only_supplementary_group_admits_and_outsiders_cannot_hold_connection_slots() {
+    if !is_root() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "needs root to setuid clients"
+        );
+        eprintln!("skipping: needs root to setuid the test clients");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(
+        dir.path(),
+        &Settings {
+            socket_mode: "0666",
+            group: "users",
+            extra: "max_connections = 4\n".into(),
+            ..Settings::default()
+        },
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let users = nix::unistd::Group::from_name("users")
+        .unwrap()
+        .expect("group users")
+        .gid
+        .as_raw();
+    // uid 65533, primary gid 65533, `users` only as a supplementary group.
+    let o = Command::new("setpriv")
+        .args([
+            "--reuid=65533",
+            "--regid=65533",
+            &format!("--groups={users}"),
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            "-w",
+            "\n%{http_code}",
+            "--unix-socket",
+        ])
+        .arg(&d.socket)
+        .arg("http://pstackd/v1/status")
+        .output()
+        .expect("setpriv (util-linux) and curl");
+    let (code, text) = code_and_body(&o);
+    assert_eq!(code, 200, "supplementary member: {text}");
+
+    // Outsiders hold 10 idle connections (more than max_connections = 4):
+    // they are refused at accept and never take a slot, so root still gets in.
+    let mut outsiders = Vec::new();
+    for _ in 0..10 {
+        outsiders.push(
+            Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .args([
+                    "perl",
+                    "-MSocket",
+                    "-e",
+                    "socket(S, PF_UNIX, SOCK_STREAM, 0) or die; connect(S, pack_sockaddr_un($ARGV[0])) or die \"connect: $!\"; sleep 30",
+                ])
+                .arg(&d.socket)
+                .spawn()
+                .expect("perl"),
+        );
+    }
+    wait_until(Duration::from_secs(10), "10 outsiders refused", || {
+        d.metric("pstackd_requests_refused_total{reason=\"unauthorized\"}") >= 10
+    });
+    let started = std::time::Instant::now();
+    let target = Sleeper::spawn();
+    d.capture_pid(target.pid())
+        .expect("root gets in past 10 outsiders");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Only the metrics request itself is open.
+    assert_eq!(d.metric("pstackd_connections_open"), 1);
+    assert!(
+        d.metric("pstackd_connections_refused_total") == 0,
+        "outsiders were counted against the limit"
+    );
+    for mut o in outsiders {
+        let _ = o.kill();
+        let _ = o.wait();
+    }
 }

@@ -324,7 +324,7 @@ fn serve<S: Read + Write>(
             if omit_last && i + 1 == items.len() {
                 continue;
             }
-            match pstack_envelope::verify(item.get().as_bytes()) {
+            match pstack_testkit::verify(item.get().as_bytes()) {
                 Ok(env) if !reject.contains(&i) => {
                     let n = rec.arrivals.entry(env.digest.clone()).or_insert(0);
                     *n += 1;

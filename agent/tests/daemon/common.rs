@@ -135,6 +135,7 @@ batch_max_items = {bmi}
 [capture]
 leak_journal = "{leaks}"
 helper_path = "{helper}"
+digest_key_file = "{digest_key}"
 "#,
             sock = dir.join("pstackd.sock").display(),
             mode = self.socket_mode,
@@ -152,6 +153,7 @@ helper_path = "{helper}"
             bm = self.backoff_max_ms,
             bmi = self.batch_max_items,
             leaks = dir.join("leaks.jsonl").display(),
+            digest_key = dir.join("digest.key").display(),
             helper = helper_bin().display(),
         )
     }
@@ -360,7 +362,10 @@ pub fn capture(socket: &Path, pid: u32, bundle_ms: u64) -> Result<Envelope, Clie
         },
         ..Default::default()
     };
-    client::capture_via_socket(socket, &req, Duration::from_millis(bundle_ms + 5_000))
+    let env = client::capture_via_socket(socket, &req, Duration::from_millis(bundle_ms + 5_000))?;
+    // Every envelope the daemon seals agrees with the independent canonicalizer.
+    pstack_testkit::check_envelope(&env);
+    Ok(env)
 }
 
 /// A sleeping process to capture; killed on drop.

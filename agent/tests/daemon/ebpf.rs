@@ -58,8 +58,11 @@ fn windowed(d: &Daemon, pid: u32, window_ms: u64) -> Envelope {
         window_ms: Some(window_ms),
         ..Default::default()
     };
-    client::capture_via_socket(&d.socket, &body, Duration::from_millis(window_ms + 10_000))
-        .unwrap_or_else(|e| panic!("windowed capture: {e}\nlog:\n{}", d.log_text()))
+    let env =
+        client::capture_via_socket(&d.socket, &body, Duration::from_millis(window_ms + 10_000))
+            .unwrap_or_else(|e| panic!("windowed capture: {e}\nlog:\n{}", d.log_text()));
+    pstack_testkit::check_envelope(&env);
+    env
 }
 
 fn offcpu(env: &Envelope) -> &pstack_envelope::Surface {
@@ -83,10 +86,7 @@ fn tcp_traffic() {
 
 #[test]
 fn root_status_and_metrics_show_attached_programs_and_live_counters() {
-    if !is_root() {
-        eprintln!("skipped: loading eBPF programs needs root");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "loading eBPF programs needs root");
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(dir.path(), &Settings::default());
     let s = settled(&d);
@@ -109,28 +109,25 @@ fn root_status_and_metrics_show_attached_programs_and_live_counters() {
     });
     // Drained every second: nothing is lost at this rate.
     assert_eq!(s["ebpf"]["tcp_lost"]["state"], 0, "{:#}", s["ebpf"]);
-    assert_eq!(d.metric("pstack_ebpf_up{state=\"running\"}"), 1);
-    assert!(d.metric("pstack_ebpf_tcp_events_total{kind=\"state\"}") >= 6);
+    assert_eq!(d.metric("pstackd_ebpf_up{state=\"running\"}"), 1);
+    assert!(d.metric("pstackd_ebpf_tcp_events_total{kind=\"state\"}") >= 6);
     assert_eq!(
-        d.metric("pstack_ebpf_tcp_lost_events_total{kind=\"state\"}"),
+        d.metric("pstackd_ebpf_tcp_lost_events_total{kind=\"state\"}"),
         0
     );
     assert_eq!(
         d.metric(
-            "pstack_ebpf_program_attached{program=\"pstack_sched_switch\",tracepoint=\"sched/sched_switch\"}"
+            "pstackd_ebpf_program_attached{program=\"pstack_sched_switch\",tracepoint=\"sched/sched_switch\"}"
         ),
         1
     );
-    assert_eq!(d.metric("pstack_ebpf_offcpu_watched"), 0);
+    assert_eq!(d.metric("pstackd_ebpf_offcpu_watched_processes"), 0);
     assert!(d.log_text().contains("eBPF programs attached"));
 }
 
 #[test]
 fn root_windowed_captures_borrow_the_running_session_and_fall_back_when_busy() {
-    if !is_root() {
-        eprintln!("skipped: loading eBPF programs needs root");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "loading eBPF programs needs root");
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(dir.path(), &Settings::default());
     assert_eq!(settled(&d)["ebpf"]["state"], "running");
@@ -196,7 +193,7 @@ fn ebpf_disabled_by_config_is_reported_and_windows_load_their_own_session() {
     let s = d.status();
     assert_eq!(s["ebpf"]["state"], "disabled", "{:#}", s["ebpf"]);
     assert!(s["ebpf"]["programs"].as_array().unwrap().is_empty());
-    assert_eq!(d.metric("pstack_ebpf_up{state=\"disabled\"}"), 0);
+    assert_eq!(d.metric("pstackd_ebpf_up{state=\"disabled\"}"), 0);
     let p = Napper::spawn();
     let env = windowed(&d, p.pid(), 300);
     let s = offcpu(&env);
@@ -217,10 +214,7 @@ fn ebpf_disabled_by_config_is_reported_and_windows_load_their_own_session() {
 
 #[test]
 fn root_daemon_as_nobody_reports_ebpf_permission_denied_and_keeps_serving() {
-    if !is_root() {
-        eprintln!("skipped: needs root to start pstackd as another user");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "needs root to start pstackd as another user");
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(
         dir.path(),
@@ -244,7 +238,7 @@ fn root_daemon_as_nobody_reports_ebpf_permission_denied_and_keeps_serving() {
         "{:#}",
         s["ebpf"]
     );
-    assert_eq!(d.metric("pstack_ebpf_up{state=\"permission_denied\"}"), 0);
+    assert_eq!(d.metric("pstackd_ebpf_up{state=\"permission_denied\"}"), 0);
     assert!(d.log_text().contains("eBPF programs not loaded"));
     // Still serving captures: nobody's own process, the eBPF surface typed.
     let mut cmd = Command::new("perl");
@@ -267,5 +261,52 @@ fn root_daemon_as_nobody_reports_ebpf_permission_denied_and_keeps_serving() {
         !env.claims
             .iter()
             .any(|c| c.surfaces.iter().any(|x| x == "ebpf:offcpu"))
+    );
+}
+
+/// `promtool check metrics` (Prometheus's own linter, Debian `prometheus`) as the oracle
+/// for the live `/metrics` of a daemon with every family present (eBPF running, off-CPU
+/// counters, spool, shipping): it must parse and lint clean, with the exposition's
+/// content type.
+#[test]
+fn root_live_metrics_pass_promtool_check_metrics() {
+    pstack_testkit::require!(
+        is_root(),
+        "every eBPF family is present only when loading eBPF works (root)"
+    );
+    pstack_testkit::require!(
+        pstack_testkit::have_tool("promtool"),
+        "promtool is not installed (scripts/setup.d/60-oracles.sh installs Debian's prometheus)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &Settings::default());
+    let s = settled(&d);
+    assert_eq!(s["ebpf"]["state"], "running", "{:#}", s["ebpf"]);
+    tcp_traffic();
+    let resp = client::request(&d.socket, "GET", "/metrics", None, Duration::from_secs(5))
+        .expect("GET /metrics");
+    assert_eq!(resp.status, 200);
+    let ctype = resp
+        .headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        .map(|(_, v)| v.as_str());
+    assert_eq!(ctype, Some("text/plain; version=0.0.4; charset=utf-8"));
+    let text = String::from_utf8(resp.body).expect("utf-8 exposition");
+    for family in [
+        "pstackd_ebpf_up",
+        "pstackd_ebpf_offcpu_lost_total",
+        "pstackd_captures_total",
+    ] {
+        assert!(
+            text.contains(&format!("# HELP {family} ")),
+            "{family} in:\n{text}"
+        );
+    }
+    let verdict = pstack_testkit::promtool_check_metrics(&text);
+    assert!(
+        verdict.is_ok(),
+        "promtool check metrics:\n{}\n--- /metrics:\n{text}",
+        verdict.unwrap_err()
     );
 }

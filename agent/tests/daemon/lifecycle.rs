@@ -161,15 +161,19 @@ fn sigterm_with_captures_in_flight_exits_zero_within_the_drain_bound() {
     let target = Sleeper::spawn();
     let socket = d.socket.clone();
     let pid = target.pid();
+    // Each client records every answered capture as (sent, answered, digest): the
+    // drain is proven by a capture that was in flight when SIGTERM was sent and was
+    // still answered, its envelope written to the spool.
     let clients: Vec<_> = (0..4)
         .map(|_| {
             let socket = socket.clone();
             std::thread::spawn(move || {
                 let start = Instant::now();
-                let mut answered = 0;
+                let mut answered = Vec::new();
                 while start.elapsed() < Duration::from_secs(3) {
+                    let sent = Instant::now();
                     match capture(&socket, pid, 2_000) {
-                        Ok(_) => answered += 1,
+                        Ok(env) => answered.push((sent, Instant::now(), env.digest)),
                         Err(client::ClientError::NoDaemon { .. }) => break,
                         Err(client::ClientError::Api {
                             status: 503 | 429, ..
@@ -185,14 +189,39 @@ fn sigterm_with_captures_in_flight_exits_zero_within_the_drain_bound() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(150));
+    d.wait_status(Duration::from_secs(5), "a capture in flight", |s| {
+        s["captures"]["in_flight"].as_u64().unwrap_or(0) > 0
+    });
+    let sigterm_at = Instant::now();
     let (st, took) = d.terminate(Duration::from_millis(drain_ms + 2_000));
     assert_eq!(st.code(), Some(0), "log:\n{}", d.log_text());
     assert!(
         took < Duration::from_millis(drain_ms + 1_000),
         "drain took {took:?}"
     );
-    let answered: u32 = clients.into_iter().map(|c| c.join().unwrap()).sum();
-    assert!(answered > 0);
+    let answered: Vec<(Instant, Instant, String)> = clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect();
+    let drained: Vec<&String> = answered
+        .iter()
+        .filter(|(sent, done, _)| *sent < sigterm_at && *done > sigterm_at)
+        .map(|(_, _, digest)| digest)
+        .collect();
+    assert!(
+        !drained.is_empty(),
+        "no capture was in flight at SIGTERM and answered after it ({} answered in all)",
+        answered.len()
+    );
+    for digest in &drained {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        let spooled = dir.path().join("spool").join(format!("{hex}.json"));
+        assert!(
+            spooled.exists(),
+            "the capture drained at SIGTERM was acknowledged but not spooled: {}",
+            spooled.display()
+        );
+    }
     assert!(!d.socket.exists(), "socket file removed at exit");
     assert!(d.log_text().contains("draining"));
 }
@@ -317,7 +346,7 @@ fn pstackctl_capture_goes_through_the_socket_when_pstackd_runs_and_one_shot_othe
             "{}",
             String::from_utf8_lossy(&o.stderr)
         );
-        pstack_envelope::verify(&std::fs::read(out).unwrap()).unwrap()
+        pstack_testkit::verify(&std::fs::read(out).unwrap()).unwrap()
     };
     let via_daemon = run(&d.socket, &dir.path().join("a.json"));
     assert_eq!(via_daemon.collector.name, "pstackd");

@@ -215,7 +215,7 @@ fn malformed_http_oversized_bodies_unknown_fields_and_bad_selectors_get_clear_4x
     )
     .unwrap();
     assert_eq!(r.status, 200);
-    assert_eq!(pstack_envelope::verify(&r.body).unwrap().digest, env.digest);
+    assert_eq!(pstack_testkit::verify(&r.body).unwrap().digest, env.digest);
     drop(idle);
 }
 
@@ -310,7 +310,7 @@ fn a_surface_list_selects_what_is_read_and_a_bad_list_gets_a_clear_400() {
         r#"{{"subject":{{"pid":{pid}}},"surfaces":["task/*/syscall","proc/status"]}}"#
     ));
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    let env = pstack_envelope::verify(&r.body).unwrap();
+    let env = pstack_testkit::verify(&r.body).unwrap();
     let mut ids: Vec<String> = env
         .surfaces
         .iter()

@@ -59,6 +59,8 @@ fn spool_corruption_matrix_each_file_quarantined_and_counted_shipping_continues(
     let mut q: Vec<String> = std::fs::read_dir(spool.join("quarantine"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
+        // Quarantine names are `<name>.<reason>.<unique suffix>`.
+        .map(|n| n.rsplit_once('.').map(|(a, _)| a.to_string()).unwrap_or(n))
         .collect();
     q.sort();
     let hex = |d: &str| d.strip_prefix("sha256:").unwrap().to_string();
@@ -176,18 +178,14 @@ fn files_in(dir: &Path) -> usize {
 
 /// A daemon whose spool sits on a 160 KiB tmpfs, with this overflow policy.
 /// The byte bound is far above the filesystem: ENOSPC is what stops writes.
-/// `None` (with the reason printed) when not root or the mount fails.
+/// `None` (a reported skip; a failure in strict mode) when not root.
 fn daemon_on_tiny_tmpfs(
     overflow: &'static str,
 ) -> Option<(tempfile::TempDir, Tmpfs, std::path::PathBuf, Daemon)> {
-    if !is_root() {
-        eprintln!("skipping: needs root to mount a tmpfs");
-        return None;
-    }
+    pstack_testkit::require!(is_root(), "needs root to mount a tmpfs");
     let dir = tempfile::tempdir().unwrap();
     let Some(fs) = Tmpfs::mount(&dir.path().join("spoolfs"), "160k") else {
-        eprintln!("skipping: mount -t tmpfs failed");
-        return None;
+        panic!("mount -t tmpfs failed as root");
     };
     let spool = fs.0.join("spool");
     let d = Daemon::start(

@@ -107,7 +107,7 @@ fn end_to_end_with_the_real_store_down_then_up_across_a_pstackd_restart() {
         let (code, body) =
             http(addr, "GET", &format!("/v1/envelopes/{digest}"), &key, b"").unwrap();
         assert_eq!(code, 200, "{digest} not in the store");
-        assert_eq!(&pstack_envelope::verify(&body).unwrap().digest, digest);
+        assert_eq!(&pstack_testkit::verify(&body).unwrap().digest, digest);
         // A replay (what a crash between ack and delete causes) is a duplicate.
         let (code, resp) = http(
             addr,

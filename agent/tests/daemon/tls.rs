@@ -91,12 +91,10 @@ fn shipping_over_rustls_to_a_collector_signed_by_the_configured_ca_and_refused_w
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path().join("certs");
     std::fs::create_dir_all(&certs).unwrap();
-    if Command::new("openssl").arg("version").output().is_err() {
-        eprintln!(
-            "skipping: openssl is not installed (apt-get install openssl) to mint test certificates"
-        );
-        return;
-    }
+    pstack_testkit::require!(
+        pstack_testkit::have_tool("openssl"),
+        "openssl is not installed (scripts/setup.d/50-daemon.sh installs it) to mint test certificates"
+    );
     assert!(
         make_certs(&certs),
         "openssl could not mint the test certificates"

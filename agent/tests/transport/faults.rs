@@ -416,12 +416,10 @@ fn root_conntrack_near_max_is_a_pressure_fact() {
     if !root_or_skip("root_conntrack_near_max_is_a_pressure_fact") {
         return;
     }
-    if !std::path::Path::new("/proc/sys/net/netfilter/nf_conntrack_max").exists() {
-        eprintln!(
-            "SKIP root_conntrack_near_max_is_a_pressure_fact: nf_conntrack is not available in this kernel"
-        );
-        return;
-    }
+    pstack_testkit::require!(
+        std::path::Path::new("/proc/sys/net/netfilter/nf_conntrack_max").exists(),
+        "nf_conntrack is not available in this kernel"
+    );
     let _s = serial();
     let bed = Testbed::new("ct");
     // Conntrack runs in B once a ct expression is loaded there.

@@ -28,6 +28,54 @@ fn root_peer_matching_no_socket_is_a_complete_no_match_envelope() {
     assert!(!e.unknowns.is_empty() && !e.unknowns[0].probe.is_empty());
 }
 
+/// Issue 19: `capture transport` with no matching flow waited the whole 30 s
+/// window before saying so. It now stops after the first sample (and says
+/// why); `--wait` watches the whole window.
+#[test]
+fn root_no_matching_flow_returns_early_unless_asked_to_wait() {
+    if !root_or_skip("root_no_matching_flow_returns_early_unless_asked_to_wait") {
+        return;
+    }
+    let started = std::time::Instant::now();
+    let (code, out, err) = pstackctl(&[
+        "capture",
+        "transport",
+        "--peer",
+        "192.0.2.77",
+        "--window",
+        "30s",
+        "--no-ebpf",
+        "--json",
+    ]);
+    let took = started.elapsed();
+    assert_eq!(code, 0, "{err}");
+    assert!(took < std::time::Duration::from_secs(15), "took {took:?}");
+    assert!(err.contains("no TCP flow matches"), "{err}");
+    assert!(err.contains("--wait"), "{err}");
+    let envs = envelopes(&out);
+    assert_eq!(envs.len(), 1);
+    assert_eq!(envs[0].completeness, Completeness::Complete);
+    assert_eq!(envs[0].claims[0].code, "no_matching_flow");
+    assert!(envs[0].claims[0].statement.contains("first sample"));
+
+    let started = std::time::Instant::now();
+    let (code, out, err) = pstackctl(&[
+        "capture",
+        "transport",
+        "--peer",
+        "192.0.2.77",
+        "--window",
+        "2s",
+        "--wait",
+        "--no-ebpf",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(started.elapsed() >= std::time::Duration::from_secs(2));
+    assert!(!err.contains("no TCP flow matches"), "{err}");
+    assert_eq!(envelopes(&out)[0].claims[0].code, "no_matching_flow");
+}
+
 #[test]
 fn root_netns_pid_that_is_gone_is_a_typed_usage_error() {
     if !root_or_skip("root_netns_pid_that_is_gone_is_a_typed_usage_error") {

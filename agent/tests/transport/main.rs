@@ -8,4 +8,5 @@ mod hostile;
 mod longhorn;
 mod net_helper;
 mod netns_semantics;
+mod ss_oracle;
 mod testbed;

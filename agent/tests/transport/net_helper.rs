@@ -37,6 +37,7 @@ fn plan(ns: &Netns, window: &str) -> Plan {
             window: window.into(),
             ports: "10000-30000".into(),
             max_flows: 64,
+            wait: false,
         },
         false,
     )
@@ -310,10 +311,11 @@ fn root_frozen_net_helper_is_timeout_unreaped_journaled_and_spends_the_budget() 
     if !root_or_skip("root_frozen_net_helper_is_timeout_unreaped_journaled_and_spends_the_budget") {
         return;
     }
-    let Some(freezer) = Freezer::new() else {
-        eprintln!("SKIP: cgroup-v1 freezer not mounted at /sys/fs/cgroup/freezer");
-        return;
-    };
+    pstack_testkit::require!(
+        pstack_testkit::freezer_mounted(),
+        "cgroup-v1 freezer not mounted at /sys/fs/cgroup/freezer (scripts/setup.d/10-kernel.sh mounts it)"
+    );
+    let freezer = Freezer::new().expect("a freezer cgroup under the mounted hierarchy");
     let _s = serial();
     let bed = Testbed::new("nfz");
     let _t = Transfer::start(&bed, false, None);

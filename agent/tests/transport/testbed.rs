@@ -36,11 +36,13 @@ pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Whether this process can build the testbed; prints why not.
+/// Whether this process can build the testbed; a missing precondition is a reported skip
+/// (a failure under `PSTACK_STRICT=1`/`CI=true`, see pstack-testkit).
 pub fn root_or_skip(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP {test}: needs root (network namespaces, veth, nftables)");
+    if !pstack_testkit::precondition(
+        pstack_testkit::is_root(),
+        "needs root (network namespaces, veth, nftables)",
+    ) {
         return false;
     }
     for tool in ["ip", "nft"] {
@@ -520,7 +522,7 @@ pub fn envelopes(stdout: &str) -> Vec<Envelope> {
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
-            pstack_envelope::verify(l.as_bytes())
+            pstack_testkit::verify(l.as_bytes())
                 .unwrap_or_else(|e| panic!("envelope does not verify: {e}\n{l}"))
         })
         .collect()
@@ -612,9 +614,14 @@ pub fn counter(e: &Envelope, name: &str) -> i64 {
         .unwrap_or_else(|| panic!("no counter {name}"))
 }
 
-/// A per-flow tcp_info delta from `tcp/end`.
+/// A per-flow tcp_info delta from `tcp/end`. A missing or non-integer field is a test
+/// failure, never a zero (a zero would make `== 0` assertions pass vacuously).
 pub fn flow_delta(e: &Envelope, name: &str) -> i64 {
-    surface(e, "tcp/end").facts["delta"][name]
-        .as_i64()
-        .unwrap_or(0)
+    let end = surface(e, "tcp/end");
+    end.facts["delta"][name].as_i64().unwrap_or_else(|| {
+        panic!(
+            "tcp/end has no integer delta.{name}: {}",
+            serde_json::to_string(&end.facts["delta"]).unwrap_or_default()
+        )
+    })
 }

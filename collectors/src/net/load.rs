@@ -33,14 +33,18 @@ pub struct LoadFacts {
     pub psi_some_total_us: Option<u64>,
 }
 
-/// `"0.52"` → 520.
+/// `"0.52"` → 520. `None` for anything that is not a decimal or whose
+/// milli-units do not fit a `u64` (the kernel never writes one, a fuzzer did).
 fn milli(s: &str) -> Option<u64> {
     let (i, f) = s.split_once('.').unwrap_or((s, "0"));
     let mut frac = f.chars().take(3).collect::<String>();
     while frac.len() < 3 {
         frac.push('0');
     }
-    Some(i.parse::<u64>().ok()? * 1000 + frac.parse::<u64>().ok()?)
+    i.parse::<u64>()
+        .ok()?
+        .checked_mul(1000)?
+        .checked_add(frac.parse::<u64>().ok()?)
 }
 
 /// Parse `/proc/loadavg`.
@@ -116,6 +120,17 @@ pub fn read_load() -> Result<(LoadFacts, Vec<u8>), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The input the 10-second fuzz run of `procfs_parsers` found in CI: a
+    /// load value whose milli-units overflow `u64` is refused, not a panic.
+    #[test]
+    fn a_load_past_u64_milli_units_is_refused() {
+        let mut f = LoadFacts::default();
+        let input = "467440737095511000 100 184467440737095516159\0\0 1 1 0 b)  0\n";
+        assert_eq!(parse_loadavg(input, &mut f), Err("load1".to_string()));
+        assert_eq!(milli("18446744073709551"), Some(18_446_744_073_709_551_000));
+        assert_eq!(milli("18446744073709552"), None);
+    }
 
     #[test]
     fn parses_loadavg_stat_and_psi() {

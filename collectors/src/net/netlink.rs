@@ -253,7 +253,11 @@ pub fn error_code(payload: &[u8]) -> Result<i32, NetlinkError> {
         .and_then(|b| b.try_into().ok())
         .map(i32::from_ne_bytes)
         .ok_or_else(|| NetlinkError::Malformed("NLMSG_ERROR shorter than 4 bytes".into()))?;
-    Ok(-code)
+    // The kernel sends 0 or a negated errno; i32::MIN has no positive errno (and
+    // negating it overflowed: found by the netlink_parsers fuzz target).
+    code.checked_neg().ok_or_else(|| {
+        NetlinkError::Malformed(format!("NLMSG_ERROR code {code} is not a negated errno"))
+    })
 }
 
 /// A netlink socket of one protocol, in the creating thread's netns.
@@ -417,6 +421,15 @@ fn kernel_error(errno: i32) -> NetlinkError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nlmsg_error_code_of_i32_min_is_malformed_not_an_overflow() {
+        // Regression: the netlink_parsers fuzz target's first crash.
+        let e = error_code(&i32::MIN.to_ne_bytes()).unwrap_err();
+        assert!(matches!(e, NetlinkError::Malformed(_)), "{e:?}");
+        assert_eq!(error_code(&(-13i32).to_ne_bytes()).unwrap(), 13);
+        assert_eq!(error_code(&0i32.to_ne_bytes()).unwrap(), 0);
+    }
 
     #[test]
     fn truncated_header_is_malformed_not_a_panic() {

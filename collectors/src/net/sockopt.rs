@@ -215,7 +215,7 @@ pub fn read_sockopts(pid: u32, fd: i32) -> Result<SockOpts, SockOptError> {
     // SAFETY: dup is a fresh descriptor (our duplicate) that we own and close on drop.
     let dup = unsafe { OwnedFd::from_raw_fd(dup as i32) };
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim().to_string())
+        .map(|s| pstack_envelope::redact_text(s.trim()).into_owned())
         .unwrap_or_default();
     Ok(SockOpts {
         owner_pid: pid,

@@ -20,6 +20,7 @@
 //! - **The thread universe is `/proc/<pid>/task/*`**, enumerated with a cap
 //!   ([`read::list_tasks`]); the cap is reported, never silently applied.
 
+pub mod container;
 pub mod freezer;
 pub mod identity;
 pub mod parse;

@@ -161,7 +161,9 @@ pub fn parse_stat(bytes: &[u8]) -> Result<TaskStat, String> {
         .trim()
         .parse::<u32>()
         .map_err(|_| "field 1 (pid) is not a number".to_string())?;
-    let comm = text[open + 1..close].to_string();
+    // A comm is whatever the process named itself (PR_SET_NAME, a title
+    // rewrite): secret-shaped parts never leave the host.
+    let comm = pstack_envelope::redact_text(&text[open + 1..close]).into_owned();
     let rest: Vec<&str> = text[close + 1..].split_ascii_whitespace().collect();
     // rest[i] is field i + 3.
     let field = |n: usize| -> Result<&str, String> {
@@ -281,7 +283,7 @@ pub fn parse_status(bytes: &[u8]) -> Result<StatusFacts, String> {
         };
         let small = |x: u64| u32::try_from(x).map_err(|_| format!("{key}: out of range"));
         match key {
-            "Name" => s.name = Some(v.to_string()),
+            "Name" => s.name = Some(pstack_envelope::redact_text(v).into_owned()),
             "State" => s.state = v.split_ascii_whitespace().next().map(str::to_string),
             "Tgid" => s.tgid = Some(small(n()?)?),
             "Pid" => s.pid = Some(small(n()?)?),

@@ -5,7 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use pstack_envelope::{RedactedCommand, RedactedEnviron, redact_cmdline, redact_environ};
+use pstack_envelope::{
+    DigestKey, RedactedCommand, RedactedEnviron, redact_cmdline, redact_environ,
+};
 use serde::{Deserialize, Serialize};
 
 use super::parse::{
@@ -126,21 +128,47 @@ pub fn read_syscall(task: TaskRef, max_bytes: u64) -> Result<Reading<SyscallFact
     read_parsed(task.file("syscall"), max_bytes, parse::parse_syscall)
 }
 
-/// `cmdline`, redacted to argv[0] + a digest of the rest (risky: helper only).
-/// The raw digest covers the unredacted bytes so two captures compare equal.
-pub fn read_cmdline(pid: u32, max_bytes: u64) -> Result<Reading<RedactedCommand>, ReadError> {
+/// [`parsed`] for secret-bearing files: the raw digest is keyed too (an
+/// unkeyed digest of the raw block would confirm a guess as well as the
+/// facts' digest would). The envelope schema wants `sha256:<hex>` there, so
+/// it is the SHA-256 of the keyed digest: still equal for equal blocks on
+/// one host, still unconfirmable without the key.
+fn parsed_keyed<T>(
+    path: &Path,
+    raw: &RawRead,
+    key: &DigestKey,
+    f: impl FnOnce(&[u8]) -> T,
+) -> Result<Reading<T>, ReadError> {
+    let mut reading = parsed(path, raw, |b| Ok(f(b)))?;
+    reading.raw.digest = pstack_envelope::sha256_digest(key.digest(&raw.bytes).as_bytes());
+    Ok(reading)
+}
+
+/// `cmdline`, redacted to argv[0] + a keyed digest of the rest (risky:
+/// helper only). The raw digest is keyed with the same host key, so two
+/// captures on one host compare equal and nobody can confirm a guess.
+pub fn read_cmdline(
+    pid: u32,
+    max_bytes: u64,
+    key: &DigestKey,
+) -> Result<Reading<RedactedCommand>, ReadError> {
     // Not a seq_file: the kernel serves at most a page per read.
     let path = TaskRef::process(pid).file("cmdline");
     let raw = read_capped(&path, max_bytes)?;
-    parsed(&path, &raw, |b| Ok(redact_cmdline(b)))
+    parsed_keyed(&path, &raw, key, |b| redact_cmdline(b, key))
 }
 
-/// `environ`, redacted to variable names + a digest (risky: helper only).
-pub fn read_environ(pid: u32, max_bytes: u64) -> Result<Reading<RedactedEnviron>, ReadError> {
+/// `environ`, redacted to variable names + a keyed digest (risky: helper
+/// only).
+pub fn read_environ(
+    pid: u32,
+    max_bytes: u64,
+    key: &DigestKey,
+) -> Result<Reading<RedactedEnviron>, ReadError> {
     // Not a seq_file: the kernel serves at most a page per read.
     let path = TaskRef::process(pid).file("environ");
     let raw = read_capped(&path, max_bytes)?;
-    parsed(&path, &raw, |b| Ok(redact_environ(b)))
+    parsed_keyed(&path, &raw, key, |b| redact_environ(b, key))
 }
 
 /// The fd table: `lsof`-style readlink + stat of every target.

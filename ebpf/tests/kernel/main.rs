@@ -38,10 +38,8 @@ pub fn kernel_unavailable() -> Option<String> {
 #[macro_export]
 macro_rules! require_kernel {
     () => {
-        if let Some(why) = $crate::kernel_unavailable() {
-            eprintln!("SKIP {}: {why}", module_path!());
-            return;
-        }
+        let why = $crate::kernel_unavailable();
+        pstack_testkit::require!(why.is_none(), "{}", why.unwrap_or_default());
     };
 }
 

@@ -12,17 +12,14 @@ fn committed_objects_match_a_rebuild_from_source() {
         .ok()
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).starts_with("14."));
-    match clang14 {
-        None => {
-            eprintln!("SKIP: clang not installed (scripts/setup.d/30-ebpf.sh installs clang 14)");
-            return;
-        }
-        Some(false) => {
-            eprintln!("SKIP: clang is not Debian 12's clang 14; objects are pinned to it");
-            return;
-        }
-        Some(true) => {}
-    }
+    pstack_testkit::require!(
+        clang14.is_some(),
+        "clang not installed (scripts/setup.d/30-ebpf.sh installs clang 14)"
+    );
+    pstack_testkit::require!(
+        clang14 == Some(true),
+        "clang is not Debian 12's clang 14; objects are pinned to it"
+    );
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/build.sh");
     let out = Command::new(script)
         .arg("--check")

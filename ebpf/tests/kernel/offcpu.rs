@@ -13,13 +13,11 @@ use crate::{require_kernel, session};
 #[test]
 fn thread_frozen_for_one_second_shows_a_d_episode_of_that_length() {
     require_kernel!();
-    if !Freezer::available() {
-        eprintln!(
-            "SKIP: no cgroup-v1 freezer at {}",
-            crate::fixtures::FREEZER_ROOT
-        );
-        return;
-    }
+    pstack_testkit::require!(
+        Freezer::available(),
+        "no cgroup-v1 freezer at {} (scripts/setup.d/10-kernel.sh mounts it)",
+        crate::fixtures::FREEZER_ROOT
+    );
     let kid = Kid::sh("while :; do :; done");
     let pid = kid.pid();
     let cg = Freezer::new();
@@ -95,10 +93,7 @@ fn thread_frozen_for_one_second_shows_a_d_episode_of_that_length() {
 #[test]
 fn frozen_through_the_whole_window_is_an_ongoing_episode() {
     require_kernel!();
-    if !Freezer::available() {
-        eprintln!("SKIP: no cgroup-v1 freezer");
-        return;
-    }
+    pstack_testkit::require!(Freezer::available(), "no cgroup-v1 freezer");
     let kid = Kid::sh("while :; do :; done");
     let pid = kid.pid();
     let cg = Freezer::new();
@@ -123,10 +118,7 @@ fn frozen_through_the_whole_window_is_an_ongoing_episode() {
 #[test]
 fn thread_already_frozen_before_watching_is_seen_as_an_ongoing_d_episode() {
     require_kernel!();
-    if !Freezer::available() {
-        eprintln!("SKIP: no cgroup-v1 freezer");
-        return;
-    }
+    pstack_testkit::require!(Freezer::available(), "no cgroup-v1 freezer");
     // The capture case: the subject is stuck in D before pstack starts watching.
     let kid = Kid::sh("while :; do :; done");
     let pid = kid.pid();
