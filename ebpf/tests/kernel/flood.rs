@@ -58,12 +58,32 @@ fn flood_child_half() {
         let rss0 = rss_bytes();
         let t = Instant::now();
         let server = l.local_addr().expect("addr");
-        let acceptor = std::thread::spawn(move || {
-            for _ in 0..CONNECTIONS {
-                drop(l.accept().expect("accept"));
+        // The connector never runs more than MAX_PENDING connections ahead of
+        // the acceptor: a connection reset while it waits in a full accept
+        // queue is never accepted, and an acceptor counting to CONNECTIONS
+        // would then wait forever (seen on a loaded machine). The listener's
+        // backlog is larger than MAX_PENDING, so no connection is lost.
+        const MAX_PENDING: usize = 64;
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let acceptor = {
+            let accepted = accepted.clone();
+            std::thread::spawn(move || {
+                for _ in 0..CONNECTIONS {
+                    drop(l.accept().expect("accept"));
+                    accepted.fetch_add(1, std::sync::atomic::Ordering::Release);
+                }
+            })
+        };
+        for n in 0..CONNECTIONS {
+            let paced = Instant::now();
+            while n - accepted.load(std::sync::atomic::Ordering::Acquire) >= MAX_PENDING {
+                assert!(
+                    paced.elapsed() < Duration::from_secs(30),
+                    "acceptor stuck at {} of {n} connections",
+                    accepted.load(std::sync::atomic::Ordering::Acquire)
+                );
+                std::thread::yield_now();
             }
-        });
-        for _ in 0..CONNECTIONS {
             let c = connect(server).expect("connect");
             nix::sys::socket::setsockopt(
                 &std::os::fd::AsFd::as_fd(&c),

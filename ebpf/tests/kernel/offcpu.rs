@@ -56,9 +56,12 @@ fn thread_frozen_for_one_second_shows_a_d_episode_of_that_length() {
         "completed, and flagged frozen (TASK_FROZEN): {e:?}"
     );
     let d = Duration::from_nanos(e.duration_ns);
+    // The episode ends when the thawed task is back on a CPU, so its run-queue
+    // wait after the thaw counts too: 370 ms was seen on this 2-core machine
+    // with a load average of 5 (two builds beside the suite).
     assert!(
         d >= held.saturating_sub(Duration::from_millis(50))
-            && d <= held + Duration::from_millis(300),
+            && d <= held + Duration::from_millis(1000),
         "episode {d:?} vs frozen for {held:?}"
     );
     assert!(
