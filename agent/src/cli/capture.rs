@@ -15,8 +15,6 @@
 //! `permission_denied` and the envelope `partial`, like any denied surface.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -106,7 +104,7 @@ pub struct Args {
         long,
         value_name = "FILE",
         env = "PSTACK_LEAK_JOURNAL",
-        default_value = "/run/pstack/helper-leaks.jsonl"
+        default_value = crate::supervisor::leak::DEFAULT_JOURNAL
     )]
     pub leak_journal: PathBuf,
     /// The pstack-helper binary [default: next to pstackctl].
@@ -300,7 +298,7 @@ fn emit(
             }
             return Ok(0);
         }
-        Destination::File(path) => write_atomically(path, &compact)
+        Destination::File(path) => pstack_capture::envelope_file::write(path, &compact)
             .with_context(|| format!("cannot write {}", path.display()))?,
         Destination::Nowhere => {}
     }
@@ -331,36 +329,6 @@ fn emit(
 /// `sha256-<hex>.json`.
 pub fn default_name(envelope: &Envelope) -> PathBuf {
     PathBuf::from(format!("{}.json", envelope.digest.replace(':', "-")))
-}
-
-/// Write via a temp file in the same directory, fsync, rename, fsync the directory.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "envelope".into());
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        // 0600: an envelope is evidence about other users' processes.
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(&dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 /// How the summary is drawn: colour, the terminal's width, and whether the
