@@ -1005,4 +1005,162 @@ mod tests {
         assert_eq!(f["rebuild_status"][0]["progress_percent"], json!(42));
         assert!(volume_facts(b"not json", "e").is_err());
     }
+
+    /// Owned inputs of [`transfer_envelope`], streams linked and no reads.
+    #[derive(Clone)]
+    struct Readings {
+        streams: CaptureResult,
+        manager: Option<(Result<Vec<u8>, ApiFailure>, u64)>,
+        hubble: Option<HubbleRead>,
+    }
+
+    const VOLUME: &[u8] = br#"{"name":"pvc-1","state":"attached","robustness":"degraded","controllers":[{"name":"pvc-1-e-0"}],"rebuildStatus":[{"replica":"pvc-1-r-2","fromReplicaAddress":"tcp://10.0.0.2:10001","state":"in_progress","progress":42,"isRebuilding":true,"error":""}]}"#;
+    const DROP: &[u8] = br#"{"flow":{"verdict":"DROPPED","drop_reason_desc":"POLICY_DENIED"}}"#;
+
+    fn request() -> LonghornRequest {
+        serde_json::from_value(json!({
+            "volume": "pvc-1", "engine": "pvc-1-e-0", "source_node": "a",
+            "target_node": "b", "peer": "10.0.0.2", "longhorn_api": "http://lh:9500",
+            "hubble_server": "relay:4245"
+        }))
+        .unwrap()
+    }
+
+    fn linked() -> Readings {
+        Readings {
+            streams: CaptureResult {
+                net_ns: 4026531840,
+                flows: vec![pstack_envelope::example::example_sealed()],
+                no_match: None,
+            },
+            manager: None,
+            hubble: None,
+        }
+    }
+
+    fn with(f: impl FnOnce(&mut Readings)) -> Readings {
+        let mut r = linked();
+        f(&mut r);
+        r
+    }
+
+    fn hubble(out: Result<&[u8], SurfaceStatus>) -> Option<HubbleRead> {
+        Some(HubbleRead {
+            command: "hubble observe".into(),
+            result: out.map(<[u8]>::to_vec).map_err(|status| ApiFailure {
+                status,
+                errno: None,
+                message: "failed".into(),
+            }),
+            elapsed_us: 5,
+        })
+    }
+
+    impl Readings {
+        fn envelope(&self) -> Envelope {
+            let r = request();
+            let plan = plan(&r).unwrap();
+            let r = self.clone();
+            transfer_envelope(&request(), &plan.transport, &r.streams, r.manager, r.hubble).unwrap()
+        }
+        fn codes(&self) -> Vec<String> {
+            self.envelope().claims.into_iter().map(|c| c.code).collect()
+        }
+    }
+
+    /// Every Longhorn claim code: one reading set that produces it, a near
+    /// miss that does not (no root, no cluster).
+    #[test]
+    fn every_longhorn_claim_code_has_a_reading_set_and_a_near_miss() {
+        let no_streams = with(|r| {
+            r.streams.no_match = r.streams.flows.pop();
+        });
+        let table: Vec<(&str, Readings, Readings)> = vec![
+            ("streams_linked", linked(), no_streams.clone()),
+            ("no_stream_linked", no_streams, linked()),
+            (
+                "longhorn_manager_reports_rebuild",
+                with(|r| r.manager = Some((Ok(VOLUME.to_vec()), 7))),
+                // The manager answered, but not with a volume document.
+                with(|r| r.manager = Some((Ok(b"<html>".to_vec()), 7))),
+            ),
+            (
+                "hubble_reports_drops",
+                with(|r| r.hubble = hubble(Ok(DROP))),
+                with(|r| r.hubble = hubble(Ok(b""))),
+            ),
+            (
+                "hubble_reports_no_drops",
+                with(|r| r.hubble = hubble(Ok(b""))),
+                with(|r| r.hubble = hubble(Err(SurfaceStatus::Timeout))),
+            ),
+        ];
+        for (code, hit, miss) in &table {
+            let env = hit.envelope();
+            assert!(
+                env.claims.iter().any(|c| c.code == *code),
+                "{code}: not produced: {:?}",
+                hit.codes()
+            );
+            assert!(
+                !miss.codes().iter().any(|c| c == code),
+                "{code}: near miss produced it"
+            );
+            for c in &env.claims {
+                for s in &c.surfaces {
+                    let sf = env.surfaces.iter().find(|x| x.id == *s).unwrap();
+                    assert_eq!(sf.status, SurfaceStatus::Ok, "{code}: binds unread {s}");
+                }
+            }
+        }
+        // Every code the builder can write has a row.
+        let source = include_str!("longhorn.rs");
+        let builder = &source[source.find("pub fn transfer_envelope").unwrap()
+            ..source.find("pub fn capture(").unwrap()];
+        for code in [
+            "streams_linked",
+            "no_stream_linked",
+            "longhorn_manager_reports_rebuild",
+            "hubble_reports_drops",
+            "hubble_reports_no_drops",
+        ] {
+            assert!(
+                builder.contains(&format!("\"{code}\"")),
+                "{code} not in the builder"
+            );
+        }
+        let rows: Vec<&str> = table.iter().map(|(c, _, _)| *c).collect();
+        let quoted = builder.matches("\"").count();
+        assert!(quoted > 0);
+        for w in builder.split('"').skip(1).step_by(2) {
+            let claim_like = w.contains('_')
+                && w.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                && (w.starts_with("longhorn_")
+                    || w.starts_with("hubble_")
+                    || w.ends_with("_linked"));
+            assert!(
+                !claim_like || rows.contains(&w),
+                "claim code {w:?} has no table row"
+            );
+        }
+        // A failed manager read is an unknown with the kubectl probe, never a claim.
+        let failed = with(|r| {
+            r.manager = Some((
+                Err(ApiFailure {
+                    status: SurfaceStatus::Timeout,
+                    errno: None,
+                    message: "deadline".into(),
+                }),
+                5_000_000,
+            ))
+        })
+        .envelope();
+        assert!(
+            failed
+                .unknowns
+                .iter()
+                .any(|u| u.probe.starts_with("kubectl"))
+        );
+        assert_eq!(failed.completeness, pstack_envelope::Completeness::Partial);
+    }
 }

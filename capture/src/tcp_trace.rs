@@ -316,3 +316,129 @@ pub fn envelope(
     };
     Ok(env.seal()?)
 }
+
+#[cfg(test)]
+mod tests {
+    //! The trace claim rules: for every code, events that produce it and a
+    //! near miss that does not. No root: the aggregate is fed here.
+
+    use super::*;
+    use pstack_ebpf::record::{Comm, Endpoint, TcpState};
+    use pstack_ebpf::{TcpAggregate, TcpEvent, TcpEventKind};
+
+    fn event(kind: TcpEventKind, cookie: u64) -> TcpEvent {
+        let ep = |port| Endpoint {
+            addr: "127.0.0.1".parse().expect("addr"),
+            port,
+        };
+        TcpEvent {
+            ts_ns: 1_000_000_000,
+            kind,
+            sock_cookie: Some(cookie),
+            netns_cookie: None,
+            netns_ino: Some(1),
+            local: ep(5000),
+            remote: ep(40000),
+            family: 2,
+            state: TcpState(1),
+            new_state: None,
+            detail: None,
+            layout: 0,
+            has_sock: true,
+            pid: 0,
+            comm: Comm([0; 16]),
+            sk_key: cookie,
+        }
+    }
+
+    fn plan() -> TracePlan {
+        TracePlan {
+            window: Duration::from_secs(1),
+            port: None,
+            addr: None,
+            ring_bytes: 1 << 18,
+        }
+    }
+
+    fn sealed(events: &[TcpEvent]) -> Envelope {
+        let mut agg = TcpAggregate::new(pstack_ebpf::Limits::default(), None);
+        for e in events {
+            agg.add(e);
+        }
+        let report = WindowReport {
+            meta: pstack_ebpf::WindowMeta {
+                start_ns: 1,
+                end_ns: 2_000_000_000,
+                window_ms: 1000,
+            },
+            tcp: Some(agg),
+            tcp_ctx: Default::default(),
+            offcpu: None,
+            stale_discarded: 0,
+            tcp_kernel: None,
+        };
+        let p = plan();
+        envelope(
+            &p,
+            &p.ebpf_config(false),
+            "2026-01-01T00:00:00.000Z".into(),
+            1,
+            2_000_000_000,
+            report.surfaces(),
+            Some(&report),
+        )
+        .expect("seals")
+    }
+
+    fn codes(e: &Envelope) -> Vec<&str> {
+        e.claims.iter().map(|c| c.code.as_str()).collect()
+    }
+
+    #[test]
+    fn every_trace_claim_code_has_events_that_produce_it_and_a_near_miss() {
+        let table: [(&str, Vec<TcpEvent>, Vec<TcpEvent>); 2] = [
+            (
+                "tcp_retransmits_observed",
+                vec![event(TcpEventKind::Retransmit, 7)],
+                // A state change on the flow is not a retransmit.
+                vec![event(TcpEventKind::StateChange, 7)],
+            ),
+            (
+                "tcp_reset_sender",
+                vec![event(TcpEventKind::ReceiveReset, 7)],
+                vec![event(TcpEventKind::Retransmit, 7)],
+            ),
+        ];
+        for (code, hit, miss) in table {
+            let env = sealed(&hit);
+            assert!(codes(&env).contains(&code), "{code}: {:?}", codes(&env));
+            assert!(!codes(&sealed(&miss)).contains(&code), "{code}: near miss");
+            for c in &env.claims {
+                assert_eq!(c.kind, ClaimKind::Fact);
+                for s in &c.surfaces {
+                    assert!(env.surfaces.iter().any(|x| x.id == *s), "{s} not a surface");
+                }
+            }
+        }
+        // Who sent the RST is the event's direction, nothing else.
+        let sent = sealed(&[event(TcpEventKind::SendReset, 7)]);
+        let received = sealed(&[event(TcpEventKind::ReceiveReset, 7)]);
+        let statement = |e: &Envelope| {
+            e.claims
+                .iter()
+                .find(|c| c.code == "tcp_reset_sender")
+                .map(|c| c.statement.clone())
+                .unwrap()
+        };
+        assert!(
+            statement(&sent).contains("(this host) sent"),
+            "{}",
+            statement(&sent)
+        );
+        assert!(
+            statement(&received).contains("(peer) sent"),
+            "{}",
+            statement(&received)
+        );
+    }
+}
