@@ -325,3 +325,72 @@ fn root_bad_input_on_the_new_kinds_is_a_400_naming_the_field_and_nothing_is_capt
     assert_eq!(s["spool"]["files"], 0, "nothing was spooled: {s:#}");
     assert_eq!(s["helpers"]["leaked"], 0);
 }
+
+#[test]
+fn root_a_running_transport_capture_holds_a_slot_and_the_next_capture_gets_429() {
+    if !root_or_skip("root_a_running_transport_capture_holds_a_slot_and_the_next_capture_gets_429")
+    {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(
+        dir.path(),
+        &Settings {
+            max_concurrent: 1,
+            ..Settings::default()
+        },
+    );
+    // Watches its whole window (wait) although nothing matches.
+    let long = r#"{"kind":"transport","peer":"127.0.0.1","ports":"1-2","window_ms":3000,"wait":true,"ebpf":false}"#;
+    let socket = d.socket.clone();
+    let first = std::thread::spawn(move || {
+        client::request(
+            &socket,
+            "POST",
+            "/v1/captures",
+            Some(long.as_bytes()),
+            Duration::from_secs(30),
+        )
+        .unwrap()
+    });
+    crate::daemon_common::wait_until(Duration::from_secs(5), "the first capture admitted", || {
+        d.status()["captures"]["in_flight"] == 1
+    });
+    for body in [
+        r#"{"kind":"tcp_trace","window_ms":100}"#.to_string(),
+        format!(r#"{{"kind":"process","pid":{}}}"#, std::process::id()),
+    ] {
+        let resp = client::request(
+            &d.socket,
+            "POST",
+            "/v1/captures",
+            Some(body.as_bytes()),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        assert_eq!(
+            resp.status,
+            429,
+            "{body}: {}",
+            String::from_utf8_lossy(&resp.body)
+        );
+        assert_eq!(resp.header("retry-after"), Some("1"));
+    }
+    let resp = first.join().unwrap();
+    assert_eq!(resp.status, 200, "{}", String::from_utf8_lossy(&resp.body));
+    assert_eq!(resp.header("x-pstack-capture-kind"), Some("transport"));
+    let envs: Vec<_> = String::from_utf8(resp.body)
+        .unwrap()
+        .lines()
+        .map(|l| pstack_testkit::verify(l.as_bytes()).unwrap())
+        .collect();
+    assert_eq!(envs.len(), 1, "one no-match envelope");
+    assert!(
+        envs[0].claims.iter().any(|c| c.code == "no_matching_flow"),
+        "{:#?}",
+        envs[0].claims
+    );
+    let s = d.status();
+    assert_eq!(s["captures"]["busy_total"], 2, "{s:#}");
+    assert_eq!(s["spool"]["files"], 1, "the envelope was spooled: {s:#}");
+}
