@@ -17,9 +17,9 @@ use std::time::Duration;
 use pstack_ebpf::aggregate::TcpSurface;
 use pstack_ebpf::{EbpfConfig, EbpfSession, WindowReport};
 use pstack_envelope::{
-    Bounds, Claim, ClaimKind, Clock, Collector, Completeness, Envelope, HostIdentity,
-    NextTransition, SCHEMA_ID, Scope, Subject, Surface, SurfaceStatus, Termination, Universe,
-    Unknown, sha256_digest,
+    Bounds, Claim, ClaimKind, Clock, Collector, Envelope, EnvelopeBuilder, HostIdentity,
+    NextTransition, Scope, Subject, Surface, SurfaceStatus, Termination, Universe, Unknown,
+    sha256_digest,
 };
 
 use crate::Progress;
@@ -69,9 +69,10 @@ pub enum TraceError {
     /// The ring buffer could not be read.
     #[error("reading the eBPF ring buffer: {0}")]
     Window(String),
-    /// The envelope was refused by the validator (a bug in this module).
+    /// The envelope builder refused a surface, claim or unknown (a bug in
+    /// this module).
     #[error("the trace envelope is invalid: {0}")]
-    Sealing(#[from] pstack_envelope::Rejection),
+    Sealing(#[from] pstack_envelope::BuildError),
 }
 
 /// What one trace produced.
@@ -191,19 +192,6 @@ pub fn envelope(
     let untracked: u64 = report
         .and_then(|r| r.tcp.as_ref())
         .map_or(0, |t| TcpSurface::ALL.iter().map(|s| t.untracked(*s)).sum());
-    let all_ok = surfaces
-        .iter()
-        .all(|s| s.status == SurfaceStatus::Ok && !s.truncated);
-    let any_failed = surfaces
-        .iter()
-        .any(|s| !matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated));
-    let completeness = if any_failed {
-        Completeness::Partial
-    } else if all_ok && untracked == 0 {
-        Completeness::Complete
-    } else {
-        Completeness::Bounded
-    };
     let mut claims = Vec::new();
     let mut unknowns = Vec::new();
     if let Some(agg) = report.and_then(|r| r.tcp.as_ref()) {
@@ -271,22 +259,20 @@ pub fn envelope(
             });
         }
     }
-    let env = Envelope {
-        schema: SCHEMA_ID.into(),
-        completeness,
-        subject: Subject::Host(host_identity()?),
-        collector: Collector {
+    let mut builder = EnvelopeBuilder::new(
+        Subject::Host(host_identity()?),
+        Collector {
             name: "pstack tcp_trace".into(),
             version: env!("CARGO_PKG_VERSION").into(),
             source_commit: SOURCE_COMMIT.into(),
         },
-        clock: Clock {
+        Clock {
             wall_time: wall,
             monotonic_start_ns: start_ns.to_string(),
             monotonic_end_ns: end_ns.to_string(),
             bundle_deadline_ms: window_ms(a.window).saturating_add(1000),
         },
-        universe: Universe {
+        Universe {
             selector_digest: sha256_digest(selector.as_bytes()),
             selector,
             expected_count: flows + untracked,
@@ -297,24 +283,28 @@ pub fn envelope(
                 Termination::Exhausted
             },
         },
-        bounds: Bounds {
+        Bounds {
             surface_deadline_ms: window_ms(a.window),
             bundle_deadline_ms: window_ms(a.window).saturating_add(1000),
             max_threads: cfg.limits.max_flows as u64,
             max_bytes_per_surface: u64::from(cfg.ring_bytes),
             leak_budget: 0,
         },
-        surfaces,
-        claims,
-        unknowns,
-        next_transition: NextTransition {
-            action: "CAPTURE_AGAIN".into(),
-            success_receipt: "a sealed trace of the same selector whose surfaces are ok".into(),
-            abort_conditions: vec!["host boot_id changes".into()],
-        },
-        digest: String::new(),
-    };
-    Ok(env.seal()?)
+    );
+    for s in surfaces {
+        builder.surface(s)?;
+    }
+    for c in claims {
+        builder.claim(c)?;
+    }
+    for u in unknowns {
+        builder.unknown(u)?;
+    }
+    Ok(builder.seal(NextTransition {
+        action: "CAPTURE_AGAIN".into(),
+        success_receipt: "a sealed trace of the same selector whose surfaces are ok".into(),
+        abort_conditions: vec!["host boot_id changes".into()],
+    })?)
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+mod builder;
 mod canonical;
 mod diff;
 mod error;
@@ -33,6 +34,7 @@ mod secrets;
 mod strict;
 pub mod wall_time;
 
+pub use builder::{BuildError, EnvelopeBuilder};
 pub use canonical::{to_canonical, write_canonical};
 pub use diff::{EnvelopeDiff, FactChange, StatusChange, diff};
 pub use error::EnvelopeError;
