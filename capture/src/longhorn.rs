@@ -28,9 +28,8 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use pstack_envelope::{
-    Claim, ClaimKind, Completeness, Envelope, NextTransition, SCHEMA_ID, Scope, StatusCause,
-    Subject, Surface, SurfaceStatus, Termination, TransferIdentity, Universe, Unknown,
-    sha256_digest,
+    Claim, ClaimKind, Envelope, EnvelopeBuilder, NextTransition, Scope, StatusCause, Subject,
+    Surface, SurfaceStatus, Termination, TransferIdentity, Universe, Unknown, sha256_digest,
 };
 use serde_json::{Map, Value, json};
 
@@ -788,11 +787,6 @@ pub fn transfer_envelope(
             surface: has.then(|| "cilium/hubble".to_string()),
         });
     }
-    let completeness = if surfaces.iter().all(|s| s.status == SurfaceStatus::Ok) {
-        Completeness::Complete
-    } else {
-        Completeness::Partial
-    };
     let selector = format!(
         "longhorn volume={} engine={} {}",
         a.volume,
@@ -816,22 +810,20 @@ pub fn transfer_envelope(
             abort_conditions: vec!["the rebuild was restarted under a new replica".into()],
         }
     };
-    let env = Envelope {
-        schema: SCHEMA_ID.into(),
-        completeness,
-        subject: Subject::StorageTransfer(TransferIdentity {
+    let mut builder = EnvelopeBuilder::new(
+        Subject::StorageTransfer(TransferIdentity {
             volume: a.volume.clone(),
             engine: a.engine.clone(),
             source_node: a.source_node.clone(),
             target_node: a.target_node.clone(),
             transfer_id,
         }),
-        collector: pstack_envelope::Collector {
+        pstack_envelope::Collector {
             name: "pstackctl capture longhorn".into(),
             version: env!("CARGO_PKG_VERSION").into(),
             source_commit: transport::SOURCE_COMMIT.into(),
         },
-        clock: linked
+        linked
             .first()
             .map(|e| e.clock.clone())
             .unwrap_or_else(|| pstack_envelope::Clock {
@@ -840,14 +832,14 @@ pub fn transfer_envelope(
                 monotonic_end_ns: crate::supervisor::clock::monotonic_ns().to_string(),
                 bundle_deadline_ms: 0,
             }),
-        universe: Universe {
+        Universe {
             selector: selector.clone(),
             selector_digest: sha256_digest(selector.as_bytes()),
             expected_count: linked.len() as u64,
             observed_count: linked.len() as u64,
             termination: Termination::Exhausted,
         },
-        bounds: linked
+        linked
             .first()
             .map(|e| e.bounds.clone())
             .unwrap_or(pstack_envelope::Bounds {
@@ -857,13 +849,17 @@ pub fn transfer_envelope(
                 max_bytes_per_surface: MAX_API_BYTES as u64,
                 leak_budget: 0,
             }),
-        surfaces,
-        claims,
-        unknowns,
-        next_transition: next,
-        digest: String::new(),
-    };
-    Ok(env.seal()?)
+    );
+    for x in surfaces {
+        builder.surface(x)?;
+    }
+    for c in claims {
+        builder.claim(c)?;
+    }
+    for u in unknowns {
+        builder.unknown(u)?;
+    }
+    Ok(builder.seal(next)?)
 }
 
 /// Run a Longhorn capture: the manager API read (concurrently with the

@@ -426,7 +426,9 @@ fn transport_status(e: &TransportError) -> (StatusCode, &'static str, Option<&'s
             "identity_unreadable",
             None,
         ),
-        TransportError::Sealing(_) => (StatusCode::INTERNAL_SERVER_ERROR, "capture_failed", None),
+        TransportError::Sealing(_) | TransportError::Building(_) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "capture_failed", None)
+        }
     }
 }
 

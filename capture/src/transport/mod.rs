@@ -71,9 +71,9 @@ use pstack_collectors::net::sockdiag::{self, FlowFilter, PortRange, TcpDump, Tcp
 use pstack_collectors::net::sockopt::{self, SockOptError, SockOpts};
 use pstack_collectors::net::{CountersError, TcpInfo, snmp};
 use pstack_envelope::{
-    Bounds, Claim, ClaimKind, Clock, Collector, Completeness, Envelope, HostIdentity,
-    NextTransition, SCHEMA_ID, Scope, StatusCause, StreamIdentity, Subject, Surface, SurfaceStatus,
-    Termination, Universe, Unknown, sha256_digest,
+    Bounds, Claim, ClaimKind, Clock, Collector, Completeness, Envelope, EnvelopeBuilder,
+    HostIdentity, NextTransition, SCHEMA_ID, Scope, StatusCause, StreamIdentity, Subject, Surface,
+    SurfaceStatus, Termination, Universe, Unknown, sha256_digest,
 };
 use serde_json::{Map, Value, json};
 
@@ -134,6 +134,10 @@ pub enum TransportError {
     /// An envelope was refused by the validator (a bug in this module).
     #[error("envelope refused: {0}")]
     Sealing(#[from] pstack_envelope::Rejection),
+    /// The envelope builder refused a surface, claim or unknown (a bug in
+    /// this module).
+    #[error("envelope refused: {0}")]
+    Building(#[from] pstack_envelope::BuildError),
 }
 
 /// `ADDR` or `ADDR:PORT` (`[v6]:PORT`); a port must be 1–65535.
@@ -1596,22 +1600,40 @@ impl Ctx<'_> {
             fault,
         } = rules::flow_claims(&readings);
         let (local, remote) = (id_sock.local, id_sock.remote);
-        let mut completeness = if surfaces
+        let has_sockopt = surfaces.iter().any(|x| x.id == "tcp/sockopt");
+        // CPU load may bind hypotheses only: the builder refuses a fact on it.
+        let surface_ids: Vec<String> = surfaces
             .iter()
-            .all(|x| x.status == SurfaceStatus::Ok && !x.truncated)
-        {
-            Completeness::Complete
-        } else if surfaces
-            .iter()
-            .any(|x| !matches!(x.status, SurfaceStatus::Ok | SurfaceStatus::Truncated))
-        {
-            Completeness::Partial
-        } else {
-            Completeness::Bounded
-        };
-        if termination == Termination::Cap && completeness == Completeness::Complete {
-            completeness = Completeness::Bounded;
+            .filter(|x| x.id != "host/cpu")
+            .map(|x| x.id.clone())
+            .collect();
+        let mut builder = EnvelopeBuilder::new(
+            Subject::NetworkStream(StreamIdentity {
+                src: local.to_string(),
+                dst: remote.to_string(),
+                protocol: "tcp".into(),
+                flow_id: cookie.to_string(),
+                net_ns: Some(self.net_ns.to_string()),
+            }),
+            Self::collector(),
+            self.clock(),
+            Universe {
+                selector: selector.into(),
+                selector_digest: sha256_digest(selector.as_bytes()),
+                expected_count: expected,
+                observed_count: observed,
+                termination,
+            },
+            self.bounds(),
+        );
+        for x in surfaces {
+            if x.id == "host/cpu" {
+                builder.hypothesis_surface(x)?;
+            } else {
+                builder.surface(x)?;
+            }
         }
+        let completeness = builder.completeness();
         if !fault
             && claims.iter().all(|c| c.kind == ClaimKind::Hypothesis)
             && completeness == Completeness::Complete
@@ -1625,7 +1647,7 @@ impl Ctx<'_> {
                     "over the {} ms window: no retransmit, RTO, reset, zero window, state change, MTU disagreement, interface drop, fault-counter movement or conntrack pressure on flow {local} -> {remote}",
                     self.plan.window.as_millis()
                 ),
-                surfaces: surfaces.iter().filter(|x| x.id != "host/cpu").map(|x| x.id.clone()).collect(),
+                surfaces: surface_ids,
                 scope: Scope::Universal,
                 falsifier: None,
             });
@@ -1644,7 +1666,7 @@ impl Ctx<'_> {
             });
         }
         if !ok_ids.iter().any(|x| x == "tcp/sockopt") {
-            let has = surfaces.iter().any(|x| x.id == "tcp/sockopt");
+            let has = has_sockopt;
             unknowns.push(Unknown {
                 id: format!("u{}", unknowns.len() + 1),
                 question: "what are this socket's TCP_USER_TIMEOUT and keepalive settings (not read from its owner)?".into(),
@@ -1678,33 +1700,13 @@ impl Ctx<'_> {
                 abort_conditions: vec!["the flow's cookie changes (a new connection)".into()],
             }
         };
-        let env = Envelope {
-            schema: SCHEMA_ID.into(),
-            completeness,
-            subject: Subject::NetworkStream(StreamIdentity {
-                src: local.to_string(),
-                dst: remote.to_string(),
-                protocol: "tcp".into(),
-                flow_id: cookie.to_string(),
-                net_ns: Some(self.net_ns.to_string()),
-            }),
-            collector: Self::collector(),
-            clock: self.clock(),
-            universe: Universe {
-                selector: selector.into(),
-                selector_digest: sha256_digest(selector.as_bytes()),
-                expected_count: expected,
-                observed_count: observed,
-                termination,
-            },
-            bounds: self.bounds(),
-            surfaces,
-            claims,
-            unknowns,
-            next_transition: next,
-            digest: String::new(),
-        };
-        Ok(env.seal()?)
+        for claim in claims {
+            builder.claim(claim)?;
+        }
+        for u in unknowns {
+            builder.unknown(u)?;
+        }
+        Ok(builder.seal(next)?)
     }
 }
 
