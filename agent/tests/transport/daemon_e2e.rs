@@ -394,3 +394,84 @@ fn root_a_running_transport_capture_holds_a_slot_and_the_next_capture_gets_429()
     assert_eq!(s["captures"]["busy_total"], 2, "{s:#}");
     assert_eq!(s["spool"]["files"], 1, "the envelope was spooled: {s:#}");
 }
+
+/// Close `s` with SO_LINGER 0: the kernel sends a RST instead of a FIN.
+fn reset_close(s: TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket fd and a correctly sized linger struct.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::addr_of!(linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+    drop(s);
+}
+
+#[test]
+fn root_tcp_trace_through_pstackd_names_the_reset_sender_and_is_spooled() {
+    if !root_or_skip("root_tcp_trace_through_pstackd_names_the_reset_sender_and_is_spooled") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &Settings::default());
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    // Loopback only: connections whose server side resets them, during the window.
+    let traffic = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        for _ in 0..3 {
+            let c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let (s, _) = l.accept().unwrap();
+            reset_close(s);
+            let mut buf = [0u8; 1];
+            let _ = (&c).read(&mut buf);
+        }
+    });
+    let body = format!(r#"{{"kind":"tcp_trace","window_ms":3500,"port":{port}}}"#);
+    let resp = client::request(
+        &d.socket,
+        "POST",
+        "/v1/captures",
+        Some(body.as_bytes()),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    traffic.join().unwrap();
+    assert_eq!(resp.status, 200, "{}", String::from_utf8_lossy(&resp.body));
+    assert_eq!(
+        resp.header("x-pstack-trace-refused"),
+        None,
+        "eBPF is available to pstackd as root: {}",
+        d.log_text()
+    );
+    assert_eq!(resp.header("x-pstack-capture-kind"), Some("tcp_trace"));
+    let text = String::from_utf8(resp.body).unwrap();
+    let envs: Vec<_> = text
+        .lines()
+        .map(|l| pstack_testkit::verify(l.as_bytes()).unwrap())
+        .collect();
+    assert_eq!(envs.len(), 1);
+    let sender = envs[0]
+        .claims
+        .iter()
+        .filter(|c| c.code == "tcp_reset_sender")
+        .map(|c| c.statement.as_str())
+        .collect::<Vec<_>>();
+    assert!(
+        sender.iter().any(|s| s.contains("(this host) sent")),
+        "{:#?}",
+        envs[0].claims
+    );
+    let s = d.status();
+    assert_eq!(s["spool"]["files"], 1, "{s:#}");
+    assert_eq!(s["captures"]["ok_total"], 1);
+}
