@@ -26,6 +26,10 @@ use serde::{Deserialize, Serialize};
 use crate::supervisor::{self, SurfaceSelection, Target};
 use crate::{longhorn, tcp_trace, transport};
 
+/// Shortest and longest off-CPU window of a process/thread capture (it
+/// holds a capture slot and the subject's helpers for that long).
+pub const PROCESS_WINDOW: (Duration, Duration) =
+    (Duration::from_millis(1), Duration::from_secs(600));
 /// Shortest and longest transport/Longhorn sampling window.
 pub const TRANSPORT_WINDOW: (Duration, Duration) =
     (Duration::from_millis(100), Duration::from_secs(3600));
@@ -562,8 +566,8 @@ fn process_plan(
         _ => {}
     }
     if let Some(w) = window_ms {
-        let max = u64::try_from(supervisor::MAX_WINDOW.as_millis()).unwrap_or(u64::MAX);
-        if w == 0 || w > max {
+        let max = u64::try_from(PROCESS_WINDOW.1.as_millis()).unwrap_or(u64::MAX);
+        if Duration::from_millis(w) < PROCESS_WINDOW.0 || w > max {
             return Err(RequestError::OutOfRange {
                 param: "window_ms",
                 reason: format!("must be between 1 and {max}"),

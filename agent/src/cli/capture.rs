@@ -120,7 +120,7 @@ pub struct Args {
     /// Also observe the subject's threads off CPU (eBPF sched_switch) for this long
     /// (`500ms`, `5s`, `2m`), between the identity reads: the `ebpf:offcpu` surface.
     /// Added to the bundle deadline. Not with --host.
-    #[arg(long, value_name = "DURATION", value_parser = super::trace::parse_window, conflicts_with = "host")]
+    #[arg(long, value_name = "DURATION", value_parser = super::trace::parse_offcpu_window, conflicts_with = "host")]
     pub window: Option<Duration>,
     /// Read only these surfaces (repeat the flag or separate with commas), e.g.
     /// `--surface 'task/*/stack,task/*/wchan'`. Thread states (`task/*/stat`, or

@@ -98,6 +98,22 @@ impl TcpArgs {
     }
 }
 
+/// Parse an off-CPU window of `capture --pid/--tid --window` (the one parser
+/// of `pstack_cli::duration`), within `request::PROCESS_WINDOW`.
+pub fn parse_offcpu_window(s: &str) -> Result<Duration, String> {
+    let d = pstack_cli::parse_duration(s).map_err(|e| e.to_string())?;
+    let (lo, hi) = pstack_capture::request::PROCESS_WINDOW;
+    if d < lo || d > hi {
+        return Err(format!(
+            "{} is outside {}..={}",
+            s.trim(),
+            pstack_cli::duration::format_duration(lo),
+            pstack_cli::duration::format_duration(hi)
+        ));
+    }
+    Ok(d)
+}
+
 /// Run `pstackctl trace`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     match args.what {
