@@ -1055,6 +1055,118 @@ mod tests {
         }
     }
 
+    fn offcpu(tasks: Value, episodes: Value, dropped: u64) -> Surface {
+        // The example subject is process 4242.
+        surface(
+            pstack_ebpf::OFFCPU_SURFACE,
+            json!({"window_ms": 1000, "d_min_ns": 1_000_000, "tasks": tasks,
+                   "d_episodes": episodes, "episodes_dropped": dropped}),
+        )
+    }
+
+    #[test]
+    fn every_offcpu_claim_code_has_surfaces_that_produce_it_and_a_near_miss() {
+        let task = |tgid: u64| json!([{"tid": 4243, "tgid": tgid, "off_cpu_ns": {"D": 5_000_000}}]);
+        let episode = |tgid: u64| {
+            json!([{"tid": 4243, "tgid": tgid, "comm": "db", "duration_ns": 20_000_000,
+                    "start_t_ns": 100}])
+        };
+        let mut unread = stat(11, "S");
+        unread.status = SurfaceStatus::PermissionDenied;
+        let table: Vec<(&str, Vec<Surface>, Vec<Surface>)> = vec![
+            (
+                "offcpu_time_in_window",
+                vec![stat(4243, "S"), offcpu(task(4242), json!([]), 0)],
+                // The off-CPU surface was not read.
+                vec![stat(4243, "S"), {
+                    let mut s = offcpu(task(4242), json!([]), 0);
+                    s.status = SurfaceStatus::PermissionDenied;
+                    s
+                }],
+            ),
+            (
+                "d_state_episode",
+                vec![stat(4243, "S"), offcpu(task(4242), episode(4242), 0)],
+                // An episode of another process is not this subject's.
+                vec![stat(4243, "S"), offcpu(task(4242), episode(999), 0)],
+            ),
+            (
+                "no_d_state_episode_in_window",
+                vec![stat(4243, "S"), offcpu(task(4242), json!([]), 0)],
+                // Episodes were dropped: absence is not shown.
+                vec![stat(4243, "S"), offcpu(task(4242), json!([]), 3)],
+            ),
+            (
+                "no_d_state_episode_in_window",
+                vec![stat(4243, "S"), offcpu(task(4242), json!([]), 0)],
+                // Not complete: no universal claim.
+                vec![unread, stat(4243, "S"), offcpu(task(4242), json!([]), 0)],
+            ),
+        ];
+        for (code, hit, miss) in table {
+            assert!(
+                codes(hit).contains(&code.to_string()),
+                "{code}: not produced"
+            );
+            assert!(
+                !codes(miss).contains(&code.to_string()),
+                "{code}: near miss"
+            );
+        }
+    }
+
+    fn host(surfaces: Vec<Surface>) -> Vec<String> {
+        let mut a = assembly(surfaces);
+        a.mode = Mode::Host;
+        a.host_claims(a.completeness())
+            .0
+            .into_iter()
+            .map(|c| c.code)
+            .collect()
+    }
+
+    #[test]
+    fn every_host_claim_code_has_surfaces_that_produce_it_and_a_near_miss() {
+        let tasks = |pid: u64, states: &[&str]| {
+            let threads: Vec<Value> = states
+                .iter()
+                .enumerate()
+                .map(|(i, st)| json!({"tid": pid + i as u64, "state": st, "comm": "w"}))
+                .collect();
+            surface(
+                &format!("proc/{pid}/tasks"),
+                json!({"process": {"pid": pid}, "threads": threads}),
+            )
+        };
+        let mut unread = tasks(30, &["S"]);
+        unread.status = SurfaceStatus::Timeout;
+        let table: Vec<(&str, Vec<Surface>, Vec<Surface>)> = vec![
+            (
+                "thread_in_d_state",
+                vec![tasks(10, &["S", "D"])],
+                vec![tasks(10, &["S", "R"])],
+            ),
+            (
+                "thread_state_counts",
+                vec![tasks(10, &["S"])],
+                // No tasks surface was read: nothing is counted.
+                vec![unread.clone()],
+            ),
+            (
+                "no_thread_in_d_state",
+                vec![tasks(10, &["S", "R"]), tasks(20, &["S"])],
+                vec![tasks(10, &["S", "R"]), unread],
+            ),
+        ];
+        for (code, hit, miss) in table {
+            assert!(
+                host(hit).contains(&code.to_string()),
+                "{code}: not produced"
+            );
+            assert!(!host(miss).contains(&code.to_string()), "{code}: near miss");
+        }
+    }
+
     #[test]
     fn a_fuse_wait_is_a_hypothesis_never_a_fact() {
         let a = assembly(d_thread_with(vec![surface(
