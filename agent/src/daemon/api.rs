@@ -17,7 +17,13 @@
 //!   `x-pstack-spool-status: spooled | spooled_may_be_dropped |
 //!   already_spooled`, and `x-pstack-spool-dropped: N` older envelopes
 //!   dropped to make room for it.
-//! - Over-limit captures are refused at once with 429; nothing queues.
+//! - Over-limit captures are refused at once with 429; nothing queues. Every
+//!   capture kind (process, thread, host, transport, longhorn, tcp_trace)
+//!   holds one slot while its engine runs (`engines`).
+//! - A refused request names the field at fault (`"field"` in the error
+//!   body) and runs nothing.
+//! - A process capture answers its envelope as JSON; the other kinds answer
+//!   NDJSON, one spooled envelope per line (`x-pstack-digest` lists them).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
