@@ -548,7 +548,10 @@ pub fn parse(body: &[u8]) -> Result<CaptureRequest, RequestError> {
     }
 }
 
-fn process_plan(
+/// Validate a process/thread/host capture against `limits` into the
+/// supervisor's request (what [`CaptureRequest::validate`] does for those
+/// kinds; the CLI calls it with its own flags as the limits).
+pub fn process_plan(
     target: Target,
     deadlines: &RequestedDeadlines,
     caps: &RequestedCaps,

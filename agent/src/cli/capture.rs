@@ -22,9 +22,8 @@ use anyhow::Context;
 use pstack_envelope::{Completeness, Envelope, Subject, Surface, SurfaceStatus};
 use serde_json::Value;
 
-use crate::supervisor::{
-    self, CaptureRequest, Deadlines, LeakBudget, LeakJournal, SupervisorConfig, Target,
-};
+use crate::supervisor::{self, LeakBudget, LeakJournal, SupervisorConfig, Target};
+use pstack_capture::request::{self, ProcessLimits, RequestedCaps, RequestedDeadlines};
 
 /// Arguments of `pstackctl capture`.
 #[derive(Debug, clap::Args)]
@@ -166,11 +165,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         (_, Some(tid), _) => Target::Thread { tid },
         _ => Target::Host,
     };
-    let surfaces = if args.surfaces.is_empty() {
-        supervisor::SurfaceSelection::all()
-    } else {
-        supervisor::SurfaceSelection::parse(&args.surfaces)?
-    };
     let surface_deadline = args
         .surface_deadline
         .or(args.surface_deadline_ms)
@@ -179,19 +173,47 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         .reap_deadline
         .or(args.reap_deadline_ms)
         .unwrap_or(CLI_REAP_DEADLINE);
+    // The one request validator, with this command line's caps and
+    // defaults as the limits (the window gets its own room in the bundle).
+    let limits = ProcessLimits {
+        surface_deadline_ms: ms(surface_deadline),
+        bundle_deadline_ms: ms(args
+            .bundle_deadline
+            .or(args.bundle_deadline_ms)
+            .unwrap_or(CLI_BUNDLE_DEADLINE)),
+        max_bundle_deadline_ms: u64::MAX,
+        max_threads: args.max_threads,
+        max_bytes_per_surface: args
+            .max_bytes
+            .unwrap_or(if args.host { 4 << 20 } else { 64 << 10 }),
+        max_fds: args.max_fds,
+    };
     let window_ms = args.window.map(ms);
-    // The window runs inside the bundle deadline: give it its own room.
-    let bundle_ms = ms(args
-        .bundle_deadline
-        .or(args.bundle_deadline_ms)
-        .unwrap_or(CLI_BUNDLE_DEADLINE))
-    .saturating_add(window_ms.unwrap_or(0));
+    let names = (!args.surfaces.is_empty()).then(|| args.surfaces.clone());
+    let request = match request::process_plan(
+        target,
+        &RequestedDeadlines::default(),
+        &RequestedCaps::default(),
+        window_ms,
+        &names,
+        &limits,
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("pstackctl capture: {e}");
+            return Ok(2);
+        }
+    };
+    let deadlines = request
+        .deadlines
+        .expect("the validator always sets deadlines");
+    let bundle_ms = ms(deadlines.bundle);
     let progress = args
         .window
         .map(|w| pstack_cli::progress::Progress::start("observing off-CPU time (eBPF)", w));
     if !args.one_shot {
         let mut body =
-            crate::client::CaptureRequestBody::for_target(target, ms(surface_deadline), bundle_ms);
+            crate::client::CaptureRequestBody::for_target(target, ms(deadlines.surface), bundle_ms);
         body.window_ms = window_ms;
         if !args.surfaces.is_empty() {
             body.surfaces = Some(args.surfaces.clone());
@@ -219,20 +241,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         LeakJournal::new(&args.leak_journal),
         &config.boot_id,
     );
-    let request = CaptureRequest {
-        target,
-        deadlines: Some(Deadlines {
-            surface: surface_deadline,
-            bundle: Duration::from_millis(bundle_ms),
-        }),
-        max_threads: args.max_threads,
-        max_bytes_per_surface: args
-            .max_bytes
-            .unwrap_or(if args.host { 4 << 20 } else { 64 << 10 }),
-        max_fds: args.max_fds,
-        window: args.window,
-        surfaces,
-    };
     let envelope = supervisor::capture(&request, &config, &budget)?;
     drop(progress);
     let leaked = budget.leaked_helpers();
