@@ -53,6 +53,32 @@
 //!   direction as an inference, and leaves an unknown with its probe.
 
 pub mod rules;
+/// The ids of the surfaces a flow envelope can carry: claims bind these,
+/// never a string written elsewhere.
+pub mod surface_id {
+    /// The flow's socket at window start (sock_diag).
+    pub const TCP_START: &str = "tcp/start";
+    /// The flow's socket at window end.
+    pub const TCP_END: &str = "tcp/end";
+    /// TCP_USER_TIMEOUT and keepalive of the socket, read from its owner.
+    pub const TCP_SOCKOPT: &str = "tcp/sockopt";
+    /// The eBPF TCP events of the flow's cookie.
+    pub const EBPF_TCP: &str = "ebpf/tcp";
+    /// The netns's snmp/netstat counter deltas.
+    pub const NETSTAT: &str = "netstat";
+    /// The veth peer of the egress link.
+    pub const LINK_PEER: &str = "link/peer";
+    /// The egress link.
+    pub const LINK: &str = "link";
+    /// The route to the peer.
+    pub const ROUTE: &str = "route";
+    /// Conntrack occupancy and stat deltas.
+    pub const CONNTRACK: &str = "conntrack";
+    /// CPU load and pressure: bears hypotheses only.
+    pub const HOST_CPU: &str = "host/cpu";
+}
+
+use self::surface_id as sid;
 
 use crate::Progress;
 use crate::request::{self, MAX_FLOWS, RequestError, TRANSPORT_WINDOW, invalid};
@@ -960,15 +986,15 @@ impl Ctx<'_> {
                 // surface is missing that end, with the helper's status.
                 let u = Unread::of_helper(f);
                 for (id, auth) in [
-                    ("netstat", "procfs:/proc/thread-self/net/{snmp,netstat}"),
-                    ("route", "rtnetlink:RTM_GETROUTE"),
-                    ("link", "rtnetlink:RTM_GETLINK"),
+                    (sid::NETSTAT, "procfs:/proc/thread-self/net/{snmp,netstat}"),
+                    (sid::ROUTE, "rtnetlink:RTM_GETROUTE"),
+                    (sid::LINK, "rtnetlink:RTM_GETLINK"),
                     (
-                        "conntrack",
+                        sid::CONNTRACK,
                         "procfs:/proc/sys/net/netfilter/nf_conntrack_{count,max} + /proc/thread-self/net/stat/nf_conntrack",
                     ),
                     (
-                        "host/cpu",
+                        sid::HOST_CPU,
                         "procfs:/proc/loadavg + /proc/stat + /proc/pressure/cpu",
                     ),
                 ] {
@@ -1008,7 +1034,7 @@ impl Ctx<'_> {
                 facts.insert("one_sided".into(), json!(one_sided));
                 facts.insert("counters_read".into(), json!(b.len()));
                 v.surfaces.push(surface(
-                    "netstat",
+                    sid::NETSTAT,
                     auth,
                     s.counters.elapsed_us + e.counters.elapsed_us,
                     Some((sha256_digest(&raw), raw.len() as u64)),
@@ -1022,7 +1048,7 @@ impl Ctx<'_> {
                     CountersError::Parse { .. } => None,
                 };
                 v.surfaces.push(failed(
-                    "netstat",
+                    sid::NETSTAT,
                     auth,
                     s.counters.elapsed_us + e.counters.elapsed_us,
                     status_of_errno(errno),
@@ -1049,7 +1075,7 @@ impl Ctx<'_> {
                 let mut raw = a.raw.digest.clone();
                 raw.push_str(&b.raw.digest);
                 v.surfaces.push(surface(
-                    "route",
+                    sid::ROUTE,
                     auth,
                     s.route.elapsed_us + e.route.elapsed_us,
                     Some((b.raw.digest.clone(), b.raw.bytes)),
@@ -1057,7 +1083,7 @@ impl Ctx<'_> {
                 ));
             }
             (Err(err), _) | (_, Err(err)) => v.surfaces.push(failed(
-                "route",
+                sid::ROUTE,
                 auth,
                 s.route.elapsed_us + e.route.elapsed_us,
                 status_of_errno(err.errno()),
@@ -1068,8 +1094,8 @@ impl Ctx<'_> {
 
         // Egress link and its veth peer.
         for (id, a, b, is_peer) in [
-            ("link", &s.link, &e.link, false),
-            ("link/peer", &s.peer_link, &e.peer_link, true),
+            (sid::LINK, &s.link, &e.link, false),
+            (sid::LINK_PEER, &s.peer_link, &e.peer_link, true),
         ] {
             match (a, b) {
                 (Some(a), Some(b)) => match (&a.value, &b.value) {
@@ -1148,7 +1174,7 @@ impl Ctx<'_> {
                 }));
                 v.conntrack = Some((b.count, b.max, b.fill_ppm(), sd));
                 v.surfaces.push(surface(
-                    "conntrack",
+                    sid::CONNTRACK,
                     auth,
                     el,
                     Some((sha256_digest(&raw), raw.len() as u64)),
@@ -1158,7 +1184,7 @@ impl Ctx<'_> {
             (Err(ConntrackError::NotLoaded(p)), Err(ConntrackError::NotLoaded(_))) => {
                 // No conntrack in this kernel: there is no table to fill. An observation, not a gap.
                 v.surfaces.push(surface(
-                    "conntrack",
+                    sid::CONNTRACK,
                     auth,
                     el,
                     Some((sha256_digest(p.as_bytes()), 0)),
@@ -1171,7 +1197,7 @@ impl Ctx<'_> {
                     _ => None,
                 };
                 v.surfaces.push(failed(
-                    "conntrack",
+                    sid::CONNTRACK,
                     auth,
                     el,
                     status_of_errno(errno),
@@ -1189,7 +1215,7 @@ impl Ctx<'_> {
                 facts.insert("role".into(), json!("hypothesis_only"));
                 v.load = Some(l.clone());
                 v.surfaces.push(surface(
-                    "host/cpu",
+                    sid::HOST_CPU,
                     auth,
                     e.load.elapsed_us,
                     Some((sha256_digest(raw), raw.len() as u64)),
@@ -1197,7 +1223,7 @@ impl Ctx<'_> {
                 ));
             }
             Err(m) => v.surfaces.push(failed(
-                "host/cpu",
+                sid::HOST_CPU,
                 auth,
                 e.load.elapsed_us,
                 SurfaceStatus::Error,
@@ -1316,7 +1342,10 @@ impl Ctx<'_> {
     ) -> Result<Envelope, TransportError> {
         let mut surfaces = Vec::new();
         let mut claims = Vec::new();
-        for (id, end) in [("tcp/start", &self.raw.start), ("tcp/end", &self.raw.end)] {
+        for (id, end) in [
+            (sid::TCP_START, &self.raw.start),
+            (sid::TCP_END, &self.raw.end),
+        ] {
             match tcp_of(end) {
                 Ok((d, elapsed_us)) => surfaces.push(surface(
                     id,
@@ -1355,7 +1384,7 @@ impl Ctx<'_> {
                         self.plan.filter.selector()
                     )
                 },
-                surfaces: vec!["tcp/start".into(), "tcp/end".into()],
+                surfaces: vec![sid::TCP_START.into(), sid::TCP_END.into()],
                 scope: Scope::Universal,
                 falsifier: None,
             });
@@ -1420,14 +1449,14 @@ impl Ctx<'_> {
         );
         for (id, t, sock, absent_status, absent) in [
             (
-                "tcp/start",
+                sid::TCP_START,
                 &self.raw.start,
                 start,
                 SurfaceStatus::Skipped,
                 "the flow did not exist at window start (opened during the window)",
             ),
             (
-                "tcp/end",
+                sid::TCP_END,
                 &self.raw.end,
                 end,
                 SurfaceStatus::Vanished,
@@ -1467,7 +1496,7 @@ impl Ctx<'_> {
             (Some(a), Some(b)) => Some(tcp_deltas(a, b)),
             _ => None,
         };
-        if let (Some(d), Some(sf)) = (&deltas, surfaces.iter_mut().find(|x| x.id == "tcp/end"))
+        if let (Some(d), Some(sf)) = (&deltas, surfaces.iter_mut().find(|x| x.id == sid::TCP_END))
             && sf.status == SurfaceStatus::Ok
         {
             sf.facts.insert(
@@ -1482,7 +1511,7 @@ impl Ctx<'_> {
                     let facts = obj(serde_json::to_value(o).unwrap_or(Value::Null));
                     let raw = serde_json::to_vec(o).unwrap_or_default();
                     surfaces.push(surface(
-                        "tcp/sockopt",
+                        sid::TCP_SOCKOPT,
                         auth,
                         t.elapsed_us,
                         Some((sha256_digest(&raw), raw.len() as u64)),
@@ -1503,7 +1532,7 @@ impl Ctx<'_> {
                         SockOptError::Abandoned { .. } => (SurfaceStatus::Timeout, None),
                     };
                     surfaces.push(failed(
-                        "tcp/sockopt",
+                        sid::TCP_SOCKOPT,
                         auth,
                         t.elapsed_us,
                         status,
@@ -1520,7 +1549,7 @@ impl Ctx<'_> {
             EbpfWindow::NotRequested => None,
             EbpfWindow::Unavailable { status, message } => {
                 surfaces.push(failed(
-                    "ebpf/tcp",
+                    sid::EBPF_TCP,
                     "ebpf:tracepoint/tcp/{tcp_retransmit_skb,tcp_receive_reset,tcp_send_reset},sock/inet_sock_set_state",
                     0,
                     *status,
@@ -1544,7 +1573,7 @@ impl Ctx<'_> {
                         ..EbpfFlow::default()
                     });
                 let mut sf = surface(
-                    "ebpf/tcp",
+                    sid::EBPF_TCP,
                     "ebpf:tracepoint/tcp/{tcp_retransmit_skb,tcp_receive_reset,tcp_send_reset},sock/inet_sock_set_state",
                     self.plan.window.as_micros() as u64,
                     digest.clone().map(|d| (d, *bytes)),
@@ -1588,7 +1617,7 @@ impl Ctx<'_> {
             ok: &ok_ids,
             end_dump_read: tcp_of(&self.raw.end).is_ok(),
             ebpf: ebpf_flow.as_ref(),
-            ebpf_surface: surfaces.iter().any(|x| x.id == "ebpf/tcp"),
+            ebpf_surface: surfaces.iter().any(|x| x.id == sid::EBPF_TCP),
             view,
             net_ns: self.net_ns,
             window: self.plan.window,
@@ -1600,11 +1629,11 @@ impl Ctx<'_> {
             fault,
         } = rules::flow_claims(&readings);
         let (local, remote) = (id_sock.local, id_sock.remote);
-        let has_sockopt = surfaces.iter().any(|x| x.id == "tcp/sockopt");
+        let has_sockopt = surfaces.iter().any(|x| x.id == sid::TCP_SOCKOPT);
         // CPU load may bind hypotheses only: the builder refuses a fact on it.
         let surface_ids: Vec<String> = surfaces
             .iter()
-            .filter(|x| x.id != "host/cpu")
+            .filter(|x| x.id != sid::HOST_CPU)
             .map(|x| x.id.clone())
             .collect();
         let mut builder = EnvelopeBuilder::new(
@@ -1627,7 +1656,7 @@ impl Ctx<'_> {
             self.bounds(),
         );
         for x in surfaces {
-            if x.id == "host/cpu" {
+            if x.id == sid::HOST_CPU {
                 builder.hypothesis_surface(x)?;
             } else {
                 builder.surface(x)?;
@@ -1665,7 +1694,7 @@ impl Ctx<'_> {
                 surface: None,
             });
         }
-        if !ok_ids.iter().any(|x| x == "tcp/sockopt") {
+        if !ok_ids.iter().any(|x| x == sid::TCP_SOCKOPT) {
             let has = has_sockopt;
             unknowns.push(Unknown {
                 id: format!("u{}", unknowns.len() + 1),
@@ -1675,7 +1704,7 @@ impl Ctx<'_> {
                 probe: format!(
                     "find the owner: ss -tinpe src {local} dst {remote}; then inspect the owning process's setsockopt calls (strace -e setsockopt -p PID) or its configuration"
                 ),
-                surface: has.then(|| "tcp/sockopt".to_string()),
+                surface: has.then(|| sid::TCP_SOCKOPT.to_string()),
             });
         }
 

@@ -19,6 +19,7 @@ use std::time::Duration;
 use pstack_collectors::net::sockdiag::{self, TcpSocket};
 use pstack_envelope::{Claim, ClaimKind, Scope, Unknown};
 
+use super::surface_id as sid;
 use super::{
     CONNTRACK_PRESSURE_PPM, CPU_PSI_HYPOTHESIS_CENTI, EbpfFlow, FAULT_COUNTERS,
     LOCAL_ABORT_COUNTERS, NetnsView, full_size,
@@ -116,7 +117,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                 d("bytes_retrans"),
                 d("total_rto")
             ),
-            &["tcp/start", "tcp/end"],
+            &[sid::TCP_START, sid::TCP_END],
             None,
         );
     }
@@ -129,13 +130,13 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                 "the retransmission timer fired {} times on this flow in the window",
                 d("total_rto")
             ),
-            &["tcp/start", "tcp/end"],
+            &[sid::TCP_START, sid::TCP_END],
             None,
         );
     }
     // Zero window (sender side): the peer advertises 0 and the probe timer runs.
     if let Some(x) = end
-        && ok("tcp/end")
+        && ok(sid::TCP_END)
     {
         let snd_wnd = x.info.as_ref().and_then(|i| i.snd_wnd);
         let probe = x.timer == sockdiag::SocketTimer::ZeroWindowProbe;
@@ -150,7 +151,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                     x.timer.as_str(),
                     x.wqueue
                 ),
-                &["tcp/end"],
+                &[sid::TCP_END],
                 None,
             );
         } else if probe && x.wqueue > 0 {
@@ -169,7 +170,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                         .map(|w| w.to_string())
                         .unwrap_or_else(|| "unknown".into())
                 ),
-                &["tcp/end"],
+                &[sid::TCP_END],
                 None,
             );
         }
@@ -183,7 +184,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                     "this end advertises a zero receive window to {remote}: {} bytes unread in its receive queue",
                     x.rqueue
                 ),
-                &["tcp/end"],
+                &[sid::TCP_END],
                 None,
             );
         }
@@ -194,7 +195,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
     let state_end = end.map(|x| x.state);
     if let Some(a) = start
         && a.state == 1
-        && ok("tcp/start")
+        && ok(sid::TCP_START)
         && state_end != Some(1)
         && (state_end.is_some() || r.end_dump_read)
     {
@@ -202,9 +203,12 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
         let (what, binds): (String, Vec<&str>) = match state_end {
             Some(st) => (
                 format!("is in {} at window end", sockdiag::state_name(st)),
-                vec!["tcp/start", "tcp/end"],
+                vec![sid::TCP_START, sid::TCP_END],
             ),
-            None => ("was released before window end".into(), vec!["tcp/start"]),
+            None => (
+                "was released before window end".into(),
+                vec![sid::TCP_START],
+            ),
         };
         add(
             ClaimKind::Fact,
@@ -229,7 +233,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                             f.last_ns
                         ))
                 ),
-                &["ebpf/tcp"],
+                &[sid::EBPF_TCP],
                 None,
             ),
             Some(f) if f.resets_sent > 0 => add(
@@ -241,7 +245,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                         .clone()
                         .unwrap_or_else(|| "unknown".into())
                 ),
-                &["ebpf/tcp"],
+                &[sid::EBPF_TCP],
                 None,
             ),
             _ => {
@@ -252,7 +256,8 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                 // only OutRsts. So: closures by RST with no local abort were resets
                 // received from the remote side.
                 let aborts: i128 = LOCAL_ABORT_COUNTERS.iter().map(|k| c(k)).sum();
-                if ok("netstat") && estab > 0 && aborts == 0 && state_end.is_none_or(|s| s == 7) {
+                if ok(sid::NETSTAT) && estab > 0 && aborts == 0 && state_end.is_none_or(|s| s == 7)
+                {
                     add(
                         ClaimKind::Inference,
                         "reset_by_peer_inferred",
@@ -260,7 +265,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                             "the flow was reset from the remote side ({remote}): it went from ESTABLISHED to CLOSE while Tcp.EstabResets rose by {estab} and no local abort was counted (TCPAbortOn* +0; Tcp.OutRsts +{})",
                             c("Tcp.OutRsts")
                         ),
-                        &["tcp/start", "netstat"],
+                        &[sid::TCP_START, sid::NETSTAT],
                         None,
                     );
                 }
@@ -274,7 +279,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                             "{} during the next failure (or: bpftrace -e 'tracepoint:tcp:tcp_receive_reset, tracepoint:tcp:tcp_send_reset {{ printf(\"%s %d\\n\", probe, args->dport); }}')",
                             crate::probes::trace_tcp_addr(remote.ip())
                         ),
-                        surface: r.ebpf_surface.then(|| "ebpf/tcp".to_string()),
+                        surface: r.ebpf_surface.then(|| sid::EBPF_TCP.to_string()),
                     });
                 }
             }
@@ -286,7 +291,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                 ClaimKind::Fact,
                 "rst_received_from_peer",
                 format!("RST received from {remote} on flow cookie {cookie}"),
-                &["ebpf/tcp"],
+                &[sid::EBPF_TCP],
                 None,
             );
         }
@@ -296,14 +301,14 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                 ClaimKind::Fact,
                 "rst_sent_by_local",
                 format!("this host ({local}) sent a RST to {remote} on flow cookie {cookie}"),
-                &["ebpf/tcp"],
+                &[sid::EBPF_TCP],
                 None,
             );
         }
     }
 
     // Netns-wide counters that moved (scoped to the netns, not this flow).
-    if ok("netstat") {
+    if ok(sid::NETSTAT) {
         let moved: Vec<String> = FAULT_COUNTERS
             .iter()
             .filter_map(|k| {
@@ -323,7 +328,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                     r.net_ns,
                     moved.join(", ")
                 ),
-                &["netstat"],
+                &[sid::NETSTAT],
                 None,
             );
         }
@@ -353,7 +358,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
     let min_mtu = mtus.iter().map(|(_, m)| (*m).min(65535)).min();
     let max_mtu = mtus.iter().map(|(_, m)| (*m).min(65535)).max();
     let mut mtu_binds: Vec<&str> = Vec::new();
-    for id in ["link", "link/peer", "route", "tcp/end"] {
+    for id in [sid::LINK, sid::LINK_PEER, sid::ROUTE, sid::TCP_END] {
         if ok(id) {
             mtu_binds.push(id);
         }
@@ -415,7 +420,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                 "flow {local} -> {remote} had 0 bytes acknowledged over the {} ms window while {pending} bytes waited in its send queue",
                 r.window.as_millis()
             ),
-            &["tcp/start", "tcp/end"],
+            &[sid::TCP_START, sid::TCP_END],
             None,
         );
     }
@@ -433,7 +438,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                     d("total_rto"),
                     wire
                 ),
-                &["tcp/start", "tcp/end"],
+                &[sid::TCP_START, sid::TCP_END],
                 Some(format!(
                     "full-size segments are acknowledged: `ping -M do -s {} {}` from this namespace is answered, or bytes_acked advances while snd_mss stays {mss}",
                     wire - if remote.is_ipv4() { 28 } else { 48 },
@@ -452,7 +457,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
             .map(|(n, d)| format!("{n} +{d}"))
             .collect::<Vec<_>>()
             .join(", ");
-        let binds: Vec<&str> = ["link", "link/peer"]
+        let binds: Vec<&str> = [sid::LINK, sid::LINK_PEER]
             .into_iter()
             .filter(|id| ok(id))
             .collect();
@@ -482,7 +487,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                     ppm / 10_000,
                     ppm % 10_000 / 1000
                 ),
-                &["conntrack"],
+                &[sid::CONNTRACK],
                 None,
             );
         }
@@ -502,7 +507,7 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
                     l.procs_running,
                     l.cpus
                 ),
-                &["host/cpu"],
+                &[sid::HOST_CPU],
                 Some("the flow's stall recurs while /proc/pressure/cpu some avg10 stays below 1%, or tcp_info shows the peer's window or the network (retransmits), not the application, limiting it".into()),
             );
         }
@@ -613,15 +618,15 @@ mod tests {
             .into_iter()
             .collect(),
             ok: [
-                "tcp/start",
-                "tcp/end",
-                "netstat",
-                "link",
-                "link/peer",
-                "route",
-                "conntrack",
-                "host/cpu",
-                "ebpf/tcp",
+                sid::TCP_START,
+                sid::TCP_END,
+                sid::NETSTAT,
+                sid::LINK,
+                sid::LINK_PEER,
+                sid::ROUTE,
+                sid::CONNTRACK,
+                sid::HOST_CPU,
+                sid::EBPF_TCP,
             ]
             .iter()
             .map(|s| s.to_string())
@@ -688,7 +693,7 @@ mod tests {
             with(move |x| {
                 x.end = None;
                 x.ebpf = None;
-                x.ok.retain(|s| s != "ebpf/tcp");
+                x.ok.retain(|s| s != sid::EBPF_TCP);
                 x.view.counter_delta.insert("Tcp.EstabResets".into(), 1);
                 x.view
                     .counter_delta
@@ -740,7 +745,7 @@ mod tests {
                     x.end().rqueue = 65536;
                 }),
                 // The same socket, but tcp/end was not read: no fact.
-                with(|x| x.end_info().rcv_wnd = Some(0)).not_read("tcp/end"),
+                with(|x| x.end_info().rcv_wnd = Some(0)).not_read(sid::TCP_END),
             ),
             (
                 "flow_left_established",
@@ -773,7 +778,7 @@ mod tests {
                         .counter_delta
                         .insert("TcpExt.ListenOverflows".into(), 2)
                 })
-                .not_read("netstat"),
+                .not_read(sid::NETSTAT),
             ),
             ("mtu_mismatch", mtus(1400, 1448), healthy()),
             (
@@ -879,7 +884,7 @@ mod tests {
             .find(|c| c.code == "cpu_starvation")
             .unwrap();
         assert_eq!(c.kind, ClaimKind::Hypothesis);
-        assert_eq!(c.surfaces, ["host/cpu"]);
+        assert_eq!(c.surfaces, [sid::HOST_CPU]);
         assert!(!got.fault, "a hypothesis is not a fault");
     }
 }
