@@ -20,11 +20,12 @@
 //!   API are facts about what the manager reports (`longhorn_manager_reports_*`),
 //!   not about the bytes on the wire.
 //! - **Bounded API read.** Plain `http://` only (the in-cluster
-//!   `longhorn-backend:9500` service), 5 s connect/read deadlines, 4 MiB cap;
+//!   `longhorn-backend:9500` service) through `reqwest` (no hand-written
+//!   HTTP, no proxy from the environment), 5 s connect and whole-request
+//!   deadlines, 4 MiB cap;
 //!   a timeout or refusal becomes the surface's status, never a hang.
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::io::Read;
 use std::time::{Duration, Instant};
 
 use pstack_envelope::{
@@ -169,150 +170,99 @@ pub struct ApiFailure {
     pub message: String,
 }
 
-/// Decode an HTTP/1.1 response (Content-Length, chunked, or close-delimited).
-pub fn parse_http_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("no end of headers")?;
-    let head = std::str::from_utf8(&raw[..split]).map_err(|_| "headers are not UTF-8")?;
-    let body = &raw[split + 4..];
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().ok_or("empty response")?;
-    let code: u16 = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
-    let mut chunked = false;
-    let mut length = None;
-    for l in lines {
-        if let Some((k, v)) = l.split_once(':') {
-            let k = k.trim().to_ascii_lowercase();
-            let v = v.trim();
-            if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
-                chunked = true;
-            } else if k == "content-length" {
-                length = Some(v.parse::<usize>().map_err(|_| "bad content-length")?);
-            }
-        }
-    }
-    if chunked {
-        let mut out = Vec::new();
-        let mut rest = body;
-        loop {
-            let eol = rest
-                .windows(2)
-                .position(|w| w == b"\r\n")
-                .ok_or("truncated chunk size")?;
-            let size_txt = std::str::from_utf8(&rest[..eol]).map_err(|_| "bad chunk size")?;
-            let size = usize::from_str_radix(size_txt.split(';').next().unwrap_or("").trim(), 16)
-                .map_err(|_| "bad chunk size")?;
-            rest = &rest[eol + 2..];
-            if size == 0 {
-                break;
-            }
-            if rest.len() < size + 2 {
-                return Err("truncated chunk".into());
-            }
-            out.extend_from_slice(&rest[..size]);
-            rest = &rest[size + 2..];
-        }
-        return Ok((code, out));
-    }
-    match length {
-        Some(n) if body.len() < n => Err(format!("body has {} of {n} bytes", body.len())),
-        Some(n) => Ok((code, body[..n].to_vec())),
-        None => Ok((code, body.to_vec())),
-    }
-}
-
 /// GET `{api}/v1/volumes/{volume}` under [`API_DEADLINE`]; raw body and elapsed µs.
 pub fn fetch_volume(api: &str, volume: &str) -> (Result<Vec<u8>, ApiFailure>, u64) {
     let t = Instant::now();
+    let fail = |status, errno, message: String| ApiFailure {
+        status,
+        errno,
+        message,
+    };
     let r = (|| {
-        let fail = |status, errno, message: String| ApiFailure {
-            status,
-            errno,
-            message,
-        };
         let (host, port, base) =
             parse_http_url(api).map_err(|m| fail(SurfaceStatus::Error, None, m))?;
-        let addr = (host.as_str(), port)
-            .to_socket_addrs()
-            .map_err(|e| {
-                fail(
-                    SurfaceStatus::Error,
-                    e.raw_os_error(),
-                    format!("resolve {host}: {e}"),
-                )
-            })?
-            .next()
-            .ok_or_else(|| fail(SurfaceStatus::Error, None, format!("{host} has no address")))?;
-        let io = |e: std::io::Error, what: &str| {
-            let status = match e.kind() {
-                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
-                    SurfaceStatus::Timeout
-                }
-                std::io::ErrorKind::PermissionDenied => SurfaceStatus::PermissionDenied,
-                _ => SurfaceStatus::Error,
-            };
-            fail(status, e.raw_os_error(), format!("{what} {addr}: {e}"))
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
         };
-        let mut s =
-            TcpStream::connect_timeout(&addr, API_DEADLINE).map_err(|e| io(e, "connect"))?;
-        s.set_read_timeout(Some(API_DEADLINE))
-            .map_err(|e| io(e, "set timeout"))?;
-        s.set_write_timeout(Some(API_DEADLINE))
-            .map_err(|e| io(e, "set timeout"))?;
-        let req = format!(
-            "GET {base}/v1/volumes/{volume} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
-        );
-        s.write_all(req.as_bytes()).map_err(|e| io(e, "send to"))?;
-        let mut raw = Vec::new();
-        let mut buf = [0u8; 16384];
-        let deadline = Instant::now() + API_DEADLINE;
-        loop {
-            if Instant::now() > deadline {
-                return Err(fail(
-                    SurfaceStatus::Timeout,
-                    None,
-                    format!("{addr}: no complete answer within {API_DEADLINE:?}"),
-                ));
-            }
-            match s.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    raw.extend_from_slice(&buf[..n]);
-                    if raw.len() > MAX_API_BYTES {
-                        return Err(fail(
-                            SurfaceStatus::Truncated,
-                            None,
-                            format!("answer exceeds {MAX_API_BYTES} bytes"),
-                        ));
-                    }
+        let url = format!("http://{host}:{port}{base}/v1/volumes/{volume}");
+        // Captures run on blocking threads, never inside an async task: the
+        // read gets a runtime of its own (as the kubelet read does).
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| fail(SurfaceStatus::Error, None, format!("runtime: {e}")))?;
+        rt.block_on(async {
+            let client = reqwest::Client::builder()
+                .connect_timeout(API_DEADLINE)
+                .timeout(API_DEADLINE)
+                // The manager is a node-local call: no proxy from the environment.
+                .no_proxy()
+                .build()
+                .map_err(|e| fail(SurfaceStatus::Error, None, e.to_string()))?;
+            let mut resp = client
+                .get(&url)
+                .header(reqwest::header::ACCEPT, "application/json")
+                .send()
+                .await
+                .map_err(|e| http_failure(&e, &url))?;
+            let code = resp.status().as_u16();
+            let mut body = Vec::new();
+            while let Some(chunk) = resp.chunk().await.map_err(|e| http_failure(&e, &url))? {
+                body.extend_from_slice(&chunk);
+                if body.len() > MAX_API_BYTES {
+                    return Err(fail(
+                        SurfaceStatus::Truncated,
+                        None,
+                        format!("answer exceeds {MAX_API_BYTES} bytes"),
+                    ));
                 }
-                Err(e) => return Err(io(e, "read from")),
             }
-        }
-        let (code, body) =
-            parse_http_response(&raw).map_err(|m| fail(SurfaceStatus::Error, None, m))?;
-        match code {
-            200 => Ok(body),
-            401 | 403 => Err(fail(
-                SurfaceStatus::PermissionDenied,
-                None,
-                format!("HTTP {code}"),
-            )),
-            404 => Err(fail(
-                SurfaceStatus::Vanished,
-                None,
-                format!("HTTP 404: no volume {volume}"),
-            )),
-            c => Err(fail(SurfaceStatus::Error, None, format!("HTTP {c}"))),
-        }
+            match code {
+                200 => Ok(body),
+                401 | 403 => Err(fail(
+                    SurfaceStatus::PermissionDenied,
+                    None,
+                    format!("HTTP {code}"),
+                )),
+                404 => Err(fail(
+                    SurfaceStatus::Vanished,
+                    None,
+                    format!("HTTP 404: no volume {volume}"),
+                )),
+                c => Err(fail(SurfaceStatus::Error, None, format!("HTTP {c}"))),
+            }
+        })
     })();
     (r, t.elapsed().as_micros() as u64)
+}
+
+/// A failed manager request as a surface status: a timeout is `timeout`;
+/// otherwise the OS error under it (errno kept), else `error`.
+fn http_failure(e: &reqwest::Error, url: &str) -> ApiFailure {
+    let mut io: Option<&std::io::Error> = None;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(x) = c.downcast_ref::<std::io::Error>() {
+            io = Some(x);
+            break;
+        }
+        cause = c.source();
+    }
+    let status = if e.is_timeout() {
+        SurfaceStatus::Timeout
+    } else if io.is_some_and(|x| x.kind() == std::io::ErrorKind::PermissionDenied) {
+        SurfaceStatus::PermissionDenied
+    } else {
+        SurfaceStatus::Error
+    };
+    let detail = io.map(|x| format!(": {x}")).unwrap_or_default();
+    ApiFailure {
+        status,
+        errno: io.and_then(std::io::Error::raw_os_error),
+        message: format!("GET {url}: {e}{detail}"),
+    }
 }
 
 /// Manager-reported rebuild facts out of a `/v1/volumes/{name}` body.
@@ -961,17 +911,17 @@ mod tests {
     }
 
     #[test]
-    fn http_bodies_content_length_chunked_and_truncated() {
-        let r = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
-        assert_eq!(parse_http_response(r).unwrap(), (200, b"{}".to_vec()));
-        let c = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n";
-        assert_eq!(parse_http_response(c).unwrap().1, b"{\"a\":1}".to_vec());
-        assert!(parse_http_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}").is_err());
-        assert!(
-            parse_http_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nff\r\nab")
-                .is_err()
-        );
-        assert!(parse_http_response(b"garbage").is_err());
+    fn a_refused_manager_read_is_an_error_surface_with_its_errno() {
+        // A loopback port nothing listens on (bound, then released).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let (r, _) = fetch_volume(&format!("http://127.0.0.1:{port}"), "pvc-1");
+        let f = r.unwrap_err();
+        assert_eq!(f.status, SurfaceStatus::Error, "{}", f.message);
+        assert_eq!(f.errno, Some(libc::ECONNREFUSED), "{}", f.message);
     }
 
     #[test]
