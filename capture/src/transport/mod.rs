@@ -1663,23 +1663,15 @@ impl Ctx<'_> {
             }
         }
         let completeness = builder.completeness();
-        if !fault
-            && claims.iter().all(|c| c.kind == ClaimKind::Hypothesis)
-            && completeness == Completeness::Complete
-        {
-            let n = claims.len() + 1;
-            claims.push(Claim {
-                id: format!("c{n}"),
-                kind: ClaimKind::Fact,
-                code: "no_fault_observed".into(),
-                statement: format!(
-                    "over the {} ms window: no retransmit, RTO, reset, zero window, state change, MTU disagreement, interface drop, fault-counter movement or conntrack pressure on flow {local} -> {remote}",
-                    self.plan.window.as_millis()
-                ),
-                surfaces: surface_ids,
-                scope: Scope::Universal,
-                falsifier: None,
-            });
+        if let Some(c) = rules::no_fault_claim(
+            &claims,
+            fault,
+            completeness,
+            surface_ids,
+            self.plan.window,
+            (local, remote),
+        ) {
+            claims.push(c);
         }
         if matches!(self.raw.ebpf, EbpfWindow::NotRequested)
             && !unknowns.iter().any(|u| u.blocks == "ATTRIBUTE_RESET")

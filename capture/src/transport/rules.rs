@@ -14,10 +14,11 @@
 //!   the universal `no_fault_observed` only when it is false.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use pstack_collectors::net::sockdiag::{self, TcpSocket};
-use pstack_envelope::{Claim, ClaimKind, Scope, Unknown};
+use pstack_envelope::{Claim, ClaimKind, Completeness, Scope, Unknown};
 
 use super::surface_id as sid;
 use super::{
@@ -519,6 +520,35 @@ pub fn flow_claims(r: &FlowReadings<'_>) -> FlowClaims {
     }
 }
 
+/// The universal `no_fault_observed`: made only when the rules claimed no
+/// fault and nothing but hypotheses, in a `complete` envelope; it binds
+/// every surface of the flow but CPU load (`binds`).
+pub fn no_fault_claim(
+    claims: &[Claim],
+    fault: bool,
+    completeness: Completeness,
+    binds: Vec<String>,
+    window: Duration,
+    (local, remote): (SocketAddr, SocketAddr),
+) -> Option<Claim> {
+    let only_hypotheses = claims.iter().all(|c| c.kind == ClaimKind::Hypothesis);
+    if fault || !only_hypotheses || completeness != Completeness::Complete {
+        return None;
+    }
+    Some(Claim {
+        id: format!("c{}", claims.len() + 1),
+        kind: ClaimKind::Fact,
+        code: "no_fault_observed".into(),
+        statement: format!(
+            "over the {} ms window: no retransmit, RTO, reset, zero window, state change, MTU disagreement, interface drop, fault-counter movement or conntrack pressure on flow {local} -> {remote}",
+            window.as_millis()
+        ),
+        surfaces: binds,
+        scope: Scope::Universal,
+        falsifier: None,
+    })
+}
+
 /// Every code a transport rule can claim (kept equal to the rules by the
 /// table test below, which reads this file's source).
 pub const CLAIM_CODES: [&str; 16] = [
@@ -873,6 +903,37 @@ mod tests {
         assert!(!got.fault);
         assert!(got.claims.is_empty(), "{:?}", got.claims);
         assert!(got.unknowns.is_empty());
+    }
+
+    #[test]
+    fn no_fault_observed_only_without_a_fault_fact_in_a_complete_envelope() {
+        let ends = (
+            "10.77.0.1:40000".parse().unwrap(),
+            "10.77.0.2:10001".parse().unwrap(),
+        );
+        let claim = |x: &Fixture, c: Completeness| {
+            let got = x.claims();
+            no_fault_claim(
+                &got.claims,
+                got.fault,
+                c,
+                x.ok.clone(),
+                Duration::from_secs(2),
+                ends,
+            )
+            .map(|c| (c.code, c.scope))
+        };
+        assert_eq!(
+            claim(&healthy(), Completeness::Complete),
+            Some(("no_fault_observed".into(), Scope::Universal))
+        );
+        // Near misses: not complete; a fault fact; (a hypothesis alone is no fault).
+        assert_eq!(claim(&healthy(), Completeness::Partial), None);
+        assert_eq!(claim(&healthy(), Completeness::Bounded), None);
+        let retrans = with(|x| _ = x.deltas.insert("total_retrans", 1));
+        assert_eq!(claim(&retrans, Completeness::Complete), None);
+        let cpu = with(|x| x.view.load.as_mut().unwrap().psi_some_avg10_centi = Some(5000));
+        assert!(claim(&cpu, Completeness::Complete).is_some());
     }
 
     #[test]
