@@ -305,39 +305,38 @@ pub fn try_capture_via_daemon(
     }
 }
 
-impl CaptureRequestBody {
-    /// A request for a supervisor target with explicit deadlines; caps are
-    /// left to the daemon's configured defaults (a caller may only narrow them).
-    pub fn for_target(
-        target: crate::supervisor::Target,
-        surface_ms: u64,
-        bundle_ms: u64,
-    ) -> CaptureRequestBody {
-        use crate::supervisor::Target;
-        let subject = match target {
-            Target::Process { pid } => SubjectSelector {
-                pid: Some(pid),
-                ..Default::default()
-            },
-            Target::Thread { tid } => SubjectSelector {
-                tid: Some(tid),
-                ..Default::default()
-            },
-            Target::Host => SubjectSelector {
-                host: Some(true),
-                ..Default::default()
-            },
-        };
-        CaptureRequestBody {
-            subject,
-            deadlines: RequestedDeadlines {
-                surface_ms: Some(surface_ms),
-                bundle_ms: Some(bundle_ms),
-            },
-            caps: RequestedCaps::default(),
-            window_ms: None,
-            surfaces: None,
-        }
+/// Ask the daemon for a capture of any kind; returns every envelope it
+/// produced, each verified, in the daemon's order (the order `--json`
+/// prints). A process capture answers one JSON envelope, other kinds NDJSON.
+pub fn capture_kind_via_socket(
+    socket: &Path,
+    request: &pstack_capture::request::CaptureRequest,
+    timeout: Duration,
+) -> Result<Vec<Envelope>, ClientError> {
+    let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    let resp = self::request(socket, "POST", "/v1/captures", Some(&body), timeout)?;
+    if resp.status != 200 {
+        return Err(api_error(&resp));
+    }
+    resp.body
+        .split(|b| *b == b'\n')
+        .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
+        .map(|line| pstack_envelope::verify(line).map_err(ClientError::InvalidEnvelope))
+        .collect()
+}
+
+/// [`capture_kind_via_socket`], or `Ok(None)` when no daemon listens at
+/// `socket` (the caller then captures one-shot). Any other failure is an
+/// error, never a silent fallback.
+pub fn try_capture_kind_via_daemon(
+    socket: &Path,
+    request: &pstack_capture::request::CaptureRequest,
+    timeout: Duration,
+) -> Result<Option<Vec<Envelope>>, ClientError> {
+    match capture_kind_via_socket(socket, request, timeout) {
+        Ok(e) => Ok(Some(e)),
+        Err(ClientError::NoDaemon { .. }) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 

@@ -5,6 +5,6 @@
 pub mod cli;
 pub mod client;
 pub mod daemon;
-pub mod digest_key;
-pub mod probes;
-pub mod supervisor;
+
+// The engines moved to `pstack-capture`; their paths stay reachable here.
+pub use pstack_capture::{digest_key, probes, supervisor};

@@ -19,10 +19,12 @@
 
 #![warn(missing_docs)]
 
+mod builder;
 mod canonical;
 mod diff;
 mod error;
 pub mod example;
+mod form;
 mod handoff;
 mod keyed;
 mod model;
@@ -33,18 +35,17 @@ mod secrets;
 mod strict;
 pub mod wall_time;
 
+pub use builder::{BuildError, EnvelopeBuilder};
 pub use canonical::{to_canonical, write_canonical};
 pub use diff::{EnvelopeDiff, FactChange, StatusChange, diff};
 pub use error::EnvelopeError;
+pub use form::{DIGEST_PREFIX, is_sha256_digest};
 pub use handoff::{Frontier, Handoff, LiveHypothesis, OpenUnknown, handoff};
 pub use keyed::{BadDigestKey, DigestKey, HMAC_PREFIX, KEY_BYTES, is_hmac_digest};
 pub use model::*;
 pub use redact::{RedactedCommand, RedactedEnviron, redact_argv, redact_cmdline, redact_environ};
 pub use rules::{check_rules, from_value};
-pub use seal::{
-    DIGEST_PREFIX, Rejection, canonical_without_digest, compute_digest, is_sha256_digest, parse,
-    sha256_digest, verify,
-};
+pub use seal::{Rejection, canonical_without_digest, compute_digest, parse, sha256_digest, verify};
 pub use secrets::{REDACTED, looks_secret, redact_text};
 pub use strict::{MAX_DEPTH, MAX_SAFE_INTEGER, parse_strict};
 

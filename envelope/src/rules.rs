@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 use crate::error::EnvelopeError;
+use crate::form::{check_schema, is_sha256_digest};
 use crate::model::{ClaimKind, Completeness, Envelope, Scope, SurfaceStatus, Termination};
-use crate::seal::{check_schema, is_sha256_digest};
 
 /// Typed envelope from a strictly parsed value, or the first structural error.
 pub fn from_value(value: &Value) -> Result<Envelope, EnvelopeError> {

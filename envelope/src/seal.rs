@@ -13,12 +13,10 @@ use sha2::{Digest, Sha256};
 
 use crate::canonical::write_canonical;
 use crate::error::EnvelopeError;
+use crate::form::DIGEST_PREFIX;
 use crate::model::{Envelope, SCHEMA_ID};
 use crate::rules::check_rules;
 use crate::strict::parse_strict;
-
-/// Prefix of every digest this crate writes.
-pub const DIGEST_PREFIX: &str = "sha256:";
 
 /// An envelope refused, with every rule it broke (structural failures stop at
 /// the first; semantic rules are all reported).
@@ -41,15 +39,6 @@ pub fn sha256_digest(bytes: &[u8]) -> String {
     out.push_str(DIGEST_PREFIX);
     out.push_str(&hex::encode(Sha256::digest(bytes)));
     out
-}
-
-/// Whether `s` has the form `sha256:` + 64 lowercase hex digits.
-pub fn is_sha256_digest(s: &str) -> bool {
-    s.strip_prefix(DIGEST_PREFIX).is_some_and(|h| {
-        h.len() == 64
-            && h.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
 }
 
 /// Canonical bytes of an envelope value without its `digest` member.
@@ -357,19 +346,4 @@ fn parse_typed(bytes: &[u8]) -> Option<Envelope> {
     let envelope = <Envelope as serde::Deserialize>::deserialize(&mut de).ok()?;
     de.end().ok()?;
     Some(envelope)
-}
-
-/// Schema id check used by [`parse`].
-pub(crate) fn check_schema(value: &Value) -> Result<(), EnvelopeError> {
-    match value.get("schema") {
-        Some(Value::String(s)) if s == SCHEMA_ID => Ok(()),
-        Some(Value::String(s)) => Err(EnvelopeError::WrongSchema { found: s.clone() }),
-        Some(other) => Err(EnvelopeError::WrongSchema {
-            found: other.to_string(),
-        }),
-        None => Err(EnvelopeError::MissingField {
-            path: "$".into(),
-            field: "schema".into(),
-        }),
-    }
 }

@@ -15,8 +15,6 @@
 //! `permission_denied` and the envelope `partial`, like any denied surface.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -24,9 +22,8 @@ use anyhow::Context;
 use pstack_envelope::{Completeness, Envelope, Subject, Surface, SurfaceStatus};
 use serde_json::Value;
 
-use crate::supervisor::{
-    self, CaptureRequest, Deadlines, LeakBudget, LeakJournal, SupervisorConfig, Target,
-};
+use crate::supervisor::{self, LeakBudget, LeakJournal, SupervisorConfig, Target};
+use pstack_capture::request::{self, ProcessLimits, RequestedCaps, RequestedDeadlines};
 
 /// Arguments of `pstackctl capture`.
 #[derive(Debug, clap::Args)]
@@ -106,7 +103,7 @@ pub struct Args {
         long,
         value_name = "FILE",
         env = "PSTACK_LEAK_JOURNAL",
-        default_value = "/run/pstack/helper-leaks.jsonl"
+        default_value = crate::supervisor::leak::DEFAULT_JOURNAL
     )]
     pub leak_journal: PathBuf,
     /// The pstack-helper binary [default: next to pstackctl].
@@ -122,7 +119,7 @@ pub struct Args {
     /// Also observe the subject's threads off CPU (eBPF sched_switch) for this long
     /// (`500ms`, `5s`, `2m`), between the identity reads: the `ebpf:offcpu` surface.
     /// Added to the bundle deadline. Not with --host.
-    #[arg(long, value_name = "DURATION", value_parser = super::trace::parse_window, conflicts_with = "host")]
+    #[arg(long, value_name = "DURATION", value_parser = super::trace::parse_offcpu_window, conflicts_with = "host")]
     pub window: Option<Duration>,
     /// Read only these surfaces (repeat the flag or separate with commas), e.g.
     /// `--surface 'task/*/stack,task/*/wchan'`. Thread states (`task/*/stat`, or
@@ -168,11 +165,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         (_, Some(tid), _) => Target::Thread { tid },
         _ => Target::Host,
     };
-    let surfaces = if args.surfaces.is_empty() {
-        supervisor::SurfaceSelection::all()
-    } else {
-        supervisor::SurfaceSelection::parse(&args.surfaces)?
-    };
     let surface_deadline = args
         .surface_deadline
         .or(args.surface_deadline_ms)
@@ -181,19 +173,47 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         .reap_deadline
         .or(args.reap_deadline_ms)
         .unwrap_or(CLI_REAP_DEADLINE);
+    // The one request validator, with this command line's caps and
+    // defaults as the limits (the window gets its own room in the bundle).
+    let limits = ProcessLimits {
+        surface_deadline_ms: ms(surface_deadline),
+        bundle_deadline_ms: ms(args
+            .bundle_deadline
+            .or(args.bundle_deadline_ms)
+            .unwrap_or(CLI_BUNDLE_DEADLINE)),
+        max_bundle_deadline_ms: u64::MAX,
+        max_threads: args.max_threads,
+        max_bytes_per_surface: args
+            .max_bytes
+            .unwrap_or(if args.host { 4 << 20 } else { 64 << 10 }),
+        max_fds: args.max_fds,
+    };
     let window_ms = args.window.map(ms);
-    // The window runs inside the bundle deadline: give it its own room.
-    let bundle_ms = ms(args
-        .bundle_deadline
-        .or(args.bundle_deadline_ms)
-        .unwrap_or(CLI_BUNDLE_DEADLINE))
-    .saturating_add(window_ms.unwrap_or(0));
+    let names = (!args.surfaces.is_empty()).then(|| args.surfaces.clone());
+    let request = match request::process_plan(
+        target,
+        &RequestedDeadlines::default(),
+        &RequestedCaps::default(),
+        window_ms,
+        &names,
+        &limits,
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("pstackctl capture: {e}");
+            return Ok(2);
+        }
+    };
+    let deadlines = request
+        .deadlines
+        .expect("the validator always sets deadlines");
+    let bundle_ms = ms(deadlines.bundle);
     let progress = args
         .window
         .map(|w| pstack_cli::progress::Progress::start("observing off-CPU time (eBPF)", w));
     if !args.one_shot {
         let mut body =
-            crate::client::CaptureRequestBody::for_target(target, ms(surface_deadline), bundle_ms);
+            crate::client::CaptureRequestBody::for_target(target, ms(deadlines.surface), bundle_ms);
         body.window_ms = window_ms;
         if !args.surfaces.is_empty() {
             body.surfaces = Some(args.surfaces.clone());
@@ -221,20 +241,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         LeakJournal::new(&args.leak_journal),
         &config.boot_id,
     );
-    let request = CaptureRequest {
-        target,
-        deadlines: Some(Deadlines {
-            surface: surface_deadline,
-            bundle: Duration::from_millis(bundle_ms),
-        }),
-        max_threads: args.max_threads,
-        max_bytes_per_surface: args
-            .max_bytes
-            .unwrap_or(if args.host { 4 << 20 } else { 64 << 10 }),
-        max_fds: args.max_fds,
-        window: args.window,
-        surfaces,
-    };
     let envelope = supervisor::capture(&request, &config, &budget)?;
     drop(progress);
     let leaked = budget.leaked_helpers();
@@ -300,7 +306,7 @@ fn emit(
             }
             return Ok(0);
         }
-        Destination::File(path) => write_atomically(path, &compact)
+        Destination::File(path) => pstack_capture::envelope_file::write(path, &compact)
             .with_context(|| format!("cannot write {}", path.display()))?,
         Destination::Nowhere => {}
     }
@@ -331,36 +337,6 @@ fn emit(
 /// `sha256-<hex>.json`.
 pub fn default_name(envelope: &Envelope) -> PathBuf {
     PathBuf::from(format!("{}.json", envelope.digest.replace(':', "-")))
-}
-
-/// Write via a temp file in the same directory, fsync, rename, fsync the directory.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "envelope".into());
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        // 0600: an envelope is evidence about other users' processes.
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(&dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 /// How the summary is drawn: colour, the terminal's width, and whether the

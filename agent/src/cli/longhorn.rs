@@ -1,45 +1,10 @@
-//! `pstackctl capture longhorn`: a Longhorn replica rebuild as a
-//! `storage_transfer` envelope linked, by digest, to the `network_stream`
-//! envelopes of its TCP flows.
-//!
-//! The transport side is [`super::transport::capture`] with Longhorn's
-//! instance-manager data ports (10000–30000) as the default filter. The
-//! storage side — engine rebuild progress and terminal state — comes from the
-//! Longhorn manager API (`GET {api}/v1/volumes/{volume}`) when `--longhorn-api`
-//! is given; otherwise it is an unknown carrying the exact `kubectl` probe.
-//! A Cilium verdict comes from Hubble when `--hubble-server` is given: the
-//! `hubble observe … --verdict DROPPED -o jsonpb` CLI runs as a child process
-//! under a hard deadline (killed and reaped when it passes); otherwise — or
-//! when it fails — it is an unknown carrying that probe.
-//!
-//! Invariants:
-//! - **Links are digests.** The `streams` surface lists each stream
-//!   envelope's digest, flow id and completeness; the transfer envelope never
-//!   copies stream facts, so a reader follows the digest to the evidence.
-//! - **The manager's word is the manager's.** Progress and state read from the
-//!   API are facts about what the manager reports (`longhorn_manager_reports_*`),
-//!   not about the bytes on the wire.
-//! - **Bounded API read.** Plain `http://` only (the in-cluster
-//!   `longhorn-backend:9500` service), 5 s connect/read deadlines, 4 MiB cap;
-//!   a timeout or refusal becomes the surface's status, never a hang.
+//! `pstackctl capture longhorn`: arguments → [`LonghornRequest`] → the
+//! Longhorn engine (`pstack_capture::longhorn`) → envelopes printed (streams
+//! first, the transfer last).
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use pstack_capture::request::{CaptureRequest, LonghornRequest, RequestError, ValidRequest};
 
-use pstack_envelope::{
-    Claim, ClaimKind, Completeness, Envelope, NextTransition, SCHEMA_ID, Scope, StatusCause,
-    Subject, Surface, SurfaceStatus, Termination, TransferIdentity, Universe, Unknown,
-    sha256_digest,
-};
-use serde_json::{Map, Value, json};
-
-use super::transport::{self, CaptureResult, LONGHORN_PORTS, Plan, TransportError};
-
-/// Most bytes read from the manager API.
-pub const MAX_API_BYTES: usize = 4 << 20;
-/// Connect and read deadline for the manager API.
-pub const API_DEADLINE: Duration = Duration::from_secs(5);
+use super::transport::{self, FlowArgs};
 
 /// Arguments of `pstackctl capture longhorn`.
 #[derive(Debug, Clone, clap::Args)]
@@ -61,7 +26,10 @@ pub struct Args {
     pub transfer: Option<String>,
     /// The stream flows (peer = the other node's replica/instance-manager) and the window.
     #[command(flatten)]
-    pub flows: transport::FlowSelection,
+    pub flows: FlowArgs,
+    /// Daemon or one-shot.
+    #[command(flatten)]
+    pub via: transport::Via,
     /// Longhorn manager API base URL (http://longhorn-backend.longhorn-system:9500).
     #[arg(long)]
     pub longhorn_api: Option<String>,
@@ -69,7 +37,7 @@ pub struct Args {
     /// DROPPED verdicts for the peer over the window with the `hubble` CLI.
     #[arg(long)]
     pub hubble_server: Option<String>,
-    /// The `hubble` CLI to run.
+    /// The `hubble` CLI to run (one-shot only: pstackd runs `hubble` from its PATH).
     #[arg(long, default_value = "hubble")]
     pub hubble: std::path::PathBuf,
     /// Do not load the eBPF TCP programs.
@@ -83,806 +51,34 @@ pub struct Args {
     pub out_dir: Option<std::path::PathBuf>,
 }
 
-fn name_ok(param: &'static str, v: &str) -> Result<(), TransportError> {
-    if v.trim().is_empty()
-        || v.len() > 253
-        || !v
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
-    {
-        return Err(TransportError::InvalidParameter {
-            param,
-            reason: format!("{v:?} is not a Kubernetes object name (1–253 of [A-Za-z0-9-._])"),
-        });
-    }
-    Ok(())
-}
-
-/// Validate arguments into a transport plan.
-pub fn plan(a: &Args) -> Result<Plan, TransportError> {
-    for (p, v) in [
-        ("volume", &a.volume),
-        ("engine", &a.engine),
-        ("source-node", &a.source_node),
-        ("target-node", &a.target_node),
-    ] {
-        name_ok(p, v)?;
-    }
-    if let Some(t) = &a.transfer {
-        name_ok("transfer", t)?;
-    }
-    let plan = Plan::from_selection(&a.flows, !a.no_ebpf)?;
-    let range = plan.filter.either_port_in.unwrap_or(LONGHORN_PORTS);
-    for (param, port) in [
-        ("peer", plan.filter.peer_port),
-        ("local", plan.filter.local_port),
-    ] {
-        if let Some(p) = port
-            && !range.contains(p)
-        {
-            return Err(TransportError::InvalidParameter {
-                param,
-                reason: format!(
-                    "port {p} is outside the Longhorn data port range {}–{} (instance-manager); pass --ports to widen it",
-                    range.lo, range.hi
-                ),
-            });
-        }
-    }
-    if let Some(api) = &a.longhorn_api {
-        parse_http_url(api).map_err(|reason| TransportError::InvalidParameter {
-            param: "longhorn-api",
-            reason,
-        })?;
-    }
-    Ok(plan)
-}
-
-/// `http://host[:port][/base]` → (host, port, base path). Anything else is refused.
-pub fn parse_http_url(u: &str) -> Result<(String, u16, String), String> {
-    let rest = u.strip_prefix("http://").ok_or_else(|| {
-        format!("{u:?}: only http:// URLs (the in-cluster manager service) are supported")
-    })?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/').to_string()),
-        None => (rest, String::new()),
-    };
-    if authority.is_empty() || authority.contains('@') {
-        return Err(format!("{u:?}: host required, credentials not allowed"));
-    }
-    if !path.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(format!("{u:?}: path has non-printable characters"));
-    }
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => match p.parse::<u16>() {
-            Ok(p) if p > 0 => (
-                h.trim_start_matches('[').trim_end_matches(']').to_string(),
-                p,
-            ),
-            _ => return Err(format!("{u:?}: bad port {p:?}")),
-        },
-        _ => (authority.to_string(), 80),
-    };
-    if host.is_empty()
-        || host
-            .bytes()
-            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
-    {
-        return Err(format!("{u:?}: bad host"));
-    }
-    Ok((host, port, path))
-}
-
-/// Why an API read failed, mapped to a surface status.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiFailure {
-    /// Status to record.
-    pub status: SurfaceStatus,
-    /// errno, if any.
-    pub errno: Option<i32>,
-    /// What happened.
-    pub message: String,
-}
-
-/// Decode an HTTP/1.1 response (Content-Length, chunked, or close-delimited).
-pub fn parse_http_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("no end of headers")?;
-    let head = std::str::from_utf8(&raw[..split]).map_err(|_| "headers are not UTF-8")?;
-    let body = &raw[split + 4..];
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().ok_or("empty response")?;
-    let code: u16 = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
-    let mut chunked = false;
-    let mut length = None;
-    for l in lines {
-        if let Some((k, v)) = l.split_once(':') {
-            let k = k.trim().to_ascii_lowercase();
-            let v = v.trim();
-            if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
-                chunked = true;
-            } else if k == "content-length" {
-                length = Some(v.parse::<usize>().map_err(|_| "bad content-length")?);
-            }
-        }
-    }
-    if chunked {
-        let mut out = Vec::new();
-        let mut rest = body;
-        loop {
-            let eol = rest
-                .windows(2)
-                .position(|w| w == b"\r\n")
-                .ok_or("truncated chunk size")?;
-            let size_txt = std::str::from_utf8(&rest[..eol]).map_err(|_| "bad chunk size")?;
-            let size = usize::from_str_radix(size_txt.split(';').next().unwrap_or("").trim(), 16)
-                .map_err(|_| "bad chunk size")?;
-            rest = &rest[eol + 2..];
-            if size == 0 {
-                break;
-            }
-            if rest.len() < size + 2 {
-                return Err("truncated chunk".into());
-            }
-            out.extend_from_slice(&rest[..size]);
-            rest = &rest[size + 2..];
-        }
-        return Ok((code, out));
-    }
-    match length {
-        Some(n) if body.len() < n => Err(format!("body has {} of {n} bytes", body.len())),
-        Some(n) => Ok((code, body[..n].to_vec())),
-        None => Ok((code, body.to_vec())),
-    }
-}
-
-/// GET `{api}/v1/volumes/{volume}` under [`API_DEADLINE`]; raw body and elapsed µs.
-pub fn fetch_volume(api: &str, volume: &str) -> (Result<Vec<u8>, ApiFailure>, u64) {
-    let t = Instant::now();
-    let r = (|| {
-        let fail = |status, errno, message: String| ApiFailure {
-            status,
-            errno,
-            message,
-        };
-        let (host, port, base) =
-            parse_http_url(api).map_err(|m| fail(SurfaceStatus::Error, None, m))?;
-        let addr = (host.as_str(), port)
-            .to_socket_addrs()
-            .map_err(|e| {
-                fail(
-                    SurfaceStatus::Error,
-                    e.raw_os_error(),
-                    format!("resolve {host}: {e}"),
-                )
-            })?
-            .next()
-            .ok_or_else(|| fail(SurfaceStatus::Error, None, format!("{host} has no address")))?;
-        let io = |e: std::io::Error, what: &str| {
-            let status = match e.kind() {
-                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
-                    SurfaceStatus::Timeout
-                }
-                std::io::ErrorKind::PermissionDenied => SurfaceStatus::PermissionDenied,
-                _ => SurfaceStatus::Error,
-            };
-            fail(status, e.raw_os_error(), format!("{what} {addr}: {e}"))
-        };
-        let mut s =
-            TcpStream::connect_timeout(&addr, API_DEADLINE).map_err(|e| io(e, "connect"))?;
-        s.set_read_timeout(Some(API_DEADLINE))
-            .map_err(|e| io(e, "set timeout"))?;
-        s.set_write_timeout(Some(API_DEADLINE))
-            .map_err(|e| io(e, "set timeout"))?;
-        let req = format!(
-            "GET {base}/v1/volumes/{volume} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
-        );
-        s.write_all(req.as_bytes()).map_err(|e| io(e, "send to"))?;
-        let mut raw = Vec::new();
-        let mut buf = [0u8; 16384];
-        let deadline = Instant::now() + API_DEADLINE;
-        loop {
-            if Instant::now() > deadline {
-                return Err(fail(
-                    SurfaceStatus::Timeout,
-                    None,
-                    format!("{addr}: no complete answer within {API_DEADLINE:?}"),
-                ));
-            }
-            match s.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    raw.extend_from_slice(&buf[..n]);
-                    if raw.len() > MAX_API_BYTES {
-                        return Err(fail(
-                            SurfaceStatus::Truncated,
-                            None,
-                            format!("answer exceeds {MAX_API_BYTES} bytes"),
-                        ));
-                    }
-                }
-                Err(e) => return Err(io(e, "read from")),
-            }
-        }
-        let (code, body) =
-            parse_http_response(&raw).map_err(|m| fail(SurfaceStatus::Error, None, m))?;
-        match code {
-            200 => Ok(body),
-            401 | 403 => Err(fail(
-                SurfaceStatus::PermissionDenied,
-                None,
-                format!("HTTP {code}"),
-            )),
-            404 => Err(fail(
-                SurfaceStatus::Vanished,
-                None,
-                format!("HTTP 404: no volume {volume}"),
-            )),
-            c => Err(fail(SurfaceStatus::Error, None, format!("HTTP {c}"))),
-        }
-    })();
-    (r, t.elapsed().as_micros() as u64)
-}
-
-/// Manager-reported rebuild facts out of a `/v1/volumes/{name}` body.
-pub fn volume_facts(body: &[u8], engine: &str) -> Result<Map<String, Value>, String> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
-    let s = |p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_string);
-    let mut m = Map::new();
-    m.insert("state".into(), json!(s("/state")));
-    m.insert("robustness".into(), json!(s("/robustness")));
-    let rebuild: Vec<Value> = v
-        .get("rebuildStatus")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .map(|r| {
-                    json!({
-                        "replica": r.get("replica").and_then(Value::as_str),
-                        "from_replica_address": r.get("fromReplicaAddress").and_then(Value::as_str),
-                        "state": r.get("state").and_then(Value::as_str),
-                        "progress_percent": r.get("progress").and_then(Value::as_i64),
-                        "is_rebuilding": r.get("isRebuilding").and_then(Value::as_bool),
-                        "error": r.get("error").and_then(Value::as_str),
-                    })
-                })
-                .collect()
+impl Args {
+    /// The request these arguments ask for.
+    pub fn request(&self) -> Result<LonghornRequest, RequestError> {
+        let f = &self.flows;
+        Ok(LonghornRequest {
+            volume: self.volume.clone(),
+            engine: self.engine.clone(),
+            source_node: self.source_node.clone(),
+            target_node: self.target_node.clone(),
+            transfer: self.transfer.clone(),
+            peer: f.peer.clone(),
+            local: f.local.clone(),
+            netns_pid: f.netns_pid,
+            netns: f.netns.clone(),
+            window_ms: f.window_ms()?,
+            ports: Some(f.ports.clone()),
+            max_flows: f.max_flows,
+            wait: f.wait,
+            ebpf: !self.no_ebpf,
+            longhorn_api: self.longhorn_api.clone(),
+            hubble_server: self.hubble_server.clone(),
         })
-        .unwrap_or_default();
-    m.insert("rebuild_status".into(), Value::Array(rebuild));
-    let engine_seen = v
-        .get("controllers")
-        .and_then(Value::as_array)
-        .is_some_and(|a| {
-            a.iter()
-                .any(|c| c.get("name").and_then(Value::as_str) == Some(engine))
-        });
-    m.insert("engine_listed".into(), json!(engine_seen));
-    Ok(m)
-}
-
-/// Deadline for the `hubble` CLI (a child process: killed when it passes).
-pub const HUBBLE_DEADLINE: Duration = Duration::from_secs(10);
-
-/// What `hubble observe` answered (or why it did not).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HubbleRead {
-    /// The exact command run.
-    pub command: String,
-    /// stdout, or the failure.
-    pub result: Result<Vec<u8>, ApiFailure>,
-    /// µs.
-    pub elapsed_us: u64,
-}
-
-/// Run `hubble observe` for `peer` over the last `window` with a hard deadline.
-pub fn read_hubble(
-    bin: &std::path::Path,
-    server: &str,
-    peer: std::net::IpAddr,
-    window: Duration,
-) -> HubbleRead {
-    let since = format!("{}s", window.as_secs().max(1) + 5);
-    let args = [
-        "observe".to_string(),
-        "--server".into(),
-        server.to_string(),
-        "--ip".into(),
-        peer.to_string(),
-        "--verdict".into(),
-        "DROPPED".into(),
-        "--since".into(),
-        since,
-        "-o".into(),
-        "jsonpb".into(),
-    ];
-    let command = format!("{} {}", bin.display(), args.join(" "));
-    let t = Instant::now();
-    let fail = |status, errno, message: String| ApiFailure {
-        status,
-        errno,
-        message,
-    };
-    let result = (|| {
-        let mut child = std::process::Command::new(bin)
-            .args(&args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => fail(
-                    SurfaceStatus::Unsupported,
-                    e.raw_os_error(),
-                    format!("{} is not installed", bin.display()),
-                ),
-                std::io::ErrorKind::PermissionDenied => fail(
-                    SurfaceStatus::PermissionDenied,
-                    e.raw_os_error(),
-                    e.to_string(),
-                ),
-                _ => fail(SurfaceStatus::Error, e.raw_os_error(), e.to_string()),
-            })?;
-        // Drain stdout on a thread so a chatty child cannot block on a full pipe.
-        let mut out = child.stdout.take().expect("piped");
-        let reader = std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            let _ = (&mut out)
-                .take(MAX_API_BYTES as u64 + 1)
-                .read_to_end(&mut buf);
-            buf
-        });
-        let deadline = Instant::now() + HUBBLE_DEADLINE;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(st)) => break st,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                Ok(None) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(fail(
-                        SurfaceStatus::Timeout,
-                        None,
-                        format!(
-                            "hubble did not answer within {HUBBLE_DEADLINE:?}; killed and reaped"
-                        ),
-                    ));
-                }
-                Err(e) => return Err(fail(SurfaceStatus::Error, e.raw_os_error(), e.to_string())),
-            }
-        };
-        let stdout = reader.join().unwrap_or_default();
-        if !status.success() {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = (&mut e).take(4096).read_to_string(&mut err);
-            }
-            let first = err
-                .lines()
-                .next()
-                .unwrap_or("")
-                .chars()
-                .take(300)
-                .collect::<String>();
-            return Err(fail(
-                SurfaceStatus::Error,
-                None,
-                format!("hubble exited with {status}: {first}"),
-            ));
-        }
-        if stdout.len() > MAX_API_BYTES {
-            return Err(fail(
-                SurfaceStatus::Truncated,
-                None,
-                format!("answer exceeds {MAX_API_BYTES} bytes"),
-            ));
-        }
-        Ok(stdout)
-    })();
-    HubbleRead {
-        command,
-        result,
-        elapsed_us: t.elapsed().as_micros() as u64,
     }
-}
-
-/// Facts from `hubble observe -o jsonpb` lines: DROPPED flows by reason, and a sample.
-pub fn hubble_facts(stdout: &[u8]) -> Result<Map<String, Value>, String> {
-    let text = std::str::from_utf8(stdout).map_err(|_| "hubble output is not UTF-8")?;
-    let mut reasons: std::collections::BTreeMap<String, u64> = Default::default();
-    let mut sample = Vec::new();
-    let mut dropped = 0u64;
-    for (n, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
-        let v: Value = serde_json::from_str(line).map_err(|e| format!("line {}: {e}", n + 1))?;
-        let f = v
-            .get("flow")
-            .ok_or_else(|| format!("line {}: no `flow`", n + 1))?;
-        if f.get("verdict").and_then(Value::as_str) != Some("DROPPED") {
-            continue;
-        }
-        dropped += 1;
-        let reason = f
-            .get("drop_reason_desc")
-            .and_then(Value::as_str)
-            .unwrap_or("UNKNOWN")
-            .to_string();
-        *reasons.entry(reason.clone()).or_default() += 1;
-        if sample.len() < 10 {
-            let tcp = f.pointer("/l4/TCP");
-            sample.push(json!({
-                "time": f.get("time").and_then(Value::as_str),
-                "source": f.pointer("/IP/source").and_then(Value::as_str),
-                "destination": f.pointer("/IP/destination").and_then(Value::as_str),
-                "source_port": tcp.and_then(|t| t.get("source_port")).and_then(Value::as_u64),
-                "destination_port": tcp.and_then(|t| t.get("destination_port")).and_then(Value::as_u64),
-                "reason": reason,
-            }));
-        }
-    }
-    let mut m = Map::new();
-    m.insert("dropped_flows".into(), json!(dropped));
-    m.insert("reasons".into(), json!(reasons));
-    m.insert("sample".into(), Value::Array(sample));
-    Ok(m)
-}
-
-/// Build the sealed `storage_transfer` envelope linking `streams`.
-pub fn transfer_envelope(
-    a: &Args,
-    plan: &Plan,
-    streams: &CaptureResult,
-    manager: Option<(Result<Vec<u8>, ApiFailure>, u64)>,
-    hubble: Option<HubbleRead>,
-) -> Result<Envelope, TransportError> {
-    let linked: Vec<&Envelope> = streams
-        .flows
-        .iter()
-        .chain(streams.no_match.iter())
-        .collect();
-    let transfer_id = a.transfer.clone().unwrap_or_else(|| {
-        let mut ids: Vec<String> = streams
-            .flows
-            .iter()
-            .filter_map(|e| match &e.subject {
-                Subject::NetworkStream(s) => Some(s.flow_id.clone()),
-                _ => None,
-            })
-            .collect();
-        ids.sort();
-        let d = sha256_digest(format!("{}|{}|{}", a.volume, a.engine, ids.join(",")).as_bytes());
-        format!("derived-{}", &d[7..23])
-    });
-    let links: Vec<Value> = linked
-        .iter()
-        .map(|e| {
-            let (flow, src, dst) = match &e.subject {
-                Subject::NetworkStream(s) => (Some(s.flow_id.clone()), Some(s.src.clone()), Some(s.dst.clone())),
-                _ => (None, None, None),
-            };
-            json!({
-                "digest": e.digest, "kind": e.subject.kind(), "flow_id": flow, "src": src, "dst": dst,
-                "completeness": e.completeness.as_str(),
-                "claims": e.claims.iter().map(|c| format!("{}:{}", c.kind.as_str(), c.code)).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    let joined: String = linked
-        .iter()
-        .map(|e| e.digest.as_str())
-        .collect::<Vec<_>>()
-        .join("\n");
-    let mut surfaces = vec![Surface {
-        id: "streams".into(),
-        authority: format!("pstack:network_stream envelopes, netns {}", streams.net_ns),
-        status: SurfaceStatus::Ok,
-        cause: None,
-        deadline_ms: transport::SURFACE_DEADLINE_MS,
-        elapsed_us: 0,
-        digest: Some(sha256_digest(joined.as_bytes())),
-        bytes: joined.len() as u64,
-        truncated: false,
-        facts: {
-            let mut m = Map::new();
-            m.insert("links".into(), Value::Array(links));
-            m.insert("stream_count".into(), json!(streams.flows.len()));
-            m.insert("net_ns".into(), json!(streams.net_ns.to_string()));
-            m
-        },
-    }];
-    let mut claims = Vec::new();
-    let mut unknowns = Vec::new();
-    let faulted: Vec<String> = streams
-        .flows
-        .iter()
-        .filter(|e| {
-            e.claims
-                .iter()
-                .any(|c| c.code != "no_fault_observed" && c.kind == ClaimKind::Fact)
-        })
-        .map(|e| e.digest.clone())
-        .collect();
-    claims.push(Claim {
-        id: "c1".into(),
-        kind: ClaimKind::Fact,
-        code: if streams.flows.is_empty() {
-            "no_stream_linked"
-        } else {
-            "streams_linked"
-        }
-        .into(),
-        statement: if streams.flows.is_empty() {
-            format!(
-                "no TCP flow to {} matched in netns {}",
-                plan.filter.peer, streams.net_ns
-            )
-        } else {
-            format!(
-                "{} stream envelope(s) linked; {} carry transport fault facts: {}",
-                streams.flows.len(),
-                faulted.len(),
-                faulted.join(", ")
-            )
-        },
-        surfaces: vec!["streams".into()],
-        scope: Scope::Existential,
-        falsifier: None,
-    });
-    let kubectl = format!(
-        "kubectl -n longhorn-system get volumes.longhorn.io {v} -o jsonpath='{{.status.state}} {{.status.robustness}}'; kubectl -n longhorn-system get engines.longhorn.io {e} -o jsonpath='{{.status.rebuildStatus}}'",
-        v = a.volume,
-        e = a.engine
-    );
-    match manager {
-        None => unknowns.push(Unknown {
-            id: "u1".into(),
-            question: format!(
-                "what rebuild progress and terminal state does Longhorn report for engine {}?",
-                a.engine
-            ),
-            blocks: "CLASSIFY_TRANSFER_TERMINAL".into(),
-            owner: "cluster operator".into(),
-            probe: kubectl.clone(),
-            surface: None,
-        }),
-        Some((res, elapsed)) => {
-            let api = a.longhorn_api.clone().unwrap_or_default();
-            let auth = format!("http:{api}/v1/volumes/{}", a.volume);
-            match res.and_then(|body| {
-                volume_facts(&body, &a.engine)
-                    .map(|f| (f, body))
-                    .map_err(|m| ApiFailure {
-                        status: SurfaceStatus::Error,
-                        errno: None,
-                        message: m,
-                    })
-            }) {
-                Ok((facts, body)) => {
-                    let rebuild = facts.get("rebuild_status").cloned().unwrap_or(Value::Null);
-                    surfaces.push(Surface {
-                        id: "longhorn/manager".into(),
-                        authority: auth,
-                        status: SurfaceStatus::Ok,
-                        cause: None,
-                        deadline_ms: API_DEADLINE.as_millis() as u64,
-                        elapsed_us: elapsed,
-                        digest: Some(sha256_digest(&body)),
-                        bytes: body.len() as u64,
-                        truncated: false,
-                        facts,
-                    });
-                    claims.push(Claim {
-                        id: "c2".into(),
-                        kind: ClaimKind::Fact,
-                        code: "longhorn_manager_reports_rebuild".into(),
-                        statement: format!(
-                            "the Longhorn manager reports for volume {}: rebuild status {rebuild}",
-                            a.volume
-                        ),
-                        surfaces: vec!["longhorn/manager".into()],
-                        scope: Scope::Existential,
-                        falsifier: None,
-                    });
-                }
-                Err(f) => {
-                    surfaces.push(Surface {
-                        id: "longhorn/manager".into(),
-                        authority: auth,
-                        status: f.status,
-                        cause: Some(StatusCause {
-                            errno: f.errno,
-                            message: f.message,
-                        }),
-                        deadline_ms: API_DEADLINE.as_millis() as u64,
-                        elapsed_us: elapsed,
-                        digest: None,
-                        bytes: 0,
-                        truncated: false,
-                        facts: Map::new(),
-                    });
-                    unknowns.push(Unknown {
-                        id: "u1".into(),
-                        question: format!("what rebuild progress and terminal state does Longhorn report for engine {}?", a.engine),
-                        blocks: "CLASSIFY_TRANSFER_TERMINAL".into(),
-                        owner: "cluster operator".into(),
-                        probe: kubectl.clone(),
-                        surface: Some("longhorn/manager".into()),
-                    });
-                }
-            }
-        }
-    }
-    let port = plan
-        .filter
-        .peer_port
-        .map(|p| format!(" --port {p}"))
-        .unwrap_or_default();
-    let hubble_probe = format!(
-        "hubble observe --ip {}{port} --verdict DROPPED --since 30m -o jsonpb",
-        plan.filter.peer
-    );
-    let mut hubble_answered = false;
-    if let Some(h) = hubble {
-        let auth = format!("exec:{}", h.command);
-        match h.result.and_then(|out| {
-            hubble_facts(&out)
-                .map(|f| (f, out))
-                .map_err(|m| ApiFailure {
-                    status: SurfaceStatus::Error,
-                    errno: None,
-                    message: m,
-                })
-        }) {
-            Ok((facts, out)) => {
-                let dropped = facts["dropped_flows"].as_u64().unwrap_or(0);
-                let reasons = facts["reasons"].to_string();
-                surfaces.push(Surface {
-                    id: "cilium/hubble".into(),
-                    authority: auth,
-                    status: SurfaceStatus::Ok,
-                    cause: None,
-                    deadline_ms: HUBBLE_DEADLINE.as_millis() as u64,
-                    elapsed_us: h.elapsed_us,
-                    digest: Some(sha256_digest(&out)),
-                    bytes: out.len() as u64,
-                    truncated: false,
-                    facts,
-                });
-                let n = claims.len() + 1;
-                claims.push(Claim {
-                    id: format!("c{n}"),
-                    kind: ClaimKind::Fact,
-                    code: if dropped > 0 { "hubble_reports_drops" } else { "hubble_reports_no_drops" }.into(),
-                    statement: if dropped > 0 {
-                        format!("Hubble reports {dropped} DROPPED flow(s) involving {} over the window: {reasons}", plan.filter.peer)
-                    } else {
-                        format!("Hubble reports no DROPPED flow involving {} over the window", plan.filter.peer)
-                    },
-                    surfaces: vec!["cilium/hubble".into()],
-                    scope: Scope::Existential,
-                    falsifier: None,
-                });
-                hubble_answered = true;
-            }
-            Err(f) => surfaces.push(Surface {
-                id: "cilium/hubble".into(),
-                authority: auth,
-                status: f.status,
-                cause: Some(StatusCause {
-                    errno: f.errno,
-                    message: f.message,
-                }),
-                deadline_ms: HUBBLE_DEADLINE.as_millis() as u64,
-                elapsed_us: h.elapsed_us,
-                digest: None,
-                bytes: 0,
-                truncated: false,
-                facts: Map::new(),
-            }),
-        }
-    }
-    if !hubble_answered {
-        let has = surfaces.iter().any(|s| s.id == "cilium/hubble");
-        unknowns.push(Unknown {
-            id: format!("u{}", unknowns.len() + 1),
-            question: format!(
-                "did Cilium drop or deny traffic between this node and {}?",
-                plan.filter.peer
-            ),
-            blocks: "EXCLUDE_POLICY_DROP".into(),
-            owner: "cluster operator".into(),
-            probe: hubble_probe,
-            surface: has.then(|| "cilium/hubble".to_string()),
-        });
-    }
-    let completeness = if surfaces.iter().all(|s| s.status == SurfaceStatus::Ok) {
-        Completeness::Complete
-    } else {
-        Completeness::Partial
-    };
-    let selector = format!(
-        "longhorn volume={} engine={} {}",
-        a.volume,
-        a.engine,
-        plan.filter.selector()
-    );
-    let next = if faulted.is_empty() {
-        NextTransition {
-            action: "READ_ENGINE_TERMINAL".into(),
-            success_receipt:
-                "the engine's rebuild terminal state from the manager, bound to this transfer"
-                    .into(),
-            abort_conditions: vec!["the rebuild was restarted under a new replica".into()],
-        }
-    } else {
-        NextTransition {
-            action: "CAPTURE_PEER_SIDE".into(),
-            success_receipt: format!(
-                "a storage_transfer envelope of transfer {transfer_id} captured on the other node, linking the same flows"
-            ),
-            abort_conditions: vec!["the rebuild was restarted under a new replica".into()],
-        }
-    };
-    let env = Envelope {
-        schema: SCHEMA_ID.into(),
-        completeness,
-        subject: Subject::StorageTransfer(TransferIdentity {
-            volume: a.volume.clone(),
-            engine: a.engine.clone(),
-            source_node: a.source_node.clone(),
-            target_node: a.target_node.clone(),
-            transfer_id,
-        }),
-        collector: pstack_envelope::Collector {
-            name: "pstackctl capture longhorn".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            source_commit: transport::SOURCE_COMMIT.into(),
-        },
-        clock: linked
-            .first()
-            .map(|e| e.clock.clone())
-            .unwrap_or_else(|| pstack_envelope::Clock {
-                wall_time: crate::supervisor::clock::wall_time_now(),
-                monotonic_start_ns: crate::supervisor::clock::monotonic_ns().to_string(),
-                monotonic_end_ns: crate::supervisor::clock::monotonic_ns().to_string(),
-                bundle_deadline_ms: 0,
-            }),
-        universe: Universe {
-            selector: selector.clone(),
-            selector_digest: sha256_digest(selector.as_bytes()),
-            expected_count: linked.len() as u64,
-            observed_count: linked.len() as u64,
-            termination: Termination::Exhausted,
-        },
-        bounds: linked
-            .first()
-            .map(|e| e.bounds.clone())
-            .unwrap_or(pstack_envelope::Bounds {
-                surface_deadline_ms: transport::SURFACE_DEADLINE_MS,
-                bundle_deadline_ms: 0,
-                max_threads: plan.max_flows as u64,
-                max_bytes_per_surface: MAX_API_BYTES as u64,
-                leak_budget: 0,
-            }),
-        surfaces,
-        claims,
-        unknowns,
-        next_transition: next,
-        digest: String::new(),
-    };
-    Ok(env.seal()?)
 }
 
 /// Run `pstackctl capture longhorn`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let plan = match plan(&args) {
+    let plan = match args.request().and_then(|r| r.plan()) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("pstackctl capture longhorn: {e}");
@@ -890,65 +86,42 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     };
     if !args.json {
-        plan.announce("rebuild transport ");
+        eprintln!("{}", plan.transport.describe("rebuild transport "));
     }
-    let api = args.longhorn_api.clone();
-    let volume = args.volume.clone();
-    let manager = api.map(|u| std::thread::spawn(move || fetch_volume(&u, &volume)));
-    // Hubble runs after the window (it reports the window's past) — started
-    // when the capture returns, see below.
-    let streams = match transport::capture(&plan) {
+    let run_deadline = ValidRequest::Longhorn(Box::new(plan.clone())).run_deadline();
+    let request = CaptureRequest::Longhorn(plan.request.clone());
+    match args.via.try_daemon(request, run_deadline) {
+        Ok(Some(envs)) => {
+            transport::emit(
+                &envs.iter().collect::<Vec<_>>(),
+                args.json,
+                args.out_dir.as_deref(),
+            )?;
+            return Ok(0);
+        }
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("pstackctl capture longhorn: {e}");
+            return Ok(2);
+        }
+    }
+    let result =
+        transport::one_shot_helper("pstackctl capture transport").and_then(|(config, budget)| {
+            let progress = super::progress::Stderr::default();
+            pstack_capture::longhorn::capture(&plan, &config, &budget, &args.hubble, &|p| {
+                progress.show(p)
+            })
+        });
+    let result = match result {
         Ok(r) => r,
         Err(e) => {
             eprintln!("pstackctl capture longhorn: {e}");
             return Ok(2);
         }
     };
-    let hubble = args.hubble_server.clone().map(|server| {
-        let bin = args.hubble.clone();
-        let (peer, window) = (plan.filter.peer, plan.window);
-        std::thread::spawn(move || read_hubble(&bin, &server, peer, window))
-    });
-    let manager = manager.map(|h| {
-        h.join().unwrap_or((
-            Err(ApiFailure {
-                status: SurfaceStatus::Error,
-                errno: None,
-                message: "API reader panicked".into(),
-            }),
-            0,
-        ))
-    });
-    // Hubble reports the window's past after it: its own phase on the line.
-    let progress = hubble
-        .as_ref()
-        .map(|_| pstack_cli::progress::Progress::start("reading Hubble flows", HUBBLE_DEADLINE));
-    let hubble = hubble.map(|h| {
-        h.join().unwrap_or(HubbleRead {
-            command: String::new(),
-            result: Err(ApiFailure {
-                status: SurfaceStatus::Error,
-                errno: None,
-                message: "hubble reader panicked".into(),
-            }),
-            elapsed_us: 0,
-        })
-    });
-    drop(progress);
-    let transfer = match transfer_envelope(&args, &plan, &streams, manager, hubble) {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("pstackctl capture longhorn: {e}");
-            return Ok(2);
-        }
-    };
-    transport::emit(&streams, args.json, args.out_dir.as_deref())?;
-    let only = CaptureResult {
-        net_ns: streams.net_ns,
-        flows: vec![transfer],
-        no_match: None,
-    };
-    transport::emit(&only, args.json, args.out_dir.as_deref())?;
+    let mut all = transport::envelopes(&result.streams);
+    all.push(&result.transfer);
+    transport::emit(&all, args.json, args.out_dir.as_deref())?;
     Ok(0)
 }
 
@@ -966,74 +139,5 @@ pub fn run_net_capture(c: NetCapture) -> anyhow::Result<i32> {
     match c {
         NetCapture::Transport(a) => transport::run(*a),
         NetCapture::Longhorn(a) => run(*a),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_are_plain_http_without_credentials() {
-        assert_eq!(
-            parse_http_url("http://longhorn-backend:9500").unwrap(),
-            ("longhorn-backend".into(), 9500, String::new())
-        );
-        assert_eq!(
-            parse_http_url("http://10.0.0.1/api/").unwrap(),
-            ("10.0.0.1".into(), 80, "/api".into())
-        );
-        for bad in [
-            "https://x",
-            "http://u:p@x",
-            "http://",
-            "http://x:0",
-            "http://x:99999",
-            "ftp://x",
-        ] {
-            assert!(parse_http_url(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn http_bodies_content_length_chunked_and_truncated() {
-        let r = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
-        assert_eq!(parse_http_response(r).unwrap(), (200, b"{}".to_vec()));
-        let c = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n";
-        assert_eq!(parse_http_response(c).unwrap().1, b"{\"a\":1}".to_vec());
-        assert!(parse_http_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}").is_err());
-        assert!(
-            parse_http_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nff\r\nab")
-                .is_err()
-        );
-        assert!(parse_http_response(b"garbage").is_err());
-    }
-
-    #[test]
-    fn hubble_lines_count_drops_by_reason_and_refuse_garbage() {
-        let out = br#"{"flow":{"verdict":"DROPPED","drop_reason_desc":"POLICY_DENIED","IP":{"source":"10.0.0.1","destination":"10.0.0.2"},"l4":{"TCP":{"source_port":1,"destination_port":10001}}}}
-{"flow":{"verdict":"FORWARDED"}}
-{"flow":{"verdict":"DROPPED"}}
-"#;
-        let f = hubble_facts(out).unwrap();
-        assert_eq!(f["dropped_flows"], json!(2));
-        assert_eq!(f["reasons"]["POLICY_DENIED"], json!(1));
-        assert_eq!(f["reasons"]["UNKNOWN"], json!(1));
-        assert_eq!(f["sample"][0]["destination_port"], json!(10001));
-        assert!(hubble_facts(b"not json\n").is_err());
-        assert!(hubble_facts(b"{\"no_flow\":1}\n").is_err());
-        assert_eq!(hubble_facts(b"").unwrap()["dropped_flows"], json!(0));
-    }
-
-    #[test]
-    fn volume_facts_read_rebuild_status() {
-        let body = br#"{"name":"pvc-1","state":"attached","robustness":"degraded",
-            "controllers":[{"name":"pvc-1-e-0"}],
-            "rebuildStatus":[{"replica":"pvc-1-r-2","fromReplicaAddress":"tcp://10.0.0.2:10001","state":"in_progress","progress":42,"isRebuilding":true,"error":""}]}"#;
-        let f = volume_facts(body, "pvc-1-e-0").unwrap();
-        assert_eq!(f["robustness"], json!("degraded"));
-        assert_eq!(f["engine_listed"], json!(true));
-        assert_eq!(f["rebuild_status"][0]["progress_percent"], json!(42));
-        assert!(volume_facts(b"not json", "e").is_err());
     }
 }

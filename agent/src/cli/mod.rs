@@ -17,6 +17,7 @@ Exit codes:
 pub mod capture;
 pub mod envelope;
 pub mod longhorn;
+pub mod progress;
 pub mod status;
 pub mod trace;
 pub mod transport;

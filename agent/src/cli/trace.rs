@@ -23,15 +23,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use pstack_capture::request::{RequestError, TRACE_WINDOW, TcpTraceRequest};
+use pstack_capture::tcp_trace::{self, TracePlan};
 use pstack_ebpf::aggregate::TcpSurface;
-use pstack_ebpf::{EbpfConfig, EbpfSession, TcpEvent, TcpEventKind, WindowReport};
-use pstack_envelope::{
-    Bounds, Claim, ClaimKind, Clock, Collector, Completeness, Envelope, HostIdentity,
-    NextTransition, SCHEMA_ID, Scope, Subject, Surface, SurfaceStatus, Termination, Universe,
-    Unknown, sha256_digest,
-};
+use pstack_ebpf::{EbpfSession, TcpEvent, TcpEventKind, WindowReport};
+use pstack_envelope::{Envelope, SurfaceStatus};
 
-use crate::supervisor::SOURCE_COMMIT;
 use crate::supervisor::clock::wall_time_now;
 
 /// Exit code: the kernel cannot provide the surface.
@@ -79,8 +76,40 @@ pub struct TcpArgs {
 /// of `pstack_cli::duration`); 1 ms ..= 1 h.
 pub fn parse_window(s: &str) -> Result<Duration, String> {
     let d = pstack_cli::parse_duration(s).map_err(|e| e.to_string())?;
-    if d < Duration::from_millis(1) || d > Duration::from_secs(3600) {
+    if d < TRACE_WINDOW.0 || d > TRACE_WINDOW.1 {
         return Err(format!("{} is outside 1ms..=1h", s.trim()));
+    }
+    Ok(d)
+}
+
+impl TcpArgs {
+    /// The request these arguments ask for.
+    pub fn request(&self) -> TcpTraceRequest {
+        TcpTraceRequest {
+            window_ms: u64::try_from(self.window.as_millis()).unwrap_or(u64::MAX),
+            port: self.port,
+            addr: self.addr.map(|a| a.to_string()),
+            ring_bytes: Some(self.ring_bytes),
+        }
+    }
+
+    fn plan(&self) -> Result<TracePlan, RequestError> {
+        self.request().plan()
+    }
+}
+
+/// Parse an off-CPU window of `capture --pid/--tid --window` (the one parser
+/// of `pstack_cli::duration`), within `request::PROCESS_WINDOW`.
+pub fn parse_offcpu_window(s: &str) -> Result<Duration, String> {
+    let d = pstack_cli::parse_duration(s).map_err(|e| e.to_string())?;
+    let (lo, hi) = pstack_capture::request::PROCESS_WINDOW;
+    if d < lo || d > hi {
+        return Err(format!(
+            "{} is outside {}..={}",
+            s.trim(),
+            pstack_cli::duration::format_duration(lo),
+            pstack_cli::duration::format_duration(hi)
+        ));
     }
     Ok(d)
 }
@@ -132,15 +161,15 @@ fn describe(e: &TcpEvent, start_ns: u64) -> String {
 }
 
 fn run_tcp(a: TcpArgs) -> anyhow::Result<i32> {
-    let cfg = EbpfConfig {
-        port: a.port,
-        addr: a.addr,
-        ring_bytes: a.ring_bytes,
-        wakeup_bytes: u64::from(a.ring_bytes / 8),
-        // Live output: wake the reader every tick even below the wakeup backlog.
-        poll_interval: Duration::from_millis(100),
-        ..EbpfConfig::tcp()
+    let plan = match a.plan() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("pstackctl trace tcp: {e}");
+            return Ok(2);
+        }
     };
+    // Live output: wake the reader every tick even below the wakeup backlog.
+    let cfg = plan.ebpf_config(true);
     let wall = wall_time_now();
     let t0 = pstack_ebpf::monotonic_ns();
     let mut session = match EbpfSession::start(cfg.clone()) {
@@ -159,19 +188,7 @@ fn run_tcp(a: TcpArgs) -> anyhow::Result<i32> {
                 _ => {}
             }
             if let Some(path) = &a.seal {
-                let ids = pstack_ebpf::surface::tcp_surface_ids();
-                let elapsed = (pstack_ebpf::monotonic_ns().saturating_sub(t0)) / 1000;
-                let surfaces =
-                    pstack_ebpf::surface::failed_surfaces(&e, &ids, window_ms(a.window), elapsed);
-                let env = envelope(
-                    &a,
-                    &cfg,
-                    wall,
-                    t0,
-                    pstack_ebpf::monotonic_ns(),
-                    surfaces,
-                    None,
-                )?;
+                let env = tcp_trace::refused_envelope(&plan, &cfg, wall, t0, &e)?;
                 write_envelope(path, &env)?;
             }
             return Ok(match status {
@@ -246,8 +263,8 @@ fn run_tcp(a: TcpArgs) -> anyhow::Result<i32> {
         print_summary(&report)
     };
     if let Some(path) = &a.seal {
-        let env = envelope(
-            &a,
+        let env = tcp_trace::envelope(
+            &plan,
             &cfg,
             wall,
             report.meta.start_ns,
@@ -268,10 +285,6 @@ fn run_tcp(a: TcpArgs) -> anyhow::Result<i32> {
     }
     stdout_result?;
     Ok(0)
-}
-
-fn window_ms(w: Duration) -> u64 {
-    u64::try_from(w.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn print_summary(r: &WindowReport) -> std::io::Result<()> {
@@ -359,167 +372,8 @@ pub fn summary_lines(agg: &pstack_ebpf::TcpAggregate, seconds: f64, lost: u64) -
     out
 }
 
-fn host_identity() -> anyhow::Result<HostIdentity> {
-    let host = nix::unistd::gethostname()
-        .context("gethostname")?
-        .to_string_lossy()
-        .into_owned();
-    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .context("reading /proc/sys/kernel/random/boot_id")?
-        .trim()
-        .to_string();
-    Ok(HostIdentity { host, boot_id })
-}
-
-fn envelope(
-    a: &TcpArgs,
-    cfg: &EbpfConfig,
-    wall: String,
-    start_ns: u64,
-    end_ns: u64,
-    surfaces: Vec<Surface>,
-    report: Option<&WindowReport>,
-) -> anyhow::Result<Envelope> {
-    let selector = format!(
-        "ebpf:tcp port={} addr={}",
-        a.port.map_or("*".to_string(), |p| p.to_string()),
-        a.addr.map_or("*".to_string(), |x| x.to_string())
-    );
-    let flows = report
-        .and_then(|r| r.tcp.as_ref())
-        .map_or(0, |t| t.flows().len() as u64);
-    let untracked: u64 = report
-        .and_then(|r| r.tcp.as_ref())
-        .map_or(0, |t| TcpSurface::ALL.iter().map(|s| t.untracked(*s)).sum());
-    let all_ok = surfaces
-        .iter()
-        .all(|s| s.status == SurfaceStatus::Ok && !s.truncated);
-    let any_failed = surfaces
-        .iter()
-        .any(|s| !matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated));
-    let completeness = if any_failed {
-        Completeness::Partial
-    } else if all_ok && untracked == 0 {
-        Completeness::Complete
-    } else {
-        Completeness::Bounded
-    };
-    let mut claims = Vec::new();
-    let mut unknowns = Vec::new();
-    if let Some(agg) = report.and_then(|r| r.tcp.as_ref()) {
-        for (i, f) in agg
-            .flows()
-            .iter()
-            .filter(|f| f.retransmits > 0)
-            .take(8)
-            .enumerate()
-        {
-            claims.push(Claim {
-                id: format!("retransmits-{i}"),
-                kind: ClaimKind::Fact,
-                code: "tcp_retransmits_observed".into(),
-                statement: format!(
-                    "{} -> {} retransmitted {} times in the window",
-                    f.local, f.remote, f.retransmits
-                ),
-                surfaces: vec![TcpSurface::Retransmits.id().into()],
-                scope: Scope::Existential,
-                falsifier: None,
-            });
-        }
-        for (i, f) in agg
-            .flows()
-            .iter()
-            .filter(|f| f.feeds(TcpSurface::Resets))
-            .take(8)
-            .enumerate()
-        {
-            let statement = if f.resets_sent > 0 {
-                format!("{} (this host) sent a RST to {}", f.local, f.remote)
-            } else {
-                format!("{} (peer) sent a RST to {}", f.remote, f.local)
-            };
-            claims.push(Claim {
-                id: format!("reset-{i}"),
-                kind: ClaimKind::Fact,
-                code: "tcp_reset_sender".into(),
-                statement,
-                surfaces: vec![TcpSurface::Resets.id().into()],
-                scope: Scope::Existential,
-                falsifier: None,
-            });
-        }
-    }
-    for s in &surfaces {
-        if s.status != SurfaceStatus::Ok {
-            unknowns.push(Unknown {
-                id: format!("u-{}", s.id),
-                question: format!("what did {} miss ({})?", s.id, s.status),
-                blocks: "CLASSIFY_STREAM_FAULT".into(),
-                owner: "node operator".into(),
-                probe: match s.status {
-                    SurfaceStatus::Truncated => crate::probes::trace_tcp_larger_ring(
-                        a.window,
-                        cfg.ring_bytes.saturating_mul(4).min(1 << 26),
-                        a.port,
-                    ),
-                    _ => crate::probes::trace_tcp_privileged(
-                        &crate::supervisor::denial::Caller::current(),
-                    ),
-                },
-                surface: Some(s.id.clone()),
-            });
-        }
-    }
-    let env = Envelope {
-        schema: SCHEMA_ID.into(),
-        completeness,
-        subject: Subject::Host(host_identity()?),
-        collector: Collector {
-            name: "pstackctl trace tcp".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            source_commit: SOURCE_COMMIT.into(),
-        },
-        clock: Clock {
-            wall_time: wall,
-            monotonic_start_ns: start_ns.to_string(),
-            monotonic_end_ns: end_ns.to_string(),
-            bundle_deadline_ms: window_ms(a.window).saturating_add(1000),
-        },
-        universe: Universe {
-            selector_digest: sha256_digest(selector.as_bytes()),
-            selector,
-            expected_count: flows + untracked,
-            observed_count: flows,
-            termination: if untracked > 0 {
-                Termination::Cap
-            } else {
-                Termination::Exhausted
-            },
-        },
-        bounds: Bounds {
-            surface_deadline_ms: window_ms(a.window),
-            bundle_deadline_ms: window_ms(a.window).saturating_add(1000),
-            max_threads: cfg.limits.max_flows as u64,
-            max_bytes_per_surface: u64::from(cfg.ring_bytes),
-            leak_budget: 0,
-        },
-        surfaces,
-        claims,
-        unknowns,
-        next_transition: NextTransition {
-            action: "CAPTURE_AGAIN".into(),
-            success_receipt: "a sealed trace of the same selector whose surfaces are ok".into(),
-            abort_conditions: vec!["host boot_id changes".into()],
-        },
-        digest: String::new(),
-    };
-    env.seal()
-        .map_err(|r| anyhow::anyhow!("the trace envelope is invalid: {r:?}"))
-}
-
 fn write_envelope(path: &std::path::Path, env: &Envelope) -> anyhow::Result<()> {
-    std::fs::write(path, env.to_json_pretty())
+    pstack_capture::envelope_file::write(path, &env.to_json_pretty())
         .with_context(|| format!("writing {}", path.display()))
 }
 
@@ -527,6 +381,7 @@ fn write_envelope(path: &std::path::Path, env: &Envelope) -> anyhow::Result<()> 
 mod tests {
     use super::*;
     use pstack_ebpf::record::{Comm, Endpoint, TcpState};
+    use pstack_envelope::Completeness;
 
     fn event(kind: TcpEventKind, sk_key: u64, local: u16, remote: u16, pid: u32) -> TcpEvent {
         let ep = |port| Endpoint {

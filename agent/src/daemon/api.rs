@@ -17,7 +17,13 @@
 //!   `x-pstack-spool-status: spooled | spooled_may_be_dropped |
 //!   already_spooled`, and `x-pstack-spool-dropped: N` older envelopes
 //!   dropped to make room for it.
-//! - Over-limit captures are refused at once with 429; nothing queues.
+//! - Over-limit captures are refused at once with 429; nothing queues. Every
+//!   capture kind (process, thread, host, transport, longhorn, tcp_trace)
+//!   holds one slot while its engine runs (`engines`).
+//! - A refused request names the field at fault (`"field"` in the error
+//!   body) and runs nothing.
+//! - A process capture answers its envelope as JSON; the other kinds answer
+//!   NDJSON, one spooled envelope per line (`x-pstack-digest` lists them).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -33,10 +39,12 @@ use axum::routing::{get, post};
 use serde_json::json;
 
 use super::capture::parse_request;
+use super::engines::{self, EngineFailure};
 use super::peer::PeerCred;
 use super::spool::SpoolError;
 use super::state::DaemonState;
-use crate::supervisor::{self, CaptureError};
+use crate::supervisor::CaptureError;
+use pstack_capture::transport::TransportError;
 
 /// Extra time the supervisor gets past its bundle deadline before the
 /// request is answered 504 (it still finishes in the background).
@@ -49,6 +57,7 @@ pub struct ApiError {
     code: &'static str,
     message: String,
     retry_after: Option<u64>,
+    field: Option<String>,
 }
 
 impl ApiError {
@@ -59,13 +68,23 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after: None,
+            field: None,
         }
+    }
+
+    /// Name the request field at fault (`"field"` in the error body).
+    pub fn with_field(mut self, field: Option<String>) -> ApiError {
+        self.field = field;
+        self
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let body = match &self.field {
+            Some(f) => json!({"error": {"code": self.code, "message": self.message, "field": f}}),
+            None => json!({"error": {"code": self.code, "message": self.message}}),
+        };
         let mut resp = (self.status, axum::Json(body)).into_response();
         if let Some(secs) = self.retry_after
             && let Ok(v) = HeaderValue::from_str(&secs.to_string())
@@ -169,7 +188,7 @@ async fn post_capture(
         })?;
     let request = parse_request(&bytes, &config).map_err(|e| {
         state.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
-        ApiError::new(StatusCode::BAD_REQUEST, e.code(), e.to_string())
+        ApiError::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()).with_field(e.field())
     })?;
     if state.draining.load(Ordering::SeqCst) {
         return Err(ApiError::new(
@@ -222,20 +241,11 @@ async fn post_capture(
             "no leak budget",
         ));
     };
-    let bundle = request
-        .deadlines
-        .map(|d| d.bundle)
-        .unwrap_or(Duration::from_millis(config.capture.bundle_deadline_ms));
+    let bundle = request.run_deadline();
     let spool = state.spool.clone();
     let work = tokio::task::spawn_blocking(move || {
-        let _slot = slot; // held until the supervisor really returns
-        let envelope = supervisor::capture(&request, &supervisor, &budget)?;
-        let bytes = serde_json::to_vec(&envelope)
-            .map_err(|e| CaptureErrorOrSpool::Encode(e.to_string()))?;
-        let put = spool
-            .put(&envelope.digest, &bytes)
-            .map_err(CaptureErrorOrSpool::Spool)?;
-        Ok::<_, CaptureErrorOrSpool>((envelope.digest, bytes, put))
+        let _slot = slot; // held until the engine really returns
+        engines::run_and_spool(&request, &supervisor, &budget, &spool)
     });
     let result = match tokio::time::timeout(bundle + OVERRUN_GRACE, work).await {
         Ok(Ok(r)) => r,
@@ -267,48 +277,110 @@ async fn post_capture(
         }
     };
     match result {
-        Ok((digest, bytes, put)) => {
+        Ok(captured) => {
             state.counters.captures_ok.fetch_add(1, Ordering::Relaxed);
             state.shipper_wake.notify_one();
-            tracing::info!(digest = %digest, bytes = bytes.len(), outcome = ?put, "capture spooled");
-            let mut resp = Response::new(Body::from(bytes));
-            let h = resp.headers_mut();
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            if let Ok(v) = HeaderValue::from_str(&digest) {
-                h.insert("x-pstack-digest", v);
+            for e in &captured.envelopes {
+                tracing::info!(kind = captured.kind, digest = %e.digest, bytes = e.bytes.len(), outcome = ?e.put, "capture spooled");
             }
-            // What the acknowledgement promises: under drop_oldest a spooled
-            // capture may still be dropped before it is shipped.
-            let (spool_status, dropped) = match put {
-                super::spool::PutOutcome::Written { dropped } => (
-                    if state.spool.limits().overflow == super::config::OverflowPolicy::DropOldest {
-                        "spooled_may_be_dropped"
-                    } else {
-                        "spooled"
-                    },
-                    dropped,
-                ),
-                super::spool::PutOutcome::AlreadySpooled => ("already_spooled", 0),
-            };
-            h.insert(
-                "x-pstack-spool-status",
-                HeaderValue::from_static(spool_status),
-            );
-            h.insert("x-pstack-spool-dropped", HeaderValue::from(dropped));
-            Ok(resp)
+            Ok(captured_response(&state, captured))
         }
-        Err(CaptureErrorOrSpool::Capture(e)) => {
-            state
-                .counters
-                .captures_failed
-                .fetch_add(1, Ordering::Relaxed);
+        Err(e) => Err(failure_response(&state, e)),
+    }
+}
+
+/// A process capture answers its one envelope as JSON (as before kinds);
+/// every other kind answers NDJSON, one compact envelope per line, in the
+/// order `pstackctl … --json` prints them.
+fn captured_response(state: &DaemonState, captured: engines::Captured) -> Response {
+    let single = captured.kind == "process";
+    let mut body = Vec::new();
+    for e in &captured.envelopes {
+        body.extend_from_slice(&e.bytes);
+        if !single {
+            body.push(b'\n');
+        }
+    }
+    let mut resp = Response::new(Body::from(body));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(if single {
+            "application/json"
+        } else {
+            "application/x-ndjson"
+        }),
+    );
+    let digests: Vec<&str> = captured
+        .envelopes
+        .iter()
+        .map(|e| e.digest.as_str())
+        .collect();
+    if let Ok(v) = HeaderValue::from_str(&digests.join(",")) {
+        h.insert("x-pstack-digest", v);
+    }
+    h.insert(
+        "x-pstack-capture-kind",
+        HeaderValue::from_static(captured.kind),
+    );
+    if let Some(status) = captured.trace_refused
+        && let Ok(v) = HeaderValue::from_str(status.as_str())
+    {
+        h.insert("x-pstack-trace-refused", v);
+    }
+    // What the acknowledgement promises: under drop_oldest a spooled
+    // capture may still be dropped before it is shipped. With several
+    // envelopes: `already_spooled` only when every one was.
+    let mut dropped = 0;
+    let mut written = false;
+    for e in &captured.envelopes {
+        if let super::spool::PutOutcome::Written { dropped: d } = e.put {
+            written = true;
+            dropped += d;
+        }
+    }
+    let spool_status = if !written {
+        "already_spooled"
+    } else if state.spool.limits().overflow == super::config::OverflowPolicy::DropOldest {
+        "spooled_may_be_dropped"
+    } else {
+        "spooled"
+    };
+    h.insert(
+        "x-pstack-spool-status",
+        HeaderValue::from_static(spool_status),
+    );
+    h.insert("x-pstack-spool-dropped", HeaderValue::from(dropped));
+    resp
+}
+
+fn failure_response(state: &DaemonState, e: EngineFailure) -> ApiError {
+    let failed = || {
+        state
+            .counters
+            .captures_failed
+            .fetch_add(1, Ordering::Relaxed);
+    };
+    match e {
+        EngineFailure::Capture(e) => {
+            failed();
             let (status, code) = capture_status(&e);
-            Err(ApiError::new(status, code, e.to_string()))
+            ApiError::new(status, code, e.to_string())
         }
-        Err(CaptureErrorOrSpool::Spool(e)) => {
+        EngineFailure::Transport(e) => {
+            failed();
+            let (status, code, field) = transport_status(&e);
+            ApiError::new(status, code, e.to_string()).with_field(field.map(String::from))
+        }
+        EngineFailure::Trace(e) => {
+            failed();
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "capture_failed",
+                e.to_string(),
+            )
+        }
+        EngineFailure::Spool(e) => {
             let (status, code) = match e {
                 SpoolError::Full { .. } | SpoolError::NoSpace { .. } => {
                     state
@@ -318,40 +390,51 @@ async fn post_capture(
                     (StatusCode::INSUFFICIENT_STORAGE, "spool_full")
                 }
                 _ => {
-                    state
-                        .counters
-                        .captures_failed
-                        .fetch_add(1, Ordering::Relaxed);
+                    failed();
                     (StatusCode::INTERNAL_SERVER_ERROR, "spool_failed")
                 }
             };
             tracing::error!(error = %e, "captured envelope could not be spooled; not acknowledged");
-            Err(ApiError::new(status, code, e.to_string()))
+            ApiError::new(status, code, e.to_string())
         }
-        Err(CaptureErrorOrSpool::Encode(e)) => {
-            state
-                .counters
-                .captures_failed
-                .fetch_add(1, Ordering::Relaxed);
-            Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "encode_failed",
-                e,
-            ))
+        EngineFailure::Encode(e) => {
+            failed();
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "encode_failed", e)
         }
     }
 }
 
-#[derive(Debug)]
-enum CaptureErrorOrSpool {
-    Capture(CaptureError),
-    Spool(SpoolError),
-    Encode(String),
-}
-
-impl From<CaptureError> for CaptureErrorOrSpool {
-    fn from(e: CaptureError) -> Self {
-        CaptureErrorOrSpool::Capture(e)
+/// Status, code and request field of a transport engine refusal. A netns
+/// the caller named that cannot be opened is the caller's input: 400 with
+/// the field, and nothing was spawned or read.
+fn transport_status(e: &TransportError) -> (StatusCode, &'static str, Option<&'static str>) {
+    use pstack_collectors::net::netns::NetnsError;
+    match e {
+        TransportError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_parameter", None),
+        TransportError::Netns(NetnsError::ProcessGone { .. }) => (
+            StatusCode::BAD_REQUEST,
+            "netns_unavailable",
+            Some("netns_pid"),
+        ),
+        TransportError::Netns(NetnsError::NoSuchNetns { .. } | NetnsError::InvalidName { .. }) => {
+            (StatusCode::BAD_REQUEST, "netns_unavailable", Some("netns"))
+        }
+        TransportError::Netns(NetnsError::PermissionDenied { .. }) => {
+            (StatusCode::FORBIDDEN, "netns_permission_denied", None)
+        }
+        TransportError::Netns(_) => (StatusCode::UNPROCESSABLE_ENTITY, "netns_unavailable", None),
+        TransportError::Helper(c) => {
+            let (s, code) = capture_status(c);
+            (s, code, None)
+        }
+        TransportError::Host(_) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "identity_unreadable",
+            None,
+        ),
+        TransportError::Sealing(_) | TransportError::Building(_) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "capture_failed", None)
+        }
     }
 }
 
@@ -417,7 +500,10 @@ pub fn status_json(state: &DaemonState) -> serde_json::Value {
         .map(|(k, v)| ((*k).to_string(), json!(v)))
         .collect();
     let (leaked, budget, available) = match &state.engine.budget {
-        Some(b) => (b.in_use(), b.capacity(), b.available()),
+        Some(b) => {
+            b.refresh_from_journal();
+            (b.in_use(), b.capacity(), b.available())
+        }
         None => (0, 0, 0),
     };
     let in_flight = state.in_flight.load(Ordering::SeqCst);

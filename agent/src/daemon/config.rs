@@ -49,7 +49,7 @@
 //! max_threads = 10000
 //! max_bytes_per_surface = 65536
 //! leak_budget = 4
-//! leak_journal = "/var/lib/pstack/leaks.jsonl"
+//! leak_journal = "/run/pstack/helper-leaks.jsonl"
 //! helper_path = ""                 # empty: next to pstackd
 //! digest_key_file = "/var/lib/pstack/digest.key"  # HMAC key of cmdline/environ digests;
 //!                                  # created 0600 if missing, re-read on reload (replace the
@@ -257,7 +257,8 @@ pub struct CaptureConfig {
     pub max_bytes_per_surface: u64,
     /// Unreaped helpers tolerated. Default 4.
     pub leak_budget: u64,
-    /// Leak journal path. Default `/var/lib/pstack/leaks.jsonl`.
+    /// Leak journal path. Default `/run/pstack/helper-leaks.jsonl`, the same
+    /// journal one-shot `pstackctl` uses, so the host has one leak budget.
     pub leak_journal: PathBuf,
     /// The `pstack-helper` binary; empty: next to `pstackd`, then `$PATH`.
     pub helper_path: PathBuf,
@@ -328,7 +329,7 @@ impl Default for CaptureConfig {
             max_threads: 10_000,
             max_bytes_per_surface: 64 << 10,
             leak_budget: 4,
-            leak_journal: PathBuf::from("/var/lib/pstack/leaks.jsonl"),
+            leak_journal: PathBuf::from(crate::supervisor::leak::DEFAULT_JOURNAL),
             helper_path: PathBuf::new(),
             digest_key_file: PathBuf::from(crate::digest_key::DEFAULT_PATH),
             kubelet_url: String::new(),

@@ -43,6 +43,7 @@ pub mod api;
 pub mod capture;
 pub mod config;
 pub mod ebpf;
+pub mod engines;
 pub mod listener;
 pub mod notify;
 pub mod peer;

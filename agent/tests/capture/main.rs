@@ -13,8 +13,12 @@
 )]
 
 mod bad_input;
+// The pstackd harness of the daemon tests (one leak budget per host).
 mod caps;
 mod confinement;
+#[path = "../daemon/common.rs"]
+#[allow(dead_code, reason = "shared harness; this binary uses part of it")]
+mod daemon_common;
 mod deadlines;
 mod durations;
 mod fixtures;
@@ -28,5 +32,6 @@ mod output;
 mod pod_identity;
 mod probes;
 mod selection;
+mod shared_leak_budget;
 mod states;
 mod unreapable;

@@ -149,9 +149,13 @@ fn root_probes_of_real_envelopes_parse() {
 /// No module but `probes` writes a `pstackctl <subcommand> --flag` string by hand.
 #[test]
 fn probes_are_built_only_in_the_probes_module() {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+    // The CLI and daemon sources, and the engines in pstack-capture.
+    let roots = [
+        concat!(env!("CARGO_MANIFEST_DIR"), "/src"),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../capture/src"),
+    ];
     let mut strays = Vec::new();
-    let mut stack = vec![std::path::PathBuf::from(root)];
+    let mut stack: Vec<std::path::PathBuf> = roots.iter().map(std::path::PathBuf::from).collect();
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();

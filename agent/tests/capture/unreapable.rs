@@ -11,7 +11,7 @@ use pstack_envelope::SurfaceStatus;
 use crate::fixtures::{Freezer, Proc, budget, config, request, wait_state};
 
 /// Freeze the first helper spawned; returns the freezer holding it.
-fn freeze_first_helper(
+pub(crate) fn freeze_first_helper(
     cfg: &mut pstack_agent::supervisor::SupervisorConfig,
     freezer: Arc<Freezer>,
 ) -> Arc<Mutex<Vec<u32>>> {

@@ -282,3 +282,54 @@ fn root_only_supplementary_group_admits_and_outsiders_cannot_hold_connection_slo
         let _ = o.wait();
     }
 }
+
+/// Issue 17: the new capture kinds sit behind the same peer check. An
+/// outsider's transport, Longhorn and trace bodies (one naming a netns PID
+/// that exists) get 403 before anything is parsed or opened: no capture
+/// runs, no helper is spawned, nothing is spooled.
+#[test]
+fn root_only_unprivileged_peer_gets_403_for_every_new_capture_kind() {
+    pstack_testkit::require!(is_root(), "needs root to setuid the test client");
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(
+        dir.path(),
+        &Settings {
+            socket_mode: "0666",
+            group: "users",
+            ..Settings::default()
+        },
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let me = std::process::id();
+    for body in [
+        format!(r#"{{"kind":"transport","peer":"127.0.0.1","netns_pid":{me},"window_ms":200}}"#),
+        r#"{"kind":"longhorn","peer":"127.0.0.1","volume":"v","engine":"e","source_node":"a","target_node":"b","window_ms":200}"#.to_string(),
+        r#"{"kind":"tcp_trace","window_ms":200}"#.to_string(),
+        r#"{"kind":"no_such_kind"}"#.to_string(),
+    ] {
+        let o = curl_as(
+            65534,
+            65534,
+            &d.socket,
+            &["-XPOST", "-d", body.as_str(), "http://pstackd/v1/captures"],
+        );
+        let (code, text) = code_and_body(&o);
+        assert_eq!(code, 403, "{body}: {text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["code"], "forbidden", "{text}");
+    }
+    let s = d.status();
+    assert_eq!(s["captures"]["ok_total"], 0, "{s:#}");
+    assert_eq!(s["captures"]["failed_total"], 0, "{s:#}");
+    assert_eq!(s["spool"]["files"], 0, "{s:#}");
+    assert_eq!(
+        d.metric("pstackd_requests_refused_total{reason=\"bad_request\"}"),
+        0,
+        "no body was parsed"
+    );
+    assert_eq!(
+        d.metric("pstackd_requests_refused_total{reason=\"unauthorized\"}"),
+        4
+    );
+}

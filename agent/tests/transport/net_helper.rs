@@ -8,8 +8,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pstack_agent::cli::transport::{self, CaptureResult, FlowSelection, Plan, SURFACE_DEADLINE_MS};
 use pstack_agent::supervisor::{LeakBudget, LeakJournal, SupervisorConfig};
+use pstack_capture::transport::{self, CaptureResult, FlowSelection, Plan, SURFACE_DEADLINE_MS};
 use pstack_envelope::{Completeness, Subject, SurfaceStatus};
 
 use crate::testbed::*;
@@ -28,14 +28,15 @@ fn budget(dir: &std::path::Path) -> LeakBudget {
 }
 
 fn plan(ns: &Netns, window: &str) -> Plan {
+    let window = pstack_cli::parse_duration(window).unwrap();
     Plan::from_selection(
         &FlowSelection {
             peer: B_V4.into(),
             local: None,
             netns_pid: None,
             netns: Some(ns.name.clone()),
-            window: window.into(),
-            ports: "10000-30000".into(),
+            window_ms: window.as_millis() as u64,
+            ports: Some("10000-30000".into()),
             max_flows: 64,
             wait: false,
         },
@@ -79,7 +80,7 @@ fn capture_in_thread(
     let p = plan(ns, window);
     let capture = std::thread::spawn(move || {
         let b = budget(dir.path());
-        transport::capture_with(&p, &cfg, &b)
+        transport::capture_with(&p, &cfg, &b, &pstack_capture::no_progress)
     });
     let helper = rx
         .recv_timeout(Duration::from_secs(5))
@@ -192,7 +193,13 @@ fn root_stopped_net_helper_makes_its_end_of_the_window_timeout_not_a_hang() {
     let b = budget(dir.path());
     let window = Duration::from_millis(300);
     let started = Instant::now();
-    let result = transport::capture_with(&plan(&bed.a, "300ms"), &cfg, &b).expect("capture");
+    let result = transport::capture_with(
+        &plan(&bed.a, "300ms"),
+        &cfg,
+        &b,
+        &pstack_capture::no_progress,
+    )
+    .expect("capture");
     let took = started.elapsed();
     // start: one missed deadline + reap; window; end: a fresh helper answers.
     let bound = window + Duration::from_millis(SURFACE_DEADLINE_MS) + Duration::from_secs(3);
@@ -242,7 +249,13 @@ fn root_every_net_helper_stopped_is_a_partial_no_match_with_timeouts() {
     let dir = tempfile::tempdir().unwrap();
     let b = budget(dir.path());
     let started = Instant::now();
-    let result = transport::capture_with(&plan(&bed.a, "200ms"), &cfg, &b).expect("capture");
+    let result = transport::capture_with(
+        &plan(&bed.a, "200ms"),
+        &cfg,
+        &b,
+        &pstack_capture::no_progress,
+    )
+    .expect("capture");
     let took = started.elapsed();
     let bound = Duration::from_millis(200 + 2 * SURFACE_DEADLINE_MS) + Duration::from_secs(3);
     assert!(took < bound, "capture took {took:?} (bound {bound:?})");
@@ -338,7 +351,13 @@ fn root_frozen_net_helper_is_timeout_unreaped_journaled_and_spends_the_budget() 
         boot.trim(),
     );
     let started = Instant::now();
-    let result = transport::capture_with(&plan(&bed.a, "200ms"), &cfg, &b).expect("capture");
+    let result = transport::capture_with(
+        &plan(&bed.a, "200ms"),
+        &cfg,
+        &b,
+        &pstack_capture::no_progress,
+    )
+    .expect("capture");
     let took = started.elapsed();
     assert!(took < Duration::from_secs(6), "capture took {took:?}");
     let helpers = spawned.lock().unwrap().clone();

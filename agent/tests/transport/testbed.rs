@@ -493,10 +493,15 @@ pub fn udp_spray(bed: &Testbed, first_port: u16, count: u16) {
     });
 }
 
+/// A socket path where no pstackd listens: testbed captures run one-shot
+/// unless a test names a daemon's socket with `--socket`.
+pub const NO_DAEMON: &str = "/nonexistent/pstackd.sock";
+
 /// `pstackctl` with arguments; returns (exit code, stdout, stderr).
 pub fn pstackctl(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_pstackctl"))
         .args(args)
+        .env("PSTACKD_SOCKET", NO_DAEMON)
         .output()
         .expect("run pstackctl");
     (
@@ -510,6 +515,7 @@ pub fn pstackctl(args: &[&str]) -> (i32, String, String) {
 pub fn pstackctl_bg(args: &[&str]) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_pstackctl"))
         .args(args)
+        .env("PSTACKD_SOCKET", NO_DAEMON)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

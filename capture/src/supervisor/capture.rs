@@ -26,8 +26,9 @@ use super::{
     SurfaceSelection, Target,
 };
 
-/// Longest off-CPU window a capture may ask for.
-pub const MAX_WINDOW: Duration = Duration::from_secs(600);
+/// Longest off-CPU window a capture may ask for (the one limit, in
+/// [`crate::request::PROCESS_WINDOW`]).
+pub const MAX_WINDOW: Duration = crate::request::PROCESS_WINDOW.1;
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
@@ -190,7 +191,7 @@ pub fn capture(
                 reason: "an off-CPU window needs a process or thread subject (--pid or --tid), not --host".into(),
             });
         }
-        if w < Duration::from_millis(1) || w > MAX_WINDOW {
+        if w < crate::request::PROCESS_WINDOW.0 || w > MAX_WINDOW {
             return Err(CaptureError::InvalidParameter {
                 param: "window",
                 reason: format!("must be between 1 ms and {} s", MAX_WINDOW.as_secs()),

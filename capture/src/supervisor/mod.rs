@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use pstack_agent::supervisor::{capture, CaptureRequest, Deadlines, LeakBudget, LeakJournal, SupervisorConfig, Target};
+//! use pstack_capture::supervisor::{capture, CaptureRequest, Deadlines, LeakBudget, LeakJournal, SupervisorConfig, Target};
 //! let config = SupervisorConfig::locate("pstackd").unwrap();
 //! let budget = LeakBudget::new(4, LeakJournal::new("/run/pstack/helper-leaks.jsonl"), &config.boot_id);
 //! let request = CaptureRequest {

@@ -10,6 +10,8 @@
 //!   `no_thread_in_d_state` is made only when `complete`.
 //! - every timed-out, unreaped, denied, failed, skipped or raced surface
 //!   raises an unknown with a probe.
+//! - a mechanism read off a D thread's wait (`request_wait_answer`: a FUSE
+//!   server not answering) is a hypothesis with its falsifier, never a fact.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -36,6 +38,8 @@ pub enum Mode {
 
 /// Most unknowns listed one by one (the rest are summarized in one more).
 const MAX_UNKNOWNS: usize = 200;
+/// The kernel function a task waits in for a FUSE request to be answered.
+const FUSE_WAIT: &str = "request_wait_answer";
 /// Most per-thread D-state claims.
 const MAX_D_CLAIMS: usize = 200;
 
@@ -333,6 +337,45 @@ impl Assembly {
                 scope: Scope::Existential,
                 falsifier: None,
             });
+            // A FUSE request the server has not answered: the thread waits
+            // in the kernel's FUSE request path. That names a mechanism, not
+            // a fact about the server, so it is a hypothesis.
+            let fuse_wait = |sid: &str, key: &str| {
+                index.get(sid).filter(|s| ok(s)).and_then(|s| {
+                    let v = s.facts.get(key)?;
+                    let hit = match v {
+                        Value::String(w) => w == FUSE_WAIT,
+                        Value::Array(frames) => frames
+                            .first()
+                            .and_then(Value::as_str)
+                            .is_some_and(|f| f.contains(FUSE_WAIT)),
+                        _ => false,
+                    };
+                    hit.then(|| s.id.clone())
+                })
+            };
+            let fuse_bound: Vec<String> = [
+                fuse_wait(&format!("task/{tid}/wchan"), "wchan"),
+                fuse_wait(&format!("task/{tid}/stack"), "frames"),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            if !fuse_bound.is_empty() {
+                claims.push(Claim {
+                    id: format!("fuse-{tid}"),
+                    kind: ClaimKind::Hypothesis,
+                    code: "fuse_server_not_answering".into(),
+                    statement: format!(
+                        "thread {tid} ({comm}) is in D waiting for a FUSE request to be answered ({FUSE_WAIT}): the FUSE server of that mount is not answering"
+                    ),
+                    surfaces: std::iter::once(stat.id.clone()).chain(fuse_bound).collect(),
+                    scope: Scope::Existential,
+                    falsifier: Some(format!(
+                        "the FUSE server's own threads (the process holding /dev/fuse for the mount) are running or reading /dev/fuse, not stopped or in D, while thread {tid} stays in {FUSE_WAIT}"
+                    )),
+                });
+            }
             if let Some(fz) = index
                 .get("proc/freezer")
                 .filter(|s| ok(s) && s.facts.get("state").and_then(Value::as_str) != Some("thawed"))
@@ -868,5 +911,283 @@ fn state_name(letter: &str) -> &'static str {
         "I" => "idle",
         "P" => "parked",
         _ => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The process claim rules: for every code, surfaces that produce it and
+    //! a near miss that does not. No root, no /proc: surfaces are built here.
+
+    use super::*;
+    use serde_json::json;
+
+    fn surface(id: &str, facts: Value) -> Surface {
+        Surface {
+            id: id.into(),
+            authority: format!("procfs:/proc/{id}"),
+            status: SurfaceStatus::Ok,
+            cause: None,
+            deadline_ms: 250,
+            elapsed_us: 3,
+            digest: Some(sha256_digest(id.as_bytes())),
+            bytes: 10,
+            truncated: false,
+            facts: facts.as_object().cloned().unwrap_or_default(),
+        }
+    }
+
+    fn stat(tid: u64, state: &str) -> Surface {
+        surface(
+            &format!("task/{tid}/stat"),
+            json!({"pid": tid, "state": state, "comm": "worker"}),
+        )
+    }
+
+    fn assembly(surfaces: Vec<Surface>) -> Assembly {
+        let e = pstack_envelope::example::example_unsealed();
+        Assembly {
+            mode: Mode::Process,
+            subject: e.subject,
+            collector: e.collector,
+            clock: e.clock,
+            universe: e.universe,
+            bounds: e.bounds,
+            surfaces,
+            identity_race: None,
+        }
+    }
+
+    fn codes(surfaces: Vec<Surface>) -> Vec<String> {
+        let a = assembly(surfaces);
+        a.task_claims(a.completeness())
+            .0
+            .into_iter()
+            .map(|c| c.code)
+            .collect()
+    }
+
+    fn d_thread_with(extra: Vec<Surface>) -> Vec<Surface> {
+        let mut v = vec![stat(11, "S"), stat(12, "D")];
+        v.extend(extra);
+        v
+    }
+
+    #[test]
+    fn every_process_claim_code_has_surfaces_that_produce_it_and_a_near_miss() {
+        let wchan = |w: &str| surface("task/12/wchan", json!({"wchan": w}));
+        let stack = |top: &str| {
+            surface(
+                "task/12/stack",
+                json!({"frames": [top, "fuse_simple_request"]}),
+            )
+        };
+        let freezer = |state: &str| {
+            surface(
+                "proc/freezer",
+                json!({"state": state, "cgroup": "/jail", "hierarchy": "v1"}),
+            )
+        };
+        let mut unread_stat = stat(11, "S");
+        unread_stat.status = SurfaceStatus::Timeout;
+        let table: Vec<(&str, Vec<Surface>, Vec<Surface>)> = vec![
+            (
+                "threads_in_state_uninterruptible",
+                d_thread_with(vec![]),
+                vec![stat(11, "S")],
+            ),
+            (
+                "thread_in_d_state",
+                d_thread_with(vec![]),
+                vec![stat(12, "R")],
+            ),
+            (
+                "fuse_server_not_answering",
+                d_thread_with(vec![wchan("request_wait_answer")]),
+                // In D on another wait: not FUSE.
+                d_thread_with(vec![wchan("io_schedule")]),
+            ),
+            (
+                "fuse_server_not_answering",
+                d_thread_with(vec![stack("request_wait_answer+0x1a/0x60")]),
+                // The FUSE frame below the top is not where it waits.
+                d_thread_with(vec![stack("folio_wait_bit_common+0x10/0x30")]),
+            ),
+            (
+                "d_state_from_cgroup_freezer",
+                d_thread_with(vec![freezer("FROZEN")]),
+                d_thread_with(vec![freezer("thawed")]),
+            ),
+            (
+                "no_thread_in_d_state",
+                vec![stat(11, "S"), stat(12, "R")],
+                // A surface not read: not complete, so nothing universal.
+                vec![unread_stat, stat(12, "R")],
+            ),
+        ];
+        for (code, hit, miss) in table {
+            let a = assembly(hit.clone());
+            let (claims, _) = a.task_claims(a.completeness());
+            assert!(
+                claims.iter().any(|c| c.code == code),
+                "{code}: not produced: {:?}",
+                claims.iter().map(|c| &c.code).collect::<Vec<_>>()
+            );
+            assert!(
+                !codes(miss).contains(&code.to_string()),
+                "{code}: near miss"
+            );
+            for c in &claims {
+                assert_eq!(
+                    c.kind == ClaimKind::Hypothesis,
+                    c.falsifier.is_some(),
+                    "{}: a hypothesis and only a hypothesis has a falsifier",
+                    c.code
+                );
+                for s in &c.surfaces {
+                    let sf = hit
+                        .iter()
+                        .find(|x| x.id == *s)
+                        .expect("bound surface exists");
+                    assert!(ok(sf), "{}: binds unread {s}", c.code);
+                }
+            }
+        }
+    }
+
+    fn offcpu(tasks: Value, episodes: Value, dropped: u64) -> Surface {
+        // The example subject is process 4242.
+        surface(
+            pstack_ebpf::OFFCPU_SURFACE,
+            json!({"window_ms": 1000, "d_min_ns": 1_000_000, "tasks": tasks,
+                   "d_episodes": episodes, "episodes_dropped": dropped}),
+        )
+    }
+
+    #[test]
+    fn every_offcpu_claim_code_has_surfaces_that_produce_it_and_a_near_miss() {
+        let task = |tgid: u64| json!([{"tid": 4243, "tgid": tgid, "off_cpu_ns": {"D": 5_000_000}}]);
+        let episode = |tgid: u64| {
+            json!([{"tid": 4243, "tgid": tgid, "comm": "db", "duration_ns": 20_000_000,
+                    "start_t_ns": 100}])
+        };
+        let mut unread = stat(11, "S");
+        unread.status = SurfaceStatus::PermissionDenied;
+        let table: Vec<(&str, Vec<Surface>, Vec<Surface>)> = vec![
+            (
+                "offcpu_time_in_window",
+                vec![stat(4243, "S"), offcpu(task(4242), json!([]), 0)],
+                // The off-CPU surface was not read.
+                vec![stat(4243, "S"), {
+                    let mut s = offcpu(task(4242), json!([]), 0);
+                    s.status = SurfaceStatus::PermissionDenied;
+                    s
+                }],
+            ),
+            (
+                "d_state_episode",
+                vec![stat(4243, "S"), offcpu(task(4242), episode(4242), 0)],
+                // An episode of another process is not this subject's.
+                vec![stat(4243, "S"), offcpu(task(4242), episode(999), 0)],
+            ),
+            (
+                "no_d_state_episode_in_window",
+                vec![stat(4243, "S"), offcpu(task(4242), json!([]), 0)],
+                // Episodes were dropped: absence is not shown.
+                vec![stat(4243, "S"), offcpu(task(4242), json!([]), 3)],
+            ),
+            (
+                "no_d_state_episode_in_window",
+                vec![stat(4243, "S"), offcpu(task(4242), json!([]), 0)],
+                // Not complete: no universal claim.
+                vec![unread, stat(4243, "S"), offcpu(task(4242), json!([]), 0)],
+            ),
+        ];
+        for (code, hit, miss) in table {
+            assert!(
+                codes(hit).contains(&code.to_string()),
+                "{code}: not produced"
+            );
+            assert!(
+                !codes(miss).contains(&code.to_string()),
+                "{code}: near miss"
+            );
+        }
+    }
+
+    fn host(surfaces: Vec<Surface>) -> Vec<String> {
+        let mut a = assembly(surfaces);
+        a.mode = Mode::Host;
+        a.host_claims(a.completeness())
+            .0
+            .into_iter()
+            .map(|c| c.code)
+            .collect()
+    }
+
+    #[test]
+    fn every_host_claim_code_has_surfaces_that_produce_it_and_a_near_miss() {
+        let tasks = |pid: u64, states: &[&str]| {
+            let threads: Vec<Value> = states
+                .iter()
+                .enumerate()
+                .map(|(i, st)| json!({"tid": pid + i as u64, "state": st, "comm": "w"}))
+                .collect();
+            surface(
+                &format!("proc/{pid}/tasks"),
+                json!({"process": {"pid": pid}, "threads": threads}),
+            )
+        };
+        let mut unread = tasks(30, &["S"]);
+        unread.status = SurfaceStatus::Timeout;
+        let table: Vec<(&str, Vec<Surface>, Vec<Surface>)> = vec![
+            (
+                "thread_in_d_state",
+                vec![tasks(10, &["S", "D"])],
+                vec![tasks(10, &["S", "R"])],
+            ),
+            (
+                "thread_state_counts",
+                vec![tasks(10, &["S"])],
+                // No tasks surface was read: nothing is counted.
+                vec![unread.clone()],
+            ),
+            (
+                "no_thread_in_d_state",
+                vec![tasks(10, &["S", "R"]), tasks(20, &["S"])],
+                vec![tasks(10, &["S", "R"]), unread],
+            ),
+        ];
+        for (code, hit, miss) in table {
+            assert!(
+                host(hit).contains(&code.to_string()),
+                "{code}: not produced"
+            );
+            assert!(!host(miss).contains(&code.to_string()), "{code}: near miss");
+        }
+    }
+
+    #[test]
+    fn a_fuse_wait_is_a_hypothesis_never_a_fact() {
+        let a = assembly(d_thread_with(vec![surface(
+            "task/12/wchan",
+            json!({"wchan": "request_wait_answer"}),
+        )]));
+        let (claims, _) = a.task_claims(a.completeness());
+        let fuse = claims
+            .iter()
+            .find(|c| c.code == "fuse_server_not_answering")
+            .unwrap();
+        assert_eq!(fuse.kind, ClaimKind::Hypothesis);
+        assert_eq!(fuse.surfaces, ["task/12/stat", "task/12/wchan"]);
+        assert!(fuse.falsifier.as_deref().unwrap().contains("/dev/fuse"));
+        // The thread's D state stays a fact of its own.
+        assert!(
+            claims
+                .iter()
+                .any(|c| c.code == "thread_in_d_state" && c.kind == ClaimKind::Fact)
+        );
+        // And the whole envelope seals.
+        a.seal().expect("seals");
     }
 }

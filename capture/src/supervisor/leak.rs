@@ -17,7 +17,11 @@
 //! `reaped` line is journaled (fsynced) and its unit returned to the budget.
 //! Leaks journaled by an earlier process (a previous `pstackctl` run) whose
 //! helper is still alive — same boot id, same pid, same start ticks — are
-//! adopted when a budget is created, so one-shot runs share one budget.
+//! adopted when a budget is created, so one-shot runs share one budget, and
+//! again on [`LeakBudget::refresh_from_journal`], which a long-lived process
+//! (pstackd) calls before each capture and status: one journal per host
+//! ([`DEFAULT_JOURNAL`], the default of `pstackctl` and `pstackd` alike)
+//! makes one budget per host — a helper leaked by either is counted by both.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -30,6 +34,10 @@ use pstack_collectors::procfs::read::{TaskRef, read_stat};
 use serde::{Deserialize, Serialize};
 
 use super::clock::wall_time_now;
+
+/// The host's one leak journal, shared by one-shot `pstackctl` and `pstackd`
+/// (`/run`: a leak does not outlive the boot).
+pub const DEFAULT_JOURNAL: &str = "/run/pstack/helper-leaks.jsonl";
 
 /// Who a helper was: enough to tell it from a later process with its pid.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -234,12 +242,24 @@ impl LeakBudget {
         }
         let mut st = self.state();
         for helper in alive {
+            // Ours already (charged here, or adopted before): counted once.
+            if st.leaked.iter().any(|l| l.helper == helper) {
+                continue;
+            }
             st.leaked.push(Leaked {
                 holder: Holder::Foreign,
                 helper,
             });
         }
         self.ensure_reaper(&mut st);
+        self.inner.changed.notify_all();
+    }
+
+    /// Adopt the leaks another process journaled since this budget was
+    /// created (a one-shot `pstackctl` beside pstackd, or another daemon
+    /// generation): each live one holds a unit here too until it exits.
+    pub fn refresh_from_journal(&self) {
+        self.adopt_journaled();
     }
 
     fn state(&self) -> MutexGuard<'_, BudgetState> {

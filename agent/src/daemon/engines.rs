@@ -1,0 +1,148 @@
+//! Runs one validated capture request on its engine and spools every
+//! envelope it produced — the daemon's side of `pstack-capture`.
+//!
+//! Invariants:
+//! - **Blocking, off the runtime.** [`run_and_spool`] is synchronous; the API
+//!   calls it inside `spawn_blocking` while holding a capture slot, so every
+//!   kind counts against `max_concurrent_captures` alike.
+//! - **Shared helpers, shared budget.** Process and net captures use the
+//!   daemon's one `SupervisorConfig` and its one `LeakBudget`: a net helper
+//!   leaked by a transport capture is charged where a process helper's would be.
+//! - **Spooled before answered.** Every envelope of a capture is put in the
+//!   spool (durably, see `spool`) before the answer names it; envelopes of a
+//!   multi-envelope capture (transport flows, Longhorn streams then the
+//!   transfer) are spooled in the order the CLI prints them. If one put
+//!   fails the answer is the failure, and the envelopes already spooled stay
+//!   there and are shipped (they are sealed evidence, not a partial write).
+//! - **Nothing from the caller is executed.** The `hubble` CLI a Longhorn
+//!   capture runs is [`HUBBLE_BIN`] from the daemon's PATH, never a path from
+//!   the request.
+
+use std::path::Path;
+
+use pstack_capture::request::ValidRequest;
+use pstack_capture::supervisor::{self, CaptureError, LeakBudget, SupervisorConfig};
+use pstack_capture::tcp_trace::TraceError;
+use pstack_capture::transport::TransportError;
+use pstack_capture::{Progress, longhorn, tcp_trace, transport};
+use pstack_envelope::{Envelope, SurfaceStatus};
+
+use super::spool::{PutOutcome, Spool, SpoolError};
+
+/// The `hubble` CLI a Longhorn capture runs (looked up on PATH).
+pub const HUBBLE_BIN: &str = "hubble";
+
+/// One spooled envelope.
+#[derive(Debug)]
+pub struct Spooled {
+    /// Its digest.
+    pub digest: String,
+    /// The bytes spooled (compact JSON).
+    pub bytes: Vec<u8>,
+    /// What the spool did.
+    pub put: PutOutcome,
+}
+
+/// What one capture produced, spooled.
+#[derive(Debug)]
+pub struct Captured {
+    /// The request's kind (`process`, `transport`, …).
+    pub kind: &'static str,
+    /// Every envelope, in the order the CLI prints them.
+    pub envelopes: Vec<Spooled>,
+    /// `tcp_trace` only: why the eBPF session could not start (the envelope
+    /// carries it in its surfaces).
+    pub trace_refused: Option<SurfaceStatus>,
+}
+
+/// Why a capture produced no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineFailure {
+    /// The process supervisor refused or failed.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    /// The transport or Longhorn engine could not run.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The trace engine could not run.
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// An envelope could not be spooled.
+    #[error(transparent)]
+    Spool(#[from] SpoolError),
+    /// An envelope could not be encoded.
+    #[error("encoding an envelope: {0}")]
+    Encode(String),
+}
+
+fn log_progress(kind: &'static str) -> impl Fn(Progress<'_>) {
+    move |p| match p {
+        Progress::Phase { what, expected } => {
+            tracing::debug!(
+                kind,
+                phase = what,
+                expected_ms = expected.as_millis() as u64,
+                "capture phase"
+            )
+        }
+        Progress::PhaseDone => {}
+        Progress::Note(text) => tracing::info!(kind, note = text, "capture note"),
+    }
+}
+
+/// Run `request` with the daemon's helper configuration and leak budget,
+/// then spool what it produced.
+pub fn run_and_spool(
+    request: &ValidRequest,
+    config: &SupervisorConfig,
+    budget: &LeakBudget,
+    spool: &Spool,
+) -> Result<Captured, EngineFailure> {
+    // Leaks journaled by one-shot pstackctl since the last capture count here.
+    budget.refresh_from_journal();
+    let (kind, envelopes, trace_refused): (&'static str, Vec<Envelope>, _) = match request {
+        ValidRequest::Process(r) => (
+            "process",
+            vec![supervisor::capture(r, config, budget)?],
+            None,
+        ),
+        ValidRequest::Transport(plan) => {
+            let progress = log_progress("transport");
+            let r = transport::capture_with(plan, config, budget, &progress)?;
+            let all = r.flows.into_iter().chain(r.no_match).collect();
+            ("transport", all, None)
+        }
+        ValidRequest::Longhorn(plan) => {
+            let progress = log_progress("longhorn");
+            let r = longhorn::capture(plan, config, budget, Path::new(HUBBLE_BIN), &progress)?;
+            let mut all: Vec<Envelope> = r
+                .streams
+                .flows
+                .into_iter()
+                .chain(r.streams.no_match)
+                .collect();
+            all.push(r.transfer);
+            ("longhorn", all, None)
+        }
+        ValidRequest::TcpTrace(plan) => {
+            let progress = log_progress("tcp_trace");
+            let r = tcp_trace::capture(plan, &progress)?;
+            ("tcp_trace", vec![r.envelope], r.refused)
+        }
+    };
+    let mut spooled = Vec::with_capacity(envelopes.len());
+    for env in envelopes {
+        let bytes = serde_json::to_vec(&env).map_err(|e| EngineFailure::Encode(e.to_string()))?;
+        let put = spool.put(&env.digest, &bytes)?;
+        spooled.push(Spooled {
+            digest: env.digest,
+            bytes,
+            put,
+        });
+    }
+    Ok(Captured {
+        kind,
+        envelopes: spooled,
+        trace_refused,
+    })
+}

@@ -1,0 +1,895 @@
+//! The one typed capture request: what `pstackctl` builds from its arguments
+//! and what `pstackd` accepts as the body of `POST /v1/captures`.
+//!
+//! Invariants:
+//! - **Closed world.** [`CaptureRequest`] is tagged by `kind` (`process`,
+//!   `thread`, `host`, `transport`, `longhorn`, `tcp_trace`); an unknown kind
+//!   or an unknown member of any kind is refused while parsing, with the JSON
+//!   path of the member ([`RequestError::Malformed`]).
+//! - **Validated once, here.** [`CaptureRequest::validate`] turns a request
+//!   into a [`ValidRequest`] — the plan an engine runs — and is the only
+//!   place any field is checked: the CLI and the daemon call the same
+//!   function with the same limits ([`ProcessLimits`] are the caller's caps
+//!   for process captures; the window limits of every kind are constants of
+//!   this module). Every refusal names the field ([`RequestError::field`]).
+//! - **Nothing runs on a refused request.** Validation reads nothing from the
+//!   host; a netns that cannot be opened is refused by the engine before it
+//!   spawns or reads anything (see `transport`).
+//! - The legacy process body (`{"subject": {"pid": N}, ...}`, no `kind`) is
+//!   still accepted by [`parse`] and means the same as the tagged form.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::supervisor::{self, SurfaceSelection, Target};
+use crate::{longhorn, tcp_trace, transport};
+
+/// Shortest and longest off-CPU window of a process/thread capture (it
+/// holds a capture slot and the subject's helpers for that long).
+pub const PROCESS_WINDOW: (Duration, Duration) =
+    (Duration::from_millis(1), Duration::from_secs(600));
+/// Shortest and longest transport/Longhorn sampling window.
+pub const TRANSPORT_WINDOW: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(3600));
+/// Shortest and longest `tcp_trace` window.
+pub const TRACE_WINDOW: (Duration, Duration) =
+    (Duration::from_millis(1), Duration::from_secs(3600));
+/// Default transport/Longhorn window.
+pub const DEFAULT_TRANSPORT_WINDOW_MS: u64 = 30_000;
+/// Default `tcp_trace` window.
+pub const DEFAULT_TRACE_WINDOW_MS: u64 = 10_000;
+/// Default and largest `max_flows`.
+pub const DEFAULT_MAX_FLOWS: usize = 64;
+/// Largest `max_flows`.
+pub const MAX_FLOWS: usize = 4096;
+/// Default `tcp_trace` ring buffer.
+pub const DEFAULT_RING_BYTES: u32 = 256 * 1024;
+/// Ring buffer bounds of `tcp_trace` (a power of two in between).
+pub const RING_BYTES: (u32, u32) = (4096, 1 << 30);
+
+/// A capture, of any kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CaptureRequest {
+    /// A process and its threads.
+    Process(ProcessRequest),
+    /// One thread.
+    Thread(ThreadRequest),
+    /// Every process on the host.
+    Host(HostRequest),
+    /// TCP flows to a peer, sampled over a window.
+    Transport(TransportRequest),
+    /// A Longhorn rebuild and its TCP flows.
+    Longhorn(LonghornRequest),
+    /// TCP retransmits, resets and state changes (eBPF) over a window.
+    TcpTrace(TcpTraceRequest),
+}
+
+/// Requested deadlines (each optional: the limits' defaults fill in).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestedDeadlines {
+    /// Per-surface deadline, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub surface_ms: Option<u64>,
+    /// Whole-capture deadline, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle_ms: Option<u64>,
+}
+
+/// Requested caps (each optional; at most the limits' values).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestedCaps {
+    /// Most threads read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_threads: Option<u64>,
+    /// Most raw bytes per surface.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes_per_surface: Option<u64>,
+}
+
+/// `kind: process`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessRequest {
+    /// Thread group id.
+    pub pid: u32,
+    /// Deadlines.
+    #[serde(default)]
+    pub deadlines: RequestedDeadlines,
+    /// Caps.
+    #[serde(default)]
+    pub caps: RequestedCaps,
+    /// Off-CPU observation window (eBPF), ms; inside the bundle deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ms: Option<u64>,
+    /// Surface families to read; absent: every surface.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub surfaces: Option<Vec<String>>,
+}
+
+/// `kind: thread`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThreadRequest {
+    /// Thread id.
+    pub tid: u32,
+    /// Deadlines.
+    #[serde(default)]
+    pub deadlines: RequestedDeadlines,
+    /// Caps.
+    #[serde(default)]
+    pub caps: RequestedCaps,
+    /// Off-CPU observation window (eBPF), ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ms: Option<u64>,
+    /// Surface families to read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub surfaces: Option<Vec<String>>,
+}
+
+/// `kind: host`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostRequest {
+    /// Deadlines.
+    #[serde(default)]
+    pub deadlines: RequestedDeadlines,
+    /// Caps.
+    #[serde(default)]
+    pub caps: RequestedCaps,
+    /// Surface families to read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub surfaces: Option<Vec<String>>,
+}
+
+fn default_transport_window() -> u64 {
+    DEFAULT_TRANSPORT_WINDOW_MS
+}
+fn default_trace_window() -> u64 {
+    DEFAULT_TRACE_WINDOW_MS
+}
+fn default_max_flows() -> usize {
+    DEFAULT_MAX_FLOWS
+}
+fn yes() -> bool {
+    true
+}
+fn is_true(b: &bool) -> bool {
+    *b
+}
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// `kind: transport`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransportRequest {
+    /// Remote endpoint: `ADDR`, `ADDR:PORT` or `[IPv6]:PORT`.
+    pub peer: String,
+    /// Local endpoint, same forms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<String>,
+    /// Read the network namespace of this process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_pid: Option<u32>,
+    /// Read this named network namespace (`/run/netns/NAME`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<String>,
+    /// Sampling window, ms.
+    #[serde(default = "default_transport_window")]
+    pub window_ms: u64,
+    /// With no port pinned, the port range `LO-HI` either end must be in
+    /// (default: Longhorn's data ports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports: Option<String>,
+    /// Most flows enveloped.
+    #[serde(default = "default_max_flows")]
+    pub max_flows: usize,
+    /// Watch the whole window even when nothing matches at the first sample.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub wait: bool,
+    /// Run the eBPF TCP window (reset attribution).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub ebpf: bool,
+}
+
+/// `kind: longhorn`: the transport fields plus the transfer's identity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LonghornRequest {
+    /// Longhorn volume name.
+    pub volume: String,
+    /// Engine name.
+    pub engine: String,
+    /// Node sending the data.
+    pub source_node: String,
+    /// Node receiving the data.
+    pub target_node: String,
+    /// Transfer id; default: derived from the linked flows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<String>,
+    /// Remote endpoint of the stream flows.
+    pub peer: String,
+    /// Local endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<String>,
+    /// Network namespace of this process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_pid: Option<u32>,
+    /// Named network namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<String>,
+    /// Sampling window, ms.
+    #[serde(default = "default_transport_window")]
+    pub window_ms: u64,
+    /// Port range `LO-HI`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports: Option<String>,
+    /// Most flows enveloped.
+    #[serde(default = "default_max_flows")]
+    pub max_flows: usize,
+    /// Watch the whole window even when nothing matches at first.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub wait: bool,
+    /// Run the eBPF TCP window.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub ebpf: bool,
+    /// Longhorn manager API base URL (`http://` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub longhorn_api: Option<String>,
+    /// Hubble Relay address (`host:port`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hubble_server: Option<String>,
+}
+
+/// `kind: tcp_trace`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TcpTraceRequest {
+    /// How long to watch, ms.
+    #[serde(default = "default_trace_window")]
+    pub window_ms: u64,
+    /// Only flows with this port at either end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// Only flows with this address at either end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+    /// Ring buffer bytes (a power of two).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring_bytes: Option<u32>,
+}
+
+/// The caller's caps and defaults for process/thread/host captures (a
+/// caller of the daemon can narrow them, never widen them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessLimits {
+    /// Default per-surface deadline, ms.
+    pub surface_deadline_ms: u64,
+    /// Default bundle deadline, ms (a window is added to it).
+    pub bundle_deadline_ms: u64,
+    /// Largest bundle deadline accepted, ms.
+    pub max_bundle_deadline_ms: u64,
+    /// Default and largest `max_threads`.
+    pub max_threads: u64,
+    /// Default and largest `max_bytes_per_surface`.
+    pub max_bytes_per_surface: u64,
+    /// Most file descriptors read.
+    pub max_fds: u64,
+}
+
+/// A validated request: the plan one engine runs.
+#[derive(Debug, Clone)]
+pub enum ValidRequest {
+    /// process, thread or host.
+    Process(supervisor::CaptureRequest),
+    /// transport.
+    Transport(transport::Plan),
+    /// longhorn.
+    Longhorn(Box<longhorn::LonghornPlan>),
+    /// tcp_trace.
+    TcpTrace(tcp_trace::TracePlan),
+}
+
+impl ValidRequest {
+    /// The longest this request can run: the process bundle deadline, or a
+    /// window plus what the engine may spend around it (helper samples,
+    /// API and Hubble reads, each under its own deadline).
+    pub fn run_deadline(&self) -> Duration {
+        match self {
+            ValidRequest::Process(r) => r.deadlines.map(|d| d.bundle).unwrap_or_default(),
+            ValidRequest::Transport(p) => p.window + transport::RUN_OVERHEAD,
+            ValidRequest::Longhorn(p) => {
+                p.transport.window
+                    + transport::RUN_OVERHEAD
+                    + longhorn::API_DEADLINE
+                    + longhorn::HUBBLE_DEADLINE
+            }
+            ValidRequest::TcpTrace(p) => p.window + tcp_trace::RUN_OVERHEAD,
+        }
+    }
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// Not JSON, wrong types, an unknown kind or member.
+    #[error("malformed capture request at {path}: {message}")]
+    Malformed {
+        /// JSON path of the problem.
+        path: String,
+        /// The parser's diagnostic.
+        message: String,
+    },
+    /// The legacy selector does not name exactly one subject.
+    #[error("bad subject selector: {0}")]
+    BadSelector(String),
+    /// A surface name that names no family, or one that does not fit the subject.
+    #[error("bad surface list: {0}")]
+    BadSurfaces(String),
+    /// A deadline or cap out of range.
+    #[error("{param} {reason}")]
+    OutOfRange {
+        /// Which field.
+        param: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// A field's value is not acceptable (an address, a name, a window).
+    #[error("invalid --{}: {reason}", flag_of(param))]
+    InvalidParameter {
+        /// The request field (snake_case; the CLI flag is its kebab-case).
+        param: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The CLI flag of a request field.
+pub fn flag_of(field: &str) -> String {
+    match field {
+        "window_ms" => "window".into(),
+        f => f.replace('_', "-"),
+    }
+}
+
+impl RequestError {
+    /// Stable code for an API error body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RequestError::Malformed { .. } => "malformed_request",
+            RequestError::BadSelector(_) => "bad_selector",
+            RequestError::BadSurfaces(_) => "bad_surfaces",
+            RequestError::OutOfRange { .. } => "out_of_range",
+            RequestError::InvalidParameter { .. } => "invalid_parameter",
+        }
+    }
+
+    /// The request field refused, where one is.
+    pub fn field(&self) -> Option<String> {
+        match self {
+            RequestError::Malformed { path, .. } => Some(path.clone()),
+            RequestError::BadSelector(_) => Some("subject".into()),
+            RequestError::BadSurfaces(_) => Some("surfaces".into()),
+            RequestError::OutOfRange { param, .. }
+            | RequestError::InvalidParameter { param, .. } => Some((*param).into()),
+        }
+    }
+}
+
+/// A refused window (e.g. a duration without a unit), naming `window_ms`.
+pub fn invalid_window(reason: impl Into<String>) -> RequestError {
+    invalid("window_ms", reason)
+}
+
+pub(crate) fn invalid(param: &'static str, reason: impl Into<String>) -> RequestError {
+    RequestError::InvalidParameter {
+        param,
+        reason: reason.into(),
+    }
+}
+
+/// The legacy process body: `{"subject": {"pid"|"tid"|"host": …}, …}`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LegacyBody {
+    /// What to capture.
+    pub subject: SubjectSelector,
+    /// Deadlines.
+    #[serde(default)]
+    pub deadlines: RequestedDeadlines,
+    /// Caps.
+    #[serde(default)]
+    pub caps: RequestedCaps,
+    /// Off-CPU window, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ms: Option<u64>,
+    /// Surface families.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub surfaces: Option<Vec<String>>,
+}
+
+/// Which subject a legacy body captures. Exactly one member.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubjectSelector {
+    /// A process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// One thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tid: Option<u32>,
+    /// Every process on the host (must be `true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<bool>,
+}
+
+impl LegacyBody {
+    /// A request for a supervisor target with explicit deadlines; caps are
+    /// left to the daemon's configured defaults (a caller may only narrow them).
+    pub fn for_target(target: Target, surface_ms: u64, bundle_ms: u64) -> LegacyBody {
+        let subject = match target {
+            Target::Process { pid } => SubjectSelector {
+                pid: Some(pid),
+                ..Default::default()
+            },
+            Target::Thread { tid } => SubjectSelector {
+                tid: Some(tid),
+                ..Default::default()
+            },
+            Target::Host => SubjectSelector {
+                host: Some(true),
+                ..Default::default()
+            },
+        };
+        LegacyBody {
+            subject,
+            deadlines: RequestedDeadlines {
+                surface_ms: Some(surface_ms),
+                bundle_ms: Some(bundle_ms),
+            },
+            caps: RequestedCaps::default(),
+            window_ms: None,
+            surfaces: None,
+        }
+    }
+
+    /// The tagged request this body means.
+    pub fn into_request(self) -> Result<CaptureRequest, RequestError> {
+        let s = &self.subject;
+        Ok(match (s.pid, s.tid, s.host) {
+            (Some(pid), None, None) => CaptureRequest::Process(ProcessRequest {
+                pid,
+                deadlines: self.deadlines,
+                caps: self.caps,
+                window_ms: self.window_ms,
+                surfaces: self.surfaces,
+            }),
+            (None, Some(tid), None) => CaptureRequest::Thread(ThreadRequest {
+                tid,
+                deadlines: self.deadlines,
+                caps: self.caps,
+                window_ms: self.window_ms,
+                surfaces: self.surfaces,
+            }),
+            (None, None, Some(true)) => {
+                if self.window_ms.is_some() {
+                    return Err(RequestError::OutOfRange {
+                        param: "window_ms",
+                        reason: "needs a pid or tid subject, not host".into(),
+                    });
+                }
+                CaptureRequest::Host(HostRequest {
+                    deadlines: self.deadlines,
+                    caps: self.caps,
+                    surfaces: self.surfaces,
+                })
+            }
+            (None, None, Some(false)) => {
+                return Err(RequestError::BadSelector(
+                    "host must be true when given".into(),
+                ));
+            }
+            (None, None, None) => {
+                return Err(RequestError::BadSelector(
+                    "name one subject: {\"pid\": N}, {\"tid\": N} or {\"host\": true}".into(),
+                ));
+            }
+            _ => {
+                return Err(RequestError::BadSelector(
+                    "name exactly one of pid, tid, host".into(),
+                ));
+            }
+        })
+    }
+}
+
+fn malformed(e: serde_path_to_error::Error<serde_json::Error>) -> RequestError {
+    RequestError::Malformed {
+        path: e.path().to_string(),
+        message: e.inner().to_string(),
+    }
+}
+
+/// Parse a request body: the tagged form (a top-level `kind`), or the
+/// legacy process body.
+pub fn parse(body: &[u8]) -> Result<CaptureRequest, RequestError> {
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| RequestError::Malformed {
+            path: ".".into(),
+            message: e.to_string(),
+        })?;
+    let tagged = value.as_object().is_some_and(|o| o.contains_key("kind"));
+    if tagged {
+        let kind = value.get("kind").cloned().unwrap_or_default();
+        let known = [
+            "process",
+            "thread",
+            "host",
+            "transport",
+            "longhorn",
+            "tcp_trace",
+        ];
+        if !kind.as_str().is_some_and(|k| known.contains(&k)) {
+            return Err(RequestError::Malformed {
+                path: "kind".into(),
+                message: format!("unknown kind {kind}; expected one of {}", known.join(", ")),
+            });
+        }
+        serde_path_to_error::deserialize(value).map_err(malformed)
+    } else {
+        let legacy: LegacyBody = serde_path_to_error::deserialize(value).map_err(malformed)?;
+        legacy.into_request()
+    }
+}
+
+/// Validate a process/thread/host capture against `limits` into the
+/// supervisor's request (what [`CaptureRequest::validate`] does for those
+/// kinds; the CLI calls it with its own flags as the limits).
+pub fn process_plan(
+    target: Target,
+    deadlines: &RequestedDeadlines,
+    caps: &RequestedCaps,
+    window_ms: Option<u64>,
+    surfaces: &Option<Vec<String>>,
+    limits: &ProcessLimits,
+) -> Result<supervisor::CaptureRequest, RequestError> {
+    match target {
+        Target::Process { pid: 0 } => {
+            return Err(RequestError::BadSelector("pid 0 is not a process".into()));
+        }
+        Target::Thread { tid: 0 } => {
+            return Err(RequestError::BadSelector("tid 0 is not a thread".into()));
+        }
+        _ => {}
+    }
+    if let Some(w) = window_ms {
+        let max = u64::try_from(PROCESS_WINDOW.1.as_millis()).unwrap_or(u64::MAX);
+        if Duration::from_millis(w) < PROCESS_WINDOW.0 || w > max {
+            return Err(RequestError::OutOfRange {
+                param: "window_ms",
+                reason: format!("must be between 1 and {max}"),
+            });
+        }
+    }
+    let bundle = deadlines.bundle_ms.unwrap_or(
+        limits
+            .bundle_deadline_ms
+            .saturating_add(window_ms.unwrap_or(0)),
+    );
+    if bundle == 0 || bundle > limits.max_bundle_deadline_ms {
+        return Err(RequestError::OutOfRange {
+            param: "deadlines.bundle_ms",
+            reason: format!("must be between 1 and {}", limits.max_bundle_deadline_ms),
+        });
+    }
+    let surface = deadlines
+        .surface_ms
+        .unwrap_or(limits.surface_deadline_ms.min(bundle));
+    if surface == 0 || surface > bundle {
+        return Err(RequestError::OutOfRange {
+            param: "deadlines.surface_ms",
+            reason: format!("must be between 1 and the bundle deadline ({bundle})"),
+        });
+    }
+    if let Some(w) = window_ms
+        && w >= bundle
+    {
+        return Err(RequestError::OutOfRange {
+            param: "window_ms",
+            reason: format!("must be shorter than the bundle deadline ({bundle} ms)"),
+        });
+    }
+    let max_threads = caps.max_threads.unwrap_or(limits.max_threads);
+    if max_threads == 0 || max_threads > limits.max_threads {
+        return Err(RequestError::OutOfRange {
+            param: "caps.max_threads",
+            reason: format!("must be between 1 and {}", limits.max_threads),
+        });
+    }
+    let max_bytes = caps
+        .max_bytes_per_surface
+        .unwrap_or(limits.max_bytes_per_surface);
+    if max_bytes == 0 || max_bytes > limits.max_bytes_per_surface {
+        return Err(RequestError::OutOfRange {
+            param: "caps.max_bytes_per_surface",
+            reason: format!("must be between 1 and {}", limits.max_bytes_per_surface),
+        });
+    }
+    let surfaces = match surfaces {
+        None => SurfaceSelection::all(),
+        Some(names) => {
+            SurfaceSelection::parse(names).map_err(|e| RequestError::BadSurfaces(e.to_string()))?
+        }
+    };
+    // Checked here too so a misfit is refused before any work starts.
+    surfaces
+        .resolve(&target, window_ms.is_some())
+        .map_err(|e| RequestError::BadSurfaces(e.to_string()))?;
+    Ok(supervisor::CaptureRequest {
+        target,
+        surfaces,
+        deadlines: Some(supervisor::Deadlines {
+            surface: Duration::from_millis(surface),
+            bundle: Duration::from_millis(bundle),
+        }),
+        max_threads,
+        max_bytes_per_surface: max_bytes,
+        max_fds: limits.max_fds,
+        window: window_ms.map(Duration::from_millis),
+    })
+}
+
+/// A window in ms within `bounds`, or the refusal naming `window_ms`.
+pub fn window(ms: u64, bounds: (Duration, Duration)) -> Result<Duration, RequestError> {
+    let d = Duration::from_millis(ms);
+    if d < bounds.0 || d > bounds.1 {
+        return Err(invalid(
+            "window_ms",
+            format!(
+                "{} is outside {}–{}",
+                pstack_cli::duration::format_duration(d),
+                pstack_cli::duration::format_duration(bounds.0),
+                pstack_cli::duration::format_duration(bounds.1)
+            ),
+        ));
+    }
+    Ok(d)
+}
+
+impl CaptureRequest {
+    /// The kind's wire name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CaptureRequest::Process(_) => "process",
+            CaptureRequest::Thread(_) => "thread",
+            CaptureRequest::Host(_) => "host",
+            CaptureRequest::Transport(_) => "transport",
+            CaptureRequest::Longhorn(_) => "longhorn",
+            CaptureRequest::TcpTrace(_) => "tcp_trace",
+        }
+    }
+
+    /// Validate every field, once; the plan the engine of this kind runs.
+    pub fn validate(&self, limits: &ProcessLimits) -> Result<ValidRequest, RequestError> {
+        Ok(match self {
+            CaptureRequest::Process(r) => ValidRequest::Process(process_plan(
+                Target::Process { pid: r.pid },
+                &r.deadlines,
+                &r.caps,
+                r.window_ms,
+                &r.surfaces,
+                limits,
+            )?),
+            CaptureRequest::Thread(r) => ValidRequest::Process(process_plan(
+                Target::Thread { tid: r.tid },
+                &r.deadlines,
+                &r.caps,
+                r.window_ms,
+                &r.surfaces,
+                limits,
+            )?),
+            CaptureRequest::Host(r) => ValidRequest::Process(process_plan(
+                Target::Host,
+                &r.deadlines,
+                &r.caps,
+                None,
+                &r.surfaces,
+                limits,
+            )?),
+            CaptureRequest::Transport(r) => ValidRequest::Transport(r.plan()?),
+            CaptureRequest::Longhorn(r) => ValidRequest::Longhorn(Box::new(r.plan()?)),
+            CaptureRequest::TcpTrace(r) => ValidRequest::TcpTrace(r.plan()?),
+        })
+    }
+}
+
+impl TransportRequest {
+    /// Validate into a transport plan.
+    pub fn plan(&self) -> Result<transport::Plan, RequestError> {
+        transport::Plan::from_selection(&self.flows(), self.ebpf)
+    }
+
+    /// The flow selection of this request.
+    pub fn flows(&self) -> transport::FlowSelection {
+        transport::FlowSelection {
+            peer: self.peer.clone(),
+            local: self.local.clone(),
+            netns_pid: self.netns_pid,
+            netns: self.netns.clone(),
+            window_ms: self.window_ms,
+            ports: self.ports.clone(),
+            max_flows: self.max_flows,
+            wait: self.wait,
+        }
+    }
+}
+
+impl LonghornRequest {
+    /// Validate into a Longhorn plan.
+    pub fn plan(&self) -> Result<longhorn::LonghornPlan, RequestError> {
+        longhorn::plan(self)
+    }
+
+    /// The flow selection of this request.
+    pub fn flows(&self) -> transport::FlowSelection {
+        transport::FlowSelection {
+            peer: self.peer.clone(),
+            local: self.local.clone(),
+            netns_pid: self.netns_pid,
+            netns: self.netns.clone(),
+            window_ms: self.window_ms,
+            ports: self.ports.clone(),
+            max_flows: self.max_flows,
+            wait: self.wait,
+        }
+    }
+}
+
+impl TcpTraceRequest {
+    /// Validate into a trace plan.
+    pub fn plan(&self) -> Result<tcp_trace::TracePlan, RequestError> {
+        let window = window(self.window_ms, TRACE_WINDOW)?;
+        let addr =
+            match &self.addr {
+                None => None,
+                Some(a) => Some(a.trim().parse::<IpAddr>().map_err(|_| {
+                    invalid("addr", format!("{a:?} is not an IPv4 or IPv6 address"))
+                })?),
+            };
+        if self.port == Some(0) {
+            return Err(invalid("port", "port 0 is not a port (use 1–65535)"));
+        }
+        let ring_bytes = self.ring_bytes.unwrap_or(DEFAULT_RING_BYTES);
+        if !ring_bytes.is_power_of_two() || ring_bytes < RING_BYTES.0 || ring_bytes > RING_BYTES.1 {
+            return Err(invalid(
+                "ring_bytes",
+                format!(
+                    "{ring_bytes} is not a power of two in {}–{}",
+                    RING_BYTES.0, RING_BYTES.1
+                ),
+            ));
+        }
+        Ok(tcp_trace::TracePlan {
+            window,
+            port: self.port,
+            addr,
+            ring_bytes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> ProcessLimits {
+        ProcessLimits {
+            surface_deadline_ms: 250,
+            bundle_deadline_ms: 2000,
+            max_bundle_deadline_ms: 60_000,
+            max_threads: 10_000,
+            max_bytes_per_surface: 65_536,
+            max_fds: 1024,
+        }
+    }
+
+    fn check(text: &str) -> Result<ValidRequest, RequestError> {
+        parse(text.as_bytes())?.validate(&limits())
+    }
+
+    #[test]
+    fn legacy_and_tagged_process_bodies_mean_the_same() {
+        let a = parse(br#"{"subject":{"pid":7},"window_ms":500}"#).unwrap();
+        let b = parse(br#"{"kind":"process","pid":7,"window_ms":500}"#).unwrap();
+        assert_eq!(a, b);
+        assert!(matches!(
+            parse(br#"{"subject":{"host":true}}"#).unwrap(),
+            CaptureRequest::Host(_)
+        ));
+    }
+
+    #[test]
+    fn unknown_kinds_and_members_are_refused_with_their_path() {
+        let e = parse(br#"{"kind":"transprot","peer":"10.0.0.2"}"#).unwrap_err();
+        assert_eq!(e.field().as_deref(), Some("kind"), "{e}");
+        let e = parse(br#"{"kind":"transport","peer":"10.0.0.2","windw_ms":5}"#).unwrap_err();
+        assert_eq!(e.code(), "malformed_request");
+        assert!(e.to_string().contains("windw_ms"), "{e}");
+        let e = parse(br#"{"kind":"tcp_trace","port":"x"}"#).unwrap_err();
+        assert_eq!(e.code(), "malformed_request");
+    }
+
+    #[test]
+    fn every_transport_refusal_names_its_field() {
+        for (body, field) in [
+            (r#"{"kind":"transport","peer":"not-an-address"}"#, "peer"),
+            (r#"{"kind":"transport","peer":"10.0.0.2:0"}"#, "peer"),
+            (
+                r#"{"kind":"transport","peer":"10.0.0.2","window_ms":3600001}"#,
+                "window_ms",
+            ),
+            (
+                r#"{"kind":"transport","peer":"10.0.0.2","window_ms":99}"#,
+                "window_ms",
+            ),
+            (
+                r#"{"kind":"transport","peer":"10.0.0.2","max_flows":0}"#,
+                "max_flows",
+            ),
+            (
+                r#"{"kind":"transport","peer":"10.0.0.2","ports":"5-1"}"#,
+                "ports",
+            ),
+            (
+                r#"{"kind":"transport","peer":"10.0.0.2","local":"fd00::1"}"#,
+                "local",
+            ),
+            (
+                r#"{"kind":"transport","peer":"10.0.0.2","netns":"a","netns_pid":1}"#,
+                "netns",
+            ),
+            (
+                r#"{"kind":"longhorn","peer":"10.0.0.2","volume":"v/1","engine":"e","source_node":"a","target_node":"b"}"#,
+                "volume",
+            ),
+            (
+                r#"{"kind":"longhorn","peer":"10.0.0.2:80","volume":"v","engine":"e","source_node":"a","target_node":"b"}"#,
+                "peer",
+            ),
+            (r#"{"kind":"tcp_trace","addr":"nope"}"#, "addr"),
+            (r#"{"kind":"tcp_trace","window_ms":0}"#, "window_ms"),
+            (r#"{"kind":"tcp_trace","ring_bytes":1000}"#, "ring_bytes"),
+        ] {
+            let e = check(body).unwrap_err();
+            assert_eq!(e.field().as_deref(), Some(field), "{body}: {e}");
+        }
+        assert!(matches!(
+            check(r#"{"kind":"transport","peer":"10.0.0.2:10001","window_ms":500}"#).unwrap(),
+            ValidRequest::Transport(p) if p.window == Duration::from_millis(500)
+        ));
+    }
+
+    #[test]
+    fn the_cli_flag_is_named_in_the_message() {
+        let e = check(r#"{"kind":"transport","peer":"10.0.0.2:70000"}"#).unwrap_err();
+        assert!(e.to_string().starts_with("invalid --peer"), "{e}");
+        let e = check(r#"{"kind":"transport","peer":"10.0.0.2","window_ms":1}"#).unwrap_err();
+        assert!(e.to_string().starts_with("invalid --window:"), "{e}");
+    }
+
+    #[test]
+    fn process_deadlines_and_caps_are_bounded_by_the_limits() {
+        let e = check(r#"{"subject":{"pid":1},"deadlines":{"bundle_ms":99999999}}"#).unwrap_err();
+        assert_eq!(e.code(), "out_of_range");
+        let e = check(r#"{"kind":"thread","tid":0}"#).unwrap_err();
+        assert_eq!(e.code(), "bad_selector");
+        let e = check(r#"{"subject":{"host":true},"window_ms":5}"#).unwrap_err();
+        assert_eq!(e.field().as_deref(), Some("window_ms"));
+    }
+}

@@ -1,0 +1,434 @@
+//! The TCP-trace engine: TCP retransmits, resets and state changes from
+//! pstack's eBPF programs over a window, sealed into a `host` envelope.
+//!
+//! Invariants:
+//! - The kernel filters by port (either end); the address is matched in user
+//!   space. Both are recorded in the universe selector.
+//! - Nothing is silent: a lost event (ring buffer full) makes the surfaces
+//!   `truncated` and the envelope `bounded`; a session that cannot start
+//!   still yields an envelope whose surfaces carry the typed reason
+//!   (`unsupported`, `permission_denied`).
+//! - Attribution is honest: a reset's sender is claimed only from the
+//!   `tcp:tcp_send_reset` / `tcp:tcp_receive_reset` events of its flow.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use pstack_ebpf::aggregate::TcpSurface;
+use pstack_ebpf::{EbpfConfig, EbpfSession, WindowReport};
+use pstack_envelope::{
+    Bounds, Claim, ClaimKind, Clock, Collector, Envelope, EnvelopeBuilder, HostIdentity,
+    NextTransition, Scope, Subject, Surface, SurfaceStatus, Termination, Universe, Unknown,
+    sha256_digest,
+};
+
+use crate::Progress;
+use crate::supervisor::SOURCE_COMMIT;
+use crate::supervisor::clock::wall_time_now;
+
+/// Most a trace spends around its window (loading and detaching programs).
+pub const RUN_OVERHEAD: Duration = Duration::from_secs(10);
+
+/// A validated trace request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TracePlan {
+    /// How long to watch.
+    pub window: Duration,
+    /// Only flows with this port at either end (kernel filter).
+    pub port: Option<u16>,
+    /// Only flows with this address at either end.
+    pub addr: Option<IpAddr>,
+    /// Ring buffer bytes.
+    pub ring_bytes: u32,
+}
+
+impl TracePlan {
+    /// The eBPF session configuration of this plan. `live` wakes the reader
+    /// every 100 ms (for printing events as they come).
+    pub fn ebpf_config(&self, live: bool) -> EbpfConfig {
+        let mut cfg = EbpfConfig {
+            port: self.port,
+            addr: self.addr,
+            ring_bytes: self.ring_bytes,
+            wakeup_bytes: u64::from(self.ring_bytes / 8),
+            ..EbpfConfig::tcp()
+        };
+        if live {
+            cfg.poll_interval = Duration::from_millis(100);
+        }
+        cfg
+    }
+}
+
+/// Why a trace produced no envelope.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// Host identity could not be read.
+    #[error("host identity: {0}")]
+    Host(String),
+    /// The ring buffer could not be read.
+    #[error("reading the eBPF ring buffer: {0}")]
+    Window(String),
+    /// The envelope builder refused a surface, claim or unknown (a bug in
+    /// this module).
+    #[error("the trace envelope is invalid: {0}")]
+    Sealing(#[from] pstack_envelope::BuildError),
+}
+
+/// What one trace produced.
+#[derive(Debug)]
+pub struct TraceResult {
+    /// The sealed envelope.
+    pub envelope: Envelope,
+    /// The window, when the session started (`None`: it could not; the
+    /// envelope's surfaces say why).
+    pub report: Option<WindowReport>,
+    /// Why the session could not start (`unsupported`, `permission_denied`, …).
+    pub refused: Option<SurfaceStatus>,
+}
+
+/// Run one trace window to its end (no live output) and seal it.
+pub fn capture(
+    plan: &TracePlan,
+    progress: &dyn Fn(Progress<'_>),
+) -> Result<TraceResult, TraceError> {
+    let cfg = plan.ebpf_config(false);
+    let wall = wall_time_now();
+    let t0 = pstack_ebpf::monotonic_ns();
+    let mut session = match EbpfSession::start(cfg.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            let envelope = refused_envelope(plan, &cfg, wall, t0, &e)?;
+            return Ok(TraceResult {
+                envelope,
+                report: None,
+                refused: Some(e.status()),
+            });
+        }
+    };
+    progress(Progress::Phase {
+        what: "watching TCP",
+        expected: plan.window,
+    });
+    let report = session
+        .run_window_blocking(plan.window, |_| {})
+        .map_err(|e| TraceError::Window(e.to_string()))?;
+    progress(Progress::PhaseDone);
+    let surfaces = report.surfaces();
+    let envelope = envelope(
+        plan,
+        &cfg,
+        wall,
+        report.meta.start_ns,
+        report.meta.end_ns,
+        surfaces,
+        Some(&report),
+    )?;
+    Ok(TraceResult {
+        envelope,
+        report: Some(report),
+        refused: None,
+    })
+}
+
+/// The envelope of a session that could not start: every TCP surface
+/// carries the reason.
+pub fn refused_envelope(
+    plan: &TracePlan,
+    cfg: &EbpfConfig,
+    wall: String,
+    t0: u64,
+    e: &pstack_ebpf::EbpfError,
+) -> Result<Envelope, TraceError> {
+    let ids = pstack_ebpf::surface::tcp_surface_ids();
+    let elapsed = (pstack_ebpf::monotonic_ns().saturating_sub(t0)) / 1000;
+    let surfaces = pstack_ebpf::surface::failed_surfaces(e, &ids, window_ms(plan.window), elapsed);
+    envelope(
+        plan,
+        cfg,
+        wall,
+        t0,
+        pstack_ebpf::monotonic_ns(),
+        surfaces,
+        None,
+    )
+}
+
+fn window_ms(w: Duration) -> u64 {
+    u64::try_from(w.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn host_identity() -> Result<HostIdentity, TraceError> {
+    let host = nix::unistd::gethostname()
+        .map_err(|e| TraceError::Host(format!("gethostname: {e}")))?
+        .to_string_lossy()
+        .into_owned();
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map_err(|e| TraceError::Host(format!("reading /proc/sys/kernel/random/boot_id: {e}")))?
+        .trim()
+        .to_string();
+    Ok(HostIdentity { host, boot_id })
+}
+
+/// Seal a trace window (or the surfaces of a session that could not start)
+/// into a `host` envelope.
+pub fn envelope(
+    a: &TracePlan,
+    cfg: &EbpfConfig,
+    wall: String,
+    start_ns: u64,
+    end_ns: u64,
+    surfaces: Vec<Surface>,
+    report: Option<&WindowReport>,
+) -> Result<Envelope, TraceError> {
+    let selector = format!(
+        "ebpf:tcp port={} addr={}",
+        a.port.map_or("*".to_string(), |p| p.to_string()),
+        a.addr.map_or("*".to_string(), |x| x.to_string())
+    );
+    let flows = report
+        .and_then(|r| r.tcp.as_ref())
+        .map_or(0, |t| t.flows().len() as u64);
+    let untracked: u64 = report
+        .and_then(|r| r.tcp.as_ref())
+        .map_or(0, |t| TcpSurface::ALL.iter().map(|s| t.untracked(*s)).sum());
+    let mut claims = Vec::new();
+    let mut unknowns = Vec::new();
+    if let Some(agg) = report.and_then(|r| r.tcp.as_ref()) {
+        for (i, f) in agg
+            .flows()
+            .iter()
+            .filter(|f| f.retransmits > 0)
+            .take(8)
+            .enumerate()
+        {
+            claims.push(Claim {
+                id: format!("retransmits-{i}"),
+                kind: ClaimKind::Fact,
+                code: "tcp_retransmits_observed".into(),
+                statement: format!(
+                    "{} -> {} retransmitted {} times in the window",
+                    f.local, f.remote, f.retransmits
+                ),
+                surfaces: vec![TcpSurface::Retransmits.id().into()],
+                scope: Scope::Existential,
+                falsifier: None,
+            });
+        }
+        for (i, f) in agg
+            .flows()
+            .iter()
+            .filter(|f| f.feeds(TcpSurface::Resets))
+            .take(8)
+            .enumerate()
+        {
+            let statement = if f.resets_sent > 0 {
+                format!("{} (this host) sent a RST to {}", f.local, f.remote)
+            } else {
+                format!("{} (peer) sent a RST to {}", f.remote, f.local)
+            };
+            claims.push(Claim {
+                id: format!("reset-{i}"),
+                kind: ClaimKind::Fact,
+                code: "tcp_reset_sender".into(),
+                statement,
+                surfaces: vec![TcpSurface::Resets.id().into()],
+                scope: Scope::Existential,
+                falsifier: None,
+            });
+        }
+    }
+    for s in &surfaces {
+        if s.status != SurfaceStatus::Ok {
+            unknowns.push(Unknown {
+                id: format!("u-{}", s.id),
+                question: format!("what did {} miss ({})?", s.id, s.status),
+                blocks: "CLASSIFY_STREAM_FAULT".into(),
+                owner: "node operator".into(),
+                probe: match s.status {
+                    SurfaceStatus::Truncated => crate::probes::trace_tcp_larger_ring(
+                        a.window,
+                        cfg.ring_bytes.saturating_mul(4).min(1 << 26),
+                        a.port,
+                    ),
+                    _ => crate::probes::trace_tcp_privileged(
+                        &crate::supervisor::denial::Caller::current(),
+                    ),
+                },
+                surface: Some(s.id.clone()),
+            });
+        }
+    }
+    let mut builder = EnvelopeBuilder::new(
+        Subject::Host(host_identity()?),
+        Collector {
+            name: "pstack tcp_trace".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            source_commit: SOURCE_COMMIT.into(),
+        },
+        Clock {
+            wall_time: wall,
+            monotonic_start_ns: start_ns.to_string(),
+            monotonic_end_ns: end_ns.to_string(),
+            bundle_deadline_ms: window_ms(a.window).saturating_add(1000),
+        },
+        Universe {
+            selector_digest: sha256_digest(selector.as_bytes()),
+            selector,
+            expected_count: flows + untracked,
+            observed_count: flows,
+            termination: if untracked > 0 {
+                Termination::Cap
+            } else {
+                Termination::Exhausted
+            },
+        },
+        Bounds {
+            surface_deadline_ms: window_ms(a.window),
+            bundle_deadline_ms: window_ms(a.window).saturating_add(1000),
+            max_threads: cfg.limits.max_flows as u64,
+            max_bytes_per_surface: u64::from(cfg.ring_bytes),
+            leak_budget: 0,
+        },
+    );
+    for s in surfaces {
+        builder.surface(s)?;
+    }
+    for c in claims {
+        builder.claim(c)?;
+    }
+    for u in unknowns {
+        builder.unknown(u)?;
+    }
+    Ok(builder.seal(NextTransition {
+        action: "CAPTURE_AGAIN".into(),
+        success_receipt: "a sealed trace of the same selector whose surfaces are ok".into(),
+        abort_conditions: vec!["host boot_id changes".into()],
+    })?)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The trace claim rules: for every code, events that produce it and a
+    //! near miss that does not. No root: the aggregate is fed here.
+
+    use super::*;
+    use pstack_ebpf::record::{Comm, Endpoint, TcpState};
+    use pstack_ebpf::{TcpAggregate, TcpEvent, TcpEventKind};
+
+    fn event(kind: TcpEventKind, cookie: u64) -> TcpEvent {
+        let ep = |port| Endpoint {
+            addr: "127.0.0.1".parse().expect("addr"),
+            port,
+        };
+        TcpEvent {
+            ts_ns: 1_000_000_000,
+            kind,
+            sock_cookie: Some(cookie),
+            netns_cookie: None,
+            netns_ino: Some(1),
+            local: ep(5000),
+            remote: ep(40000),
+            family: 2,
+            state: TcpState(1),
+            new_state: None,
+            detail: None,
+            layout: 0,
+            has_sock: true,
+            pid: 0,
+            comm: Comm([0; 16]),
+            sk_key: cookie,
+        }
+    }
+
+    fn plan() -> TracePlan {
+        TracePlan {
+            window: Duration::from_secs(1),
+            port: None,
+            addr: None,
+            ring_bytes: 1 << 18,
+        }
+    }
+
+    fn sealed(events: &[TcpEvent]) -> Envelope {
+        let mut agg = TcpAggregate::new(pstack_ebpf::Limits::default(), None);
+        for e in events {
+            agg.add(e);
+        }
+        let report = WindowReport {
+            meta: pstack_ebpf::WindowMeta {
+                start_ns: 1,
+                end_ns: 2_000_000_000,
+                window_ms: 1000,
+            },
+            tcp: Some(agg),
+            tcp_ctx: Default::default(),
+            offcpu: None,
+            stale_discarded: 0,
+            tcp_kernel: None,
+        };
+        let p = plan();
+        envelope(
+            &p,
+            &p.ebpf_config(false),
+            "2026-01-01T00:00:00.000Z".into(),
+            1,
+            2_000_000_000,
+            report.surfaces(),
+            Some(&report),
+        )
+        .expect("seals")
+    }
+
+    fn codes(e: &Envelope) -> Vec<&str> {
+        e.claims.iter().map(|c| c.code.as_str()).collect()
+    }
+
+    #[test]
+    fn every_trace_claim_code_has_events_that_produce_it_and_a_near_miss() {
+        let table: [(&str, Vec<TcpEvent>, Vec<TcpEvent>); 2] = [
+            (
+                "tcp_retransmits_observed",
+                vec![event(TcpEventKind::Retransmit, 7)],
+                // A state change on the flow is not a retransmit.
+                vec![event(TcpEventKind::StateChange, 7)],
+            ),
+            (
+                "tcp_reset_sender",
+                vec![event(TcpEventKind::ReceiveReset, 7)],
+                vec![event(TcpEventKind::Retransmit, 7)],
+            ),
+        ];
+        for (code, hit, miss) in table {
+            let env = sealed(&hit);
+            assert!(codes(&env).contains(&code), "{code}: {:?}", codes(&env));
+            assert!(!codes(&sealed(&miss)).contains(&code), "{code}: near miss");
+            for c in &env.claims {
+                assert_eq!(c.kind, ClaimKind::Fact);
+                for s in &c.surfaces {
+                    assert!(env.surfaces.iter().any(|x| x.id == *s), "{s} not a surface");
+                }
+            }
+        }
+        // Who sent the RST is the event's direction, nothing else.
+        let sent = sealed(&[event(TcpEventKind::SendReset, 7)]);
+        let received = sealed(&[event(TcpEventKind::ReceiveReset, 7)]);
+        let statement = |e: &Envelope| {
+            e.claims
+                .iter()
+                .find(|c| c.code == "tcp_reset_sender")
+                .map(|c| c.statement.clone())
+                .unwrap()
+        };
+        assert!(
+            statement(&sent).contains("(this host) sent"),
+            "{}",
+            statement(&sent)
+        );
+        assert!(
+            statement(&received).contains("(peer) sent"),
+            "{}",
+            statement(&received)
+        );
+    }
+}
