@@ -21,10 +21,14 @@
 pub mod analysis;
 pub mod changes_cli;
 pub mod client;
+pub mod clock;
 pub mod conn;
 pub mod db;
+pub mod gate;
+pub mod gate_tick;
 pub mod http;
 pub mod http_analysis;
+pub mod http_gate;
 pub mod ident;
 pub mod ingest;
 pub mod keys;
