@@ -5,6 +5,7 @@ mod support;
 
 mod analysis;
 mod cli;
+mod gate;
 mod hostile;
 mod ingest;
 mod lifecycle;

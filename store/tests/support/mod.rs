@@ -44,6 +44,8 @@ macro_rules! on_both_backends {
 }
 
 pub struct Harness {
+    /// The server's clock (tests move it instead of sleeping).
+    pub clock: pstack_store::clock::Clock,
     pub base: String,
     pub key: String,
     pub key_id: String,
@@ -144,9 +146,20 @@ impl Harness {
     }
 
     pub async fn start_with(db: Db, limits: IngestLimits) -> Option<Harness> {
+        Harness::start_custom(db, limits, |_| {}).await
+    }
+
+    /// A harness whose server state `configure` adjusts first (gate knobs).
+    pub async fn start_custom(
+        db: Db,
+        limits: IngestLimits,
+        configure: impl FnOnce(&mut AppState),
+    ) -> Option<Harness> {
         let (store, dir, pg) = fresh_store(db).await?;
         let key = store.create_key("test-node").await.expect("create key");
-        let state = AppState::new(store.clone(), limits);
+        let mut state = AppState::new(store.clone(), limits);
+        configure(&mut state);
+        let clock = state.clock.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -156,6 +169,7 @@ impl Harness {
             let _ = rx.await;
         }));
         Some(Harness {
+            clock,
             base: format!("http://{addr}"),
             key: key.plaintext,
             key_id: key.id,
