@@ -296,3 +296,38 @@ pub fn sealed(host: &str, pid: u32, seq: u64) -> (String, Vec<u8>) {
 pub fn code(body: &Value) -> &str {
     body["error"]["code"].as_str().unwrap_or("<no error code>")
 }
+
+/// Everything the server logs (every level the store emits), from the first
+/// call on, for tests that scan the log output. One global subscriber for
+/// the test binary.
+pub fn captured_logs() -> &'static std::sync::Mutex<Vec<u8>> {
+    static BUF: std::sync::OnceLock<&'static std::sync::Mutex<Vec<u8>>> =
+        std::sync::OnceLock::new();
+    BUF.get_or_init(|| {
+        let buf: &'static std::sync::Mutex<Vec<u8>> =
+            Box::leak(Box::new(std::sync::Mutex::new(Vec::new())));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "debug,pstack_store=trace",
+            ))
+            .with_ansi(false)
+            .with_writer(move || LogWriter(buf))
+            .try_init();
+        buf
+    })
+}
+
+struct LogWriter(&'static std::sync::Mutex<Vec<u8>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
