@@ -352,3 +352,93 @@ async fn ontology_follows_the_ledger(db: Db) {
 }
 
 on_both_backends!(ontology_follows_the_ledger);
+
+// ---- Alertmanager ----
+
+fn alertmanager(group: &str, status: &str, alerts: &[(&str, &str)]) -> Value {
+    json!({
+        "version": "4",
+        "groupKey": group,
+        "truncatedAlerts": 0,
+        "status": status,
+        "receiver": "pstack",
+        "groupLabels": {"alertname": "CheckoutErrors"},
+        "commonLabels": {"alertname": "CheckoutErrors", "environment": "prod", "project": "shop", "service": "checkout-api"},
+        "commonAnnotations": {"summary": "checkout 5xx above 5%"},
+        "externalURL": "http://alertmanager.local:9093",
+        "alerts": alerts.iter().map(|(fp, st)| json!({
+            "status": st,
+            "labels": {"alertname": "CheckoutErrors", "instance": fp},
+            "annotations": {},
+            "startsAt": "2026-12-03T10:00:00Z",
+            "endsAt": if *st == "resolved" { "2026-12-03T10:20:00Z" } else { "0001-01-01T00:00:00Z" },
+            "generatorURL": "http://prometheus.local/graph",
+            "fingerprint": fp,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+async fn alertmanager_groups_open_or_join_one_incident(db: Db) {
+    let Some(h) = Harness::start(db).await else {
+        return;
+    };
+    let group = "{}/{alertname=\"CheckoutErrors\"}:{alertname=\"CheckoutErrors\"}";
+    let msg = alertmanager(group, "firing", &[("a1b2", "firing"), ("c3d4", "firing")]);
+    let (st, first) = post(&h, "/v1/alerts/alertmanager", &msg).await;
+    assert_eq!(st, StatusCode::OK, "{first}");
+    assert_eq!(first["items"][0]["deduplicated"], false);
+    let id = first["items"][0]["incident"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        first["items"][0]["incident"]["title"],
+        "checkout 5xx above 5%"
+    );
+    // The same group re-notified (repeat_interval), and concurrently.
+    let h = std::sync::Arc::new(h);
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let (h, msg) = (h.clone(), msg.clone());
+        tasks.push(tokio::spawn(async move {
+            post(&h, "/v1/alerts/alertmanager", &msg).await
+        }));
+    }
+    for t in tasks {
+        let (st, b) = t.await.unwrap();
+        assert_eq!(st, StatusCode::OK);
+        assert_eq!(b["items"][0]["deduplicated"], true);
+        assert_eq!(b["items"][0]["incident"]["id"], id.as_str());
+    }
+    // Resolved: recorded, closes nothing.
+    let resolved = alertmanager(group, "resolved", &[("a1b2", "resolved")]);
+    let (st, r) = post(&h, "/v1/alerts/alertmanager", &resolved).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    let (_, one) = h.get(&format!("/internal/incidents/{id}")).await;
+    assert_eq!(one["incident"]["status"], "open");
+    let alerts = one["alerts"].as_array().unwrap();
+    assert_eq!(alerts.len(), 2 * 7 + 1);
+    assert_eq!(alerts.last().unwrap()["status"], "resolved");
+    let (_, list) = h.get("/internal/incidents?environment=prod").await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    // A resolved-only group never opens an incident.
+    let (st, r) = post(
+        &h,
+        "/v1/alerts/alertmanager",
+        &alertmanager("{}:{other}", "resolved", &[("e5", "resolved")]),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(r["items"][0]["incident"], Value::Null);
+    let (_, list) = h.get("/internal/incidents").await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    // Only version 4.
+    let mut v3 = msg.clone();
+    v3["version"] = json!("3");
+    let (st, e) = post(&h, "/v1/alerts/alertmanager", &v3).await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(e["error"]["field"], "version");
+    std::sync::Arc::into_inner(h).unwrap().finish().await;
+}
+
+on_both_backends!(alertmanager_groups_open_or_join_one_incident);
