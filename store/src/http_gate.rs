@@ -453,15 +453,7 @@ async fn post_alertmanager(State(state): State<AppState>, headers: HeaderMap, bo
         for a in &o.alerts {
             state
                 .store
-                .record_alert(
-                    &inc.id,
-                    &a.fingerprint,
-                    &a.status,
-                    a.starts_at.as_deref(),
-                    a.ends_at.as_deref(),
-                    &a.labels,
-                    now,
-                )
+                .record_alert(&inc.id, a, now)
                 .await
                 .map_err(store_err)?;
         }

@@ -716,11 +716,7 @@ impl Store {
     pub async fn record_alert(
         &self,
         incident_id: &str,
-        fingerprint: &str,
-        status: &str,
-        starts_at: Option<&str>,
-        ends_at: Option<&str>,
-        labels: &Value,
+        a: &crate::gate::alertmanager::AlertRecord,
         now_ns: i64,
     ) -> Result<(), StoreError> {
         with_pool!(self, write, |pool, pg| {
@@ -729,11 +725,11 @@ impl Store {
                  VALUES ($1, $2, $3, $4, $5, $6, $7)",
             )
             .bind(incident_id)
-            .bind(fingerprint)
-            .bind(status)
-            .bind(starts_at)
-            .bind(ends_at)
-            .bind(labels.to_string())
+            .bind(&a.fingerprint)
+            .bind(&a.status)
+            .bind(a.starts_at.as_deref())
+            .bind(a.ends_at.as_deref())
+            .bind(a.labels.to_string())
             .bind(now_ns)
             .execute(pool)
             .await?;

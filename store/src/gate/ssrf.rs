@@ -40,12 +40,10 @@ fn refusal_v4(ip: Ipv4Addr) -> Option<&'static str> {
         Some("multicast address")
     } else if ip.is_broadcast() || o[0] >= 240 {
         Some("broadcast or reserved address")
-    } else if (o[0] == 192 && o[1] == 0 && o[2] == 0)
-        || (o[0] == 192 && o[1] == 0 && o[2] == 2)
-        || (o[0] == 198 && o[1] == 51 && o[2] == 100)
-        || (o[0] == 203 && o[1] == 0 && o[2] == 113)
-        || (o[0] == 198 && (o[1] & 0xfe) == 18)
-    {
+    } else if matches!(
+        (o[0], o[1], o[2]),
+        (192, 0, 0 | 2) | (198, 51, 100) | (203, 0, 113) | (198, 18 | 19, _)
+    ) {
         Some("special-purpose (IETF, documentation or benchmarking) address")
     } else {
         None
