@@ -1738,3 +1738,4 @@ pub fn history_query(
 // After the macros above, which it uses.
 pub mod analysis;
 pub mod gate;
+pub mod operators;

@@ -312,6 +312,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/receipts", post(post_receipt).get(get_receipts))
         .merge(crate::http_analysis::routes())
         .merge(crate::http_gate::routes())
+        .merge(crate::http_ui::routes())
         .fallback(no_such_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))

@@ -1281,7 +1281,9 @@ async fn post_approve(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    // A human decision: an operator session with its CSRF token, never an API key.
+    let (user, _) = crate::http_ui::human(&state, &headers, true).await?;
+    let key_id = format!("user:{user}");
     let req: ApproveRequest = optional_body(body, "invalid_approval").await?;
     let callback = validate_callback(req.webhook_url.as_ref(), req.secret.as_ref())?;
     let Some(before) = state.store.proposal(&id).await.map_err(store_err)? else {
@@ -1371,7 +1373,8 @@ async fn post_reject(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let (user, _) = crate::http_ui::human(&state, &headers, true).await?;
+    let key_id = format!("user:{user}");
     let _: ApproveRequestEmpty = optional_body(body, "invalid_rejection").await?;
     match state
         .store

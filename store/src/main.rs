@@ -116,6 +116,11 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Manage the approval page's human operators.
+    Users {
+        #[command(subcommand)]
+        command: UsersCommand,
+    },
     /// Run one retention pass and print what it did.
     Retention {
         /// Delete envelopes received longer ago than this.
@@ -181,6 +186,17 @@ enum KeysCommand {
     Revoke {
         /// Key id (the 16 hex digits after psk_).
         id: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum UsersCommand {
+    /// Create an operator of the approval page; the password is read from
+    /// the first line of standard input (at least 12 characters) and stored
+    /// only as an argon2id hash.
+    Create {
+        /// Login name.
+        name: String,
     },
 }
 
@@ -316,6 +332,24 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Changes { .. } => {} // handled above, before the database
         Command::Migrate => {
             pstack_cli::outln!("schema version {}", store.schema_version().await?)?;
+        }
+        Command::Users {
+            command: UsersCommand::Create { name },
+        } => {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .context("reading the password from standard input")?;
+            let password = line.trim_end_matches(['\r', '\n']);
+            pstack_store::operators::validate(&name, password)?;
+            let hash = pstack_store::operators::hash_password(password)?;
+            if !store
+                .create_operator(&name, &hash, pstack_store::now_ns())
+                .await?
+            {
+                bail!("an operator named {name:?} exists");
+            }
+            eprintln!("created operator {name:?}");
         }
         Command::Keys { command } => match command {
             KeysCommand::Create { name } => {

@@ -119,3 +119,19 @@ CREATE TABLE remediation_receipts (
     PRIMARY KEY (proposal_id, kind)
 );
 CREATE INDEX remediation_receipts_evidence ON remediation_receipts (evidence);
+
+-- Human operators of the approval page (`pstack-store users create`):
+-- argon2id PHC strings. Sessions are stored by SHA-256 of the cookie value;
+-- the CSRF token is per session.
+CREATE TABLE operators (
+    username      TEXT    PRIMARY KEY,
+    password_hash TEXT    NOT NULL,
+    created_ns    BIGINT  NOT NULL
+);
+CREATE TABLE operator_sessions (
+    id_hash    TEXT    PRIMARY KEY,
+    username   TEXT    NOT NULL REFERENCES operators (username) ON DELETE CASCADE,
+    csrf_token TEXT    NOT NULL,
+    created_ns BIGINT  NOT NULL,
+    expires_ns BIGINT  NOT NULL
+);

@@ -19,15 +19,18 @@ mod recovery;
 
 pub(crate) const MIN: Duration = Duration::from_secs(60);
 
+/// POST with the API key — or, for approve/reject (human decisions), with
+/// an operator session and its CSRF token instead.
 pub(crate) async fn post(h: &Harness, path: &str, body: &Value) -> (StatusCode, Value) {
-    let resp = h
-        .client
-        .post(h.url(path))
-        .bearer_auth(&h.key)
-        .json(body)
-        .send()
-        .await
-        .expect("POST");
+    let req = h.client.post(h.url(path)).json(body);
+    let req = if path.ends_with("/approve") || path.ends_with("/reject") {
+        let (cookie, csrf) = h.human_session().await;
+        req.header("cookie", format!("pstack_session={cookie}"))
+            .header("x-csrf-token", csrf)
+    } else {
+        req.bearer_auth(&h.key)
+    };
+    let resp = req.send().await.expect("POST");
     let status = resp.status();
     (status, resp.json().await.unwrap_or(Value::Null))
 }

@@ -44,6 +44,8 @@ macro_rules! on_both_backends {
 }
 
 pub struct Harness {
+    /// An operator session (cookie value, CSRF token), made on first use.
+    pub human: std::sync::Mutex<Option<(String, String)>>,
     /// The server's clock (tests move it instead of sleeping).
     pub clock: pstack_store::clock::Clock,
     pub base: String,
@@ -169,6 +171,7 @@ impl Harness {
             let _ = rx.await;
         }));
         Some(Harness {
+            human: std::sync::Mutex::new(None),
             clock,
             base: format!("http://{addr}"),
             key: key.plaintext,
@@ -184,6 +187,40 @@ impl Harness {
             _dir: dir,
             pg,
         })
+    }
+
+    /// Log an operator in through `/ui/login` (created in the database on
+    /// first use): (session cookie value, CSRF token).
+    pub async fn human_session(&self) -> (String, String) {
+        if let Some(s) = self.human.lock().unwrap().clone() {
+            return s;
+        }
+        let hash = pstack_store::operators::hash_password("operator password 1").unwrap();
+        let _ = self
+            .store
+            .create_operator("ops", &hash, pstack_store::now_ns())
+            .await
+            .unwrap();
+        let resp = self
+            .client
+            .post(self.url("/ui/login"))
+            .json(&serde_json::json!({"username": "ops", "password": "operator password 1"}))
+            .send()
+            .await
+            .expect("login");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let cookie = resp
+            .headers()
+            .get("set-cookie")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|c| c.split(';').next())
+            .and_then(|kv| kv.strip_prefix("pstack_session="))
+            .expect("session cookie")
+            .to_string();
+        let body: Value = resp.json().await.unwrap();
+        let s = (cookie, body["csrfToken"].as_str().unwrap().to_string());
+        *self.human.lock().unwrap() = Some(s.clone());
+        s
     }
 
     pub fn url(&self, path: &str) -> String {
