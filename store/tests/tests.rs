@@ -14,3 +14,4 @@ mod query_cli;
 mod receipts;
 mod retention;
 mod tls_proxy;
+mod ui;

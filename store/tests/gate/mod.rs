@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::on_both_backends;
 use crate::support::{Db, Harness, code};
 
-mod grants;
+pub(crate) mod grants;
 mod hooks;
 mod recovery;
 
