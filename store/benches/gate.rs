@@ -27,6 +27,8 @@ use pstack_store::http::{AppState, serve};
 use pstack_store::ingest::IngestLimits;
 use serde_json::{Value, json};
 
+// The CPU-time helpers serve the other benchmarks.
+#[allow(dead_code)]
 mod common;
 use common::{Target, close, open, percentile};
 

@@ -138,7 +138,7 @@ async fn sessions_are_not_keys_and_need_csrf(db: Db) {
     )
     .await;
     assert!(hs_tls.get("set-cookie").unwrap().contains("; Secure"));
-    let cookie = format!("{}", set.split(';').next().unwrap());
+    let cookie = set.split(';').next().unwrap().to_string();
     let csrf = s["csrfToken"].as_str().unwrap().to_string();
     // State changes without the CSRF token, or with another one: 403.
     for (path, hdrs) in [
@@ -235,7 +235,11 @@ impl Driver {
             .local_addr()
             .unwrap()
             .port();
+        use std::os::unix::process::CommandExt;
+        // Its own process group: Drop ends chromedriver and the browsers it
+        // started, even when an assertion fails mid-test.
         let child = Command::new(bin)
+            .process_group(0)
             .arg(format!("--port={port}"))
             .arg("--allowed-ips=127.0.0.1")
             .stdout(Stdio::null())
@@ -380,13 +384,24 @@ impl Driver {
             .to_string()
     }
 
-    async fn quit(mut self) {
+    /// End the browser session; Drop then ends the process group.
+    async fn quit(self) {
         let _ = self
             .http
             .delete(format!("{}/session/{}", self.base, self.session))
             .send()
             .await;
-        let _ = self.child.kill();
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Ok(pgid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own child's process group; no memory is touched.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+        }
         let _ = self.child.wait();
     }
 }
@@ -473,4 +488,50 @@ async fn chromium_approves_and_shows_the_token_once() {
     assert!(!src.contains(&token[4..]));
     d.quit().await;
     h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_create_stores_only_an_argon2_hash() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let run = |name: &str, password: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pstack-store"))
+            .args(["--db", db.to_str().unwrap(), "users", "create", name])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(format!("{password}\n").as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = run("alice", "a long passphrase 42");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !run("alice", "a long passphrase 42").status.success(),
+        "duplicate name"
+    );
+    let short = run("bob", "short");
+    assert!(!short.status.success());
+    assert!(String::from_utf8_lossy(&short.stderr).contains("12 characters"));
+    let store = pstack_store::db::Store::open(db.to_str().unwrap(), &Default::default())
+        .await
+        .unwrap();
+    let phc = store.operator_hash("alice").await.unwrap().unwrap();
+    assert!(phc.starts_with("$argon2id$") && !phc.contains("passphrase"));
+    assert!(pstack_store::operators::verify_password(
+        "a long passphrase 42",
+        &phc
+    ));
+    store.close().await;
 }
