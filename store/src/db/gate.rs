@@ -31,6 +31,20 @@ use sqlx::Row;
 use super::{Bind, Pools, Store, StoreError};
 use crate::analysis::ledger::NewChange;
 
+/// A write transaction: on SQLite `BEGIN IMMEDIATE`, so a transaction that
+/// reads before it writes holds the write lock from the start and never has
+/// to upgrade a stale read snapshot (which SQLite refuses with
+/// `SQLITE_BUSY_SNAPSHOT` after a WAL restart, without waiting).
+macro_rules! begin_write {
+    ($pool:expr, $pg:expr) => {
+        if $pg {
+            $pool.begin().await?
+        } else {
+            $pool.begin_with("BEGIN IMMEDIATE").await?
+        }
+    };
+}
+
 /// Ontology node key of a service target.
 pub fn service_node_key(environment: &str, service: &str) -> String {
     format!("service:{environment}/{service}")
@@ -667,7 +681,7 @@ impl Store {
         now_ns: i64,
     ) -> Result<Result<IncidentRow, FenceRefusal>, StoreError> {
         with_pool!(self, write, |pool, pg| {
-            let mut tx = pool.begin().await?;
+            let mut tx = begin_write!(pool, pg);
             let lock = if pg { " FOR UPDATE" } else { "" };
             let row = sqlx::query(&format!(
                 "SELECT {INCIDENT_COLUMNS} FROM incident_investigations WHERE id = $1{lock}"
@@ -863,7 +877,7 @@ impl Store {
         }
         let counts = Status::parse(&p.status).is_some_and(Status::counts_for_breaker);
         let result = with_pool!(self, write, |pool, pg| {
-            let mut tx = pool.begin().await?;
+            let mut tx = begin_write!(pool, pg);
             let lock = if pg { " FOR UPDATE" } else { "" };
             let row = sqlx::query(&format!(
                 "SELECT {INCIDENT_COLUMNS} FROM incident_investigations WHERE id = $1{lock}"
@@ -1064,7 +1078,7 @@ impl Store {
             return Ok(ClaimOutcome::NotFound);
         };
         let outcome = with_pool!(self, write, |pool, pg| {
-            let mut tx = pool.begin().await?;
+            let mut tx = begin_write!(pool, pg);
             // Lapsed: record it, and say so.
             let lapsed = sqlx::query(
                 "UPDATE remediation_proposals SET status = 'expired', updated_ns = $2
@@ -1162,7 +1176,7 @@ impl Store {
             "failed_execution"
         };
         let moved = with_pool!(self, write, |pool, pg| {
-            let mut tx = pool.begin().await?;
+            let mut tx = begin_write!(pool, pg);
             sqlx::query(
                 "UPDATE remediation_proposals SET status = 'execution_timed_out', finished_ns = $2, updated_ns = $2
                  WHERE id = $1 AND status = 'claimed_executing' AND execution_deadline_ns <= $2",
@@ -1306,7 +1320,7 @@ impl Store {
         now_ns: i64,
     ) -> Result<bool, StoreError> {
         with_pool!(self, write, |pool, pg| {
-            let mut tx = pool.begin().await?;
+            let mut tx = begin_write!(pool, pg);
             let n = sqlx::query(
                 "UPDATE remediation_checkpoints SET evaluated_ns = $3, requests = $4, errors = $5, verdict = $6
                  WHERE proposal_id = $1 AND ord = $2 AND evaluated_ns IS NULL",

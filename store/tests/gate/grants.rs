@@ -745,3 +745,54 @@ on_both_backends!(
     host_subject_needs_a_fresh_sealed_pre_mutation_envelope,
     grant_token_never_in_gets_lists_or_logs,
 );
+
+async fn concurrent_proposals_and_the_breaker_under_contention(db: Db) {
+    let Some(h) = Harness::start(db).await else {
+        return;
+    };
+    let inc = open_incident(&h, "contend").await;
+    let shared = finding(&h, &inc, "counterfactual_verified", "fp_contend").await;
+    let mut own = Vec::new();
+    for i in 0..16 {
+        own.push(finding(&h, &inc, "counterfactual_verified", &format!("fp_own_{i}")).await);
+    }
+    let h = Arc::new(h);
+    let mut tasks = Vec::new();
+    for (i, f) in own.iter().enumerate() {
+        // 16 proposers on their own fingerprints, and 16 on one shared one.
+        for (f, key) in [
+            (f.clone(), format!("own-{i}")),
+            (shared.clone(), format!("shared-{i}")),
+        ] {
+            let (h, inc) = (h.clone(), inc.clone());
+            tasks.push(tokio::spawn(async move {
+                let r = post(
+                    &h,
+                    "/internal/remediations/propose",
+                    &proposal(&inc, &f, "rollback_deploy", &key),
+                )
+                .await;
+                (key, r)
+            }));
+        }
+    }
+    let (mut own_ok, mut shared_ok, mut shared_blocked) = (0, 0, 0);
+    for t in tasks {
+        let (key, (st, b)) = t.await.unwrap();
+        match (key.starts_with("own"), st) {
+            (true, StatusCode::CREATED) => own_ok += 1,
+            (false, StatusCode::CREATED) => shared_ok += 1,
+            (false, StatusCode::TOO_MANY_REQUESTS) => shared_blocked += 1,
+            _ => panic!("{key}: {st} {b}"),
+        }
+    }
+    assert_eq!(own_ok, 16);
+    assert_eq!(
+        (shared_ok, shared_blocked),
+        (3, 13),
+        "the breaker holds under concurrency"
+    );
+    Arc::into_inner(h).unwrap().finish().await;
+}
+
+on_both_backends!(concurrent_proposals_and_the_breaker_under_contention);
