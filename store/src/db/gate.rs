@@ -878,7 +878,9 @@ impl Store {
         let counts = Status::parse(&p.status).is_some_and(Status::counts_for_breaker);
         let result = with_pool!(self, write, |pool, pg| {
             let mut tx = begin_write!(pool, pg);
-            let lock = if pg { " FOR UPDATE" } else { "" };
+            // FOR SHARE: a lease change (an UPDATE of this row) waits for this
+            // proposal, while proposals of one incident do not wait for each other.
+            let lock = if pg { " FOR SHARE" } else { "" };
             let row = sqlx::query(&format!(
                 "SELECT {INCIDENT_COLUMNS} FROM incident_investigations WHERE id = $1{lock}"
             ))
