@@ -604,15 +604,33 @@ fn check_expected_state(v: &Value, subject: bool) -> Result<(), Response> {
     if obj.is_empty() {
         return Err(unprocessable(
             "invalid_expected_state",
-            format!("name at least one of {}", STATE_FIELDS.join(", ")),
+            format!("name at least one of {}, flags", STATE_FIELDS.join(", ")),
             field,
         ));
     }
     for (k, val) in obj {
+        if k == "flags" {
+            let ok = val.as_object().is_some_and(|f| {
+                !f.is_empty()
+                    && f.values()
+                        .all(|v| v.is_string() || v.is_boolean() || v.is_number())
+            });
+            if !ok {
+                return Err(unprocessable(
+                    "invalid_expected_state",
+                    "flags is an object of flag name → string, boolean or number",
+                    &format!("{field}.flags"),
+                ));
+            }
+            continue;
+        }
         if !STATE_FIELDS.contains(&k.as_str()) || !val.is_string() {
             return Err(unprocessable(
                 "invalid_expected_state",
-                format!("fields are strings among {}", STATE_FIELDS.join(", ")),
+                format!(
+                    "fields are strings among {}, and flags",
+                    STATE_FIELDS.join(", ")
+                ),
                 &format!("{field}.{k}"),
             ));
         }

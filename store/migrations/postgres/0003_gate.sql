@@ -42,7 +42,8 @@ CREATE INDEX incident_alerts_incident ON incident_alerts (incident_id, received_
 
 -- node_key: `service:<environment>/<service>`. The state columns hold what
 -- the newest change of the ledger (by its effective time) set; a change
--- that does not carry a field leaves it as it was.
+-- that does not carry a field leaves it as it was. flags: JSON object of
+-- feature-flag values, merged flag by flag.
 CREATE TABLE ontology_nodes (
     node_key       TEXT    PRIMARY KEY,
     kind           TEXT    NOT NULL,
@@ -51,6 +52,7 @@ CREATE TABLE ontology_nodes (
     version        TEXT,
     commit_sha     TEXT,
     config_digest  TEXT,
+    flags          TEXT    NOT NULL DEFAULT '{}',
     last_change_id TEXT    NOT NULL,
     changed_ns     BIGINT  NOT NULL,
     updated_ns     BIGINT  NOT NULL

@@ -231,8 +231,8 @@ impl Store {
             }
             // The target's current state moves with the ledger, in the same
             // transaction (crate::db::gate).
-            if let Some((node_key, sql)) = super::gate::ontology_upsert(c) {
-                sqlx::query(sql)
+            if let Some((node_key, sql)) = super::gate::ontology_upsert(c, pg) {
+                sqlx::query(&sql)
                     .bind(&node_key)
                     .bind(&c.environment)
                     .bind(c.service.as_deref())
@@ -242,6 +242,7 @@ impl Store {
                     .bind(&id)
                     .bind(c.at_ns)
                     .bind(now_ns)
+                    .bind(serde_json::to_string(&c.flags).unwrap_or_else(|_| "{}".into()))
                     .execute(&mut *tx)
                     .await?;
             }

@@ -201,6 +201,8 @@ pub struct OntologyNode {
     pub commit_sha: Option<String>,
     /// Live config digest.
     pub config_digest: Option<String>,
+    /// Feature-flag values (JSON object).
+    pub flags: Value,
     /// The change that last set it.
     pub last_change_id: String,
     /// That change's effective time, ns.
@@ -774,7 +776,7 @@ impl Store {
         with_pool!(self, read, |pool, pg| {
             let row = sqlx::query(
                 "SELECT node_key, kind, environment, name, version, commit_sha, config_digest,
-                        last_change_id, changed_ns
+                        flags, last_change_id, changed_ns
                  FROM ontology_nodes WHERE node_key = $1",
             )
             .bind(key)
@@ -790,6 +792,7 @@ impl Store {
                     version: r.try_get("version")?,
                     commit_sha: r.try_get("commit_sha")?,
                     config_digest: r.try_get("config_digest")?,
+                    flags: parse_json(&r.try_get::<String, _>("flags")?),
                     last_change_id: r.try_get("last_change_id")?,
                     changed_ns: r.try_get("changed_ns")?,
                 })),
@@ -1107,7 +1110,7 @@ impl Store {
                     serde_json::json!({"envelopeDigest": latest})
                 } else {
                     let row = sqlx::query(&format!(
-                        "SELECT version, commit_sha, config_digest FROM ontology_nodes WHERE node_key = $1{share}"
+                        "SELECT version, commit_sha, config_digest, flags FROM ontology_nodes WHERE node_key = $1{share}"
                     ))
                     .bind(&p.target_key)
                     .fetch_optional(&mut *tx)
@@ -1118,6 +1121,7 @@ impl Store {
                             "version": r.try_get::<Option<String>, _>("version")?,
                             "commitSha": r.try_get::<Option<String>, _>("commit_sha")?,
                             "configDigest": r.try_get::<Option<String>, _>("config_digest")?,
+                            "flags": parse_json(&r.try_get::<String, _>("flags")?),
                         }),
                     }
                 };
@@ -1450,6 +1454,22 @@ pub fn cas_mismatches(expected: &Value, current: &Value) -> Vec<(String, Value, 
     let mut out = Vec::new();
     if let Some(map) = expected.as_object() {
         for (k, want) in map {
+            if k == "flags"
+                && let Some(flags) = want.as_object()
+            {
+                // Flag by flag: only the named flags must hold.
+                for (name, want) in flags {
+                    let have = current
+                        .get("flags")
+                        .and_then(|f| f.get(name))
+                        .cloned()
+                        .unwrap_or(Value::Null);
+                    if have.is_null() || &have != want {
+                        out.push((format!("flags.{name}"), want.clone(), have));
+                    }
+                }
+                continue;
+            }
             let have = current.get(k).cloned().unwrap_or(Value::Null);
             if have.is_null() || &have != want {
                 out.push((k.clone(), want.clone(), have));
@@ -1461,25 +1481,35 @@ pub fn cas_mismatches(expected: &Value, current: &Value) -> Vec<(String, Value, 
 
 /// The ontology upsert a service change implies: (node key, SQL) for the
 /// change's transaction, or `None` for host changes. Fields the change does
-/// not carry keep their value; an older change (by effective time) never
-/// overwrites a newer one.
-pub(super) fn ontology_upsert(c: &NewChange) -> Option<(String, &'static str)> {
+/// not carry keep their value, flags merge one by one; an older change (by
+/// effective time) never overwrites a newer one. Binds: node key,
+/// environment, service, version, commit, config digest, change id,
+/// effective ns, now ns, flags (JSON object text).
+pub(super) fn ontology_upsert(c: &NewChange, pg: bool) -> Option<(String, String)> {
     let service = c.service.as_deref()?;
     if !crate::analysis::ledger::SERVICE_KINDS.contains(&c.kind.as_str()) {
         return None;
     }
+    let merge = if pg {
+        "(ontology_nodes.flags::jsonb || excluded.flags::jsonb)::text"
+    } else {
+        "json_patch(ontology_nodes.flags, excluded.flags)"
+    };
     Some((
         service_node_key(&c.environment, service),
-        "INSERT INTO ontology_nodes (node_key, kind, environment, name, version, commit_sha,
-            config_digest, last_change_id, changed_ns, updated_ns)
-         VALUES ($1, 'service', $2, $3, $4, $5, $6, $7, $8, $9)
-         ON CONFLICT (node_key) DO UPDATE SET
-            version = COALESCE(excluded.version, ontology_nodes.version),
-            commit_sha = COALESCE(excluded.commit_sha, ontology_nodes.commit_sha),
-            config_digest = COALESCE(excluded.config_digest, ontology_nodes.config_digest),
-            last_change_id = excluded.last_change_id,
-            changed_ns = excluded.changed_ns,
-            updated_ns = excluded.updated_ns
-         WHERE excluded.changed_ns >= ontology_nodes.changed_ns",
+        format!(
+            "INSERT INTO ontology_nodes (node_key, kind, environment, name, version, commit_sha,
+                config_digest, last_change_id, changed_ns, updated_ns, flags)
+             VALUES ($1, 'service', $2, $3, $4, $5, $6, $7, $8, $9, $10)
+             ON CONFLICT (node_key) DO UPDATE SET
+                version = COALESCE(excluded.version, ontology_nodes.version),
+                commit_sha = COALESCE(excluded.commit_sha, ontology_nodes.commit_sha),
+                config_digest = COALESCE(excluded.config_digest, ontology_nodes.config_digest),
+                flags = {merge},
+                last_change_id = excluded.last_change_id,
+                changed_ns = excluded.changed_ns,
+                updated_ns = excluded.updated_ns
+             WHERE excluded.changed_ns >= ontology_nodes.changed_ns"
+        ),
     ))
 }

@@ -446,6 +446,51 @@ async fn cas_at_claim_refuses_a_moved_target(db: Db) {
         g["proposal"]["status"], "grant_issued",
         "a refused claim consumes nothing"
     );
+    // Flags: only the named flags must hold, each one exactly.
+    let (st, b) = post(
+        &h,
+        "/v1/changes",
+        &json!({"environment": "prod", "kind": "feature_flag", "service": "checkout-api",
+                "flags": {"new-checkout": true, "tax-v2": "off"}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{b}");
+    for (key, flags, ok) in [
+        ("cas-f1", json!({"new-checkout": true}), true),
+        ("cas-f2", json!({"new-checkout": "true"}), false),
+        ("cas-f3", json!({"tax-v2": "off", "missing": 1}), false),
+    ] {
+        let f = finding(&h, &inc, "counterfactual_verified", &format!("fp_{key}")).await;
+        let mut body = proposal(&inc, &f, "toggle_feature_flag", key);
+        body["expectedCurrentState"] = json!({"flags": flags});
+        let (st, b) = post(&h, "/internal/remediations/propose", &body).await;
+        assert_eq!(st, StatusCode::CREATED, "{b}");
+        let (st, e) = post(
+            &h,
+            &format!(
+                "/internal/remediations/{}/grant",
+                b["proposal"]["id"].as_str().unwrap()
+            ),
+            &grant_op("claim", b["grantToken"].as_str().unwrap(), "runner-1"),
+        )
+        .await;
+        if ok {
+            assert_eq!(st, StatusCode::OK, "{key}: {e}");
+        } else {
+            assert_eq!(
+                (st, code(&e)),
+                (StatusCode::CONFLICT, "expected_state_mismatch"),
+                "{key}: {e}"
+            );
+            assert!(
+                e["error"]["field"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("expectedCurrentState.flags."),
+                "{e}"
+            );
+        }
+    }
     // A target the ledger never saw has no state to match.
     let f = finding(&h, &inc, "counterfactual_verified", "fp_cas2").await;
     let mut body = proposal(&inc, &f, "rollback_deploy", "cas2");

@@ -335,6 +335,35 @@ async fn ontology_follows_the_ledger(db: Db) {
         .unwrap();
     assert_eq!(node.version.as_deref(), Some("2.4.1"));
     assert_eq!(node.config_digest.as_deref(), Some("sha256:cafe"));
+    // Flag changes merge flag by flag.
+    for flags in [
+        json!({"new-checkout": true, "tax-v2": "off"}),
+        json!({"tax-v2": "on"}),
+    ] {
+        let (st, b) = post(
+            &h,
+            "/v1/changes",
+            &json!({"environment": "prod", "kind": "feature_flag", "service": "checkout-api", "flags": flags}),
+        )
+        .await;
+        assert_eq!(st, StatusCode::CREATED, "{b}");
+    }
+    let node = h
+        .store
+        .ontology_node("service:prod/checkout-api")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(node.flags, json!({"new-checkout": true, "tax-v2": "on"}));
+    assert_eq!(node.version.as_deref(), Some("2.4.1"));
+    let (st, e) = post(
+        &h,
+        "/v1/changes",
+        &json!({"environment": "prod", "kind": "kernel", "nodes": [{"node": "n1"}], "flags": {"x": true}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(e["error"]["field"], "flags");
     // A change recorded late, effective earlier, does not roll state back.
     let (st, b) = post(
         &h,
