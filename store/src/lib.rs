@@ -17,6 +17,11 @@
 //! - No receipt stands in for another layer's ([`receipts`]); no envelope a
 //!   receipt cites is ever deleted.
 //! - Nothing logs a key, a body or envelope contents.
+//! - The remediation gate ([`gate`] rules, `db::gate` storage,
+//!   [`http_gate`] routes, [`gate_tick`] periodic work, [`http_ui`] the
+//!   approval page): a grant token exists only in the response that mints
+//!   it; every status change of a proposal is one conditional update; time
+//!   windows read [`clock::Clock`] only (docs/gate.md).
 
 pub mod analysis;
 pub mod changes_cli;
