@@ -183,6 +183,16 @@ mod tests {
             let ip: IpAddr = bad.parse().unwrap();
             assert!(refusal(ip).is_some(), "{bad} passed");
         }
+        // A name that resolves to nothing is refused, override or not; one
+        // refused address among public ones refuses the name.
+        assert!(matches!(
+            check_all("nowhere.invalid", &[], true),
+            Err(GuardError::Unresolvable(_))
+        ));
+        let public: SocketAddr = "93.184.215.14:443".parse().unwrap();
+        let private: SocketAddr = "10.0.0.1:443".parse().unwrap();
+        assert!(check_all("mixed.example", &[public, private], false).is_err());
+        assert!(check_all("mixed.example", &[public], false).is_ok());
         for good in ["93.184.215.14", "2606:4700::1111", "8.8.8.8"] {
             let ip: IpAddr = good.parse().unwrap();
             assert_eq!(refusal(ip), None, "{good}");

@@ -51,6 +51,9 @@ async fn receive(State(r): State<Receiver>, uri: Uri, headers: HeaderMap, body: 
             .map(|v| v.to_str().unwrap().to_string()),
         body: body.to_vec(),
     });
+    if path == "/slow" {
+        tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    }
     match path.as_str() {
         "/flaky" if n == 1 => AxStatus::INTERNAL_SERVER_ERROR.into_response(),
         "/always500" => AxStatus::BAD_GATEWAY.into_response(),
@@ -401,3 +404,30 @@ on_both_backends!(
     webhook_retries_5xx_and_stops_on_4xx_and_redirects,
     webhook_ssrf_guard,
 );
+
+/// Each attempt times out after 5 s and a timeout is retried: 3 × 5 s +
+/// 0.5 s + 1.5 s. One backend: the delivery path does not touch the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn webhook_attempts_time_out_after_5_s_and_are_retried() {
+    let (rx, port) = Receiver::start().await;
+    let Some(h) = harness(Db::Sqlite, true).await else {
+        return;
+    };
+    deploy(&h, "2.4.1", "8f3a1b2").await;
+    let inc = open_incident(&h, "slow").await;
+    let t = Instant::now();
+    let (st, a) = approve_to(&h, &inc, "slow", &format!("http://127.0.0.1:{port}/slow")).await;
+    let took = t.elapsed();
+    assert_eq!(st, StatusCode::OK);
+    let d = &a["grantDelivery"];
+    assert_eq!(
+        (d["delivered"].as_bool(), d["attempts"].as_u64()),
+        (Some(false), Some(3)),
+        "{a}"
+    );
+    assert_eq!(d["error"], "timed out after 5 s");
+    assert!(took >= std::time::Duration::from_secs(17), "{took:?}");
+    assert!(took < std::time::Duration::from_secs(25), "{took:?}");
+    assert_eq!(rx.hits("/slow"), 3);
+    h.finish().await;
+}
