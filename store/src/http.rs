@@ -47,6 +47,8 @@ pub struct AppState {
     pub gate: crate::gate::GateConfig,
     /// The clock every time window of the gate reads.
     pub clock: crate::clock::Clock,
+    /// Failed operator logins per username (the approval page's throttle).
+    pub login_failures: crate::operators::LoginThrottle,
 }
 
 impl AppState {
@@ -71,6 +73,7 @@ impl AppState {
                     .expect("the operating system random source works"),
             ),
             clock: crate::clock::Clock::system(),
+            login_failures: crate::operators::LoginThrottle::default(),
         }
     }
 }

@@ -11,7 +11,8 @@
 //! - Every state-changing request of a session (approve, reject, logout)
 //!   carries the session's CSRF token in `X-CSRF-Token`; without it: 403.
 //!   Login takes JSON only (a cross-site form cannot send it without a
-//!   preflight the store never answers).
+//!   preflight the store never answers). Five failed logins of one name
+//!   within 15 minutes refuse that name (429) until the window passes.
 //! - The page renders every value with `textContent`; a grant token is
 //!   shown only from the approve response that minted it and kept in no
 //!   storage, so a reload shows it no more. Scripts come from the store
@@ -163,6 +164,26 @@ async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body) ->
         ));
     }
     let req: LoginRequest = json_body(body, "invalid_login").await?;
+    if let Some(left) = state
+        .login_failures
+        .blocked(&req.username, state.clock.now_ns())
+    {
+        tracing::warn!(user = %req.username, "operator login throttled");
+        let mut r = err(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_login_failures",
+            format!(
+                "{} failed logins for this user; try again in {} s",
+                operators::MAX_LOGIN_FAILURES,
+                left / 1_000_000_000 + 1
+            ),
+            None,
+        );
+        if let Ok(v) = HeaderValue::from_str(&(left / 1_000_000_000 + 1).to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        return Err(r);
+    }
     let stored = state
         .store
         .operator_hash(&req.username)
@@ -180,6 +201,9 @@ async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body) ->
     .await
     .unwrap_or(false);
     if !ok {
+        state
+            .login_failures
+            .failed(&req.username, state.clock.now_ns());
         tracing::warn!(user = %req.username, "operator login refused");
         return Err(err(
             StatusCode::UNAUTHORIZED,
@@ -188,6 +212,7 @@ async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body) ->
             None,
         ));
     }
+    state.login_failures.succeeded(&req.username);
     let (id, hash, csrf) = operators::new_session().map_err(|e| {
         err(
             StatusCode::SERVICE_UNAVAILABLE,

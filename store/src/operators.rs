@@ -22,6 +22,56 @@ pub const MIN_PASSWORD_CHARS: usize = 12;
 /// The session cookie's name.
 pub const COOKIE: &str = "pstack_session";
 
+/// Failed logins allowed per username within [`THROTTLE_WINDOW_NS`].
+pub const MAX_LOGIN_FAILURES: u32 = 5;
+/// The throttle's window.
+pub const THROTTLE_WINDOW_NS: i64 = 15 * 60 * 1_000_000_000;
+const THROTTLE_MAX_NAMES: usize = 10_000;
+
+/// Failed logins per username in memory (per server process): after
+/// [`MAX_LOGIN_FAILURES`] within the window, that name is refused until the
+/// window since its first failure passes; a success clears it. Bounded: past
+/// 10,000 names, entries outside their window are dropped first, then all.
+#[derive(Debug, Clone, Default)]
+pub struct LoginThrottle {
+    failures: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (u32, i64)>>>,
+}
+
+impl LoginThrottle {
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (u32, i64)>> {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `user` is refused now: the ns until it is not, if so.
+    pub fn blocked(&self, user: &str, now_ns: i64) -> Option<i64> {
+        let m = self.map();
+        let (n, since) = m.get(user)?;
+        let left = since + THROTTLE_WINDOW_NS - now_ns;
+        (*n >= MAX_LOGIN_FAILURES && left > 0).then_some(left)
+    }
+
+    /// Count a failure.
+    pub fn failed(&self, user: &str, now_ns: i64) {
+        let mut m = self.map();
+        if m.len() >= THROTTLE_MAX_NAMES && !m.contains_key(user) {
+            m.retain(|_, (_, since)| now_ns - *since < THROTTLE_WINDOW_NS);
+            if m.len() >= THROTTLE_MAX_NAMES {
+                m.clear();
+            }
+        }
+        let e = m.entry(user.to_string()).or_insert((0, now_ns));
+        if now_ns - e.1 >= THROTTLE_WINDOW_NS {
+            *e = (0, now_ns);
+        }
+        e.0 += 1;
+    }
+
+    /// A success clears the name.
+    pub fn succeeded(&self, user: &str) {
+        self.map().remove(user);
+    }
+}
+
 /// Failures of operator credentials.
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {

@@ -203,6 +203,23 @@ async fn sessions_are_not_keys_and_need_csrf(db: Db) {
     h.clock.advance(Duration::from_secs(13 * 3600));
     let (st, _, _) = raw(&h, "/ui/api/session", &[("cookie", &c2)], None).await;
     assert_eq!(st, StatusCode::UNAUTHORIZED);
+    // Throttle: five failures refuse the name, even with the right password,
+    // until 15 minutes have passed.
+    let good = json!({"username": "ops", "password": "operator password 1"});
+    let bad = json!({"username": "ops", "password": "guess guess guess"});
+    for _ in 0..5 {
+        let (st, _, _) = raw(&h, "/ui/login", &[], Some(bad.clone())).await;
+        assert_eq!(st, StatusCode::UNAUTHORIZED);
+    }
+    let (st, hs, e) = raw(&h, "/ui/login", &[], Some(good.clone())).await;
+    assert_eq!(
+        (st, code(&e)),
+        (StatusCode::TOO_MANY_REQUESTS, "too_many_login_failures")
+    );
+    assert!(hs.get("retry-after").is_some());
+    h.clock.advance(Duration::from_secs(15 * 60));
+    let (st, _, _) = raw(&h, "/ui/login", &[], Some(good)).await;
+    assert_eq!(st, StatusCode::OK);
     h.finish().await;
 }
 
