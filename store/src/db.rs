@@ -68,6 +68,12 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../migrations/sqlite/0002_analysis.sql"),
         include_str!("../migrations/postgres/0002_analysis.sql"),
     ),
+    (
+        3,
+        "gate",
+        include_str!("../migrations/sqlite/0003_gate.sql"),
+        include_str!("../migrations/postgres/0003_gate.sql"),
+    ),
 ];
 
 /// Everything that can go wrong in the storage layer.
@@ -1358,7 +1364,9 @@ impl Store {
         let mut touched: BTreeSet<String> = BTreeSet::new();
         let uncited =
             "NOT EXISTS (SELECT 1 FROM receipt_evidence r WHERE r.digest = envelopes.digest)
-             AND NOT EXISTS (SELECT 1 FROM finding_evidence f WHERE f.digest = envelopes.digest)";
+             AND NOT EXISTS (SELECT 1 FROM finding_evidence f WHERE f.digest = envelopes.digest)
+             AND NOT EXISTS (SELECT 1 FROM remediation_proposals p WHERE p.pre_mutation_envelope = envelopes.digest)
+             AND NOT EXISTS (SELECT 1 FROM remediation_receipts g WHERE g.evidence = envelopes.digest)";
         if let Some(age) = policy.max_age {
             let cutoff = now_ns.saturating_sub(i64::try_from(age.as_nanos()).unwrap_or(i64::MAX));
             loop {
@@ -1729,3 +1737,5 @@ pub fn history_query(
 
 // After the macros above, which it uses.
 pub mod analysis;
+pub mod gate;
+pub mod operators;

@@ -43,6 +43,12 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Connection, per-key and byte-budget limits.
     pub guards: Arc<crate::conn::Guards>,
+    /// The remediation gate's keys and knobs.
+    pub gate: crate::gate::GateConfig,
+    /// The clock every time window of the gate reads.
+    pub clock: crate::clock::Clock,
+    /// Failed operator logins per username (the approval page's throttle).
+    pub login_failures: crate::operators::LoginThrottle,
 }
 
 impl AppState {
@@ -62,6 +68,12 @@ impl AppState {
             limits,
             metrics: Arc::new(Metrics::default()),
             guards: Arc::new(crate::conn::Guards::new(conn)),
+            gate: crate::gate::GateConfig::with_keys(
+                crate::gate::keys::GateKeys::ephemeral()
+                    .expect("the operating system random source works"),
+            ),
+            clock: crate::clock::Clock::system(),
+            login_failures: crate::operators::LoginThrottle::default(),
         }
     }
 }
@@ -302,6 +314,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/unknowns", get(get_unknowns))
         .route("/v1/receipts", post(post_receipt).get(get_receipts))
         .merge(crate::http_analysis::routes())
+        .merge(crate::http_gate::routes())
+        .merge(crate::http_ui::routes())
         .fallback(no_such_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))

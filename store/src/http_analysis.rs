@@ -45,9 +45,9 @@ use crate::http::{ApiError, AppState, authenticate};
 /// The OpenAPI document (every route of the store).
 pub const OPENAPI: &str = include_str!("../openapi.json");
 
-type Reply = Result<Response, Response>;
+pub(crate) type Reply = Result<Response, Response>;
 
-fn err(
+pub(crate) fn err(
     status: StatusCode,
     code: &str,
     message: impl Into<String>,
@@ -64,20 +64,20 @@ fn field_err(status: StatusCode, code: &str, e: FieldError) -> Response {
     err(status, code, e.to_string(), Some(&e.field))
 }
 
-fn api(e: ApiError) -> Response {
+pub(crate) fn api(e: ApiError) -> Response {
     e.into_response()
 }
 
-fn store_err(e: crate::db::StoreError) -> Response {
+pub(crate) fn store_err(e: crate::db::StoreError) -> Response {
     ApiError::from(e).into_response()
 }
 
-async fn auth(state: &AppState, headers: &HeaderMap) -> Result<String, Response> {
+pub(crate) async fn auth(state: &AppState, headers: &HeaderMap) -> Result<String, Response> {
     authenticate(state, headers).await.map_err(api)
 }
 
 /// Read a JSON body (≤ 1 MiB) into `T`, naming the field on failure.
-async fn json_body<T: DeserializeOwned>(body: Body, code: &str) -> Result<T, Response> {
+pub(crate) async fn json_body<T: DeserializeOwned>(body: Body, code: &str) -> Result<T, Response> {
     let bytes = axum::body::to_bytes(body, 1 << 20).await.map_err(|_| {
         err(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -99,7 +99,7 @@ async fn json_body<T: DeserializeOwned>(body: Body, code: &str) -> Result<T, Res
     })
 }
 
-fn bad_query(field: &str, message: impl Into<String>) -> Response {
+pub(crate) fn bad_query(field: &str, message: impl Into<String>) -> Response {
     err(
         StatusCode::BAD_REQUEST,
         "invalid_query",
@@ -108,7 +108,10 @@ fn bad_query(field: &str, message: impl Into<String>) -> Response {
     )
 }
 
-fn only_params(params: &BTreeMap<String, String>, allowed: &[&str]) -> Result<(), Response> {
+pub(crate) fn only_params(
+    params: &BTreeMap<String, String>,
+    allowed: &[&str],
+) -> Result<(), Response> {
     match params.keys().find(|k| !allowed.contains(&k.as_str())) {
         Some(k) => Err(bad_query(
             k,
@@ -144,7 +147,10 @@ fn time_param(params: &BTreeMap<String, String>, name: &str) -> Result<Option<i6
 }
 
 /// `limit=` in 1..=1000, `default` when absent.
-fn limit_param(params: &BTreeMap<String, String>, default: i64) -> Result<i64, Response> {
+pub(crate) fn limit_param(
+    params: &BTreeMap<String, String>,
+    default: i64,
+) -> Result<i64, Response> {
     match params.get("limit") {
         None => Ok(default),
         Some(s) => s
@@ -549,7 +555,7 @@ struct FindingRequest {
     causal_proof_tier: Option<Value>,
 }
 
-fn finding_json(f: &FindingRow) -> Value {
+pub(crate) fn finding_json(f: &FindingRow) -> Value {
     json!({
         "id": f.id,
         "environment": f.environment,
@@ -569,7 +575,7 @@ fn finding_json(f: &FindingRow) -> Value {
     })
 }
 
-fn unprocessable(code: &str, message: impl Into<String>, field: &str) -> Response {
+pub(crate) fn unprocessable(code: &str, message: impl Into<String>, field: &str) -> Response {
     err(StatusCode::UNPROCESSABLE_ENTITY, code, message, Some(field))
 }
 

@@ -17,17 +17,28 @@
 //! - No receipt stands in for another layer's ([`receipts`]); no envelope a
 //!   receipt cites is ever deleted.
 //! - Nothing logs a key, a body or envelope contents.
+//! - The remediation gate ([`gate`] rules, `db::gate` storage,
+//!   [`http_gate`] routes, [`gate_tick`] periodic work, [`http_ui`] the
+//!   approval page): a grant token exists only in the response that mints
+//!   it; every status change of a proposal is one conditional update; time
+//!   windows read [`clock::Clock`] only (docs/gate.md).
 
 pub mod analysis;
 pub mod changes_cli;
 pub mod client;
+pub mod clock;
 pub mod conn;
 pub mod db;
+pub mod gate;
+pub mod gate_tick;
 pub mod http;
 pub mod http_analysis;
+pub mod http_gate;
+pub mod http_ui;
 pub mod ident;
 pub mod ingest;
 pub mod keys;
+pub mod operators;
 pub mod query;
 pub mod receipts;
 pub mod synthetic;

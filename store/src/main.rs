@@ -94,11 +94,32 @@ enum Command {
         /// How often retention runs.
         #[arg(long, value_parser = parse_duration, default_value = "10m")]
         retention_interval: Duration,
+        /// Remediation gate key: a file holding 64 hex digits (32 random
+        /// bytes, e.g. `head -c32 /dev/urandom | xxd -p -c64`), mode 0600.
+        /// Grant tokens are stored as keyed hashes under it and webhook
+        /// callbacks sealed with it. Without it a random key is used for this
+        /// run only: outstanding grants and stored callbacks do not survive
+        /// a restart.
+        #[arg(long, env = "PSTACK_STORE_GATE_KEY_FILE")]
+        gate_key_file: Option<std::path::PathBuf>,
+        /// How old a pre-mutation envelope may be and still authorize a
+        /// host-subject remediation.
+        #[arg(long, value_parser = parse_duration, default_value = "10m")]
+        envelope_freshness: Duration,
+        /// Let grant webhooks reach private, loopback, link-local and other
+        /// internal addresses (the SSRF guard refuses them by default).
+        #[arg(long, env = "ALERT_WEBHOOK_ALLOW_PRIVATE", default_value_t = false)]
+        alert_webhook_allow_private: bool,
     },
     /// Manage API keys.
     Keys {
         #[command(subcommand)]
         command: KeysCommand,
+    },
+    /// Manage the approval page's human operators.
+    Users {
+        #[command(subcommand)]
+        command: UsersCommand,
     },
     /// Run one retention pass and print what it did.
     Retention {
@@ -165,6 +186,17 @@ enum KeysCommand {
     Revoke {
         /// Key id (the 16 hex digits after psk_).
         id: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum UsersCommand {
+    /// Create an operator of the approval page; the password is read from
+    /// the first line of standard input (at least 12 characters) and stored
+    /// only as an argon2id hash.
+    Create {
+        /// Login name.
+        name: String,
     },
 }
 
@@ -301,6 +333,24 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Migrate => {
             pstack_cli::outln!("schema version {}", store.schema_version().await?)?;
         }
+        Command::Users {
+            command: UsersCommand::Create { name },
+        } => {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .context("reading the password from standard input")?;
+            let password = line.trim_end_matches(['\r', '\n']);
+            pstack_store::operators::validate(&name, password)?;
+            let hash = pstack_store::operators::hash_password(password)?;
+            if !store
+                .create_operator(&name, &hash, pstack_store::now_ns())
+                .await?
+            {
+                bail!("an operator named {name:?} exists");
+            }
+            eprintln!("created operator {name:?}");
+        }
         Command::Keys { command } => match command {
             KeysCommand::Create { name } => {
                 if name.trim().is_empty() {
@@ -362,6 +412,9 @@ async fn run(cli: Cli) -> Result<()> {
             retention_max_age,
             retention_max_bytes,
             retention_interval,
+            gate_key_file,
+            envelope_freshness,
+            alert_webhook_allow_private,
         } => {
             let limits = IngestLimits {
                 max_body_bytes,
@@ -369,7 +422,28 @@ async fn run(cli: Cli) -> Result<()> {
                 max_items,
                 ..IngestLimits::default()
             };
-            let state = AppState::new(store.clone(), limits);
+            let mut state = AppState::new(store.clone(), limits);
+            match &gate_key_file {
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("reading the gate key {}", path.display()))?;
+                    state.gate.keys = std::sync::Arc::new(
+                        pstack_store::gate::keys::GateKeys::from_hex(&text)
+                            .with_context(|| format!("gate key {}", path.display()))?,
+                    );
+                }
+                None => tracing::warn!(
+                    "no --gate-key-file: remediation grants and stored webhook callbacks use a key of this run only"
+                ),
+            }
+            state.gate.envelope_freshness_ns =
+                i64::try_from(envelope_freshness.as_nanos()).unwrap_or(i64::MAX);
+            state.gate.allow_private_webhooks = alert_webhook_allow_private;
+            if alert_webhook_allow_private {
+                tracing::warn!(
+                    "ALERT_WEBHOOK_ALLOW_PRIVATE=true: grant webhooks may reach internal addresses"
+                );
+            }
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("binding {listen}"))?;
@@ -400,11 +474,31 @@ async fn run(cli: Cli) -> Result<()> {
             } else {
                 None
             };
+            // The gate's 1-minute ticker: leases, grant windows, watchdog.
+            let gate_ticker = {
+                let state = state.clone();
+                let mut stop = stop_rx.clone();
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(Duration::from_secs(60));
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tokio::select! {
+                            _ = tick.tick() => {
+                                if let Err(e) = pstack_store::gate_tick::tick(&state).await {
+                                    tracing::error!(error = %e, "gate tick failed");
+                                }
+                            }
+                            _ = stop.changed() => break,
+                        }
+                    }
+                })
+            };
             serve(listener, state, shutdown_signal()).await?;
             let _ = stop_tx.send(true);
             if let Some(r) = retention {
                 let _ = r.await;
             }
+            let _ = gate_ticker.await;
             store.close().await;
             tracing::info!("stopped");
         }

@@ -5,6 +5,7 @@ mod support;
 
 mod analysis;
 mod cli;
+mod gate;
 mod hostile;
 mod ingest;
 mod lifecycle;
@@ -13,3 +14,4 @@ mod query_cli;
 mod receipts;
 mod retention;
 mod tls_proxy;
+mod ui;

@@ -61,6 +61,10 @@ pub struct ChangeRequest {
     /// Host changes: the nodes it reached.
     #[serde(default)]
     pub nodes: Vec<ChangeNode>,
+    /// Service changes: feature-flag values it set (`{"name": value}`,
+    /// value a string, boolean or number).
+    #[serde(default)]
+    pub flags: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// A refusal naming its field.
@@ -110,6 +114,8 @@ pub struct NewChange {
     pub at_ns: i64,
     /// (node, ns) for host changes.
     pub nodes: Vec<(String, i64)>,
+    /// Feature-flag values set (service changes).
+    pub flags: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 const MAX_TEXT: usize = 1024;
@@ -202,7 +208,31 @@ pub fn validate(req: ChangeRequest, now_ns: i64) -> Result<NewChange, FieldError
             touched_paths.push(p);
         }
     }
+    if host && !req.flags.is_empty() {
+        return Err(FieldError::new(
+            "flags",
+            "only service changes carry feature-flag values",
+        ));
+    }
+    for (name, v) in &req.flags {
+        let field = format!("flags.{name}");
+        if name.trim().is_empty() || name.len() > 256 {
+            return Err(FieldError::new(field, "a flag name of 1-256 bytes"));
+        }
+        let ok = match v {
+            serde_json::Value::String(s) => s.len() <= MAX_TEXT,
+            serde_json::Value::Bool(_) | serde_json::Value::Number(_) => true,
+            _ => false,
+        };
+        if !ok {
+            return Err(FieldError::new(
+                field,
+                "a flag value is a string (at most 1024 bytes), boolean or number",
+            ));
+        }
+    }
     Ok(NewChange {
+        flags: req.flags,
         environment,
         kind,
         service,

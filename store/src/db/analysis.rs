@@ -229,6 +229,23 @@ impl Store {
                     .execute(&mut *tx)
                     .await?;
             }
+            // The target's current state moves with the ledger, in the same
+            // transaction (crate::db::gate).
+            if let Some((node_key, sql)) = super::gate::ontology_upsert(c, pg) {
+                sqlx::query(&sql)
+                    .bind(&node_key)
+                    .bind(&c.environment)
+                    .bind(c.service.as_deref())
+                    .bind(c.version.as_deref())
+                    .bind(c.commit_sha.as_deref())
+                    .bind(c.config_digest.as_deref())
+                    .bind(&id)
+                    .bind(c.at_ns)
+                    .bind(now_ns)
+                    .bind(serde_json::to_string(&c.flags).unwrap_or_else(|_| "{}".into()))
+                    .execute(&mut *tx)
+                    .await?;
+            }
             tx.commit().await?;
             Ok::<(), StoreError>(())
         })?;

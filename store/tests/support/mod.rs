@@ -44,6 +44,10 @@ macro_rules! on_both_backends {
 }
 
 pub struct Harness {
+    /// An operator session (cookie value, CSRF token), made on first use.
+    pub human: std::sync::Mutex<Option<(String, String)>>,
+    /// The server's clock (tests move it instead of sleeping).
+    pub clock: pstack_store::clock::Clock,
     pub base: String,
     pub key: String,
     pub key_id: String,
@@ -144,9 +148,20 @@ impl Harness {
     }
 
     pub async fn start_with(db: Db, limits: IngestLimits) -> Option<Harness> {
+        Harness::start_custom(db, limits, |_| {}).await
+    }
+
+    /// A harness whose server state `configure` adjusts first (gate knobs).
+    pub async fn start_custom(
+        db: Db,
+        limits: IngestLimits,
+        configure: impl FnOnce(&mut AppState),
+    ) -> Option<Harness> {
         let (store, dir, pg) = fresh_store(db).await?;
         let key = store.create_key("test-node").await.expect("create key");
-        let state = AppState::new(store.clone(), limits);
+        let mut state = AppState::new(store.clone(), limits);
+        configure(&mut state);
+        let clock = state.clock.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -156,6 +171,8 @@ impl Harness {
             let _ = rx.await;
         }));
         Some(Harness {
+            human: std::sync::Mutex::new(None),
+            clock,
             base: format!("http://{addr}"),
             key: key.plaintext,
             key_id: key.id,
@@ -170,6 +187,40 @@ impl Harness {
             _dir: dir,
             pg,
         })
+    }
+
+    /// Log an operator in through `/ui/login` (created in the database on
+    /// first use): (session cookie value, CSRF token).
+    pub async fn human_session(&self) -> (String, String) {
+        if let Some(s) = self.human.lock().unwrap().clone() {
+            return s;
+        }
+        let hash = pstack_store::operators::hash_password("operator password 1").unwrap();
+        let _ = self
+            .store
+            .create_operator("ops", &hash, pstack_store::now_ns())
+            .await
+            .unwrap();
+        let resp = self
+            .client
+            .post(self.url("/ui/login"))
+            .json(&serde_json::json!({"username": "ops", "password": "operator password 1"}))
+            .send()
+            .await
+            .expect("login");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let cookie = resp
+            .headers()
+            .get("set-cookie")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|c| c.split(';').next())
+            .and_then(|kv| kv.strip_prefix("pstack_session="))
+            .expect("session cookie")
+            .to_string();
+        let body: Value = resp.json().await.unwrap();
+        let s = (cookie, body["csrfToken"].as_str().unwrap().to_string());
+        *self.human.lock().unwrap() = Some(s.clone());
+        s
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -281,4 +332,39 @@ pub fn sealed(host: &str, pid: u32, seq: u64) -> (String, Vec<u8>) {
 /// Error code of an error response.
 pub fn code(body: &Value) -> &str {
     body["error"]["code"].as_str().unwrap_or("<no error code>")
+}
+
+/// Everything the server logs (every level the store emits), from the first
+/// call on, for tests that scan the log output. One global subscriber for
+/// the test binary.
+pub fn captured_logs() -> &'static std::sync::Mutex<Vec<u8>> {
+    static BUF: std::sync::OnceLock<&'static std::sync::Mutex<Vec<u8>>> =
+        std::sync::OnceLock::new();
+    BUF.get_or_init(|| {
+        let buf: &'static std::sync::Mutex<Vec<u8>> =
+            Box::leak(Box::new(std::sync::Mutex::new(Vec::new())));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "debug,pstack_store=trace",
+            ))
+            .with_ansi(false)
+            .with_writer(move || LogWriter(buf))
+            .try_init();
+        buf
+    })
+}
+
+struct LogWriter(&'static std::sync::Mutex<Vec<u8>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

@@ -1,0 +1,32 @@
+//! The server's clock: wall time ([`crate::now_ns`]) plus an offset that
+//! only tests move, so time windows (grant claim, execution, watchdog
+//! checkpoints, leases) are tested without sleeping. Production never
+//! advances it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+/// A cheaply cloned handle; clones share the offset.
+#[derive(Debug, Clone, Default)]
+pub struct Clock {
+    offset_ns: Arc<AtomicI64>,
+}
+
+impl Clock {
+    /// The system clock.
+    pub fn system() -> Clock {
+        Clock::default()
+    }
+
+    /// Now, ns since the Unix epoch.
+    pub fn now_ns(&self) -> i64 {
+        crate::now_ns().saturating_add(self.offset_ns.load(Ordering::SeqCst))
+    }
+
+    /// Move this clock (and every clone) forward by `d`.
+    pub fn advance(&self, d: Duration) {
+        let ns = i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        self.offset_ns.fetch_add(ns, Ordering::SeqCst);
+    }
+}

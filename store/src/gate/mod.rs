@@ -1,0 +1,44 @@
+//! The remediation gate (seed 000, scenario 5): before an automated
+//! rollback, flag flip or config revert touches production, the store decides
+//! whether the evidence allows it and hands out exactly one short-lived right
+//! to do it.
+//!
+//! Pure rule modules — [`policy`] (matrix, lowering, statuses, windows),
+//! [`keys`] (grant tokens, sealed callbacks), [`ssrf`] (which addresses a
+//! webhook may reach), [`watchdog`] (checkpoint verdicts), [`alertmanager`]
+//! (webhook payload v4) — plus [`webhook`], the one place that sends a
+//! grant over the network. Storage is `crate::db::gate`; routes are
+//! `crate::http_gate`. The design choices where the seed is silent are in
+//! `store/docs/gate.md`.
+
+pub mod alertmanager;
+pub mod keys;
+pub mod policy;
+pub mod ssrf;
+pub mod watchdog;
+pub mod webhook;
+
+use std::sync::Arc;
+
+/// The gate's configuration (from `pstack-store serve` flags / environment).
+#[derive(Debug, Clone)]
+pub struct GateConfig {
+    /// Grant-hash and callback-sealing keys.
+    pub keys: Arc<keys::GateKeys>,
+    /// How old a pre-mutation envelope may be and still authorize.
+    pub envelope_freshness_ns: i64,
+    /// `ALERT_WEBHOOK_ALLOW_PRIVATE=true`: webhooks may reach private,
+    /// loopback and other internal addresses.
+    pub allow_private_webhooks: bool,
+}
+
+impl GateConfig {
+    /// Defaults with these keys.
+    pub fn with_keys(keys: keys::GateKeys) -> GateConfig {
+        GateConfig {
+            keys: Arc::new(keys),
+            envelope_freshness_ns: policy::DEFAULT_ENVELOPE_FRESHNESS_NS,
+            allow_private_webhooks: false,
+        }
+    }
+}

@@ -1,0 +1,1429 @@
+//! HTTP routes of the remediation gate (seed 000, scenario 5): incidents
+//! and leases, Alertmanager alerts, proposals, grants, approval, the
+//! watchdog.
+//!
+//! Invariants:
+//! - Every route authenticates with the API key before it reads a body.
+//! - A grant token appears in exactly one response: the one that minted it
+//!   (an autonomous `propose`, or `approve`). No GET, list, replay, log
+//!   line or metric carries it; proposals serialize through
+//!   [`proposal_json`], which has no field for it.
+//! - Errors are `{"error": {"code", "message", "field"?}}`: 403 policy or
+//!   wrong token, 404 absent, 409 conflict with the current state, 410 a
+//!   window passed, 422 a precondition (evidence) missing, 429 circuit
+//!   breaker.
+//! - Time comes from `AppState::clock` only.
+//! - A webhook failure never undoes an approval or a grant.
+
+#![allow(clippy::result_large_err)]
+
+use std::collections::BTreeMap;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::analysis::ledger::rfc3339;
+use crate::analysis::proof::CausalProofTier;
+use crate::db::analysis::new_id;
+use crate::db::gate::{
+    ClaimOutcome, Fence, FenceRefusal, Finish, IncidentRow, LeaseOutcome, NewIncident,
+    ProposalFilter, ProposalRow, ProposeOutcome, Transition, service_node_key,
+};
+use crate::gate::policy::{self, Action, Autonomy, Status};
+use crate::gate::webhook::{self, Callback, Delivery};
+use crate::gate::{alertmanager, watchdog};
+use crate::http::AppState;
+use crate::http_analysis::{
+    Reply, auth, bad_query, err, finding_json, json_body, limit_param, only_params, store_err,
+    unprocessable,
+};
+
+/// Default lease length.
+const DEFAULT_LEASE_NS: i64 = 60_000_000_000;
+/// Longest lease a runner may ask for.
+const MAX_LEASE_NS: i64 = 3_600_000_000_000;
+
+/// The gate routes (merged into [`crate::http::router`]).
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/internal/incidents",
+            post(post_incident).get(get_incidents),
+        )
+        .route("/internal/incidents/{id}", get(get_incident))
+        .route("/internal/incidents/{id}/lease", post(post_lease))
+        .route("/internal/incidents/{id}/resolve", post(post_resolve))
+        .route("/internal/remediations", get(get_proposals))
+        .route("/internal/remediations/propose", post(post_propose))
+        .route("/internal/remediations/watchdog", post(post_watchdog))
+        .route("/internal/remediations/{id}", get(get_proposal))
+        .route("/internal/remediations/{id}/grant", post(post_grant))
+        .route("/internal/remediations/{id}/approve", post(post_approve))
+        .route("/internal/remediations/{id}/reject", post(post_reject))
+        .route("/v1/alerts/alertmanager", post(post_alertmanager))
+}
+
+fn opt_time(ns: Option<i64>) -> Value {
+    ns.map_or(Value::Null, |n| json!(rfc3339(n)))
+}
+
+fn text_field(field: &str, v: &str) -> Result<(), Response> {
+    if v.trim().is_empty() || v.len() > 1024 {
+        return Err(unprocessable(
+            "invalid_field",
+            "required, at most 1024 bytes",
+            field,
+        ));
+    }
+    Ok(())
+}
+
+// ---- incidents ----
+
+fn incident_json(i: &IncidentRow) -> Value {
+    json!({
+        "id": i.id,
+        "project": i.project_id,
+        "environment": i.environment,
+        "dedupKey": i.dedup_key,
+        "title": i.title,
+        "faultLocusEntityId": i.fault_locus_entity_id,
+        "status": i.status,
+        "lease": i.lease_runner_id.as_ref().map(|r| json!({
+            "runnerId": r,
+            "fencingToken": i.fencing_token,
+            "expiresAt": opt_time(i.lease_expires_ns),
+        })),
+        "fencingToken": i.fencing_token,
+        "alertCount": i.alert_count,
+        "createdAt": rfc3339(i.created_ns),
+        "updatedAt": rfc3339(i.updated_ns),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct IncidentRequest {
+    project: String,
+    environment: String,
+    dedup_key: String,
+    title: String,
+    #[serde(default)]
+    fault_locus_entity_id: Option<String>,
+}
+
+async fn post_incident(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
+    let key_id = auth(&state, &headers).await?;
+    let req: IncidentRequest = json_body(body, "invalid_incident").await?;
+    for (f, v) in [
+        ("project", &req.project),
+        ("environment", &req.environment),
+        ("dedupKey", &req.dedup_key),
+        ("title", &req.title),
+    ] {
+        text_field(f, v)?;
+    }
+    let n = NewIncident {
+        project_id: req.project,
+        environment: req.environment,
+        dedup_key: req.dedup_key,
+        title: req.title,
+        fault_locus_entity_id: req.fault_locus_entity_id,
+    };
+    let (inc, dedup) = state
+        .store
+        .open_incident(&n, &key_id, state.clock.now_ns())
+        .await
+        .map_err(store_err)?;
+    let status = if dedup {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        Json(json!({"incident": incident_json(&inc), "deduplicated": dedup})),
+    )
+        .into_response())
+}
+
+async fn get_incidents(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<BTreeMap<String, String>>,
+) -> Reply {
+    auth(&state, &headers).await?;
+    only_params(&params, &["environment", "status", "limit"])?;
+    if let Some(s) = params.get("status")
+        && !["open", "leased", "resolved"].contains(&s.as_str())
+    {
+        return Err(bad_query("status", "status is open, leased or resolved"));
+    }
+    let limit = limit_param(&params, 50)?;
+    let items: Vec<Value> = state
+        .store
+        .incidents(
+            params.get("environment").map(String::as_str),
+            params.get("status").map(String::as_str),
+            limit,
+        )
+        .await
+        .map_err(store_err)?
+        .iter()
+        .map(incident_json)
+        .collect();
+    Ok(Json(json!({"items": items})).into_response())
+}
+
+fn incident_not_found(id: &str) -> Response {
+    err(
+        StatusCode::NOT_FOUND,
+        "incident_not_found",
+        format!("no incident {id}"),
+        None,
+    )
+}
+
+async fn get_incident(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Reply {
+    auth(&state, &headers).await?;
+    let Some(inc) = state.store.incident(&id).await.map_err(store_err)? else {
+        return Err(incident_not_found(&id));
+    };
+    let mut findings = Vec::new();
+    for fid in state
+        .store
+        .incident_finding_ids(&id)
+        .await
+        .map_err(store_err)?
+    {
+        if let Some(f) = state.store.finding(&fid).await.map_err(store_err)? {
+            findings.push(finding_json(&f));
+        }
+    }
+    let proposals: Vec<Value> = state
+        .store
+        .proposals(&ProposalFilter {
+            incident_id: Some(id.clone()),
+            status: None,
+            limit: 1000,
+        })
+        .await
+        .map_err(store_err)?
+        .iter()
+        .map(proposal_json)
+        .collect();
+    let alerts: Vec<Value> = state
+        .store
+        .incident_alerts(&id)
+        .await
+        .map_err(store_err)?
+        .into_iter()
+        .map(|(fp, st, at)| json!({"fingerprint": fp, "status": st, "receivedAt": rfc3339(at)}))
+        .collect();
+    Ok(Json(json!({
+        "incident": incident_json(&inc),
+        "findings": findings,
+        "proposals": proposals,
+        "alerts": alerts,
+    }))
+    .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct LeaseRequest {
+    runner_id: String,
+    #[serde(default)]
+    operation: Option<String>,
+    #[serde(default)]
+    fencing_token: Option<i64>,
+    #[serde(default)]
+    ttl_seconds: Option<i64>,
+}
+
+fn fence_refused(r: FenceRefusal) -> Response {
+    match r {
+        FenceRefusal::NoIncident => err(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_incident",
+            "no such incident",
+            Some("incidentId"),
+        ),
+        FenceRefusal::Resolved => err(
+            StatusCode::CONFLICT,
+            "incident_resolved",
+            "the incident is resolved",
+            None,
+        ),
+        FenceRefusal::LeaseHeld { holder, current } => err(
+            StatusCode::CONFLICT,
+            "lease_held",
+            format!(
+                "runner {holder:?} holds the incident's lease (fencing token {current}); present it as runnerId + fencingToken"
+            ),
+            Some("fencingToken"),
+        ),
+        FenceRefusal::Stale { presented, current } => err(
+            StatusCode::CONFLICT,
+            "stale_fencing_token",
+            format!(
+                "fencing token {presented} is not the incident's current lease (token {current})"
+            ),
+            Some("fencingToken"),
+        ),
+    }
+}
+
+async fn post_lease(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Body,
+) -> Reply {
+    auth(&state, &headers).await?;
+    let req: LeaseRequest = json_body(body, "invalid_lease").await?;
+    text_field("runnerId", &req.runner_id)?;
+    let ttl = match req.ttl_seconds {
+        None => DEFAULT_LEASE_NS,
+        Some(s) if (1..=MAX_LEASE_NS / 1_000_000_000).contains(&s) => s * 1_000_000_000,
+        Some(_) => {
+            return Err(unprocessable(
+                "invalid_lease",
+                "ttlSeconds is 1..=3600",
+                "ttlSeconds",
+            ));
+        }
+    };
+    let now = state.clock.now_ns();
+    let op = req.operation.as_deref().unwrap_or("acquire");
+    let need_token = || {
+        req.fencing_token.ok_or_else(|| {
+            unprocessable(
+                "invalid_lease",
+                "renew and release present the fencing token",
+                "fencingToken",
+            )
+        })
+    };
+    let outcome = match op {
+        "acquire" => {
+            state
+                .store
+                .acquire_lease(&id, &req.runner_id, ttl, now)
+                .await
+        }
+        "renew" => {
+            let t = need_token()?;
+            state
+                .store
+                .renew_lease(&id, &req.runner_id, t, ttl, now)
+                .await
+        }
+        "release" => {
+            let t = need_token()?;
+            state.store.release_lease(&id, &req.runner_id, t, now).await
+        }
+        other => {
+            return Err(unprocessable(
+                "invalid_lease",
+                format!("operation {other:?} is acquire, renew or release"),
+                "operation",
+            ));
+        }
+    }
+    .map_err(store_err)?;
+    match outcome {
+        LeaseOutcome::Ok(inc) => {
+            tracing::info!(incident = %inc.id, runner = %req.runner_id, op, fencing_token = inc.fencing_token, "incident lease");
+            Ok(Json(json!({
+                "incident": incident_json(&inc),
+                "lease": {
+                    "runnerId": inc.lease_runner_id,
+                    "fencingToken": inc.fencing_token,
+                    "expiresAt": opt_time(inc.lease_expires_ns),
+                },
+            }))
+            .into_response())
+        }
+        LeaseOutcome::NotFound => Err(incident_not_found(&id)),
+        LeaseOutcome::Resolved(_) => Err(fence_refused(FenceRefusal::Resolved)),
+        LeaseOutcome::Refused(inc) => {
+            let live = inc.status == "leased" && inc.lease_expires_ns.is_some_and(|e| e > now);
+            if op == "acquire" {
+                Err(fence_refused(FenceRefusal::LeaseHeld {
+                    holder: inc.lease_runner_id.unwrap_or_default(),
+                    current: inc.fencing_token,
+                }))
+            } else if !live && req.fencing_token == Some(inc.fencing_token) {
+                Err(err(
+                    StatusCode::GONE,
+                    "lease_expired",
+                    "the lease expired; acquire it again (a new fencing token)",
+                    None,
+                ))
+            } else {
+                Err(fence_refused(FenceRefusal::Stale {
+                    presented: req.fencing_token.unwrap_or(0),
+                    current: inc.fencing_token,
+                }))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FenceBody {
+    #[serde(default)]
+    runner_id: Option<String>,
+    #[serde(default)]
+    fencing_token: Option<i64>,
+}
+
+async fn post_resolve(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Body,
+) -> Reply {
+    auth(&state, &headers).await?;
+    let req: FenceBody = json_body(body, "invalid_resolve").await?;
+    let fence = Fence {
+        runner_id: req.runner_id,
+        fencing_token: req.fencing_token,
+    };
+    match state
+        .store
+        .resolve_incident(&id, &fence, state.clock.now_ns())
+        .await
+        .map_err(store_err)?
+    {
+        Ok(inc) => Ok(Json(json!({"incident": incident_json(&inc)})).into_response()),
+        Err(FenceRefusal::NoIncident) => Err(incident_not_found(&id)),
+        Err(r) => Err(fence_refused(r)),
+    }
+}
+
+// ---- alerts ----
+
+async fn post_alertmanager(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
+    let key_id = auth(&state, &headers).await?;
+    let msg: alertmanager::Message = json_body(body, "invalid_alertmanager_payload").await?;
+    let opens = alertmanager::incidents_of(&msg).map_err(|e| {
+        err(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_alertmanager_payload",
+            e.message,
+            Some(&e.field),
+        )
+    })?;
+    let now = state.clock.now_ns();
+    let mut out = Vec::new();
+    for o in opens {
+        let found = if o.firing {
+            let (inc, dedup) = state
+                .store
+                .open_incident(&o.incident, &key_id, now)
+                .await
+                .map_err(store_err)?;
+            Some((inc, dedup))
+        } else {
+            // Resolved alone: recorded on the active incident, never opens one.
+            state
+                .store
+                .active_incident(&o.incident)
+                .await
+                .map_err(store_err)?
+                .map(|i| (i, true))
+        };
+        let Some((inc, dedup)) = found else {
+            out.push(json!({"incident": null, "deduplicated": false, "alerts": 0, "unmatchedResolved": o.alerts.len()}));
+            continue;
+        };
+        for a in &o.alerts {
+            state
+                .store
+                .record_alert(&inc.id, a, now)
+                .await
+                .map_err(store_err)?;
+        }
+        out.push(json!({"incident": incident_json(&inc), "deduplicated": dedup, "alerts": o.alerts.len()}));
+    }
+    Ok(Json(json!({"items": out})).into_response())
+}
+
+// ---- proposals ----
+
+/// A proposal as every route shows it. It has no field for a token, the
+/// grant hash, or the stored callback's URL or secret.
+pub fn proposal_json(p: &ProposalRow) -> Value {
+    json!({
+        "id": p.id,
+        "incidentId": p.incident_id,
+        "findingId": p.finding_id,
+        "action": p.action,
+        "target": p.target,
+        "expectedCurrentState": p.expected_state,
+        "requestedAutonomy": p.requested_autonomy,
+        "effectiveAutonomy": p.effective_autonomy,
+        "causalProofTier": p.causal_proof_tier,
+        "fingerprint": p.fingerprint,
+        "status": p.status,
+        "idempotencyKey": p.idempotency_key,
+        "preMutationEnvelope": p.pre_mutation_envelope,
+        "grantIssuedAt": opt_time(p.grant_issued_ns),
+        "grantExpiresAt": opt_time(p.grant_expires_ns),
+        "runnerId": p.runner_id,
+        "claimedAt": opt_time(p.claimed_ns),
+        "executionDeadline": opt_time(p.execution_deadline_ns),
+        "finishedAt": opt_time(p.finished_ns),
+        "outcome": p.outcome,
+        "callbackHost": p.callback_host,
+        "callbackDelivery": p.callback_delivery,
+        "recoveryStatus": p.recovery_status,
+        "causalVerificationStatus": p.causal_verification_status,
+        "createdAt": rfc3339(p.created_ns),
+        "updatedAt": rfc3339(p.updated_ns),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ProposeRequest {
+    incident_id: String,
+    finding_id: String,
+    action: String,
+    target: Value,
+    expected_current_state: Value,
+    #[serde(default)]
+    requested_autonomy: Option<String>,
+    idempotency_key: String,
+    #[serde(default)]
+    pre_mutation_envelope: Option<String>,
+    #[serde(default)]
+    webhook_url: Option<String>,
+    #[serde(default)]
+    secret: Option<String>,
+    #[serde(default)]
+    runner_id: Option<String>,
+    #[serde(default)]
+    fencing_token: Option<i64>,
+}
+
+/// A validated target: (node key, subject key if a host subject, service
+/// and environment for traffic checks).
+struct Target {
+    key: String,
+    subject: Option<String>,
+}
+
+fn parse_target(t: &Value, incident_env: &str) -> Result<Target, Response> {
+    let Some(obj) = t.as_object() else {
+        return Err(unprocessable(
+            "invalid_target",
+            "target is {service, environment} or {subject}",
+            "target",
+        ));
+    };
+    for k in obj.keys() {
+        if !["service", "environment", "subject"].contains(&k.as_str()) {
+            return Err(unprocessable(
+                "invalid_target",
+                format!("unknown target field {k:?}"),
+                &format!("target.{k}"),
+            ));
+        }
+    }
+    let s = |k: &str| obj.get(k).and_then(Value::as_str);
+    if let Some(subject) = s("subject") {
+        text_field("target.subject", subject)?;
+        return Ok(Target {
+            key: format!("subject:{subject}"),
+            subject: Some(subject.to_string()),
+        });
+    }
+    match (s("service"), s("environment")) {
+        (Some(svc), Some(env)) => {
+            text_field("target.service", svc)?;
+            if env != incident_env {
+                return Err(unprocessable(
+                    "invalid_target",
+                    format!("target environment {env:?} is not the incident's ({incident_env:?})"),
+                    "target.environment",
+                ));
+            }
+            Ok(Target {
+                key: service_node_key(env, svc),
+                subject: None,
+            })
+        }
+        (None, _) => Err(unprocessable(
+            "invalid_target",
+            "give target.service and target.environment, or target.subject",
+            "target.service",
+        )),
+        (_, None) => Err(unprocessable(
+            "invalid_target",
+            "target.environment is required with target.service",
+            "target.environment",
+        )),
+    }
+}
+
+const STATE_FIELDS: [&str; 3] = ["version", "commitSha", "configDigest"];
+
+fn check_expected_state(v: &Value, subject: bool) -> Result<(), Response> {
+    let field = "expectedCurrentState";
+    let Some(obj) = v.as_object() else {
+        return Err(unprocessable("invalid_expected_state", "an object", field));
+    };
+    if subject {
+        // A host subject's state is its newest sealed envelope: the cited
+        // pre-mutation one (optionally restated as envelopeDigest).
+        for (k, val) in obj {
+            if k != "envelopeDigest" || !val.is_string() {
+                return Err(unprocessable(
+                    "invalid_expected_state",
+                    "a host subject's expected state is {envelopeDigest} (the pre-mutation envelope)",
+                    &format!("{field}.{k}"),
+                ));
+            }
+        }
+        return Ok(());
+    }
+    if obj.is_empty() {
+        return Err(unprocessable(
+            "invalid_expected_state",
+            format!("name at least one of {}, flags", STATE_FIELDS.join(", ")),
+            field,
+        ));
+    }
+    for (k, val) in obj {
+        if k == "flags" {
+            let ok = val.as_object().is_some_and(|f| {
+                !f.is_empty()
+                    && f.values()
+                        .all(|v| v.is_string() || v.is_boolean() || v.is_number())
+            });
+            if !ok {
+                return Err(unprocessable(
+                    "invalid_expected_state",
+                    "flags is an object of flag name → string, boolean or number",
+                    &format!("{field}.flags"),
+                ));
+            }
+            continue;
+        }
+        if !STATE_FIELDS.contains(&k.as_str()) || !val.is_string() {
+            return Err(unprocessable(
+                "invalid_expected_state",
+                format!(
+                    "fields are strings among {}, and flags",
+                    STATE_FIELDS.join(", ")
+                ),
+                &format!("{field}.{k}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The pre-mutation envelope rule: a stored envelope of the same subject,
+/// `complete` or `bounded`, captured before now and within the freshness.
+async fn check_envelope(
+    state: &AppState,
+    digest: Option<&str>,
+    subject: &str,
+    now: i64,
+) -> Result<(), Response> {
+    let field = "preMutationEnvelope";
+    let Some(d) = digest else {
+        return Err(unprocessable(
+            "pre_mutation_envelope_required",
+            format!(
+                "an action on host subject {subject:?} cites the digest of a sealed envelope of that subject captured before it (preMutationEnvelope)"
+            ),
+            field,
+        ));
+    };
+    let Some((sk, wall_ns, completeness)) =
+        state.store.envelope_meta(d).await.map_err(store_err)?
+    else {
+        return Err(unprocessable(
+            "pre_mutation_envelope_unknown",
+            format!("no stored envelope {d}"),
+            field,
+        ));
+    };
+    if sk != subject {
+        return Err(unprocessable(
+            "pre_mutation_envelope_wrong_subject",
+            format!("envelope {d} is of subject {sk:?}, not {subject:?}"),
+            field,
+        ));
+    }
+    if completeness != "complete" && completeness != "bounded" {
+        return Err(unprocessable(
+            "pre_mutation_envelope_incomplete",
+            format!(
+                "envelope {d} is {completeness}; a pre-mutation envelope is complete or bounded"
+            ),
+            field,
+        ));
+    }
+    if wall_ns > now {
+        return Err(unprocessable(
+            "pre_mutation_envelope_not_before",
+            format!("envelope {d} was captured after this request"),
+            field,
+        ));
+    }
+    let fresh = state.gate.envelope_freshness_ns;
+    if now - wall_ns > fresh {
+        return Err(unprocessable(
+            "pre_mutation_envelope_stale",
+            format!(
+                "envelope {d} was captured {} s ago; it authorizes for {} s — capture the subject again",
+                (now - wall_ns) / 1_000_000_000,
+                fresh / 1_000_000_000
+            ),
+            field,
+        ));
+    }
+    Ok(())
+}
+
+fn validate_callback(
+    url: Option<&String>,
+    secret: Option<&String>,
+) -> Result<Option<(Callback, String)>, Response> {
+    match (url, secret) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(unprocessable(
+            "invalid_webhook",
+            "secret needs webhookUrl",
+            "secret",
+        )),
+        (Some(u), s) => {
+            let host = webhook::callback_host(u)
+                .map_err(|e| unprocessable("invalid_webhook_url", e.to_string(), "webhookUrl"))?;
+            if u.len() > 2048 {
+                return Err(unprocessable(
+                    "invalid_webhook_url",
+                    "at most 2048 bytes",
+                    "webhookUrl",
+                ));
+            }
+            Ok(Some((
+                Callback {
+                    url: u.clone(),
+                    secret: s.cloned().filter(|s| !s.is_empty()),
+                },
+                host,
+            )))
+        }
+    }
+}
+
+async fn deliver_grant(
+    state: &AppState,
+    p: &ProposalRow,
+    token: &str,
+    cb: &Callback,
+) -> Result<Delivery, Response> {
+    let incident = state
+        .store
+        .incident(&p.incident_id)
+        .await
+        .map_err(store_err)?;
+    let body = json!({
+        "event": webhook::GRANT_EVENT,
+        "proposalId": p.id,
+        "status": p.status,
+        "grantToken": token,
+        "grantExpiresAt": opt_time(p.grant_expires_ns),
+        "action": p.action,
+        "target": p.target,
+        "expectedCurrentState": p.expected_state,
+        "incident": incident.as_ref().map(|i| json!({
+            "id": i.id,
+            "project": i.project_id,
+            "environment": i.environment,
+            "title": i.title,
+            "dedupKey": i.dedup_key,
+        })),
+    });
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    let d = webhook::deliver(cb, &bytes, state.gate.allow_private_webhooks).await;
+    let now = state.clock.now_ns();
+    let stored = json!({
+        "status": if d.delivered { "delivered" } else { "failed" },
+        "attempts": d.attempts,
+        "lastError": d.error,
+        "at": rfc3339(now),
+    });
+    state
+        .store
+        .set_callback_delivery(&p.id, &stored, now)
+        .await
+        .map_err(store_err)?;
+    tracing::info!(proposal = %p.id, host = %d.host, delivered = d.delivered, attempts = d.attempts, "grant webhook");
+    Ok(d)
+}
+
+async fn post_propose(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
+    let key_id = auth(&state, &headers).await?;
+    let req: ProposeRequest = json_body(body, "invalid_proposal").await?;
+    text_field("idempotencyKey", &req.idempotency_key)?;
+    if let Some(existing) = state
+        .store
+        .proposal_by_key(&req.idempotency_key)
+        .await
+        .map_err(store_err)?
+    {
+        return Ok(replay(&existing));
+    }
+    let now = state.clock.now_ns();
+    let Some(action) = Action::parse(&req.action) else {
+        return Err(unprocessable(
+            "unknown_action",
+            format!(
+                "{:?} is not one of {}",
+                req.action,
+                Action::ALL.map(Action::as_str).join(", ")
+            ),
+            "action",
+        ));
+    };
+    let requested = match req.requested_autonomy.as_deref() {
+        None => None,
+        Some(r) => match Autonomy::parse(r) {
+            Some(a) if a != Autonomy::BlockedByPolicy => Some(a),
+            _ => {
+                return Err(unprocessable(
+                    "invalid_requested_autonomy",
+                    "requestedAutonomy is read_only, suggested_action, human_approved_write or autonomous_write",
+                    "requestedAutonomy",
+                ));
+            }
+        },
+    };
+    let Some(finding) = state
+        .store
+        .finding(&req.finding_id)
+        .await
+        .map_err(store_err)?
+    else {
+        return Err(unprocessable(
+            "unknown_finding",
+            format!("no finding {}", req.finding_id),
+            "findingId",
+        ));
+    };
+    let Some(incident) = state
+        .store
+        .incident(&req.incident_id)
+        .await
+        .map_err(store_err)?
+    else {
+        return Err(unprocessable(
+            "unknown_incident",
+            format!("no incident {}", req.incident_id),
+            "incidentId",
+        ));
+    };
+    if let Some(fi) = &finding.incident_id
+        && fi != &incident.id
+    {
+        return Err(unprocessable(
+            "finding_incident_mismatch",
+            format!("finding {} belongs to incident {fi}", finding.id),
+            "findingId",
+        ));
+    }
+    let target = parse_target(&req.target, &incident.environment)?;
+    check_expected_state(&req.expected_current_state, target.subject.is_some())?;
+    match &target.subject {
+        Some(subject) => {
+            check_envelope(&state, req.pre_mutation_envelope.as_deref(), subject, now).await?;
+            if let Some(d) = req.expected_current_state.get("envelopeDigest")
+                && d.as_str() != req.pre_mutation_envelope.as_deref()
+            {
+                return Err(unprocessable(
+                    "invalid_expected_state",
+                    "envelopeDigest must be the preMutationEnvelope",
+                    "expectedCurrentState.envelopeDigest",
+                ));
+            }
+        }
+        None if req.pre_mutation_envelope.is_some() => {
+            return Err(unprocessable(
+                "field_not_applicable",
+                "preMutationEnvelope applies to host-subject targets",
+                "preMutationEnvelope",
+            ));
+        }
+        None => {}
+    }
+    let callback = validate_callback(req.webhook_url.as_ref(), req.secret.as_ref())?;
+    // The tier is the server's, recorded on the finding; never the caller's.
+    let tier = CausalProofTier::parse(&finding.causal_proof_tier)
+        .unwrap_or(CausalProofTier::UnverifiedLocus);
+    let effective = policy::effective_autonomy(action, tier, requested);
+    let status = policy::initial_status(effective);
+    let minted = if status == Status::GrantIssued {
+        Some(state.gate.keys.mint_token().map_err(|e| {
+            err(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "random_unavailable",
+                e.to_string(),
+                None,
+            )
+        })?)
+    } else {
+        None
+    };
+    let (callback_sealed, callback_host) = match (&callback, status) {
+        (Some((cb, host)), Status::PendingHumanApproval) => {
+            let sealed = state
+                .gate
+                .keys
+                .seal(&serde_json::to_vec(cb).unwrap_or_default())
+                .map_err(|e| {
+                    err(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "seal_failed",
+                        e.to_string(),
+                        None,
+                    )
+                })?;
+            (Some(sealed), Some(host.clone()))
+        }
+        (Some((_, host)), Status::GrantIssued) => (None, Some(host.clone())),
+        _ => (None, None),
+    };
+    let row = ProposalRow {
+        id: new_id("rem").map_err(store_err)?,
+        incident_id: incident.id.clone(),
+        finding_id: finding.id.clone(),
+        action: action.as_str().into(),
+        target: req.target.clone(),
+        target_key: target.key,
+        expected_state: req.expected_current_state.clone(),
+        requested_autonomy: requested.map(|a| a.as_str().to_string()),
+        effective_autonomy: effective.as_str().into(),
+        causal_proof_tier: tier.as_str().into(),
+        fingerprint: finding.fingerprint.clone(),
+        status: status.as_str().into(),
+        idempotency_key: req.idempotency_key.clone(),
+        pre_mutation_envelope: req.pre_mutation_envelope.clone(),
+        grant_hash: minted.as_ref().map(|(_, h)| h.clone()),
+        grant_issued_ns: minted.as_ref().map(|_| now),
+        grant_expires_ns: minted.as_ref().map(|_| now + policy::GRANT_CLAIM_WINDOW_NS),
+        runner_id: None,
+        claimed_ns: None,
+        execution_deadline_ns: None,
+        finished_ns: None,
+        outcome: None,
+        callback_sealed,
+        callback_host,
+        callback_delivery: None,
+        recovery_status: None,
+        causal_verification_status: None,
+        decided_by: None,
+        created_ns: now,
+        updated_ns: now,
+    };
+    let fence = Fence {
+        runner_id: req.runner_id.clone(),
+        fencing_token: req.fencing_token,
+    };
+    let outcome = state
+        .store
+        .insert_proposal(&row, &fence, &key_id, now)
+        .await
+        .map_err(store_err)?;
+    let p = match outcome {
+        ProposeOutcome::Inserted(p) => p,
+        ProposeOutcome::Replay(p) => return Ok(replay(&p)),
+        ProposeOutcome::BreakerOpen { live } => {
+            return Err(err(
+                StatusCode::TOO_MANY_REQUESTS,
+                "circuit_breaker_open",
+                format!(
+                    "{live} live {} proposals for finding fingerprint {} in the last hour; the circuit breaker allows {} (reject or let one expire to free a slot)",
+                    action.as_str(),
+                    finding.fingerprint,
+                    policy::BREAKER_LIMIT
+                ),
+                Some("action"),
+            ));
+        }
+        ProposeOutcome::Fence(r) => return Err(fence_refused(r)),
+    };
+    tracing::info!(proposal = %p.id, action = %p.action, tier = %p.causal_proof_tier, effective = %p.effective_autonomy, status = %p.status, "remediation proposed");
+    let mut delivery = None;
+    if let (Some((token, _)), Some((cb, _))) = (&minted, &callback) {
+        delivery = Some(deliver_grant(&state, &p, token, cb).await?);
+    }
+    let p = state
+        .store
+        .proposal(&p.id)
+        .await
+        .map_err(store_err)?
+        .unwrap_or(p);
+    let mut body = json!({
+        "proposal": proposal_json(&p),
+        "grantToken": minted.map(|(t, _)| t),
+    });
+    if let Some(d) = delivery {
+        body["grantDelivery"] = json!(d);
+    }
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+fn replay(p: &ProposalRow) -> Response {
+    (
+        StatusCode::OK,
+        Json(json!({"proposal": proposal_json(p), "grantToken": null, "replayed": true})),
+    )
+        .into_response()
+}
+
+fn proposal_not_found(id: &str) -> Response {
+    err(
+        StatusCode::NOT_FOUND,
+        "proposal_not_found",
+        format!("no remediation proposal {id}"),
+        None,
+    )
+}
+
+async fn get_proposal(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Reply {
+    auth(&state, &headers).await?;
+    let Some(p) = state.store.proposal(&id).await.map_err(store_err)? else {
+        return Err(proposal_not_found(&id));
+    };
+    let checkpoints: Vec<Value> = state
+        .store
+        .checkpoints(&id)
+        .await
+        .map_err(store_err)?
+        .into_iter()
+        .map(|c| {
+            json!({
+                "offsetSeconds": watchdog::CHECKPOINTS_NS.get(c.ord as usize).map(|n| n / 1_000_000_000),
+                "dueAt": rfc3339(c.due_ns),
+                "evaluatedAt": opt_time(c.evaluated_ns),
+                "requests": c.requests,
+                "errors": c.errors,
+                "verdict": c.verdict,
+            })
+        })
+        .collect();
+    let receipts: Vec<Value> = state
+        .store
+        .gate_receipts(&id)
+        .await
+        .map_err(store_err)?
+        .into_iter()
+        .map(|r| {
+            json!({
+                "kind": r.kind,
+                "subjectKey": r.subject_key,
+                "evidence": r.evidence,
+                "detail": r.detail,
+                "createdAt": rfc3339(r.created_ns),
+            })
+        })
+        .collect();
+    let mut body = json!({"proposal": proposal_json(&p)});
+    body["proposal"]["checkpoints"] = json!(checkpoints);
+    body["proposal"]["receipts"] = json!(receipts);
+    Ok(Json(body).into_response())
+}
+
+async fn get_proposals(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<BTreeMap<String, String>>,
+) -> Reply {
+    auth(&state, &headers).await?;
+    only_params(&params, &["incidentId", "status", "limit"])?;
+    if let Some(s) = params.get("status")
+        && Status::parse(s).is_none()
+    {
+        return Err(bad_query(
+            "status",
+            format!(
+                "status is one of {}",
+                Status::ALL.map(Status::as_str).join(", ")
+            ),
+        ));
+    }
+    let f = ProposalFilter {
+        incident_id: params.get("incidentId").cloned(),
+        status: params.get("status").cloned(),
+        limit: limit_param(&params, 50)?,
+    };
+    let items: Vec<Value> = state
+        .store
+        .proposals(&f)
+        .await
+        .map_err(store_err)?
+        .iter()
+        .map(proposal_json)
+        .collect();
+    Ok(Json(json!({"items": items})).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct GrantRequest {
+    operation: String,
+    grant_token: String,
+    runner_id: String,
+    #[serde(default)]
+    result: Option<Value>,
+}
+
+fn status_conflict(p: &ProposalRow, wanted: &str) -> Response {
+    err(
+        StatusCode::CONFLICT,
+        "invalid_status",
+        format!("proposal {} is {}; {wanted}", p.id, p.status),
+        None,
+    )
+}
+
+async fn post_grant(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Body,
+) -> Reply {
+    auth(&state, &headers).await?;
+    let req: GrantRequest = json_body(body, "invalid_grant_request").await?;
+    text_field("runnerId", &req.runner_id)?;
+    let Some(p) = state.store.proposal(&id).await.map_err(store_err)? else {
+        return Err(proposal_not_found(&id));
+    };
+    let Some(hash) = p.grant_hash.clone() else {
+        return Err(status_conflict(&p, "no grant was issued for it"));
+    };
+    if !state.gate.keys.token_matches(&req.grant_token, &hash) {
+        tracing::warn!(proposal = %p.id, "grant token refused");
+        return Err(err(
+            StatusCode::FORBIDDEN,
+            "invalid_grant_token",
+            "this is not the proposal's grant token",
+            Some("grantToken"),
+        ));
+    }
+    let now = state.clock.now_ns();
+    match req.operation.as_str() {
+        "claim" => {
+            if let Some(subject) = p.target_key.strip_prefix("subject:")
+                && p.status == "grant_issued"
+            {
+                // An envelope past its freshness never authorizes.
+                check_envelope(&state, p.pre_mutation_envelope.as_deref(), subject, now).await?;
+            }
+            match state
+                .store
+                .claim_grant(&id, &hash, &req.runner_id, now)
+                .await
+                .map_err(store_err)?
+            {
+                ClaimOutcome::Claimed(p) => {
+                    tracing::info!(proposal = %p.id, runner = %req.runner_id, "grant claimed");
+                    Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
+                }
+                ClaimOutcome::Expired(p) => Err(err(
+                    StatusCode::GONE,
+                    "grant_expired",
+                    format!("the grant expired at {}", opt_time(p.grant_expires_ns)),
+                    None,
+                )),
+                ClaimOutcome::Conflict(p) => Err(
+                    if p.status == "claimed_executing"
+                        || p.status == "completed"
+                        || p.status == "failed_execution"
+                    {
+                        err(
+                            StatusCode::CONFLICT,
+                            "grant_already_claimed",
+                            format!(
+                                "the grant was claimed (proposal is {}); a grant is single-use",
+                                p.status
+                            ),
+                            None,
+                        )
+                    } else {
+                        status_conflict(&p, "only a grant_issued proposal can be claimed")
+                    },
+                ),
+                ClaimOutcome::Mismatch(m) => {
+                    let detail: Vec<Value> = m
+                        .iter()
+                        .map(|(f, e, a)| json!({"field": f, "expected": e, "actual": a}))
+                        .collect();
+                    let first = m.first().map(|x| x.0.clone()).unwrap_or_default();
+                    let mut resp = err(
+                        StatusCode::CONFLICT,
+                        "expected_state_mismatch",
+                        format!(
+                            "the target's current state is not expectedCurrentState ({}); propose again against what is live",
+                            m.iter()
+                                .map(|(f, e, a)| format!("{f}: expected {e}, live {a}"))
+                                .collect::<Vec<_>>()
+                                .join("; ")
+                        ),
+                        Some(&format!("expectedCurrentState.{first}")),
+                    );
+                    if let Ok(b) = serde_json::to_vec(&json!({"error": {
+                        "code": "expected_state_mismatch",
+                        "message": "the target's current state is not expectedCurrentState; propose again against what is live",
+                        "field": format!("expectedCurrentState.{first}"),
+                        "detail": detail,
+                    }})) {
+                        resp = (
+                            StatusCode::CONFLICT,
+                            [(axum::http::header::CONTENT_TYPE, "application/json")],
+                            b,
+                        )
+                            .into_response();
+                    }
+                    Err(resp)
+                }
+                ClaimOutcome::NotFound => Err(proposal_not_found(&id)),
+            }
+        }
+        op @ ("complete" | "fail") => {
+            if p.status == "claimed_executing" && p.runner_id.as_deref() != Some(&req.runner_id) {
+                return Err(err(
+                    StatusCode::FORBIDDEN,
+                    "not_claiming_runner",
+                    "only the runner that claimed the grant completes or fails it",
+                    Some("runnerId"),
+                ));
+            }
+            let outcome = req.result.clone().unwrap_or(Value::Null);
+            let f = Finish {
+                runner_id: &req.runner_id,
+                success: op == "complete",
+                outcome: &outcome,
+                checkpoints: &watchdog::CHECKPOINTS_NS,
+            };
+            match state
+                .store
+                .finish_grant(&id, &f, now)
+                .await
+                .map_err(store_err)?
+            {
+                Transition::Done(p) => {
+                    tracing::info!(proposal = %p.id, status = %p.status, "grant finished");
+                    Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
+                }
+                Transition::Refused(p) if p.status == "execution_timed_out" => Err(err(
+                    StatusCode::GONE,
+                    "execution_timed_out",
+                    "the 5-minute execution window after the claim passed",
+                    None,
+                )),
+                Transition::Refused(p) if p.status == "claimed_executing" => Err(err(
+                    StatusCode::FORBIDDEN,
+                    "not_claiming_runner",
+                    "only the runner that claimed the grant completes or fails it",
+                    Some("runnerId"),
+                )),
+                Transition::Refused(p) => Err(status_conflict(
+                    &p,
+                    "only a claimed grant can be completed or failed",
+                )),
+                Transition::NotFound => Err(proposal_not_found(&id)),
+            }
+        }
+        other => Err(unprocessable(
+            "invalid_grant_request",
+            format!("operation {other:?} is claim, complete or fail"),
+            "operation",
+        )),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ApproveRequest {
+    #[serde(default)]
+    webhook_url: Option<String>,
+    #[serde(default)]
+    secret: Option<String>,
+}
+
+async fn optional_body<T: Default + serde::de::DeserializeOwned>(
+    body: Body,
+    code: &str,
+) -> Result<T, Response> {
+    let bytes = axum::body::to_bytes(body, 1 << 20).await.map_err(|_| {
+        err(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "JSON bodies are at most 1 MiB",
+            None,
+        )
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    json_body(Body::from(bytes), code).await
+}
+
+async fn post_approve(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Body,
+) -> Reply {
+    // A human decision: an operator session with its CSRF token, never an API key.
+    let (user, _) = crate::http_ui::human(&state, &headers, true).await?;
+    let key_id = format!("user:{user}");
+    let req: ApproveRequest = optional_body(body, "invalid_approval").await?;
+    let callback = validate_callback(req.webhook_url.as_ref(), req.secret.as_ref())?;
+    let Some(before) = state.store.proposal(&id).await.map_err(store_err)? else {
+        return Err(proposal_not_found(&id));
+    };
+    let now = state.clock.now_ns();
+    if before.status == "grant_issued" {
+        return Err(err(
+            StatusCode::CONFLICT,
+            "already_granted",
+            "the proposal already has a grant; reject it and propose again if the token was lost",
+            None,
+        ));
+    }
+    if before.status == "pending_human_approval"
+        && let Some(subject) = before.target_key.strip_prefix("subject:")
+    {
+        check_envelope(
+            &state,
+            before.pre_mutation_envelope.as_deref(),
+            subject,
+            now,
+        )
+        .await?;
+    }
+    let (token, hash) = state.gate.keys.mint_token().map_err(|e| {
+        err(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "random_unavailable",
+            e.to_string(),
+            None,
+        )
+    })?;
+    let p = match state
+        .store
+        .approve_proposal(&id, &hash, &key_id, now)
+        .await
+        .map_err(store_err)?
+    {
+        Transition::Done(p) => p,
+        Transition::Refused(p) if p.status == "grant_issued" => {
+            return Err(err(
+                StatusCode::CONFLICT,
+                "already_granted",
+                "the proposal already has a grant; reject it and propose again if the token was lost",
+                None,
+            ));
+        }
+        Transition::Refused(p) => {
+            return Err(status_conflict(
+                &p,
+                "only a pending_human_approval proposal can be approved",
+            ));
+        }
+        Transition::NotFound => return Err(proposal_not_found(&id)),
+    };
+    tracing::info!(proposal = %p.id, by = %key_id, "remediation approved");
+    // The request's callback wins over the one stored at propose time.
+    let cb = match callback {
+        Some((cb, _)) => Some(cb),
+        None => before
+            .callback_sealed
+            .as_deref()
+            .and_then(|s| state.gate.keys.open(s).ok())
+            .and_then(|b| serde_json::from_slice::<Callback>(&b).ok()),
+    };
+    let delivery = match &cb {
+        Some(cb) => Some(deliver_grant(&state, &p, &token, cb).await?),
+        None => None,
+    };
+    let p = state
+        .store
+        .proposal(&id)
+        .await
+        .map_err(store_err)?
+        .unwrap_or(p);
+    let mut body = json!({"proposal": proposal_json(&p), "grantToken": token});
+    if let Some(d) = delivery {
+        body["grantDelivery"] = json!(d);
+    }
+    Ok(Json(body).into_response())
+}
+
+async fn post_reject(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Body,
+) -> Reply {
+    let (user, _) = crate::http_ui::human(&state, &headers, true).await?;
+    let key_id = format!("user:{user}");
+    let _: ApproveRequestEmpty = optional_body(body, "invalid_rejection").await?;
+    match state
+        .store
+        .reject_proposal(&id, &key_id, state.clock.now_ns())
+        .await
+        .map_err(store_err)?
+    {
+        Transition::Done(p) => {
+            tracing::info!(proposal = %p.id, by = %key_id, "remediation rejected");
+            Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
+        }
+        Transition::Refused(p) => Err(status_conflict(
+            &p,
+            "only a pending proposal or an unclaimed grant can be rejected",
+        )),
+        Transition::NotFound => Err(proposal_not_found(&id)),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ApproveRequestEmpty {
+    #[serde(default)]
+    #[allow(dead_code)]
+    reason: Option<String>,
+}
+
+// ---- watchdog ----
+
+async fn post_watchdog(State(state): State<AppState>, headers: HeaderMap) -> Reply {
+    auth(&state, &headers).await?;
+    let report = crate::gate_tick::tick(&state).await.map_err(store_err)?;
+    Ok(Json(json!(report)).into_response())
+}

@@ -1,0 +1,331 @@
+//! The approval page (`/ui/`, the seed's `#/autonomous-review` view inside
+//! it) and human sessions.
+//!
+//! Invariants:
+//! - Human sessions are distinct from node API keys: approve and reject
+//!   take a session cookie (never a key), and a key never opens the page's
+//!   API.
+//! - The cookie is `HttpOnly`, `SameSite=Strict`, `Path=/`, and `Secure`
+//!   when the request came over TLS (a TLS-terminating proxy sets
+//!   `X-Forwarded-Proto: https`, see docs/store-tls.md).
+//! - Every state-changing request of a session (approve, reject, logout)
+//!   carries the session's CSRF token in `X-CSRF-Token`; without it: 403.
+//!   Login takes JSON only (a cross-site form cannot send it without a
+//!   preflight the store never answers). Five failed logins of one name
+//!   within 15 minutes refuse that name (429) until the window passes.
+//! - The page renders every value with `textContent`; a grant token is
+//!   shown only from the approve response that minted it and kept in no
+//!   storage, so a reload shows it no more. Scripts come from the store
+//!   only (Content-Security-Policy).
+
+#![allow(clippy::result_large_err)]
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::db::gate::ProposalFilter;
+use crate::http::AppState;
+use crate::http_analysis::{Reply, err, json_body, store_err};
+use crate::operators::{self, COOKIE};
+
+const PAGE: &str = include_str!("ui/index.html");
+const SCRIPT: &str = include_str!("ui/app.js");
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// The page's routes (merged into [`crate::http::router`]).
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/ui/", get(page))
+        .route("/ui/app.js", get(script))
+        .route("/ui/login", post(login))
+        .route("/ui/logout", post(logout))
+        .route("/ui/api/session", get(session))
+        .route("/ui/api/queue", get(queue))
+}
+
+fn hardened(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    r
+}
+
+async fn page() -> Response {
+    hardened(([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE).into_response())
+}
+
+async fn script() -> Response {
+    hardened(
+        (
+            [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+            SCRIPT,
+        )
+            .into_response(),
+    )
+}
+
+/// The operator behind this request's session; with `state_changing`, the
+/// request must also carry the session's CSRF token.
+pub async fn human(
+    state: &AppState,
+    headers: &HeaderMap,
+    state_changing: bool,
+) -> Result<(String, String), Response> {
+    let none = || {
+        err(
+            StatusCode::UNAUTHORIZED,
+            "human_session_required",
+            "log in on the approval page (/ui/): this action takes an operator session, not an API key",
+            None,
+        )
+    };
+    let Some(id) = headers
+        .get(header::COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(operators::cookie_value)
+    else {
+        return Err(none());
+    };
+    let hash = operators::session_hash(id);
+    let Some((user, csrf)) = state
+        .store
+        .session(&hash, state.clock.now_ns())
+        .await
+        .map_err(store_err)?
+    else {
+        return Err(none());
+    };
+    if state_changing {
+        let sent = headers
+            .get("x-csrf-token")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        // Compare digests: equal-length, no early exit on the secret.
+        if operators::session_hash(sent) != operators::session_hash(&csrf) {
+            tracing::warn!(user = %user, "request without the session's CSRF token");
+            return Err(err(
+                StatusCode::FORBIDDEN,
+                "csrf_token_invalid",
+                "send the session's CSRF token in X-CSRF-Token",
+                None,
+            ));
+        }
+    }
+    Ok((user, hash))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoginRequest {
+    username: String,
+    password: String,
+}
+
+fn cookie(headers: &HeaderMap, value: &str, max_age: i64) -> HeaderValue {
+    let tls = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.eq_ignore_ascii_case("https"));
+    let secure = if tls { "; Secure" } else { "" };
+    HeaderValue::from_str(&format!(
+        "{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
+    ))
+    .unwrap_or_else(|_| HeaderValue::from_static("pstack_session=; Max-Age=0"))
+}
+
+async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
+    let json_ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !json_ct {
+        return Err(err(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "json_required",
+            "log in with Content-Type: application/json",
+            None,
+        ));
+    }
+    let req: LoginRequest = json_body(body, "invalid_login").await?;
+    if let Some(left) = state
+        .login_failures
+        .blocked(&req.username, state.clock.now_ns())
+    {
+        tracing::warn!(user = %req.username, "operator login throttled");
+        let mut r = err(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_login_failures",
+            format!(
+                "{} failed logins for this user; try again in {} s",
+                operators::MAX_LOGIN_FAILURES,
+                left / 1_000_000_000 + 1
+            ),
+            None,
+        );
+        if let Ok(v) = HeaderValue::from_str(&(left / 1_000_000_000 + 1).to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        return Err(r);
+    }
+    let stored = state
+        .store
+        .operator_hash(&req.username)
+        .await
+        .map_err(store_err)?;
+    let password = req.password;
+    let ok = tokio::task::spawn_blocking(move || match stored {
+        Some(phc) => operators::verify_password(&password, &phc),
+        None => {
+            // Same work for an unknown name as for a wrong password.
+            let _ = operators::hash_password(&password);
+            false
+        }
+    })
+    .await
+    .unwrap_or(false);
+    if !ok {
+        state
+            .login_failures
+            .failed(&req.username, state.clock.now_ns());
+        tracing::warn!(user = %req.username, "operator login refused");
+        return Err(err(
+            StatusCode::UNAUTHORIZED,
+            "invalid_credentials",
+            "unknown user or wrong password",
+            None,
+        ));
+    }
+    state.login_failures.succeeded(&req.username);
+    let (id, hash, csrf) = operators::new_session().map_err(|e| {
+        err(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "random_unavailable",
+            e.to_string(),
+            None,
+        )
+    })?;
+    let now = state.clock.now_ns();
+    state
+        .store
+        .create_session(
+            &hash,
+            &req.username,
+            &csrf,
+            now,
+            now + operators::SESSION_NS,
+        )
+        .await
+        .map_err(store_err)?;
+    tracing::info!(user = %req.username, "operator logged in");
+    let mut r = Json(json!({"username": req.username, "csrfToken": csrf})).into_response();
+    r.headers_mut().insert(
+        header::SET_COOKIE,
+        cookie(&headers, &id, operators::SESSION_NS / 1_000_000_000),
+    );
+    Ok(hardened(r))
+}
+
+async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Reply {
+    let (user, hash) = human(&state, &headers, true).await?;
+    state
+        .store
+        .delete_session(&hash, state.clock.now_ns())
+        .await
+        .map_err(store_err)?;
+    tracing::info!(user = %user, "operator logged out");
+    let mut r = Json(json!({"loggedOut": true})).into_response();
+    r.headers_mut()
+        .insert(header::SET_COOKIE, cookie(&headers, "", 0));
+    Ok(hardened(r))
+}
+
+async fn session(State(state): State<AppState>, headers: HeaderMap) -> Reply {
+    let (user, hash) = human(&state, &headers, false).await?;
+    let csrf = state
+        .store
+        .session(&hash, state.clock.now_ns())
+        .await
+        .map_err(store_err)?
+        .map(|s| s.1)
+        .unwrap_or_default();
+    Ok(hardened(
+        Json(json!({"username": user, "csrfToken": csrf})).into_response(),
+    ))
+}
+
+/// The review queue: proposals with their finding, tier, blast-radius
+/// verdict and cited envelopes (as handoffs). Never a token.
+async fn queue(State(state): State<AppState>, headers: HeaderMap) -> Reply {
+    human(&state, &headers, false).await?;
+    let rows = state
+        .store
+        .proposals(&ProposalFilter {
+            incident_id: None,
+            status: None,
+            limit: 100,
+        })
+        .await
+        .map_err(store_err)?;
+    let mut items = Vec::with_capacity(rows.len());
+    for p in &rows {
+        let finding = state
+            .store
+            .finding(&p.finding_id)
+            .await
+            .map_err(store_err)?;
+        let mut digests: Vec<String> = finding
+            .as_ref()
+            .and_then(|f| f.cited_evidence_ids.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|v| {
+                v.as_str()
+                    .filter(|s| s.starts_with("sha256:"))
+                    .map(str::to_string)
+            })
+            .collect();
+        if let Some(d) = &p.pre_mutation_envelope {
+            digests.insert(0, d.clone());
+        }
+        let mut envelopes = Vec::new();
+        for d in digests {
+            let handoff = match state.store.envelope_bytes(&d).await.map_err(store_err)? {
+                Some(b) => pstack_envelope::parse(&b)
+                    .ok()
+                    .map(|(e, _)| json!(pstack_envelope::handoff(&e))),
+                None => None,
+            };
+            envelopes.push(json!({"digest": d, "handoff": handoff,
+                "preMutation": p.pre_mutation_envelope.as_deref() == Some(d.as_str())}));
+        }
+        let mut item = crate::http_gate::proposal_json(p);
+        item["finding"] = json!({
+            "id": p.finding_id,
+            "faultLocusEntityId": finding.as_ref().map(|f| f.fault_locus_entity_id.clone()),
+            "fingerprint": p.fingerprint,
+            "causalProofTier": finding.as_ref().map(|f| f.causal_proof_tier.clone()),
+            "blastRadiusVerdict": finding.as_ref().and_then(|f| f.change_verdict.clone()),
+            "contributingChangeId": finding.as_ref().and_then(|f| f.contributing_change_id.clone()),
+        });
+        item["envelopes"] = Value::Array(envelopes);
+        items.push(item);
+    }
+    Ok(hardened(Json(json!({"items": items})).into_response()))
+}
