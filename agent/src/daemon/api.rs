@@ -39,11 +39,13 @@ use axum::routing::{get, post};
 use serde_json::json;
 
 use super::capture::parse_request;
+use super::config::CaptureConfig;
 use super::engines::{self, EngineFailure};
 use super::peer::PeerCred;
 use super::spool::SpoolError;
 use super::state::DaemonState;
 use crate::supervisor::CaptureError;
+use pstack_capture::request::ValidRequest;
 use pstack_capture::transport::TransportError;
 
 /// Extra time the supervisor gets past its bundle deadline before the
@@ -155,6 +157,43 @@ async fn method_not_allowed(State(state): State<Arc<DaemonState>>) -> ApiError {
     )
 }
 
+/// A Longhorn request may name only the manager APIs and Hubble servers the
+/// daemon's configuration lists: pstackd is root, its caller only a member of
+/// the socket's group, so an address only the caller chose is never
+/// contacted. Refused before anything is opened.
+fn endpoints_allowed(request: &ValidRequest, capture: &CaptureConfig) -> Result<(), ApiError> {
+    let ValidRequest::Longhorn(plan) = request else {
+        return Ok(());
+    };
+    let checks = [
+        (
+            "longhorn_api",
+            "capture.longhorn_apis",
+            plan.request.longhorn_api.as_deref(),
+            &capture.longhorn_apis,
+        ),
+        (
+            "hubble_server",
+            "capture.hubble_servers",
+            plan.request.hubble_server.as_deref(),
+            &capture.hubble_servers,
+        ),
+    ];
+    for (field, key, asked, allowed) in checks {
+        if let Some(asked) = asked
+            && !allowed.iter().any(|a| a == asked)
+        {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "endpoint_not_allowed",
+                format!("{field} {asked:?} is not listed in pstackd's {key}; add it there (and reload) to let callers name it"),
+            )
+            .with_field(Some(field.to_string())));
+        }
+    }
+    Ok(())
+}
+
 fn capture_status(e: &CaptureError) -> (StatusCode, &'static str) {
     match e {
         CaptureError::NoSuchProcess { .. } => (StatusCode::NOT_FOUND, "no_such_subject"),
@@ -190,6 +229,10 @@ async fn post_capture(
         state.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
         ApiError::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()).with_field(e.field())
     })?;
+    if let Err(e) = endpoints_allowed(&request, &config.capture) {
+        state.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
+        return Err(e);
+    }
     if state.draining.load(Ordering::SeqCst) {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

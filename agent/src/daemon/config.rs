@@ -55,6 +55,8 @@
 //!                                  # created 0600 if missing, re-read on reload (replace the
 //!                                  # file, or point here at a new one, and SIGHUP to rotate)
 //! kubelet_url = ""                 # bound at start; e.g. "http://127.0.0.1:10255": k8s/pod names a pod's processes; empty = unsupported
+//! longhorn_apis = []             # Longhorn manager URLs a caller may name in a longhorn capture
+//! hubble_servers = []            # Hubble Relay host:port a caller may name
 //!
 //! [ebpf]                           # bound at start (restart to change)
 //! enabled = true                   # keep the off-CPU programs attached; a load failure is logged, not fatal
@@ -272,6 +274,15 @@ pub struct CaptureConfig {
     /// (default): `k8s/pod` is `unsupported`; the container ID and pod UID
     /// still come from the cgroup path (`proc/container`).
     pub kubelet_url: String,
+    /// Longhorn manager API base URLs a caller may name (`longhorn_api`) in a
+    /// `longhorn` capture through pstackd. Empty (default): none. The daemon
+    /// is root and a caller is only a member of the socket's group, so the
+    /// daemon makes no HTTP request to an address only the caller chose.
+    pub longhorn_apis: Vec<String>,
+    /// Hubble Relay addresses (`host:port`) a caller may name
+    /// (`hubble_server`) in a `longhorn` capture through pstackd. Empty
+    /// (default): none, for the same reason.
+    pub hubble_servers: Vec<String>,
 }
 
 impl Default for Config {
@@ -333,6 +344,8 @@ impl Default for CaptureConfig {
             helper_path: PathBuf::new(),
             digest_key_file: PathBuf::from(crate::digest_key::DEFAULT_PATH),
             kubelet_url: String::new(),
+            longhorn_apis: Vec::new(),
+            hubble_servers: Vec::new(),
         }
     }
 }

@@ -77,6 +77,8 @@ pub struct Settings {
     pub api_key: Option<String>,
     pub extra_shipper: String,
     pub extra: String,
+    /// Appended to the `[capture]` table.
+    pub extra_capture: String,
 }
 
 impl Default for Settings {
@@ -98,6 +100,7 @@ impl Default for Settings {
             api_key: None,
             extra_shipper: String::new(),
             extra: String::new(),
+            extra_capture: String::new(),
         }
     }
 }
@@ -136,6 +139,7 @@ batch_max_items = {bmi}
 leak_journal = "{leaks}"
 helper_path = "{helper}"
 digest_key_file = "{digest_key}"
+{extra_capture}
 "#,
             sock = dir.join("pstackd.sock").display(),
             mode = self.socket_mode,
@@ -144,6 +148,7 @@ digest_key_file = "{digest_key}"
             drain = self.drain_timeout_ms,
             extra = self.extra,
             extra_shipper = self.extra_shipper,
+            extra_capture = self.extra_capture,
             spool = spool.display(),
             mb = self.spool_max_bytes,
             mf = self.spool_max_files,

@@ -79,11 +79,17 @@ impl Drop for Store {
 }
 
 fn daemon_shipping_to(dir: &Path, store: &Store) -> Daemon {
+    daemon_shipping_with(dir, store, String::new())
+}
+
+/// As [`daemon_shipping_to`], with `capture` appended to its `[capture]` table.
+fn daemon_shipping_with(dir: &Path, store: &Store, capture: String) -> Daemon {
     let settings = Settings {
         collector_url: Some(format!("http://{}", store.addr)),
         api_key: Some(store.key.clone()),
         backoff_initial_ms: 50,
         backoff_max_ms: 300,
+        extra_capture: capture,
         ..Settings::default()
     };
     Daemon::start(&dir.join("d"), &settings)
@@ -220,10 +226,11 @@ fn root_longhorn_through_pstackd_is_shipped_and_read_back_from_the_store() {
     let _s = serial();
     let dir = tempfile::tempdir().unwrap();
     let store = Store::start(dir.path());
-    let d = daemon_shipping_to(dir.path(), &store);
+    let (api, manager) = fake_manager();
+    // The daemon contacts only the manager its configuration lists.
+    let d = daemon_shipping_with(dir.path(), &store, format!("longhorn_apis = [{api:?}]"));
     let bed = Testbed::new("dlh");
     let _t = Transfer::start(&bed, false, None);
-    let (api, manager) = fake_manager();
     let cli = pstackctl_via(
         &d.socket,
         &[
@@ -274,6 +281,65 @@ fn root_longhorn_through_pstackd_is_shipped_and_read_back_from_the_store() {
         transfer.claims
     );
     store_serves_what_was_printed(&d, &store, &stdout);
+}
+
+/// pstackd is root and its caller only a member of the socket's group: a
+/// Longhorn request naming a manager API or a Hubble server that the daemon's
+/// configuration does not list is refused with 403 before anything is opened,
+/// and the named address is never contacted.
+#[test]
+fn root_longhorn_endpoints_not_listed_in_the_config_are_refused_and_never_contacted() {
+    if !root_or_skip(
+        "root_longhorn_endpoints_not_listed_in_the_config_are_refused_and_never_contacted",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let unlisted = TcpListener::bind("127.0.0.1:0").unwrap();
+    unlisted.set_nonblocking(true).unwrap();
+    let unlisted_url = format!("http://{}", unlisted.local_addr().unwrap());
+    let settings = Settings {
+        extra_capture:
+            "longhorn_apis = [\"http://127.0.0.1:1\"]\nhubble_servers = [\"relay:4245\"]".into(),
+        ..Settings::default()
+    };
+    let d = Daemon::start(dir.path(), &settings);
+    let base = r#""kind":"longhorn","peer":"10.77.0.2","volume":"v","engine":"e","source_node":"a","target_node":"b","window_ms":200"#;
+    for (extra, field) in [
+        (
+            format!(r#""longhorn_api":"{unlisted_url}""#),
+            "longhorn_api",
+        ),
+        (
+            r#""hubble_server":"elsewhere:4245""#.to_string(),
+            "hubble_server",
+        ),
+        (
+            r#""longhorn_api":"http://127.0.0.1:1","hubble_server":"relay:4246""#.to_string(),
+            "hubble_server",
+        ),
+    ] {
+        let body = format!("{{{base},{extra}}}");
+        let resp = client::request(
+            &d.socket,
+            "POST",
+            "/v1/captures",
+            Some(body.as_bytes()),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap();
+        assert_eq!(resp.status, 403, "{body}: {v}");
+        assert_eq!(v["error"]["code"], "endpoint_not_allowed", "{body}: {v}");
+        assert_eq!(v["error"]["field"], field, "{body}: {v}");
+    }
+    assert!(
+        unlisted.accept().is_err(),
+        "the unlisted manager address was contacted"
+    );
+    let s = d.status();
+    assert_eq!(s["captures"]["ok_total"], 0, "{s:#}");
+    assert_eq!(s["spool"]["files"], 0, "nothing was spooled: {s:#}");
 }
 
 #[test]
