@@ -492,6 +492,7 @@ pub fn proposal_json(p: &ProposalRow) -> Value {
         "callbackDelivery": p.callback_delivery,
         "recoveryStatus": p.recovery_status,
         "causalVerificationStatus": p.causal_verification_status,
+        "decidedBy": p.decided_by,
         "createdAt": rfc3339(p.created_ns),
         "updatedAt": rfc3339(p.updated_ns),
     })

@@ -183,6 +183,7 @@ async fn sessions_are_not_keys_and_need_csrf(db: Db) {
     .await;
     assert_eq!(st, StatusCode::OK, "{a}");
     let token = a["grantToken"].as_str().unwrap().to_string();
+    assert_eq!(a["proposal"]["decidedBy"], "user:ops");
     let (_, _, q) = raw(&h, "/ui/api/queue", &[("cookie", &cookie)], None).await;
     assert!(!q.to_string().contains(&token));
     // Logout ends the session; an expired session is refused too.
