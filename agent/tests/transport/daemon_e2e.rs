@@ -283,6 +283,23 @@ fn root_longhorn_through_pstackd_is_shipped_and_read_back_from_the_store() {
     store_serves_what_was_printed(&d, &store, &stdout);
 }
 
+/// POST `body` to pstackd's `/v1/captures`; asserts the answer is `status`
+/// naming `field`, and returns its JSON.
+fn refused_capture(d: &Daemon, body: &str, status: u16, field: &str) -> serde_json::Value {
+    let resp = client::request(
+        &d.socket,
+        "POST",
+        "/v1/captures",
+        Some(body.as_bytes()),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap();
+    assert_eq!(resp.status, status, "{body}: {v}");
+    assert_eq!(v["error"]["field"], field, "{body}: {v}");
+    v
+}
+
 /// pstackd is root and its caller only a member of the socket's group: a
 /// Longhorn request naming a manager API or a Hubble server that the daemon's
 /// configuration does not list is refused with 403 before anything is opened,
@@ -320,18 +337,8 @@ fn root_longhorn_endpoints_not_listed_in_the_config_are_refused_and_never_contac
         ),
     ] {
         let body = format!("{{{base},{extra}}}");
-        let resp = client::request(
-            &d.socket,
-            "POST",
-            "/v1/captures",
-            Some(body.as_bytes()),
-            Duration::from_secs(10),
-        )
-        .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap();
-        assert_eq!(resp.status, 403, "{body}: {v}");
+        let v = refused_capture(&d, &body, 403, field);
         assert_eq!(v["error"]["code"], "endpoint_not_allowed", "{body}: {v}");
-        assert_eq!(v["error"]["field"], field, "{body}: {v}");
     }
     assert!(
         unlisted.accept().is_err(),
@@ -374,17 +381,7 @@ fn root_bad_input_on_the_new_kinds_is_a_400_naming_the_field_and_nothing_is_capt
             "netns_pid",
         ),
     ] {
-        let resp = client::request(
-            &d.socket,
-            "POST",
-            "/v1/captures",
-            Some(body.as_bytes()),
-            Duration::from_secs(10),
-        )
-        .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap();
-        assert_eq!(resp.status, 400, "{body}: {v}");
-        assert_eq!(v["error"]["field"], field, "{body}: {v}");
+        refused_capture(&d, &body, 400, field);
     }
     let s = d.status();
     assert_eq!(s["captures"]["ok_total"], 0, "{s:#}");
