@@ -76,15 +76,7 @@ fn capture_in_pod(kubelet_url: Option<String>) -> pstack_envelope::Envelope {
 }
 
 fn root_or_skip() -> bool {
-    if is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "needs root (CI runs as root)"
-    );
-    eprintln!("skipping: needs root to create cgroups");
-    false
+    pstack_testkit::precondition(is_root(), "needs root to create cgroups")
 }
 
 #[test]

@@ -199,14 +199,7 @@ fn root_only_daemon_drops_capabilities_and_sets_no_new_privs() {
 
 #[test]
 fn root_only_supplementary_group_admits_and_outsiders_cannot_hold_connection_slots() {
-    if !is_root() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "needs root to setuid clients"
-        );
-        eprintln!("skipping: needs root to setuid the test clients");
-        return;
-    }
+    pstack_testkit::require!(is_root(), "needs root to setuid the test clients");
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(
         dir.path(),
