@@ -26,40 +26,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The bare root: Debian 12 minbase plus what the packages depend on beyond
-/// it (procps) and systemd (so postinst's systemd-sysusers and offline
-/// `systemctl enable` paths run as on a real node).
-const CACHE: &str = "/var/cache/pstack-packaging/bookworm-minbase-systemd-procps.tar";
+mod support;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use support::{have, repo, run};
 
 fn stdout(cmd: &mut Command) -> String {
     String::from_utf8(run(cmd).stdout).unwrap()
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 /// A bare Debian root in /var/tmp; its mounts are undone on drop.
@@ -137,26 +109,7 @@ impl Drop for Root {
 }
 
 fn bare_root() -> Root {
-    if !Path::new(CACHE).is_file() {
-        std::fs::create_dir_all(Path::new(CACHE).parent().unwrap()).unwrap();
-        let tmp = format!("{CACHE}.partial.tar");
-        run(Command::new("mmdebstrap")
-            .args([
-                "--quiet",
-                "--variant=minbase",
-                "--include=systemd,procps",
-                "bookworm",
-            ])
-            .arg(&tmp));
-        std::fs::rename(&tmp, CACHE).unwrap();
-    }
-    let dir = tempfile::Builder::new()
-        .prefix("pstack-install-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    run(Command::new("tar")
-        .args(["-xf", CACHE, "--numeric-owner", "-C"])
-        .arg(dir.path()));
+    let dir = support::unpacked_root();
     let mut root = Root {
         dir: Some(dir),
         mounts: Vec::new(),

@@ -117,7 +117,7 @@ fn sysusers_file_creates_the_socket_group_in_a_scratch_root() {
 }
 
 #[test]
-fn unit_exposure_stays_at_or_below_3_6_and_every_setting_left_off_has_a_reason() {
+fn unit_exposure_stays_at_or_below_3_5_and_every_setting_left_off_has_a_reason() {
     pstack_testkit::require!(
         pstack_testkit::have_tool("systemd-analyze"),
         "systemd-analyze is not installed (apt-get install systemd)"
@@ -136,8 +136,9 @@ fn unit_exposure_stays_at_or_below_3_6_and_every_setting_left_off_has_a_reason()
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no exposure level in:\n{text}"));
-    // 3.6 measured with systemd 252 (3.3 + CAP_SETPCAP, issue 10).
-    assert!(score <= 3.6, "exposure {score}:\n{text}");
+    // 3.4 measured with systemd 252: 3.3 + CAP_SETPCAP (issue 10) - ProtectProc.
+    // Issue 10 asks for at most 3.5.
+    assert!(score <= 3.5, "exposure {score}:\n{text}");
     let service = std::fs::read_to_string(&unit).unwrap();
     for setting in [
         "ProtectKernelTunables=yes",
@@ -147,6 +148,7 @@ fn unit_exposure_stays_at_or_below_3_6_and_every_setting_left_off_has_a_reason()
         "SystemCallFilter=@system-service",
         "RestrictAddressFamilies=",
         "IPAddressDeny=any",
+        "ProtectProc=ptraceable",
     ] {
         assert!(service.contains(setting), "{setting} missing");
     }
@@ -154,7 +156,7 @@ fn unit_exposure_stays_at_or_below_3_6_and_every_setting_left_off_has_a_reason()
         "User=/DynamicUser=",
         "PrivateUsers=",
         "PrivateNetwork=",
-        "ProtectProc=",
+        "ProcSubset=",
     ] {
         assert!(
             service.contains(&format!("# {left_off}")),
