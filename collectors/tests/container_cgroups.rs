@@ -14,17 +14,11 @@ use pstack_collectors::procfs::container::{ContainerFacts, read_container};
 const ID: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 const UID: &str = "6b1f2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
 
+/// Root, or (under strict mode) a failure that says why; outside strict mode a
+/// logged skip.
+#[track_caller]
 fn precondition(what: &str) -> bool {
-    // SAFETY: geteuid takes no arguments and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    if root {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{what} needs root (CI runs as root)");
-    }
-    eprintln!("skipping {what}: needs root");
-    false
+    pstack_testkit::precondition(pstack_testkit::is_root(), &format!("{what} needs root"))
 }
 
 /// The cgroup2 mount point, from /proc/self/mountinfo.

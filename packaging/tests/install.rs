@@ -287,15 +287,10 @@ fn start_pstackd(root: &Root) -> (Reap, Duration) {
 
 #[test]
 fn debs_install_upgrade_remove_and_purge_in_a_bare_debian_root() {
-    // SAFETY: geteuid takes no arguments and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the install test needs root (CI runs as root)"
-        );
-        eprintln!("skipping: the install test needs root (chroot, mounts)");
-        return;
-    }
+    pstack_testkit::require!(
+        pstack_testkit::is_root(),
+        "the install test needs root (chroot, mounts)"
+    );
     for tool in [
         "mmdebstrap",
         "dpkg-deb",
@@ -304,7 +299,7 @@ fn debs_install_upgrade_remove_and_purge_in_a_bare_debian_root() {
         "objcopy",
         "chroot",
     ] {
-        assert!(
+        pstack_testkit::require!(
             have(tool),
             "{tool} missing: run scripts/setup.d/60-packaging.sh"
         );
