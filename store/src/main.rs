@@ -110,6 +110,26 @@ enum Command {
         /// internal addresses (the SSRF guard refuses them by default).
         #[arg(long, env = "ALERT_WEBHOOK_ALLOW_PRIVATE", default_value_t = false)]
         alert_webhook_allow_private: bool,
+        /// Most connections served at once; one more is accepted and closed
+        /// at once (counted in pstack_store_connections_refused_total). Kept
+        /// below the open-file limit.
+        #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+        max_connections: u32,
+        /// Time a client has to send a complete request head; also the idle
+        /// timeout of a keep-alive connection (slow-loris clients are closed).
+        #[arg(long, value_parser = parse_positive_duration, default_value = "10s")]
+        header_timeout: Duration,
+        /// Time to answer a whole request, body included (then 408).
+        #[arg(long, value_parser = parse_positive_duration, default_value = "60s")]
+        request_timeout: Duration,
+        /// Most concurrent ingest requests per API key (more get 429).
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+        per_key_concurrency: u32,
+        /// Bytes all ingest requests in flight may hold together, wire plus
+        /// decoded body (e.g. 256M); past it 503 + Retry-After. A request
+        /// larger than the whole budget still runs, alone.
+        #[arg(long, value_parser = parse_bytes, default_value = "256M")]
+        inflight_budget: u64,
     },
     /// Manage API keys.
     Keys {
@@ -198,6 +218,14 @@ enum UsersCommand {
         /// Login name.
         name: String,
     },
+}
+
+/// A duration that is not zero (a zero timeout would close every connection).
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err("must be more than zero".into()),
+        d => Ok(d),
+    }
 }
 
 /// The one duration parser of pstack's CLIs (a unit is required: 30d, 12h, 10m, 45s).
@@ -415,6 +443,11 @@ async fn run(cli: Cli) -> Result<()> {
             gate_key_file,
             envelope_freshness,
             alert_webhook_allow_private,
+            max_connections,
+            header_timeout,
+            request_timeout,
+            per_key_concurrency,
+            inflight_budget,
         } => {
             let limits = IngestLimits {
                 max_body_bytes,
@@ -422,7 +455,14 @@ async fn run(cli: Cli) -> Result<()> {
                 max_items,
                 ..IngestLimits::default()
             };
-            let mut state = AppState::new(store.clone(), limits);
+            let conn = pstack_store::conn::ConnLimits {
+                max_connections: max_connections as usize,
+                header_timeout,
+                request_timeout,
+                per_key_concurrency: per_key_concurrency as usize,
+                inflight_budget_bytes: inflight_budget,
+            };
+            let mut state = AppState::with_conn_limits(store.clone(), limits, conn);
             match &gate_key_file {
                 Some(path) => {
                     let text = std::fs::read_to_string(path)

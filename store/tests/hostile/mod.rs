@@ -30,6 +30,11 @@ fn free_addr() -> SocketAddr {
 }
 
 fn start() -> Server {
+    start_with(&[])
+}
+
+/// The store serving with these extra `serve` flags.
+fn start_with(flags: &[&str]) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("store.db");
     let bin = env!("CARGO_BIN_EXE_pstack-store");
@@ -46,6 +51,7 @@ fn start() -> Server {
         .arg("--db")
         .arg(&db)
         .args(["serve", "--listen", &addr.to_string()])
+        .args(flags)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -409,4 +415,76 @@ fn kill9_drill_every_acknowledged_digest_is_read_back_and_verifies() {
     );
     assert!(lost.is_empty(), "acknowledged but gone: {lost:?}");
     assert_eq!(torn, 0);
+}
+
+/// Whether the server closed `s` (EOF or reset) within `wait`.
+fn closed_within(s: &mut TcpStream, wait: Duration) -> bool {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut b = [0u8; 64];
+    !matches!(s.read(&mut b), Err(ref e)
+        if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut)
+}
+
+#[test]
+fn connection_cap_and_header_timeout_are_set_from_the_command_line() {
+    let server = start_with(&["--max-connections", "4", "--header-timeout", "1s"]);
+    // Four idle connections hold the cap (a request head never started).
+    let mut held: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(server.addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    // The fifth is accepted and closed at once, not queued.
+    let mut fifth = TcpStream::connect(server.addr).unwrap();
+    let t = Instant::now();
+    assert!(
+        closed_within(&mut fifth, Duration::from_millis(800)),
+        "a fifth connection was served past --max-connections 4"
+    );
+    assert!(t.elapsed() < Duration::from_millis(800));
+    // --header-timeout 1s (not the 10 s default) closes the held ones.
+    let t = Instant::now();
+    for s in &mut held {
+        assert!(
+            closed_within(s, Duration::from_secs(3)),
+            "an idle connection outlived --header-timeout 1s"
+        );
+    }
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // Slots are free again, and the refusal was counted.
+    let (code, body, _) = request(
+        server.addr,
+        "GET /metrics HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n",
+        b"",
+    );
+    assert_eq!(code, 200);
+    let metrics = String::from_utf8_lossy(&body);
+    let refused: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("pstack_store_connections_refused_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no refusal counter in:\n{metrics}"));
+    assert!(refused >= 1, "refusals counted: {refused}");
+}
+
+#[test]
+fn bad_connection_limits_are_refused_at_start_with_the_flag_named() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flag, value) in [
+        ("--max-connections", "0"),
+        ("--header-timeout", "0s"),
+        ("--header-timeout", "10"),
+        ("--request-timeout", "0ms"),
+        ("--per-key-concurrency", "0"),
+        ("--inflight-budget", "lots"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_pstack-store"))
+            .arg("--db")
+            .arg(dir.path().join("s.db"))
+            .args(["serve", "--listen", "127.0.0.1:0", flag, value])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(err.contains(flag), "{flag} {value} not named: {err}");
+    }
 }
