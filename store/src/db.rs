@@ -393,6 +393,21 @@ enum Bind<'a> {
     Bytes(&'a [u8]),
 }
 
+/// Every write transaction of the store begins here. On SQLite it is
+/// `BEGIN IMMEDIATE`, so a transaction that
+/// reads before it writes holds the write lock from the start and never has
+/// to upgrade a stale read snapshot (which SQLite refuses with
+/// `SQLITE_BUSY_SNAPSHOT` after a WAL restart, without waiting).
+macro_rules! begin_write {
+    ($pool:expr, $pg:expr) => {
+        if $pg {
+            $pool.begin().await?
+        } else {
+            $pool.begin_with("BEGIN IMMEDIATE").await?
+        }
+    };
+}
+
 macro_rules! bind_all {
     ($q:expr, $binds:expr) => {{
         let mut q = $q;
@@ -719,7 +734,7 @@ impl Store {
         let mut inserted: BTreeSet<String> = BTreeSet::new();
         let mut existing: BTreeMap<String, (i64, String)> = BTreeMap::new();
         with_pool!(self, write, |pool, pg| {
-            let mut tx = pool.begin().await?;
+            let mut tx = begin_write!(pool, pg);
             for chunk in unique.chunks(ENVELOPE_ROWS) {
                 let mut sql = String::from(
                     "INSERT INTO envelopes (digest, subject_key, kind, locator, pid, identity, wall_ns,
@@ -1179,7 +1194,7 @@ impl Store {
             ..req.clone()
         };
         let result = with_pool!(self, write, |pool, pg| {
-            let mut tx = pool.begin().await?;
+            let mut tx = begin_write!(pool, pg);
             let mut ctx = ReceiptContext::default();
             for d in &req.evidence {
                 let row = sqlx::query(
@@ -1469,7 +1484,7 @@ impl Store {
         let digests: Vec<Bind> = victims.iter().map(|v| Bind::Str(v.1.clone())).collect();
         let list = placeholders(self.backend() == Backend::Postgres, 1, victims.len());
         with_pool!(self, write, |pool, pg| {
-            let mut tx = pool.begin().await?;
+            let mut tx = begin_write!(pool, pg);
             let del_unknowns = format!("DELETE FROM unknowns WHERE digest IN ({list})");
             bind_all!(sqlx::query(&del_unknowns), &digests)
                 .execute(&mut *tx)
@@ -1553,7 +1568,7 @@ impl Store {
         let mut done = 0u64;
         while done < n {
             with_pool!(self, write, |pool, pg| {
-                let mut tx = pool.begin().await?;
+                let mut tx = begin_write!(pool, pg);
                 for _ in 0..STMTS_PER_TX {
                     if done >= n {
                         break;

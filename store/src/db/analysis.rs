@@ -194,7 +194,7 @@ impl Store {
         let id = new_id("chg")?;
         let paths = serde_json::to_string(&c.touched_paths).unwrap_or_else(|_| "[]".into());
         with_pool!(self, write, |pool, pg| {
-            let mut tx = pool.begin().await?;
+            let mut tx = begin_write!(pool, pg);
             sqlx::query(
                 "INSERT INTO changes (id, environment, kind, service, version, previous_version, commit_sha,
                     previous_commit_sha, config_digest, summary, touched_paths, at_ns, key_id, created_ns)
@@ -355,7 +355,7 @@ impl Store {
         failed.sort_by(|a, b| a.span_id.cmp(&b.span_id));
         failed.dedup_by(|a, b| a.span_id == b.span_id);
         with_pool!(self, write, |pool, pg| {
-            let mut tx = pool.begin().await?;
+            let mut tx = begin_write!(pool, pg);
             for chunk in requests.chunks(ROWS) {
                 let mut sql = format!(
                     "INSERT INTO request_stats (environment, service, version, bucket_ns, latency_bin, requests, errors) VALUES {}",
@@ -790,7 +790,7 @@ impl Store {
             return Ok((existing, false));
         }
         let result = with_pool!(self, write, |pool, pg| {
-            let mut tx = pool.begin().await?;
+            let mut tx = begin_write!(pool, pg);
             sqlx::query(&format!(
                 "INSERT INTO findings ({FINDING_COLUMNS}, key_id)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"

@@ -31,20 +31,6 @@ use sqlx::Row;
 use super::{Bind, Pools, Store, StoreError};
 use crate::analysis::ledger::NewChange;
 
-/// A write transaction: on SQLite `BEGIN IMMEDIATE`, so a transaction that
-/// reads before it writes holds the write lock from the start and never has
-/// to upgrade a stale read snapshot (which SQLite refuses with
-/// `SQLITE_BUSY_SNAPSHOT` after a WAL restart, without waiting).
-macro_rules! begin_write {
-    ($pool:expr, $pg:expr) => {
-        if $pg {
-            $pool.begin().await?
-        } else {
-            $pool.begin_with("BEGIN IMMEDIATE").await?
-        }
-    };
-}
-
 /// Ontology node key of a service target.
 pub fn service_node_key(environment: &str, service: &str) -> String {
     format!("service:{environment}/{service}")
