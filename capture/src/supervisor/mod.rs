@@ -69,6 +69,9 @@
 //! default, a one-shot session ([`OneShotOffCpu`]).
 
 mod assemble;
+pub mod assemble_claims;
+pub mod assemble_readings;
+mod assemble_unknowns;
 mod capture;
 pub mod clock;
 pub mod denial;
@@ -333,7 +336,8 @@ pub enum CaptureError {
         /// Paths tried.
         searched: Vec<PathBuf>,
     },
-    /// The assembled envelope broke a rule (a defect in the supervisor).
+    /// The assembled envelope broke a rule (a defect in the supervisor): the
+    /// envelope builder refused a part of it, or the validator the result.
     #[error("internal: the envelope would not seal: {0}")]
-    Seal(#[from] pstack_envelope::Rejection),
+    Seal(#[from] pstack_envelope::BuildError),
 }
