@@ -24,7 +24,7 @@ use serde_json::Map;
 
 use super::assemble_claims::{self as rules, code};
 use super::assemble_readings::{Readings, SurfaceId};
-use super::{CaptureRequest, Deadlines, SupervisorConfig};
+use super::{CaptureRequest, Deadlines, SupervisorConfig, SurfaceFamily, SurfaceSelection};
 
 /// Which flow produced the surfaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +73,7 @@ impl Assembly {
         subject: Subject,
         config: &SupervisorConfig,
         request: &CaptureRequest,
+        selection: &SurfaceSelection,
         deadlines: Deadlines,
         leak_budget: u64,
         wall_time: String,
@@ -99,7 +100,7 @@ impl Assembly {
                 observed_count: 0,
                 termination: Termination::Exhausted,
             },
-            bounds: bounds(mode, request, deadlines, leak_budget),
+            bounds: bounds(mode, config, request, selection, deadlines, leak_budget),
             surfaces: Vec::new(),
             readings: Readings::default(),
             identity_race: None,
@@ -277,17 +278,68 @@ impl Assembly {
     }
 }
 
-/// Every cap in force for a process, thread or host capture.
-fn bounds(mode: Mode, request: &CaptureRequest, deadlines: Deadlines, leak_budget: u64) -> Bounds {
-    let _ = mode;
+/// Every cap in force for a process, thread or host capture: the five every
+/// envelope names, and in `caps` each further limit that can cut, skip or
+/// summarize what the envelope shows (see [`LIMIT_CONSTS`]).
+fn bounds(
+    mode: Mode,
+    config: &SupervisorConfig,
+    request: &CaptureRequest,
+    selection: &SurfaceSelection,
+    deadlines: Deadlines,
+    leak_budget: u64,
+) -> Bounds {
+    let mut caps = std::collections::BTreeMap::new();
+    let mut cap = |name: &str, v: u64| {
+        caps.insert(name.to_string(), v);
+    };
+    cap("reap_deadline_ms", ms(config.reap_deadline));
+    cap(
+        "max_helper_frame_bytes",
+        u64::from(pstack_helper::protocol::MAX_FRAME),
+    );
+    cap(
+        "max_unknowns",
+        super::assemble_unknowns::MAX_UNKNOWNS as u64,
+    );
+    cap("max_d_claims", rules::MAX_D_CLAIMS as u64);
+    if mode != Mode::Host {
+        if selection.wants(SurfaceFamily::ProcFd) {
+            cap("max_fds", request.max_fds);
+        }
+        if selection.wants(SurfaceFamily::K8sPod) && config.kubelet_url.is_some() {
+            cap("max_pod_list_bytes", super::capture::MAX_POD_LIST_BYTES);
+        }
+        if request.window.is_some() {
+            let limits = match &config.offcpu {
+                Some(source) => source.limits(),
+                None => super::OffCpuSource::limits(&super::OneShotOffCpu),
+            };
+            cap("offcpu_max_tasks", limits.max_tasks as u64);
+            cap("offcpu_max_d_episodes", limits.max_episodes as u64);
+        }
+    }
     Bounds {
         surface_deadline_ms: ms(deadlines.surface),
         bundle_deadline_ms: ms(deadlines.bundle),
         max_threads: request.max_threads,
         max_bytes_per_surface: request.max_bytes_per_surface,
         leak_budget,
+        caps,
     }
 }
+
+/// Each `MAX_*` constant of the supervisor and the cap that declares it (or
+/// why none does). A test scans the supervisor's sources for `const MAX_` and
+/// fails on one missing here.
+pub(super) const LIMIT_CONSTS: [(&str, &str); 4] = [
+    ("MAX_D_CLAIMS", "max_d_claims"),
+    ("MAX_UNKNOWNS", "max_unknowns"),
+    ("MAX_POD_LIST_BYTES", "max_pod_list_bytes"),
+    // Validated when the request is made: a longer window is refused, nothing
+    // is cut; the window itself is the `ebpf:offcpu` surface's deadline.
+    ("MAX_WINDOW", "-"),
+];
 
 #[cfg(test)]
 mod tests {
@@ -417,6 +469,129 @@ mod tests {
             env.unknowns
                 .iter()
                 .any(|u| u.surface.as_deref() == Some("task/12/wchan"))
+        );
+    }
+
+    /// Every limit a process capture enforces is declared in `bounds`: each
+    /// limit field of the request (the destructuring below stops compiling
+    /// when a field is added, until it is classified here), each `MAX_*`
+    /// constant of the supervisor's sources, the reap deadline, the helper's
+    /// frame cap and the off-CPU session's caps.
+    #[test]
+    fn every_enforced_limit_is_declared_in_bounds() {
+        let config = SupervisorConfig {
+            reap_deadline: Duration::from_millis(321),
+            kubelet_url: Some("http://127.0.0.1:10255".into()),
+            ..SupervisorConfig::new("test", "/nonexistent/pstack-helper".into()).unwrap()
+        };
+        let request = CaptureRequest {
+            target: super::super::Target::Process { pid: 4242 },
+            deadlines: Some(Deadlines {
+                surface: Duration::from_millis(250),
+                bundle: Duration::from_millis(5000),
+            }),
+            max_threads: 11,
+            max_bytes_per_surface: 12,
+            max_fds: 13,
+            window: Some(Duration::from_millis(1000)),
+            surfaces: SurfaceSelection::all(),
+        };
+        let CaptureRequest {
+            target: _,
+            deadlines,
+            max_threads,
+            max_bytes_per_surface,
+            max_fds,
+            window,
+            surfaces,
+        } = &request;
+        let selection = surfaces.resolve(&request.target, window.is_some()).unwrap();
+        let d = deadlines.unwrap();
+        let b = bounds(Mode::Process, &config, &request, &selection, d, 4);
+        assert_eq!(
+            (
+                b.surface_deadline_ms,
+                b.bundle_deadline_ms,
+                b.max_threads,
+                b.max_bytes_per_surface,
+                b.leak_budget
+            ),
+            (250, 5000, *max_threads, *max_bytes_per_surface, 4)
+        );
+        let caps = |name: &str| b.caps.get(name).copied();
+        assert_eq!(caps("max_fds"), Some(*max_fds));
+        assert_eq!(caps("reap_deadline_ms"), Some(321));
+        assert_eq!(
+            caps("max_helper_frame_bytes"),
+            Some(u64::from(pstack_helper::protocol::MAX_FRAME))
+        );
+        let limits = pstack_ebpf::EbpfConfig::offcpu(vec![]).limits;
+        assert_eq!(caps("offcpu_max_tasks"), Some(limits.max_tasks as u64));
+        assert_eq!(
+            caps("offcpu_max_d_episodes"),
+            Some(limits.max_episodes as u64)
+        );
+        // Every MAX_* constant in the supervisor's sources is classified, and
+        // each declared one is in bounds with its value.
+        let sources = [
+            include_str!("assemble.rs"),
+            include_str!("assemble_claims.rs"),
+            include_str!("assemble_readings.rs"),
+            include_str!("assemble_unknowns.rs"),
+            include_str!("capture.rs"),
+            include_str!("risky.rs"),
+            include_str!("helper_process.rs"),
+            include_str!("leak.rs"),
+            include_str!("selection.rs"),
+            include_str!("mod.rs"),
+        ];
+        for src in sources {
+            for (i, _) in src.match_indices("const MAX_") {
+                let name: String = src[i + "const ".len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || *c == '_' || c.is_ascii_digit())
+                    .collect();
+                if !src[i + "const ".len() + name.len()..].starts_with(':') {
+                    continue; // not a declaration (this test's own text)
+                }
+                let Some((_, cap)) = LIMIT_CONSTS.iter().find(|(c, _)| *c == name) else {
+                    panic!(
+                        "{name} is a limit the supervisor enforces but LIMIT_CONSTS does not declare"
+                    );
+                };
+                assert!(
+                    *cap == "-" || caps(cap).is_some(),
+                    "{name}: cap {cap} not in bounds {:?}",
+                    b.caps
+                );
+            }
+        }
+        assert_eq!(caps("max_d_claims"), Some(rules::MAX_D_CLAIMS as u64));
+        assert_eq!(
+            caps("max_pod_list_bytes"),
+            Some(super::super::capture::MAX_POD_LIST_BYTES)
+        );
+        // Not read, not in force: no fd cap without the fd surface, no
+        // off-CPU caps without a window.
+        let only_stat = SurfaceSelection::parse(&["task/*/stat"])
+            .unwrap()
+            .resolve(&request.target, false)
+            .unwrap();
+        let b = bounds(
+            Mode::Process,
+            &config,
+            &CaptureRequest {
+                window: None,
+                ..request.clone()
+            },
+            &only_stat,
+            d,
+            4,
+        );
+        assert!(
+            !b.caps.contains_key("max_fds") && !b.caps.contains_key("offcpu_max_tasks"),
+            "{:?}",
+            b.caps
         );
     }
 }

@@ -8,7 +8,7 @@
 use pstack_envelope::{Subject, Surface, SurfaceStatus, Unknown};
 
 /// Most unknowns listed one by one (the rest are summarized in one more).
-const MAX_UNKNOWNS: usize = 200;
+pub(super) const MAX_UNKNOWNS: usize = 200;
 
 fn ok(s: &Surface) -> bool {
     matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated)

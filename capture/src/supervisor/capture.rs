@@ -23,13 +23,13 @@ use super::assemble::{Assembly, Mode};
 use super::assemble_readings::{
     ClaimInput, OffCpuReading, ProcFile, Readings, SurfaceId, TaskFile, Typed,
 };
-use super::clock::{monotonic_ns, wall_time_now};
 use super::leak::LeakBudget;
 use super::risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, cause_of, status_of};
 use super::{
     CaptureError, CaptureRequest, Deadlines, OffCpuSource, SupervisorConfig, SurfaceFamily,
     SurfaceSelection, Target,
 };
+use crate::clock::{monotonic_ns, wall_time_now};
 
 /// Longest off-CPU window a capture may ask for (the one limit, in
 /// [`crate::request::PROCESS_WINDOW`]).
@@ -280,6 +280,7 @@ impl Ctx<'_> {
             subject,
             self.config,
             self.request,
+            &self.selection,
             self.deadlines,
             self.budget.capacity(),
             self.wall_time.clone(),
@@ -537,7 +538,7 @@ fn container_surfaces(
 }
 
 /// Largest kubelet `/pods` answer read (a node's whole pod list).
-const MAX_POD_LIST_BYTES: u64 = 16 << 20;
+pub(super) const MAX_POD_LIST_BYTES: u64 = 16 << 20;
 
 /// `GET url` within `deadline`, on a runtime of its own (captures run on
 /// blocking threads, never inside the daemon's async tasks).

@@ -73,7 +73,8 @@ pub mod assemble_claims;
 pub mod assemble_readings;
 mod assemble_unknowns;
 mod capture;
-pub mod clock;
+/// The envelope clock (moved to [`crate::clock`]; this path stays for callers).
+pub use crate::clock;
 pub mod denial;
 pub mod helper_process;
 pub mod leak;
@@ -163,6 +164,12 @@ impl Default for CaptureRequest {
 pub trait OffCpuSource: Send + Sync {
     /// Observe `pid`'s threads for `window`.
     fn observe(&self, pid: u32, window: Duration) -> Vec<Surface>;
+
+    /// The caps the source's session enforces on a window (declared in the
+    /// envelope's `bounds.caps`). Default: an off-CPU session's defaults.
+    fn limits(&self) -> pstack_ebpf::Limits {
+        pstack_ebpf::EbpfConfig::offcpu(Vec::new()).limits
+    }
 }
 
 /// The default [`OffCpuSource`]: a fresh eBPF session per capture
