@@ -615,6 +615,12 @@ mod tests {
         }
         let sealed = b.seal(next()).unwrap();
         assert_eq!(sealed.bounds.caps.get("max_fds"), Some(&1024));
+        // The fast digest (fields streamed as declared) and the general one
+        // (a JSON value, members sorted) agree with caps present.
+        assert_eq!(
+            sealed.digest,
+            crate::compute_digest(&serde_json::to_value(&sealed).unwrap()).unwrap()
+        );
         // Declared caps survive the strict parser and the digest.
         assert_eq!(
             crate::verify(sealed.to_json_pretty().as_slice()).unwrap(),

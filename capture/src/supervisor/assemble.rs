@@ -280,7 +280,7 @@ impl Assembly {
 
 /// Every cap in force for a process, thread or host capture: the five every
 /// envelope names, and in `caps` each further limit that can cut, skip or
-/// summarize what the envelope shows (see [`LIMIT_CONSTS`]).
+/// summarize what the envelope shows (the tests hold each `MAX_*` constant to a cap: `LIMIT_CONSTS`).
 fn bounds(
     mode: Mode,
     config: &SupervisorConfig,
@@ -332,7 +332,8 @@ fn bounds(
 /// Each `MAX_*` constant of the supervisor and the cap that declares it (or
 /// why none does). A test scans the supervisor's sources for `const MAX_` and
 /// fails on one missing here.
-pub(super) const LIMIT_CONSTS: [(&str, &str); 4] = [
+#[cfg(test)]
+const LIMIT_CONSTS: [(&str, &str); 4] = [
     ("MAX_D_CLAIMS", "max_d_claims"),
     ("MAX_UNKNOWNS", "max_unknowns"),
     ("MAX_POD_LIST_BYTES", "max_pod_list_bytes"),
