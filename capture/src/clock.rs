@@ -15,7 +15,7 @@
 //!   `elapsed_us`) are not stamps: they never appear as an absolute time in
 //!   an envelope. (`Instant` is CLOCK_MONOTONIC on Linux, so they agree.)
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// CLOCK_MONOTONIC now, ns.
 pub fn monotonic_ns() -> u64 {
@@ -25,6 +25,19 @@ pub fn monotonic_ns() -> u64 {
 /// Wall time now as `YYYY-MM-DDTHH:MM:SS.mmmZ` (the envelope's form).
 pub fn wall_time_now() -> String {
     pstack_envelope::wall_time::format_millis(SystemTime::now())
+}
+
+/// Wall time of the CLOCK_MONOTONIC instant `mono_ns` (before or after now),
+/// in the envelope's form: now's wall time moved by the monotonic distance.
+pub fn wall_time_of(mono_ns: u64) -> String {
+    let now_wall = SystemTime::now();
+    let now_mono = monotonic_ns();
+    let t = if mono_ns <= now_mono {
+        now_wall - Duration::from_nanos(now_mono - mono_ns)
+    } else {
+        now_wall + Duration::from_nanos(mono_ns - now_mono)
+    };
+    pstack_envelope::wall_time::format_millis(t)
 }
 
 #[cfg(test)]
@@ -47,5 +60,11 @@ mod tests {
         let direct = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
         assert!(direct.abs_diff(monotonic_ns()) < 1_000_000_000);
         assert!(wall_time_now().ends_with('Z'));
+        // A stamp one hour ago is an hour before now on the wall.
+        let hour_ago = wall_time_of(monotonic_ns() - 3_600_000_000_000);
+        let now = wall_time_now();
+        let parse = |s: &str| pstack_envelope::wall_time::parse(s).unwrap();
+        let d = parse(&now).duration_since(parse(&hour_ago)).unwrap();
+        assert!(d.as_secs().abs_diff(3600) <= 1, "{hour_ago} -> {now}");
     }
 }

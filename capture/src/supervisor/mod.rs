@@ -49,9 +49,13 @@
 //!
 //! # Adding a surface
 //!
-//! A new risky surface is a `pstack_helper::protocol::SurfaceKind` variant
-//! plus a reader in `pstack-collectors`; a new non-risky one is a reader called
-//! from [`capture`]'s safe phase.
+//! A new risky surface is a `pstack_helper::protocol::SurfaceKind` variant,
+//! the `ProcReading` variant that answers it (the collector's typed facts
+//! cross the pipe as that type) and a reader in `pstack-collectors`; a new
+//! non-risky one is a reader called from [`capture`]'s safe phase. Either
+//! gets a [`assemble_readings::SurfaceId`] variant, and — when a claim rule
+//! reads it — a [`assemble_readings::Typed`] variant; the rules themselves
+//! are pure functions in [`assemble_claims`] with a table row per code.
 //!
 //! # Off-CPU window (`CaptureRequest::window`)
 //!

@@ -85,7 +85,7 @@ use crate::clock::monotonic_ns;
 use crate::request::{self, MAX_FLOWS, RequestError, TRANSPORT_WINDOW, invalid};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use crate::supervisor::{CaptureError, LeakBudget, NetHelper, NetHelperFailure, SupervisorConfig};
 use pstack_collectors::net::conntrack::ConntrackError;
@@ -537,7 +537,7 @@ pub fn capture_with(
     let mut net = NetHelper::open(&plan.target, config, budget, &subject)?;
     let net_ns = net.net_ns();
     let deadline = Duration::from_millis(SURFACE_DEADLINE_MS);
-    let wall = pstack_envelope::wall_time::format_millis(SystemTime::now());
+    let wall = crate::clock::wall_time_now();
     let mono_start = monotonic_ns();
     // Programs are loaded before the first sample so the window covers it.
     let ebpf = plan.ebpf.then(|| {
@@ -1312,14 +1312,7 @@ impl Ctx<'_> {
 
     /// Wall time of a CLOCK_MONOTONIC instant inside the capture.
     fn wall_at(&self, mono_ns: u64) -> String {
-        let start_wall = SystemTime::now()
-            - Duration::from_nanos(monotonic_ns().saturating_sub(self.raw.mono_start));
-        let t = if mono_ns >= self.raw.mono_start {
-            start_wall + Duration::from_nanos(mono_ns - self.raw.mono_start)
-        } else {
-            start_wall - Duration::from_nanos(self.raw.mono_start - mono_ns)
-        };
-        pstack_envelope::wall_time::format_millis(t)
+        crate::clock::wall_time_of(mono_ns)
     }
 
     fn clock(&self) -> Clock {
