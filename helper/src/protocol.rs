@@ -673,6 +673,48 @@ mod tests {
     }
 
     #[test]
+    fn a_reading_answers_only_its_own_kind_and_renders_envelope_safe_facts() {
+        let wchan = ProcReading::Wchan(WchanFacts {
+            wchan: Some("request_wait_answer".into()),
+        });
+        assert!(wchan.answers(&SurfaceKind::Wchan { tid: 1 }));
+        assert!(!wchan.answers(&SurfaceKind::Stack { tid: 1 }));
+        assert!(!wchan.answers(&SurfaceKind::ThreadWchans { tids: vec![1] }));
+        assert_eq!(
+            serde_json::Value::Object(wchan.envelope_facts()),
+            serde_json::json!({"wchan": "request_wait_answer"})
+        );
+        // Integers past 2^53 become strings in the envelope's rendering.
+        let sc = ProcReading::Syscall(SyscallFacts::InSyscall {
+            nr: i64::MAX,
+            name: None,
+        });
+        assert_eq!(
+            sc.envelope_facts().get("nr"),
+            Some(&serde_json::json!(i64::MAX.to_string()))
+        );
+        // The typed reading crosses the pipe as itself, closed-world.
+        let frame = encode(
+            &Response {
+                seq: 1,
+                elapsed_us: 2,
+                outcome: Outcome::Ok {
+                    reading: wchan.clone(),
+                    raw: RawMeta::of(b"request_wait_answer", false),
+                },
+            },
+            MAX_FRAME,
+        )
+        .unwrap();
+        let (back, _): (Response, usize) = decode(&frame, MAX_FRAME).unwrap().unwrap();
+        assert!(matches!(back.outcome, Outcome::Ok { reading, .. } if reading == wchan));
+        let untyped = br#"{"seq":1,"elapsed_us":2,"outcome":{"result":"ok","facts":{"wchan":"x"},"raw":{"digest":"sha256:00","bytes":1,"truncated":false}}}"#;
+        let mut f = (untyped.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(untyped);
+        assert!(decode::<Response>(&f, MAX_FRAME).is_err(), "untyped facts are refused");
+    }
+
+    #[test]
     fn encode_refuses_above_cap() {
         let req = Request {
             version: 1,
