@@ -711,7 +711,10 @@ mod tests {
         let untyped = br#"{"seq":1,"elapsed_us":2,"outcome":{"result":"ok","facts":{"wchan":"x"},"raw":{"digest":"sha256:00","bytes":1,"truncated":false}}}"#;
         let mut f = (untyped.len() as u32).to_be_bytes().to_vec();
         f.extend_from_slice(untyped);
-        assert!(decode::<Response>(&f, MAX_FRAME).is_err(), "untyped facts are refused");
+        assert!(
+            decode::<Response>(&f, MAX_FRAME).is_err(),
+            "untyped facts are refused"
+        );
     }
 
     #[test]
