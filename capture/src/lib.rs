@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+pub mod clock;
 pub mod digest_key;
 pub mod envelope_file;
 pub mod longhorn;

@@ -798,6 +798,7 @@ pub fn transfer_envelope(
                 max_threads: plan.max_flows as u64,
                 max_bytes_per_surface: MAX_API_BYTES as u64,
                 leak_budget: 0,
+                caps: Default::default(),
             }),
     );
     for x in surfaces {

@@ -23,8 +23,8 @@ use pstack_envelope::{
 };
 
 use crate::Progress;
+use crate::clock::{monotonic_ns, wall_time_now};
 use crate::supervisor::SOURCE_COMMIT;
-use crate::supervisor::clock::wall_time_now;
 
 /// Most a trace spends around its window (loading and detaching programs).
 pub const RUN_OVERHEAD: Duration = Duration::from_secs(10);
@@ -94,7 +94,7 @@ pub fn capture(
 ) -> Result<TraceResult, TraceError> {
     let cfg = plan.ebpf_config(false);
     let wall = wall_time_now();
-    let t0 = pstack_ebpf::monotonic_ns();
+    let t0 = monotonic_ns();
     let mut session = match EbpfSession::start(cfg.clone()) {
         Ok(s) => s,
         Err(e) => {
@@ -141,17 +141,9 @@ pub fn refused_envelope(
     e: &pstack_ebpf::EbpfError,
 ) -> Result<Envelope, TraceError> {
     let ids = pstack_ebpf::surface::tcp_surface_ids();
-    let elapsed = (pstack_ebpf::monotonic_ns().saturating_sub(t0)) / 1000;
+    let elapsed = (monotonic_ns().saturating_sub(t0)) / 1000;
     let surfaces = pstack_ebpf::surface::failed_surfaces(e, &ids, window_ms(plan.window), elapsed);
-    envelope(
-        plan,
-        cfg,
-        wall,
-        t0,
-        pstack_ebpf::monotonic_ns(),
-        surfaces,
-        None,
-    )
+    envelope(plan, cfg, wall, t0, monotonic_ns(), surfaces, None)
 }
 
 fn window_ms(w: Duration) -> u64 {
@@ -289,6 +281,18 @@ pub fn envelope(
             max_threads: cfg.limits.max_flows as u64,
             max_bytes_per_surface: u64::from(cfg.ring_bytes),
             leak_budget: 0,
+            caps: [
+                ("max_flows", cfg.limits.max_flows as u64),
+                ("max_samples", cfg.limits.max_samples as u64),
+                (
+                    "max_transitions_per_flow",
+                    cfg.limits.max_transitions_per_flow as u64,
+                ),
+                ("ring_bytes", u64::from(cfg.ring_bytes)),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
         },
     );
     for s in surfaces {

@@ -131,6 +131,23 @@ pub enum BuildError {
         /// Its action.
         action: String,
     },
+    /// A cap declared with a name that is not `[a-z][a-z0-9_]*`, or that
+    /// repeats one of the five named bounds.
+    #[error("cap name {name:?} is not [a-z][a-z0-9_]* or repeats a named bound")]
+    BadCapName {
+        /// The name.
+        name: String,
+    },
+    /// One cap declared twice with two values.
+    #[error("cap {name} declared as {first} and as {second}")]
+    CapTwice {
+        /// The name.
+        name: String,
+        /// The value first declared.
+        first: u64,
+        /// The value declared again.
+        second: u64,
+    },
     /// The validator refused the result (a rule this builder does not check).
     #[error("the validator refused the envelope: {0}")]
     Rejected(#[from] Rejection),
@@ -194,6 +211,26 @@ impl EnvelopeBuilder {
         self.surface(s)?;
         self.hypothesis_only.insert(id);
         Ok(self)
+    }
+
+    /// Declare a cap in force beyond the five every envelope names
+    /// ([`Bounds::caps`]). Declaring one cap twice with the same value is
+    /// harmless; with another value it is refused.
+    pub fn cap(&mut self, name: &str, value: u64) -> Result<&mut Self, BuildError> {
+        if !crate::model::is_cap_name(name) {
+            return Err(BuildError::BadCapName { name: name.into() });
+        }
+        match self.bounds.caps.get(name) {
+            Some(&first) if first != value => Err(BuildError::CapTwice {
+                name: name.into(),
+                first,
+                second: value,
+            }),
+            _ => {
+                self.bounds.caps.insert(name.into(), value);
+                Ok(self)
+            }
+        }
     }
 
     /// Declare that the subject's identity changed between the reads.
@@ -554,5 +591,44 @@ mod tests {
         let mut cut = fresh();
         cut.universe.termination = Termination::Cap;
         assert_eq!(cut.completeness(), Completeness::Bounded);
+    }
+
+    #[test]
+    fn caps_are_declared_by_name_and_misnamed_or_conflicting_caps_are_refused() {
+        let mut b = builder();
+        b.cap("max_fds", 1024).unwrap();
+        b.cap("max_fds", 1024).unwrap();
+        assert_eq!(
+            b.cap("max_fds", 7).unwrap_err(),
+            BuildError::CapTwice {
+                name: "max_fds".into(),
+                first: 1024,
+                second: 7
+            }
+        );
+        for bad in ["", "Max", "9lives", "max-fds", "max_threads", "leak_budget"] {
+            assert_eq!(
+                b.cap(bad, 1).unwrap_err(),
+                BuildError::BadCapName { name: bad.into() },
+                "{bad:?}"
+            );
+        }
+        let sealed = b.seal(next()).unwrap();
+        assert_eq!(sealed.bounds.caps.get("max_fds"), Some(&1024));
+        // The fast digest (fields streamed as declared) and the general one
+        // (a JSON value, members sorted) agree with caps present.
+        assert_eq!(
+            sealed.digest,
+            crate::compute_digest(&serde_json::to_value(&sealed).unwrap()).unwrap()
+        );
+        // Declared caps survive the strict parser and the digest.
+        assert_eq!(
+            crate::verify(sealed.to_json_pretty().as_slice()).unwrap(),
+            sealed
+        );
+        // A cap smuggled in with a bad name is refused by the validator too.
+        let mut e = crate::example::example_unsealed();
+        e.bounds.caps.insert("Bad Name".into(), 1);
+        assert!(e.seal().is_err());
     }
 }

@@ -53,6 +53,7 @@ pub fn example_unsealed() -> Envelope {
             max_threads: 10_000,
             max_bytes_per_surface: 65_536,
             leak_budget: 4,
+            caps: Default::default(),
         },
         surfaces: vec![
             Surface {

@@ -342,6 +342,14 @@ impl Termination {
 pub struct Bounds {
     /// Whole-collection deadline, ms.
     pub bundle_deadline_ms: u64,
+    // Fields stay in name order: the fast canonical digest streams them as
+    // declared.
+    /// Every further cap the collector enforced, by name (`max_fds`,
+    /// `max_flows`, `reap_deadline_ms`...): a limit that can cut or skip what
+    /// the envelope shows is listed here or above, never only in code.
+    /// Names are `[a-z][a-z0-9_]*`. Absent when empty (older envelopes).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub caps: std::collections::BTreeMap<String, u64>,
     /// Unreaped helpers tolerated before risky surfaces are skipped.
     pub leak_budget: u64,
     /// Most raw bytes kept per surface.
@@ -350,6 +358,22 @@ pub struct Bounds {
     pub max_threads: u64,
     /// Default per-surface deadline, ms.
     pub surface_deadline_ms: u64,
+}
+
+/// Whether `name` may name a cap in [`Bounds::caps`]: `[a-z][a-z0-9_]*`,
+/// and not one of the five bounds every envelope names.
+pub fn is_cap_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && ![
+            "bundle_deadline_ms",
+            "leak_budget",
+            "max_bytes_per_surface",
+            "max_threads",
+            "surface_deadline_ms",
+        ]
+        .contains(&name)
 }
 
 /// One observed surface.

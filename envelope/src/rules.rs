@@ -135,6 +135,18 @@ pub fn check_rules(env: &Envelope) -> Vec<EnvelopeError> {
         ),
         ("$.bounds.leak_budget", env.bounds.leak_budget),
     ];
+    integers.extend(env.bounds.caps.values().map(|v| ("$.bounds.caps", *v)));
+    for name in env
+        .bounds
+        .caps
+        .keys()
+        .filter(|n| !crate::model::is_cap_name(n))
+    {
+        errors.push(invalid(
+            "$.bounds.caps",
+            &format!("cap name {name:?} is not [a-z][a-z0-9_]* or repeats a named bound"),
+        ));
+    }
     if let crate::model::Subject::Process(p) = &env.subject {
         integers.push(("$.subject.identity.start_ticks", p.start_ticks));
     }

@@ -19,8 +19,10 @@
 use std::io::{Read, Write};
 
 use pstack_collectors::net::{FlowFilter, NetSample};
-use pstack_collectors::procfs::{RawMeta, ReadError};
-use pstack_envelope::DigestKey;
+use pstack_collectors::procfs::parse::{StackFacts, SyscallFacts};
+use pstack_collectors::procfs::read::{FdTable, ThreadWchans, WchanFacts};
+use pstack_collectors::procfs::{RawMeta, ReadError, json_safe};
+use pstack_envelope::{DigestKey, RedactedCommand, RedactedEnviron};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -211,14 +213,79 @@ pub struct Response {
     pub outcome: Outcome,
 }
 
+/// A procfs helper's typed reading of one surface: the collector's own type
+/// crosses the pipe, so the agent's claim rules read fields, not string keys.
+/// Externally tagged (`{"wchan": {..}}`), one variant per [`SurfaceKind`]
+/// that reads (the forbidden-syscall probe reads nothing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ProcReading {
+    /// Answer to [`SurfaceKind::Wchan`].
+    Wchan(WchanFacts),
+    /// Answer to [`SurfaceKind::Stack`].
+    Stack(StackFacts),
+    /// Answer to [`SurfaceKind::Syscall`].
+    Syscall(SyscallFacts),
+    /// Answer to [`SurfaceKind::Cmdline`] (redacted).
+    Cmdline(RedactedCommand),
+    /// Answer to [`SurfaceKind::Environ`] (redacted).
+    Environ(RedactedEnviron),
+    /// Answer to [`SurfaceKind::FdTargets`].
+    FdTargets(FdTable),
+    /// Answer to [`SurfaceKind::ThreadWchans`].
+    ThreadWchans(ThreadWchans),
+}
+
+impl ProcReading {
+    /// Whether this reading answers `kind` (a helper that answers a `wchan`
+    /// request with a stack is refused by the agent, not believed).
+    pub fn answers(&self, kind: &SurfaceKind) -> bool {
+        matches!(
+            (self, kind),
+            (ProcReading::Wchan(_), SurfaceKind::Wchan { .. })
+                | (ProcReading::Stack(_), SurfaceKind::Stack { .. })
+                | (ProcReading::Syscall(_), SurfaceKind::Syscall { .. })
+                | (ProcReading::Cmdline(_), SurfaceKind::Cmdline)
+                | (ProcReading::Environ(_), SurfaceKind::Environ)
+                | (ProcReading::FdTargets(_), SurfaceKind::FdTargets { .. })
+                | (
+                    ProcReading::ThreadWchans(_),
+                    SurfaceKind::ThreadWchans { .. }
+                )
+        )
+    }
+
+    /// The envelope's rendering of the reading: its fields as a JSON object,
+    /// integers beyond 2^53 as strings ([`json_safe`]).
+    pub fn envelope_facts(&self) -> serde_json::Map<String, Value> {
+        let value = match self {
+            ProcReading::Wchan(f) => serde_json::to_value(f),
+            ProcReading::Stack(f) => serde_json::to_value(f),
+            ProcReading::Syscall(f) => serde_json::to_value(f),
+            ProcReading::Cmdline(f) => serde_json::to_value(f),
+            ProcReading::Environ(f) => serde_json::to_value(f),
+            ProcReading::FdTargets(f) => serde_json::to_value(f),
+            ProcReading::ThreadWchans(f) => serde_json::to_value(f),
+        };
+        match value.map(json_safe) {
+            Ok(Value::Object(m)) => m,
+            Ok(other) => serde_json::Map::from_iter([("value".to_string(), other)]),
+            Err(e) => serde_json::Map::from_iter([(
+                "encode_error".to_string(),
+                Value::String(e.to_string()),
+            )]),
+        }
+    }
+}
+
 /// Outcome of one surface.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Outcome {
     /// Read and parsed.
     Ok {
-        /// Typed facts (envelope-safe JSON object).
-        facts: Value,
+        /// The typed reading.
+        reading: ProcReading,
         /// Digest/length/truncation of the raw bytes.
         raw: RawMeta,
     },
@@ -439,10 +506,24 @@ mod tests {
 
     fn response() -> impl Strategy<Value = Response> {
         let outcome = prop_oneof![
-            ("[a-z_]{1,8}", any::<u32>(), any::<bool>()).prop_map(|(k, n, t)| Outcome::Ok {
-                facts: serde_json::json!({ k: n }),
-                raw: RawMeta::of(&n.to_be_bytes(), t),
-            }),
+            (
+                proptest::option::of("[a-z_]{1,8}"),
+                any::<u32>(),
+                any::<bool>()
+            )
+                .prop_map(|(w, n, t)| Outcome::Ok {
+                    reading: match n % 3 {
+                        0 => ProcReading::Wchan(WchanFacts { wchan: w }),
+                        1 => ProcReading::Stack(StackFacts {
+                            frames: w.into_iter().collect(),
+                        }),
+                        _ => ProcReading::Syscall(SyscallFacts::InSyscall {
+                            nr: i64::from(n),
+                            name: w,
+                        }),
+                    },
+                    raw: RawMeta::of(&n.to_be_bytes(), t),
+                }),
             (".{0,20}", any::<i32>()).prop_map(|(path, errno)| Outcome::Failed {
                 error: ReadError::Vanished { path, errno }
             }),
@@ -589,6 +670,51 @@ mod tests {
         .unwrap();
         assert!(decode::<NetRequest>(&procfs, MAX_FRAME).is_err());
         assert!(decode::<Request>(&frame, MAX_FRAME).is_err());
+    }
+
+    #[test]
+    fn a_reading_answers_only_its_own_kind_and_renders_envelope_safe_facts() {
+        let wchan = ProcReading::Wchan(WchanFacts {
+            wchan: Some("request_wait_answer".into()),
+        });
+        assert!(wchan.answers(&SurfaceKind::Wchan { tid: 1 }));
+        assert!(!wchan.answers(&SurfaceKind::Stack { tid: 1 }));
+        assert!(!wchan.answers(&SurfaceKind::ThreadWchans { tids: vec![1] }));
+        assert_eq!(
+            serde_json::Value::Object(wchan.envelope_facts()),
+            serde_json::json!({"wchan": "request_wait_answer"})
+        );
+        // Integers past 2^53 become strings in the envelope's rendering.
+        let sc = ProcReading::Syscall(SyscallFacts::InSyscall {
+            nr: i64::MAX,
+            name: None,
+        });
+        assert_eq!(
+            sc.envelope_facts().get("nr"),
+            Some(&serde_json::json!(i64::MAX.to_string()))
+        );
+        // The typed reading crosses the pipe as itself, closed-world.
+        let frame = encode(
+            &Response {
+                seq: 1,
+                elapsed_us: 2,
+                outcome: Outcome::Ok {
+                    reading: wchan.clone(),
+                    raw: RawMeta::of(b"request_wait_answer", false),
+                },
+            },
+            MAX_FRAME,
+        )
+        .unwrap();
+        let (back, _): (Response, usize) = decode(&frame, MAX_FRAME).unwrap().unwrap();
+        assert!(matches!(back.outcome, Outcome::Ok { reading, .. } if reading == wchan));
+        let untyped = br#"{"seq":1,"elapsed_us":2,"outcome":{"result":"ok","facts":{"wchan":"x"},"raw":{"digest":"sha256:00","bytes":1,"truncated":false}}}"#;
+        let mut f = (untyped.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(untyped);
+        assert!(
+            decode::<Response>(&f, MAX_FRAME).is_err(),
+            "untyped facts are refused"
+        );
     }
 
     #[test]

@@ -11,15 +11,14 @@
 use std::io::{Read, Write};
 use std::time::Instant;
 
+use pstack_collectors::procfs::Reading;
 use pstack_collectors::procfs::read::{self, TaskRef};
-use pstack_collectors::procfs::{Reading, json_safe};
 use pstack_envelope::DigestKey;
-use serde::Serialize;
 
 use crate::protocol::{
     ForbiddenSyscall, FrameError, MAX_FRAME, MAX_SURFACE_BYTES, NET_MAX_FRAME, NetOutcome,
-    NetRequest, NetRequestKind, NetResponse, Outcome, PROTOCOL_VERSION, Request, Response,
-    SurfaceKind, SurfaceRequest, read_frame, write_frame,
+    NetRequest, NetRequestKind, NetResponse, Outcome, PROTOCOL_VERSION, ProcReading, Request,
+    Response, SurfaceKind, SurfaceRequest, read_frame, write_frame,
 };
 
 /// Why a request is refused before any read, or `None` when it is acceptable.
@@ -44,24 +43,17 @@ pub fn refusal(version: u32, req: &SurfaceRequest) -> Option<String> {
     None
 }
 
-fn ok<T: Serialize>(r: Reading<T>) -> Outcome {
-    match serde_json::to_value(&r.facts) {
-        Ok(v) => {
-            let facts = match json_safe(v) {
-                serde_json::Value::Object(m) => serde_json::Value::Object(m),
-                other => serde_json::json!({ "value": other }),
-            };
-            Outcome::Ok { facts, raw: r.raw }
-        }
-        Err(e) => Outcome::Refused {
-            reason: format!("cannot encode facts: {e}"),
-        },
-    }
-}
-
-fn done<T: Serialize>(r: Result<Reading<T>, pstack_collectors::procfs::ReadError>) -> Outcome {
+/// The outcome of one read: its typed facts wrapped as the [`ProcReading`]
+/// variant `wrap` names, or the read's error.
+fn done<T>(
+    r: Result<Reading<T>, pstack_collectors::procfs::ReadError>,
+    wrap: fn(T) -> ProcReading,
+) -> Outcome {
     match r {
-        Ok(r) => ok(r),
+        Ok(r) => Outcome::Ok {
+            reading: wrap(r.facts),
+            raw: r.raw,
+        },
         Err(error) => Outcome::Failed { error },
     }
 }
@@ -97,15 +89,28 @@ fn attempt_forbidden(which: ForbiddenSyscall) -> Outcome {
 pub fn perform(req: &SurfaceRequest, key: &DigestKey) -> Outcome {
     let max = req.max_bytes;
     match &req.kind {
-        SurfaceKind::Wchan { tid } => done(read::read_wchan(TaskRef::thread(req.pid, *tid), max)),
-        SurfaceKind::Stack { tid } => done(read::read_stack(TaskRef::thread(req.pid, *tid), max)),
-        SurfaceKind::Syscall { tid } => {
-            done(read::read_syscall(TaskRef::thread(req.pid, *tid), max))
-        }
-        SurfaceKind::Cmdline => done(read::read_cmdline(req.pid, max, key)),
-        SurfaceKind::Environ => done(read::read_environ(req.pid, max, key)),
-        SurfaceKind::FdTargets { max_fds } => done(read::read_fd_targets(req.pid, *max_fds, max)),
-        SurfaceKind::ThreadWchans { tids } => done(read::read_thread_wchans(req.pid, tids, max)),
+        SurfaceKind::Wchan { tid } => done(
+            read::read_wchan(TaskRef::thread(req.pid, *tid), max),
+            ProcReading::Wchan,
+        ),
+        SurfaceKind::Stack { tid } => done(
+            read::read_stack(TaskRef::thread(req.pid, *tid), max),
+            ProcReading::Stack,
+        ),
+        SurfaceKind::Syscall { tid } => done(
+            read::read_syscall(TaskRef::thread(req.pid, *tid), max),
+            ProcReading::Syscall,
+        ),
+        SurfaceKind::Cmdline => done(read::read_cmdline(req.pid, max, key), ProcReading::Cmdline),
+        SurfaceKind::Environ => done(read::read_environ(req.pid, max, key), ProcReading::Environ),
+        SurfaceKind::FdTargets { max_fds } => done(
+            read::read_fd_targets(req.pid, *max_fds, max),
+            ProcReading::FdTargets,
+        ),
+        SurfaceKind::ThreadWchans { tids } => done(
+            read::read_thread_wchans(req.pid, tids, max),
+            ProcReading::ThreadWchans,
+        ),
         SurfaceKind::ForbiddenSyscall { syscall } => attempt_forbidden(*syscall),
     }
 }
@@ -344,8 +349,12 @@ mod tests {
         assert!(matches!(a.outcome, Outcome::Ok { .. }), "{a:?}");
         assert!(matches!(b.outcome, Outcome::Refused { .. }), "{b:?}");
         match c.outcome {
-            Outcome::Ok { facts, .. } => {
-                assert!(facts.get("names").is_some() && !facts.to_string().contains("="))
+            Outcome::Ok {
+                reading: ProcReading::Environ(env),
+                ..
+            } => {
+                let text = serde_json::to_string(&env).unwrap();
+                assert!(text.contains("names") && !text.contains('='), "{text}")
             }
             other => panic!("{other:?}"),
         }

@@ -214,6 +214,7 @@ impl Capture {
                 max_threads: 10_000,
                 max_bytes_per_surface: 65_536,
                 leak_budget: 4,
+                caps: Default::default(),
             },
             surfaces,
             claims,

@@ -171,7 +171,7 @@ fn run_tcp(a: TcpArgs) -> anyhow::Result<i32> {
     // Live output: wake the reader every tick even below the wakeup backlog.
     let cfg = plan.ebpf_config(true);
     let wall = wall_time_now();
-    let t0 = pstack_ebpf::monotonic_ns();
+    let t0 = crate::supervisor::clock::monotonic_ns();
     let mut session = match EbpfSession::start(cfg.clone()) {
         Ok(s) => s,
         Err(e) => {
@@ -207,7 +207,7 @@ fn run_tcp(a: TcpArgs) -> anyhow::Result<i32> {
             a.addr.map(|x| format!(", addr {x}")).unwrap_or_default()
         );
     }
-    let start_ns = pstack_ebpf::monotonic_ns();
+    let start_ns = crate::supervisor::clock::monotonic_ns();
     let json = a.json;
     let mut write_err: Option<std::io::Error> = None;
     let stdout_gone = std::sync::atomic::AtomicBool::new(false);

@@ -2,9 +2,11 @@
 //! batch sent to a helper, safe reads here while it works, risky results
 //! collected under deadlines, identity after, assembly and seal.
 
+use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use pstack_collectors::procfs::freezer;
+use pstack_collectors::procfs::parse::TaskState;
 use pstack_collectors::procfs::read::{self, TaskRef};
 use pstack_collectors::procfs::{
     HostFacts, IdentityReading, ReadError, Reading, json_safe, read_host_facts, read_identity,
@@ -18,13 +20,16 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::assemble::{Assembly, Mode};
-use super::clock::{monotonic_ns, wall_time_now};
+use super::assemble_readings::{
+    ClaimInput, OffCpuReading, ProcFile, Readings, SurfaceId, TaskFile, Typed,
+};
 use super::leak::LeakBudget;
 use super::risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, cause_of, status_of};
 use super::{
     CaptureError, CaptureRequest, Deadlines, OffCpuSource, SupervisorConfig, SurfaceFamily,
     SurfaceSelection, Target,
 };
+use crate::clock::{monotonic_ns, wall_time_now};
 
 /// Longest off-CPU window a capture may ask for (the one limit, in
 /// [`crate::request::PROCESS_WINDOW`]).
@@ -38,10 +43,19 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// A surface from a risky outcome.
-fn risky_surface(id: String, authority: String, o: RiskyOutcome) -> Surface {
+/// A surface from a risky outcome; its typed reading (if a claim rule
+/// reads that kind) goes to `readings`.
+fn risky_surface(
+    readings: &RefCell<Readings>,
+    id: SurfaceId,
+    authority: String,
+    o: RiskyOutcome,
+) -> Surface {
+    if let Some(t) = o.reading.as_ref().and_then(Typed::from_helper) {
+        readings.borrow_mut().insert(id, t);
+    }
     Surface {
-        id,
+        id: id.to_string(),
         authority,
         status: o.status,
         cause: o.cause,
@@ -62,22 +76,24 @@ fn facts_of<T: Serialize>(facts: &T) -> Map<String, Value> {
     }
 }
 
-/// A surface read in this process (safe reads only).
-struct SafeReader {
+/// A surface read in this process (safe reads only); typed readings the
+/// claim rules read go to `readings`.
+struct SafeReader<'a> {
     deadline_ms: u64,
     bundle_deadline: Instant,
+    readings: &'a RefCell<Readings>,
 }
 
-impl SafeReader {
-    fn read<T: Serialize>(
+impl SafeReader<'_> {
+    fn read<T: Serialize + ClaimInput>(
         &self,
-        id: String,
+        id: SurfaceId,
         authority: String,
         f: impl FnOnce() -> Result<Reading<T>, ReadError>,
     ) -> Surface {
         if Instant::now() >= self.bundle_deadline {
             return skipped(
-                id,
+                id.to_string(),
                 authority,
                 self.deadline_ms,
                 "bundle deadline reached before this surface was attempted",
@@ -87,27 +103,32 @@ impl SafeReader {
         let r = f();
         let elapsed_us = micros(start.elapsed());
         match r {
-            Ok(reading) => Surface {
-                id,
-                authority,
-                status: if reading.raw.truncated {
-                    SurfaceStatus::Truncated
-                } else {
-                    SurfaceStatus::Ok
-                },
-                cause: reading.raw.truncated.then(|| StatusCause {
-                    errno: None,
-                    message: "cut at the byte cap".into(),
-                }),
-                deadline_ms: self.deadline_ms,
-                elapsed_us,
-                digest: Some(reading.raw.digest.clone()),
-                bytes: reading.raw.bytes,
-                truncated: reading.raw.truncated,
-                facts: facts_of(&reading.facts),
-            },
+            Ok(reading) => {
+                if let Some(t) = reading.facts.typed() {
+                    self.readings.borrow_mut().insert(id, t);
+                }
+                Surface {
+                    id: id.to_string(),
+                    authority,
+                    status: if reading.raw.truncated {
+                        SurfaceStatus::Truncated
+                    } else {
+                        SurfaceStatus::Ok
+                    },
+                    cause: reading.raw.truncated.then(|| StatusCause {
+                        errno: None,
+                        message: "cut at the byte cap".into(),
+                    }),
+                    deadline_ms: self.deadline_ms,
+                    elapsed_us,
+                    digest: Some(reading.raw.digest.clone()),
+                    bytes: reading.raw.bytes,
+                    truncated: reading.raw.truncated,
+                    facts: facts_of(&reading.facts),
+                }
+            }
             Err(e) => Surface {
-                id,
+                id: id.to_string(),
                 authority,
                 status: status_of(&e),
                 cause: Some(cause_of(&e)),
@@ -224,10 +245,10 @@ pub fn capture(
         config,
         budget,
         host,
-        started,
         bundle_deadline: started + deadlines.bundle,
         wall_time: wall_time_now(),
         monotonic_start_ns: monotonic_ns(),
+        readings: RefCell::new(Readings::default()),
     };
     let assembly = match request.target {
         Target::Process { pid } => capture_task(&ctx, pid, false)?,
@@ -245,10 +266,11 @@ struct Ctx<'a> {
     config: &'a SupervisorConfig,
     budget: &'a LeakBudget,
     host: HostFacts,
-    started: Instant,
     bundle_deadline: Instant,
     wall_time: String,
     monotonic_start_ns: u64,
+    /// Typed readings of the surfaces read so far.
+    readings: RefCell<Readings>,
 }
 
 impl Ctx<'_> {
@@ -258,6 +280,7 @@ impl Ctx<'_> {
             subject,
             self.config,
             self.request,
+            &self.selection,
             self.deadlines,
             self.budget.capacity(),
             self.wall_time.clone(),
@@ -269,16 +292,17 @@ impl Ctx<'_> {
         self.selection.wants(family)
     }
 
-    fn safe(&self) -> SafeReader {
+    fn safe(&self) -> SafeReader<'_> {
         SafeReader {
             deadline_ms: ms(self.deadlines.surface),
             bundle_deadline: self.bundle_deadline,
+            readings: &self.readings,
         }
     }
 
-    fn risky(&self, id: String, pid: u32, kind: SurfaceKind) -> RiskyRead {
+    fn risky(&self, id: SurfaceId, pid: u32, kind: SurfaceKind) -> RiskyRead {
         RiskyRead {
-            id,
+            id: id.to_string(),
             pid,
             kind,
             deadline: Some(self.deadlines.surface),
@@ -336,32 +360,44 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
     // surfaces most likely to block (fd targets last).
     let mut reads = Vec::new();
     let mut authorities = Vec::new();
-    for (name, family) in [
-        ("wchan", SurfaceFamily::TaskWchan),
-        ("syscall", SurfaceFamily::TaskSyscall),
-        ("stack", SurfaceFamily::TaskStack),
+    let mut ids = Vec::new();
+    for (file, family) in [
+        (TaskFile::Wchan, SurfaceFamily::TaskWchan),
+        (TaskFile::Syscall, SurfaceFamily::TaskSyscall),
+        (TaskFile::Stack, SurfaceFamily::TaskStack),
     ] {
         if !ctx.wants(family) {
             continue;
         }
         for &tid in &tids {
-            let kind = match name {
-                "wchan" => SurfaceKind::Wchan { tid },
-                "syscall" => SurfaceKind::Syscall { tid },
+            let kind = match file {
+                TaskFile::Wchan => SurfaceKind::Wchan { tid },
+                TaskFile::Syscall => SurfaceKind::Syscall { tid },
                 _ => SurfaceKind::Stack { tid },
             };
             authorities.push(kind.authority(pid));
-            reads.push(ctx.risky(format!("task/{tid}/{name}"), pid, kind));
+            let id = SurfaceId::Task(tid, file);
+            ids.push(id);
+            reads.push(ctx.risky(id, pid, kind));
         }
     }
     if !before.kernel_thread {
-        for (kind, family) in [
-            (SurfaceKind::Cmdline, SurfaceFamily::ProcCmdline),
-            (SurfaceKind::Environ, SurfaceFamily::ProcEnviron),
+        for (kind, file, family) in [
+            (
+                SurfaceKind::Cmdline,
+                ProcFile::Cmdline,
+                SurfaceFamily::ProcCmdline,
+            ),
+            (
+                SurfaceKind::Environ,
+                ProcFile::Environ,
+                SurfaceFamily::ProcEnviron,
+            ),
             (
                 SurfaceKind::FdTargets {
                     max_fds: ctx.request.max_fds,
                 },
+                ProcFile::Fd,
                 SurfaceFamily::ProcFd,
             ),
         ] {
@@ -369,10 +405,11 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
                 continue;
             }
             authorities.push(kind.authority(pid));
-            reads.push(ctx.risky(format!("proc/{}", kind.name()), pid, kind));
+            let id = SurfaceId::Proc(file);
+            ids.push(id);
+            reads.push(ctx.risky(id, pid, kind));
         }
     }
-    let ids: Vec<String> = reads.iter().map(|r| r.id.clone()).collect();
     // The off-CPU window (if any) runs on its own thread, concurrently with
     // the helper and the safe reads, and is joined before the second
     // identity read: it is observed between the two.
@@ -396,7 +433,14 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
             &subject_text,
         )?;
         if let Some((w, handle)) = window {
-            surfaces.extend(offcpu_surfaces(w, handle.join()));
+            for s in offcpu_surfaces(w, handle.join()) {
+                if let Some(r) = OffCpuReading::from_surface(&s) {
+                    ctx.readings
+                        .borrow_mut()
+                        .insert(SurfaceId::EbpfOffcpu, Typed::OffCpu(r));
+                }
+                surfaces.push(s);
+            }
         }
         Ok::<_, CaptureError>(surfaces)
     })
@@ -421,7 +465,7 @@ fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly,
 /// carries the digest of the bytes they came from.
 fn container_surfaces(
     ctx: &Ctx<'_>,
-    safe: &SafeReader,
+    safe: &SafeReader<'_>,
     pid: u32,
     before: &IdentityReading,
 ) -> Vec<Surface> {
@@ -434,7 +478,7 @@ fn container_surfaces(
         let file = std::path::PathBuf::from(format!("/proc/{pid}/cgroup"));
         let max = ctx.request.max_bytes_per_surface;
         out.push(safe.read(
-            "proc/container".into(),
+            SurfaceId::Proc(ProcFile::Container),
             format!("procfs:/proc/{pid}/cgroup"),
             || {
                 container::read_container(&file, max).and_then(|r| match r.facts {
@@ -455,7 +499,7 @@ fn container_surfaces(
     {
         let url = format!("{}/pods", url.trim_end_matches('/'));
         let deadline = Duration::from_millis(safe.deadline_ms.max(1));
-        out.push(safe.read("k8s/pod".into(), format!("kubelet:{url}"), || {
+        out.push(safe.read(SurfaceId::K8sPod, format!("kubelet:{url}"), || {
             let body = fetch_pod_list(&url, deadline)?;
             let raw = pstack_collectors::procfs::RawRead::capped(body, MAX_POD_LIST_BYTES);
             if raw.truncated {
@@ -494,7 +538,7 @@ fn container_surfaces(
 }
 
 /// Largest kubelet `/pods` answer read (a node's whole pod list).
-const MAX_POD_LIST_BYTES: u64 = 16 << 20;
+pub(super) const MAX_POD_LIST_BYTES: u64 = 16 << 20;
 
 /// `GET url` within `deadline`, on a runtime of its own (captures run on
 /// blocking threads, never inside the daemon's async tasks).
@@ -560,7 +604,7 @@ fn task_reads(
     tids: &[u32],
     before: &IdentityReading,
     reads: Vec<RiskyRead>,
-    ids: Vec<String>,
+    ids: Vec<SurfaceId>,
     authorities: Vec<String>,
     subject_text: &str,
 ) -> Result<Vec<Surface>, CaptureError> {
@@ -578,17 +622,17 @@ fn task_reads(
     let mut surfaces = Vec::new();
     if ctx.wants(SurfaceFamily::ProcStatus) {
         surfaces.push(safe.read(
-            "proc/status".into(),
+            SurfaceId::Proc(ProcFile::Status),
             format!("procfs:/proc/{pid}/status"),
             || read::read_status(proc_ref, ctx.request.max_bytes_per_surface),
         ));
     }
     if ctx.wants(SurfaceFamily::ProcIo) {
-        surfaces.push(
-            safe.read("proc/io".into(), format!("procfs:/proc/{pid}/io"), || {
-                read::read_io(proc_ref, ctx.request.max_bytes_per_surface)
-            }),
-        );
+        surfaces.push(safe.read(
+            SurfaceId::Proc(ProcFile::Io),
+            format!("procfs:/proc/{pid}/io"),
+            || read::read_io(proc_ref, ctx.request.max_bytes_per_surface),
+        ));
     }
     if !ctx.wants(SurfaceFamily::ProcFreezer) {
         // Not selected.
@@ -596,32 +640,34 @@ fn task_reads(
         // Tells a frozen task's D from a real uninterruptible wait.
         let cgroup = before.identity.cgroup.clone();
         let path = file.display().to_string();
-        surfaces.push(
-            safe.read("proc/freezer".into(), format!("cgroupfs:{path}"), || {
+        surfaces.push(safe.read(
+            SurfaceId::Proc(ProcFile::Freezer),
+            format!("cgroupfs:{path}"),
+            || {
                 freezer::read_freezer(&cgroup).unwrap_or(Err(ReadError::Vanished {
                     path: path.clone(),
                     errno: libc::ENOENT,
                 }))
-            }),
-        );
+            },
+        ));
     }
     surfaces.extend(container_surfaces(ctx, &safe, pid, before));
     if before.kernel_thread {
-        for (name, family) in [
-            ("cmdline", SurfaceFamily::ProcCmdline),
-            ("environ", SurfaceFamily::ProcEnviron),
-            ("fd", SurfaceFamily::ProcFd),
+        for (file, family) in [
+            (ProcFile::Cmdline, SurfaceFamily::ProcCmdline),
+            (ProcFile::Environ, SurfaceFamily::ProcEnviron),
+            (ProcFile::Fd, SurfaceFamily::ProcFd),
         ] {
             if !ctx.wants(family) {
                 continue;
             }
-            let authority = if name == "fd" {
+            let authority = if file == ProcFile::Fd {
                 format!("procfs:/proc/{pid}/fd/*")
             } else {
-                format!("procfs:/proc/{pid}/{name}")
+                format!("procfs:/proc/{pid}/{}", file.name())
             };
             surfaces.push(with_status(
-                format!("proc/{name}"),
+                SurfaceId::Proc(file).to_string(),
                 authority,
                 safe.deadline_ms,
                 SurfaceStatus::Unsupported,
@@ -633,20 +679,20 @@ fn task_reads(
         let t = TaskRef::thread(pid, tid);
         let max = ctx.request.max_bytes_per_surface;
         surfaces.push(safe.read(
-            format!("task/{tid}/stat"),
+            SurfaceId::Task(tid, TaskFile::Stat),
             format!("procfs:/proc/{pid}/task/{tid}/stat"),
             || read::read_stat(t, max),
         ));
         if ctx.wants(SurfaceFamily::TaskStatus) {
             surfaces.push(safe.read(
-                format!("task/{tid}/status"),
+                SurfaceId::Task(tid, TaskFile::Status),
                 format!("procfs:/proc/{pid}/task/{tid}/status"),
                 || read::read_status(t, max),
             ));
         }
         if ctx.wants(SurfaceFamily::TaskSchedstat) {
             surfaces.push(safe.read(
-                format!("task/{tid}/schedstat"),
+                SurfaceId::Task(tid, TaskFile::Schedstat),
                 format!("procfs:/proc/{pid}/task/{tid}/schedstat"),
                 || read::read_schedstat(t, max),
             ));
@@ -655,7 +701,7 @@ fn task_reads(
 
     let outcomes = run.finish();
     for ((id, authority), o) in ids.into_iter().zip(authorities).zip(outcomes) {
-        surfaces.push(risky_surface(id, authority, o));
+        surfaces.push(risky_surface(&ctx.readings, id, authority, o));
     }
     let key = ctx
         .config
@@ -663,7 +709,13 @@ fn task_reads(
         .read()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    settle_zombie_memory_reads(&mut surfaces, pid, &key);
+    let zombie = matches!(
+        ctx.readings.borrow().task_view(&surfaces, "").threads.get(&pid),
+        Some(t) if t.stat.as_ref().is_some_and(|s| s.state == TaskState::Zombie)
+    );
+    if zombie {
+        settle_zombie_memory_reads(&mut surfaces, pid, &key);
+    }
     Ok(surfaces)
 }
 
@@ -672,23 +724,17 @@ fn task_reads(
 /// (its `cmdline` likewise reads empty). That is not `vanished` — the second identity
 /// read still finds the same process — and nothing is missing: the complete answer is
 /// "no environment any more". The main thread's stat surface, read in this capture
-/// and showing `Z`, is the evidence; the surface's facts say why it is empty.
+/// and showing `Z`, is the evidence (the caller checks it); the surface's facts
+/// say why it is empty.
 fn settle_zombie_memory_reads(
     surfaces: &mut [Surface],
     pid: u32,
     key: &pstack_envelope::DigestKey,
 ) {
-    let stat_id = format!("task/{pid}/stat");
-    let zombie = surfaces.iter().any(|s| {
-        s.id == stat_id
-            && s.status == SurfaceStatus::Ok
-            && s.facts.get("state").and_then(Value::as_str) == Some("Z")
-    });
-    if !zombie {
-        return;
-    }
+    let stat_id = SurfaceId::Task(pid, TaskFile::Stat);
+    let environ = SurfaceId::Proc(ProcFile::Environ).to_string();
     for s in surfaces.iter_mut().filter(|s| {
-        s.id == "proc/environ"
+        s.id == environ
             && s.status == SurfaceStatus::Vanished
             && s.cause.as_ref().and_then(|c| c.errno) == Some(libc::ESRCH)
     }) {
@@ -749,18 +795,19 @@ fn finish_task(
     } else {
         Termination::Exhausted
     };
-    let observed = surfaces
-        .iter()
-        .filter(|s| {
-            s.id.ends_with("/stat")
-                && matches!(s.status, SurfaceStatus::Ok | SurfaceStatus::Truncated)
-        })
+    let readings = ctx.readings.take();
+    let observed = readings
+        .task_view(&surfaces, "")
+        .threads
+        .values()
+        .filter(|t| t.stat.is_some())
         .count() as u64;
     a.set_universe(selector, total, observed, termination);
     a.surfaces = surfaces;
+    a.readings = readings;
     a.identity_race = race;
     a.order_surfaces();
-    a.finish_clock(monotonic_ns(), ctx.started);
+    a.finish_clock(monotonic_ns());
     Ok(a)
 }
 
@@ -852,7 +899,7 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
         .filter(|_| wchans)
         .map(|(id, tids)| {
             ctx.risky(
-                format!("proc/{}/wchan", id.identity.pid),
+                SurfaceId::HostWchan(id.identity.pid),
                 id.identity.pid,
                 SurfaceKind::ThreadWchans { tids: tids.clone() },
             )
@@ -873,7 +920,7 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
     for (id, tids) in &members {
         let pid = id.identity.pid;
         let mut s = safe.read(
-            format!("proc/{pid}/tasks"),
+            SurfaceId::HostTasks(pid),
             format!("procfs:/proc/{pid}/task/*/stat"),
             || read::read_thread_states(pid, tids, ctx.request.max_bytes_per_surface),
         );
@@ -911,7 +958,8 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
         let pid = id.identity.pid;
         let mut wchan = outcome.map(|o| {
             risky_surface(
-                format!("proc/{pid}/wchan"),
+                &ctx.readings,
+                SurfaceId::HostWchan(pid),
                 format!("procfs:/proc/{pid}/task/*/wchan"),
                 o,
             )
@@ -968,15 +1016,12 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
     } else {
         Termination::Exhausted
     };
-    let observed = surfaces
-        .iter()
-        .filter(|s| s.id.ends_with("/tasks"))
-        .filter_map(|s| {
-            s.facts
-                .get("threads")
-                .and_then(Value::as_array)
-                .map(|a| a.len() as u64)
-        })
+    let readings = ctx.readings.take();
+    let observed = readings
+        .host_view(&surfaces)
+        .values()
+        .filter_map(|p| p.tasks.as_ref())
+        .map(|t| t.threads.len() as u64)
         .sum();
     a.set_universe(
         format!("/proc/*/task/*{}", ctx.selection.selector_suffix()),
@@ -985,7 +1030,8 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
         termination,
     );
     a.surfaces = surfaces;
+    a.readings = readings;
     a.identity_race = race;
-    a.finish_clock(monotonic_ns(), ctx.started);
+    a.finish_clock(monotonic_ns());
     Ok(a)
 }

@@ -49,9 +49,13 @@
 //!
 //! # Adding a surface
 //!
-//! A new risky surface is a `pstack_helper::protocol::SurfaceKind` variant
-//! plus a reader in `pstack-collectors`; a new non-risky one is a reader called
-//! from [`capture`]'s safe phase.
+//! A new risky surface is a `pstack_helper::protocol::SurfaceKind` variant,
+//! the `ProcReading` variant that answers it (the collector's typed facts
+//! cross the pipe as that type) and a reader in `pstack-collectors`; a new
+//! non-risky one is a reader called from [`capture`]'s safe phase. Either
+//! gets a [`assemble_readings::SurfaceId`] variant, and — when a claim rule
+//! reads it — a [`assemble_readings::Typed`] variant; the rules themselves
+//! are pure functions in [`assemble_claims`] with a table row per code.
 //!
 //! # Off-CPU window (`CaptureRequest::window`)
 //!
@@ -69,8 +73,12 @@
 //! default, a one-shot session ([`OneShotOffCpu`]).
 
 mod assemble;
+pub mod assemble_claims;
+pub mod assemble_readings;
+mod assemble_unknowns;
 mod capture;
-pub mod clock;
+/// The envelope clock (moved to [`crate::clock`]; this path stays for callers).
+pub use crate::clock;
 pub mod denial;
 pub mod helper_process;
 pub mod leak;
@@ -160,6 +168,12 @@ impl Default for CaptureRequest {
 pub trait OffCpuSource: Send + Sync {
     /// Observe `pid`'s threads for `window`.
     fn observe(&self, pid: u32, window: Duration) -> Vec<Surface>;
+
+    /// The caps the source's session enforces on a window (declared in the
+    /// envelope's `bounds.caps`). Default: an off-CPU session's defaults.
+    fn limits(&self) -> pstack_ebpf::Limits {
+        pstack_ebpf::EbpfConfig::offcpu(Vec::new()).limits
+    }
 }
 
 /// The default [`OffCpuSource`]: a fresh eBPF session per capture
@@ -333,7 +347,8 @@ pub enum CaptureError {
         /// Paths tried.
         searched: Vec<PathBuf>,
     },
-    /// The assembled envelope broke a rule (a defect in the supervisor).
+    /// The assembled envelope broke a rule (a defect in the supervisor): the
+    /// envelope builder refused a part of it, or the validator the result.
     #[error("internal: the envelope would not seal: {0}")]
-    Seal(#[from] pstack_envelope::Rejection),
+    Seal(#[from] pstack_envelope::BuildError),
 }

@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 
 use pstack_collectors::procfs::{RawMeta, ReadError};
 use pstack_envelope::{StatusCause, SurfaceStatus};
-use pstack_helper::protocol::{Outcome, PROTOCOL_VERSION, Request, SurfaceKind, SurfaceRequest};
+use pstack_helper::protocol::{
+    Outcome, PROTOCOL_VERSION, ProcReading, Request, SurfaceKind, SurfaceRequest,
+};
 use serde_json::{Map, Value};
 
 use super::helper_process::{HelperProcess, Reap, Received};
@@ -60,8 +62,10 @@ pub struct RiskyOutcome {
     pub deadline_ms: u64,
     /// Time it took or ran until abandoned, µs.
     pub elapsed_us: u64,
-    /// Typed facts (empty unless read).
+    /// The envelope rendering of `reading` (empty unless read).
     pub facts: Map<String, Value>,
+    /// The helper's typed reading, when read.
+    pub reading: Option<ProcReading>,
     /// Raw digest/length/truncation when read.
     pub raw: Option<RawMeta>,
     /// The helper that was reading it when it timed out unreaped.
@@ -81,6 +85,7 @@ impl RiskyOutcome {
             deadline_ms,
             elapsed_us,
             facts: Map::new(),
+            reading: None,
             raw: None,
             leaked_helper: None,
         }
@@ -472,7 +477,21 @@ impl<'a> RiskyRun<'a> {
                 Received::Response(resp) if resp.seq as usize == i => {
                     let d = self.deadline_ms(i);
                     let outcome = match resp.outcome {
-                        Outcome::Ok { facts, raw } => RiskyOutcome {
+                        Outcome::Ok { reading, .. } if !reading.answers(&self.reads[i].kind) => {
+                            RiskyOutcome::without_facts(
+                                SurfaceStatus::Error,
+                                StatusCause {
+                                    errno: None,
+                                    message: format!(
+                                        "the helper answered a {} request with another reading; not believed",
+                                        self.reads[i].kind.name()
+                                    ),
+                                },
+                                d,
+                                resp.elapsed_us,
+                            )
+                        }
+                        Outcome::Ok { reading, raw } => RiskyOutcome {
                             status: if raw.truncated {
                                 SurfaceStatus::Truncated
                             } else {
@@ -487,10 +506,8 @@ impl<'a> RiskyRun<'a> {
                             }),
                             deadline_ms: d,
                             elapsed_us: resp.elapsed_us,
-                            facts: match facts {
-                                Value::Object(m) => m,
-                                other => Map::from_iter([("value".to_string(), other)]),
-                            },
+                            facts: reading.envelope_facts(),
+                            reading: Some(reading),
                             raw: Some(raw),
                             leaked_helper: None,
                         },

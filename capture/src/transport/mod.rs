@@ -81,11 +81,11 @@ pub mod surface_id {
 use self::surface_id as sid;
 
 use crate::Progress;
+use crate::clock::monotonic_ns;
 use crate::request::{self, MAX_FLOWS, RequestError, TRANSPORT_WINDOW, invalid};
-use crate::supervisor::clock::monotonic_ns;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use crate::supervisor::{CaptureError, LeakBudget, NetHelper, NetHelperFailure, SupervisorConfig};
 use pstack_collectors::net::conntrack::ConntrackError;
@@ -537,7 +537,7 @@ pub fn capture_with(
     let mut net = NetHelper::open(&plan.target, config, budget, &subject)?;
     let net_ns = net.net_ns();
     let deadline = Duration::from_millis(SURFACE_DEADLINE_MS);
-    let wall = pstack_envelope::wall_time::format_millis(SystemTime::now());
+    let wall = crate::clock::wall_time_now();
     let mono_start = monotonic_ns();
     // Programs are loaded before the first sample so the window covers it.
     let ebpf = plan.ebpf.then(|| {
@@ -976,6 +976,24 @@ pub struct NetnsView {
     pub load: Option<LoadFacts>,
 }
 
+/// The caps a transport capture enforces beyond the five named bounds: the
+/// flow cap (also carried as `max_threads`), the owner scan's descriptor
+/// cap, and the net helper's answer frame cap (a larger sample is refused,
+/// never cut).
+fn caps(max_flows: usize) -> std::collections::BTreeMap<String, u64> {
+    [
+        ("max_flows", max_flows as u64),
+        ("max_owner_scan_fds", MAX_OWNER_SCAN_FDS as u64),
+        (
+            "max_net_frame_bytes",
+            u64::from(pstack_helper::protocol::NET_MAX_FRAME),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
 impl Ctx<'_> {
     fn netns_view(&self) -> NetnsView {
         let mut v = NetnsView::default();
@@ -1294,14 +1312,7 @@ impl Ctx<'_> {
 
     /// Wall time of a CLOCK_MONOTONIC instant inside the capture.
     fn wall_at(&self, mono_ns: u64) -> String {
-        let start_wall = SystemTime::now()
-            - Duration::from_nanos(monotonic_ns().saturating_sub(self.raw.mono_start));
-        let t = if mono_ns >= self.raw.mono_start {
-            start_wall + Duration::from_nanos(mono_ns - self.raw.mono_start)
-        } else {
-            start_wall - Duration::from_nanos(self.raw.mono_start - mono_ns)
-        };
-        pstack_envelope::wall_time::format_millis(t)
+        crate::clock::wall_time_of(mono_ns)
     }
 
     fn clock(&self) -> Clock {
@@ -1324,6 +1335,7 @@ impl Ctx<'_> {
             max_threads: self.plan.max_flows as u64,
             max_bytes_per_surface: 0,
             leak_budget: self.leak_budget,
+            caps: caps(self.plan.max_flows),
         }
     }
 
@@ -1734,6 +1746,21 @@ impl Ctx<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_transport_limit_is_declared_in_bounds() {
+        let c = caps(17);
+        assert_eq!(c.get("max_flows"), Some(&17));
+        assert_eq!(
+            c.get("max_owner_scan_fds"),
+            Some(&(MAX_OWNER_SCAN_FDS as u64))
+        );
+        assert_eq!(
+            c.get("max_net_frame_bytes"),
+            Some(&u64::from(pstack_helper::protocol::NET_MAX_FRAME))
+        );
+        assert!(c.keys().all(|k| pstack_envelope::is_cap_name(k)));
+    }
 
     #[test]
     fn endpoints_ports_and_windows_are_validated() {
