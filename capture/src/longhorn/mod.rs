@@ -1,0 +1,321 @@
+//! The Longhorn engine: a Longhorn v1 replica rebuild as a
+//! `storage_transfer` envelope linked, by digest, to the `network_stream`
+//! envelopes of its TCP flows, split by idea:
+//! [`client`] (the manager's REST API through `reqwest`, with a deadline),
+//! [`model`] (the manager's real shapes and its error texts),
+//! [`topology`] (E, S, T, their instance managers and port blocks; flags
+//! checked against them), [`flows`] (each flow's role), [`hubble`] (every
+//! Cilium verdict per connection, from a killable child) and [`envelope`]
+//! (the transfer envelope, a pure function of the readings).
+//!
+//! A capture runs: manager read at window start (volume, then the source's
+//! and target's instance managers for their port blocks) → the capture's
+//! port filter narrowed to the span of the two blocks → the transport window
+//! → flows outside both blocks excluded (counted) → manager read at window
+//! end → Hubble → the transfer envelope.
+//!
+//! Invariants:
+//! - **Every outside read is bounded**: each manager GET by
+//!   [`client::API_DEADLINE`], Hubble by [`hubble::HUBBLE_DEADLINE`]; the run
+//!   deadline in `request.rs` adds them up.
+//! - **Flags are overrides, checked**: a flag that disagrees with the manager
+//!   becomes a `longhorn_flag_mismatch` fact; the capture never silently
+//!   prefers either.
+//! - **Narrowing never widens**: the port span from Longhorn only replaces
+//!   the request's range when it lies inside it, and no port is pinned.
+
+pub mod client;
+pub mod envelope;
+pub mod flows;
+pub mod hubble;
+pub mod model;
+pub mod topology;
+
+use std::path::Path;
+
+use pstack_envelope::{Clock, Envelope};
+
+use crate::Progress;
+use crate::request::{LonghornRequest, RequestError, invalid};
+use crate::supervisor::clock::{monotonic_ns, wall_time_now};
+use crate::supervisor::{LeakBudget, SupervisorConfig};
+use crate::transport::{self, CaptureResult, LONGHORN_PORTS, Plan, TransportError};
+
+/// Most manager reads one capture makes (volume at start, the source's and
+/// target's instance managers, volume at end), each under [`API_DEADLINE`].
+pub const MAX_API_READS: u32 = 4;
+
+pub use client::{API_DEADLINE, ApiFailure, ApiRead, MAX_API_BYTES, parse_base_url};
+pub use envelope::{Excluded, Readings, transfer_envelope};
+pub use hubble::{HUBBLE_DEADLINE, HubbleRead, read_hubble};
+
+/// A validated Longhorn request: the transport plan of its streams and the
+/// transfer's identity and sources.
+#[derive(Debug, Clone)]
+pub struct LonghornPlan {
+    /// The stream flows and the window.
+    pub transport: Plan,
+    /// The request it came from (names, API, Hubble).
+    pub request: LonghornRequest,
+}
+
+/// One Longhorn capture: the stream envelopes and the transfer envelope
+/// linking them.
+#[derive(Debug, Clone)]
+pub struct LonghornResult {
+    /// The `network_stream` envelopes of the rebuild's flows (or the no-match envelope).
+    pub streams: CaptureResult,
+    /// The `storage_transfer` envelope.
+    pub transfer: Envelope,
+}
+
+fn name_ok(param: &'static str, v: &str) -> Result<(), RequestError> {
+    if v.trim().is_empty()
+        || v.len() > 253
+        || !v
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+    {
+        return Err(invalid(
+            param,
+            format!("{v:?} is not a Kubernetes object name (1–253 of [A-Za-z0-9-._])"),
+        ));
+    }
+    Ok(())
+}
+
+/// Validate a request into a Longhorn plan.
+pub fn plan(a: &LonghornRequest) -> Result<LonghornPlan, RequestError> {
+    for (p, v) in [("volume", &a.volume), ("engine", &a.engine)] {
+        name_ok(p, v)?;
+    }
+    // Node flags are overrides: empty means "from Longhorn", which needs the API.
+    for (p, v) in [
+        ("source_node", &a.source_node),
+        ("target_node", &a.target_node),
+    ] {
+        if v.is_empty() {
+            if a.longhorn_api.is_none() {
+                return Err(invalid(
+                    p,
+                    "required without longhorn_api (the topology is read from the manager)",
+                ));
+            }
+        } else {
+            name_ok(p, v)?;
+        }
+    }
+    if let Some(t) = &a.transfer {
+        name_ok("transfer", t)?;
+    }
+    let plan = Plan::from_selection(&a.flows(), a.ebpf)?;
+    let range = plan.filter.either_port_in.unwrap_or(LONGHORN_PORTS);
+    for (param, port) in [
+        ("peer", plan.filter.peer_port),
+        ("local", plan.filter.local_port),
+    ] {
+        if let Some(p) = port
+            && !range.contains(p)
+        {
+            return Err(invalid(
+                param,
+                format!(
+                    "port {p} is outside the Longhorn data port range {}–{} (instance-manager); pass --ports to widen it",
+                    range.lo, range.hi
+                ),
+            ));
+        }
+    }
+    if let Some(api) = &a.longhorn_api {
+        client::parse_base_url(api).map_err(|reason| invalid("longhorn_api", reason))?;
+    }
+    if let Some(h) = &a.hubble_server {
+        hubble_server_ok(h)?;
+    }
+    Ok(LonghornPlan {
+        transport: plan,
+        request: a.clone(),
+    })
+}
+
+/// The manager's volume at window start, the topology it names, and the
+/// instance-manager reads of S and T.
+fn read_start(
+    api: &str,
+    volume: &str,
+) -> (ApiRead, Option<topology::Topology>, Vec<(String, ApiRead)>) {
+    let start = client::fetch_volume(api, volume);
+    let Some(mut topo) = start
+        .result
+        .as_ref()
+        .ok()
+        .and_then(|b| model::parse_volume(b).ok())
+        .filter(|v| v.data_engine != "v2" && !v.replicas.iter().any(|r| r.data_engine == "v2"))
+        .map(|v| topology::resolve(&v, None))
+    else {
+        return (start, None, Vec::new());
+    };
+    let mut ims = Vec::new();
+    for im in topo.replica_ims() {
+        let read = client::fetch_instance_manager(api, &im);
+        if let Some(blocks) = read
+            .result
+            .as_ref()
+            .ok()
+            .and_then(|b| model::parse_instance_manager(b).ok())
+        {
+            topo.set_blocks(&blocks);
+        }
+        ims.push((im, read));
+    }
+    (start, Some(topo), ims)
+}
+
+/// Narrow the plan's port filter to the span of S's and T's blocks when it
+/// lies inside the requested range and no port is pinned.
+fn narrow(plan: &Plan, topo: Option<&topology::Topology>) -> Plan {
+    let mut p = plan.clone();
+    let f = &mut p.filter;
+    if f.peer_port.is_some() || f.local_port.is_some() {
+        return p;
+    }
+    let range = f.either_port_in.unwrap_or(LONGHORN_PORTS);
+    if let Some((lo, hi)) = topo.and_then(topology::Topology::covering_ports)
+        && range.contains(lo)
+        && range.contains(hi)
+    {
+        f.either_port_in = Some(pstack_collectors::net::sockdiag::PortRange { lo, hi });
+    }
+    p
+}
+
+/// Split captured flows into the rebuild's and other volumes'.
+fn select(
+    streams: CaptureResult,
+    topo: Option<&topology::Topology>,
+) -> (CaptureResult, Vec<Excluded>, bool) {
+    let Some(t) = topo.filter(|t| {
+        t.source.as_ref().and_then(|p| p.block).is_some()
+            || t.target.as_ref().and_then(|p| p.block).is_some()
+    }) else {
+        return (streams, Vec::new(), true);
+    };
+    // Match by pod IP when any flow end is a party's pod IP; else (a storage
+    // network) by ports alone.
+    let by_ip = streams
+        .flows
+        .iter()
+        .filter_map(envelope::endpoints)
+        .any(|(l, r)| {
+            t.parties()
+                .any(|p| p.address == Some(l.ip()) || p.address == Some(r.ip()))
+        });
+    let mut kept = Vec::new();
+    let mut excluded = Vec::new();
+    for e in streams.flows {
+        let role = envelope::endpoints(&e)
+            .map(|(x, y)| flows::classify(t, x, y, by_ip))
+            .unwrap_or(flows::FlowRole::InBlock);
+        if role == flows::FlowRole::Excluded {
+            if let pstack_envelope::Subject::NetworkStream(s) = &e.subject {
+                excluded.push(Excluded {
+                    flow_id: s.flow_id.clone(),
+                    src: s.src.clone(),
+                    dst: s.dst.clone(),
+                });
+            }
+        } else {
+            kept.push(e);
+        }
+    }
+    (
+        CaptureResult {
+            net_ns: streams.net_ns,
+            flows: kept,
+            no_match: streams.no_match,
+        },
+        excluded,
+        by_ip,
+    )
+}
+
+/// Run a Longhorn capture (see the module doc for the order) with the net
+/// helper of `config` under `budget`, Hubble through the CLI at `hubble_bin`.
+pub fn capture(
+    plan: &LonghornPlan,
+    config: &SupervisorConfig,
+    budget: &LeakBudget,
+    hubble_bin: &Path,
+    progress: &dyn Fn(Progress<'_>),
+) -> Result<LonghornResult, TransportError> {
+    let r = &plan.request;
+    let wall = wall_time_now();
+    let mono_start = monotonic_ns();
+    let (start, topo, ims) = match &r.longhorn_api {
+        Some(api) => {
+            progress(Progress::Phase {
+                what: "reading the Longhorn manager",
+                expected: API_DEADLINE,
+            });
+            let (s, t, i) = read_start(api, &r.volume);
+            progress(Progress::PhaseDone);
+            (Some(s), t, i)
+        }
+        None => (None, None, Vec::new()),
+    };
+    let narrowed = narrow(&plan.transport, topo.as_ref());
+    let captured = transport::capture_with(&narrowed, config, budget, progress)?;
+    let (streams, excluded, by_ip) = select(captured, topo.as_ref());
+    let end = r
+        .longhorn_api
+        .as_ref()
+        .map(|api| client::fetch_volume(api, &r.volume));
+    let hubble = r.hubble_server.as_ref().map(|server| {
+        progress(Progress::Phase {
+            what: "reading Hubble flows",
+            expected: HUBBLE_DEADLINE,
+        });
+        let h = read_hubble(hubble_bin, server, narrowed.filter.peer, narrowed.window);
+        progress(Progress::PhaseDone);
+        h
+    });
+    let clock = Clock {
+        wall_time: wall,
+        monotonic_start_ns: mono_start.to_string(),
+        monotonic_end_ns: monotonic_ns().to_string(),
+        bundle_deadline_ms: crate::request::ValidRequest::Longhorn(Box::new(plan.clone()))
+            .run_deadline()
+            .as_millis() as u64,
+    };
+    let readings = Readings {
+        streams,
+        excluded,
+        start,
+        end,
+        ims,
+        topology: topo,
+        by_ip,
+        hubble,
+        clock,
+    };
+    let transfer = transfer_envelope(r, &narrowed, &readings)?;
+    Ok(LonghornResult {
+        streams: readings.streams,
+        transfer,
+    })
+}
+
+/// A Hubble Relay address is `HOST:PORT` of plain name characters: it
+/// becomes one argument of a child process and must not read as a flag.
+fn hubble_server_ok(s: &str) -> Result<(), RequestError> {
+    let ok = !s.is_empty()
+        && s.len() <= 260
+        && !s.starts_with('-')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid("hubble_server", format!("{s:?} is not HOST:PORT")))
+    }
+}
