@@ -80,8 +80,11 @@ pub fn endpoints(e: &Envelope) -> Option<(SocketAddr, SocketAddr)> {
     }
 }
 
+/// Why a read is not a usable document: status, errno, message.
+type Unread = (SurfaceStatus, Option<i32>, String);
+
 /// A read manager document, or why not (v2 volumes are `unsupported`).
-fn volume_of(r: &ApiRead) -> Result<(Volume, &[u8]), (SurfaceStatus, Option<i32>, String)> {
+fn volume_of(r: &ApiRead) -> Result<(Volume, &[u8]), Unread> {
     let body = r
         .result
         .as_ref()
@@ -842,7 +845,24 @@ pub fn transfer_envelope(
                     message: m,
                 })
         }) {
-            Ok((facts, out)) => {
+            Ok((mut facts, out)) => {
+                // Each connection labelled by its role in the rebuild.
+                if let (Some(t), Some(Value::Array(conns))) = (topo, facts.get_mut("connections")) {
+                    for c in conns {
+                        let end = |ip: &str, port: &str| -> Option<SocketAddr> {
+                            let ip: IpAddr = c.get(ip)?.as_str()?.parse().ok()?;
+                            let port = u16::try_from(c.get(port)?.as_u64()?).ok()?;
+                            Some(SocketAddr::new(ip, port))
+                        };
+                        if let (Some(x), Some(y)) = (
+                            end("source", "source_port"),
+                            end("destination", "destination_port"),
+                        ) {
+                            let role = classify(t, x, y, r.by_ip);
+                            c["role"] = json!(role.as_str());
+                        }
+                    }
+                }
                 let dropped = facts["dropped_flows"].as_u64().unwrap_or(0);
                 let verdicts = facts["verdicts"].to_string();
                 let reasons = facts["reasons"].to_string();

@@ -192,8 +192,15 @@ pub fn hubble_facts(stdout: &[u8]) -> Result<Map<String, Value>, String> {
         let dp = tcp
             .and_then(|t| t.get("destination_port"))
             .and_then(Value::as_u64);
+        // Per observing node too: Relay merges every node's flows, and "FORWARDED
+        // on S's node, never seen on T's" is the difference between two keys.
+        let node = v
+            .get("node_name")
+            .or_else(|| f.get("node_name"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
         let key = format!(
-            "{src}:{}->{dst}:{}",
+            "{node}|{src}:{}->{dst}:{}",
             sp.map(|p| p.to_string()).unwrap_or_default(),
             dp.map(|p| p.to_string()).unwrap_or_default()
         );
@@ -202,6 +209,7 @@ pub fn hubble_facts(stdout: &[u8]) -> Result<Map<String, Value>, String> {
         }
         let c = conns.entry(key).or_insert_with(|| {
             let mut m = Map::new();
+            m.insert("node_name".into(), json!(node));
             m.insert("source".into(), json!(src));
             m.insert("destination".into(), json!(dst));
             m.insert("source_port".into(), json!(sp));
@@ -248,6 +256,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_hung_hubble_cli_is_killed_at_the_deadline_and_is_a_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let cli = dir.path().join("hubble");
+        std::fs::write(&cli, "#!/bin/sh\nexec sleep 600\n").unwrap();
+        std::fs::set_permissions(&cli, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let t0 = Instant::now();
+        let r = read_hubble(
+            &cli,
+            "relay:4245",
+            "10.0.0.2".parse().unwrap(),
+            Duration::from_secs(1),
+        );
+        assert!(t0.elapsed() < HUBBLE_DEADLINE + Duration::from_secs(3));
+        let f = r.result.unwrap_err();
+        assert_eq!(f.status, SurfaceStatus::Timeout, "{}", f.message);
+        assert!(f.message.contains("killed and reaped"));
+        assert!(
+            !r.command.contains("--verdict"),
+            "all verdicts: {}",
+            r.command
+        );
+    }
+
+    #[test]
     fn hubble_lines_keep_every_verdict_per_connection_and_refuse_garbage() {
         let out = br#"{"flow":{"time":"t1","verdict":"DROPPED","drop_reason_desc":"POLICY_DENIED","IP":{"source":"10.0.0.1","destination":"10.0.0.2"},"l4":{"TCP":{"source_port":1,"destination_port":10001}}}}
 {"flow":{"time":"t2","verdict":"FORWARDED","IP":{"source":"10.0.0.2","destination":"10.0.0.1"},"l4":{"TCP":{"source_port":43126,"destination_port":10002,"flags":{"ACK":true}}}}}
@@ -272,6 +305,11 @@ mod tests {
             (c["first"].as_str(), c["last"].as_str()),
             (Some("t2"), Some("t3"))
         );
+        // The same tuple seen by two nodes is two entries.
+        let two = br#"{"flow":{"verdict":"FORWARDED","IP":{"source":"a","destination":"b"},"l4":{"TCP":{"source_port":1,"destination_port":2}}},"node_name":"s"}
+{"flow":{"verdict":"FORWARDED","IP":{"source":"a","destination":"b"},"l4":{"TCP":{"source_port":1,"destination_port":2}}},"node_name":"t"}
+"#;
+        assert_eq!(hubble_facts(two).unwrap()["connections_listed"], json!(2));
         assert!(hubble_facts(b"not json\n").is_err());
         assert!(hubble_facts(b"{\"no_flow\":1}\n").is_err());
         assert_eq!(hubble_facts(b"").unwrap()["dropped_flows"], json!(0));

@@ -480,7 +480,15 @@ mod tests {
     #[test]
     fn fixtures_produce_their_facts_and_unknowns() {
         // (name, start, end, must have, must not have, terminal unknown open)
-        let table: Vec<(&str, &[u8], &[u8], Vec<&str>, Vec<&str>, bool)> = vec![
+        type Row<'a> = (
+            &'a str,
+            &'a [u8],
+            &'a [u8],
+            Vec<&'a str>,
+            Vec<&'a str>,
+            bool,
+        );
+        let table: Vec<Row> = vec![
             (
                 "v1.9 in progress",
                 IN_PROGRESS,
@@ -708,6 +716,34 @@ mod tests {
                 "{ut}"
             );
         }
+    }
+
+    #[test]
+    fn hubble_connections_carry_their_rebuild_role_and_no_drop_does_not_clear() {
+        let out = br#"{"flow":{"time":"t1","verdict":"FORWARDED","IP":{"source":"10.78.0.3","destination":"10.78.0.2"},"l4":{"TCP":{"source_port":43126,"destination_port":10002,"flags":{"ACK":true}}}},"node_name":"node-t"}
+{"flow":{"time":"t2","verdict":"FORWARDED","IP":{"source":"10.78.0.3","destination":"10.78.0.2"},"l4":{"TCP":{"source_port":10031,"destination_port":40200}}},"node_name":"node-t"}
+"#;
+        let mut r = readings(IN_PROGRESS, IN_PROGRESS, three());
+        r.hubble = Some(HubbleRead {
+            command: "hubble observe --ip 10.78.0.2".into(),
+            result: Ok(out.to_vec()),
+            elapsed_us: 3,
+        });
+        let e = build(&request(""), &r);
+        let h = e.surfaces.iter().find(|s| s.id == "cilium/hubble").unwrap();
+        let roles: Vec<&str> = h.facts["connections"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["role"].as_str())
+            .collect();
+        assert_eq!(
+            roles,
+            ["excluded", "sync_control"],
+            "keyed by node and tuple"
+        );
+        assert!(statement(&e, "hubble_reports_no_drops").contains("does not clear the network"));
+        assert!(!blocks(&e).contains(&"EXCLUDE_POLICY_DROP"));
     }
 
     #[test]
