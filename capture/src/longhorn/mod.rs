@@ -747,6 +747,27 @@ mod tests {
     }
 
     #[test]
+    fn identity_is_re_read_at_the_end_and_node_flags_need_the_api() {
+        let moved = String::from_utf8(IN_PROGRESS.to_vec())
+            .unwrap()
+            .replace("pvc-7-e-0", "pvc-7-e-1")
+            .replace("instance-manager-t", "instance-manager-t2");
+        let e = build(
+            &request(""),
+            &readings(IN_PROGRESS, moved.as_bytes(), three()),
+        );
+        let s = statement(&e, "longhorn_identity_changed");
+        assert!(s.contains("engine") && s.contains("target replica"), "{s}");
+        let e = build(&request(""), &readings(IN_PROGRESS, IN_PROGRESS, three()));
+        assert!(!codes(&e).contains(&"longhorn_identity_changed"));
+        // Without the manager the node flags are required, and named.
+        let mut r = request("");
+        r.longhorn_api = None;
+        let err = plan(&r).unwrap_err();
+        assert!(err.to_string().contains("target-node"), "{err}");
+    }
+
+    #[test]
     fn a_v2_volume_is_unsupported_never_no_volume() {
         let e = build(&request("node-t"), &readings(V2, V2, three()));
         let s = e
