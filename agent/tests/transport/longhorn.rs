@@ -447,6 +447,48 @@ fn root_target_capture_names_the_control_channel_reset_by_the_source_by_role() {
         wall.as_secs_f64() / ss_wall.as_secs_f64().max(1e-6)
     );
 
+    // The other two capture points: each says which role it plays and
+    // labels its side's flows (E: live writes and FilesSync to T; S: the
+    // control channel's server end and the bulk stream's client end).
+    for (ns, peer, role, want) in [
+        (&bed.e, LH_T, "engine", vec!["engine_data", "files_sync"]),
+        (&bed.s, LH_T, "source", vec!["ssync_data", "sync_control"]),
+    ] {
+        let (api, h) = lh_manager(
+            vec![
+                lh_volume(in_progress.clone()),
+                lh_volume(in_progress.clone()),
+            ],
+            ims(),
+        );
+        let mut args = lh3_args(&ns.name, &api, "1s");
+        args[9] = peer;
+        let (code, out, err) = pstackctl(&args);
+        assert_eq!(code, 0, "{err}");
+        h.join().unwrap();
+        let envs = envelopes(&out);
+        let transfer = envs.last().unwrap();
+        assert_eq!(
+            surface(transfer, "longhorn/topology").facts["capture_role"],
+            role
+        );
+        let mut roles: Vec<&str> = surface(transfer, "streams").facts["links"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|l| l["role"].as_str())
+            .collect();
+        roles.sort();
+        assert_eq!(roles, want, "{role}");
+        let Subject::StorageTransfer(t) = &transfer.subject else {
+            panic!()
+        };
+        assert_eq!(
+            t.transfer_id, "pvc-7/pvc-7-r-t",
+            "{role}: the same join key on every node"
+        );
+    }
+
     // 2. S resets the control channel mid-window; the manager's end read
     //    reports the engine's error with the dead connection's 4-tuple.
     let error = format!(
