@@ -206,9 +206,13 @@ pub struct LonghornRequest {
     pub volume: String,
     /// Engine name.
     pub engine: String,
-    /// Node sending the data.
+    /// Node of the source replica (an override checked against the
+    /// manager; empty: from the manager).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub source_node: String,
-    /// Node receiving the data.
+    /// Node of the target (rebuilding) replica (an override checked against
+    /// the manager; empty: from the manager).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub target_node: String,
     /// Transfer id; default: derived from the linked flows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -307,7 +311,8 @@ impl ValidRequest {
             ValidRequest::Longhorn(p) => {
                 p.transport.window
                     + transport::RUN_OVERHEAD
-                    + longhorn::API_DEADLINE
+                    // Volume at start, two instance managers, volume at end.
+                    + longhorn::API_DEADLINE * longhorn::MAX_API_READS
                     + longhorn::HUBBLE_DEADLINE
             }
             ValidRequest::TcpTrace(p) => p.window + tcp_trace::RUN_OVERHEAD,

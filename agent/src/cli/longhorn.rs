@@ -15,12 +15,14 @@ pub struct Args {
     /// Engine name (e.g. pvc-…-e-0).
     #[arg(long)]
     pub engine: String,
-    /// Node sending the data (the healthy replica's node).
+    /// Node of the source (healthy) replica; default: from the manager
+    /// (--longhorn-api). Given with the API, it is checked against it.
     #[arg(long)]
-    pub source_node: String,
-    /// Node receiving the data (the rebuilding replica's node).
+    pub source_node: Option<String>,
+    /// Node of the target (rebuilding) replica; default: from the manager
+    /// (--longhorn-api). Given with the API, it is checked against it.
     #[arg(long)]
-    pub target_node: String,
+    pub target_node: Option<String>,
     /// Transfer id; default: derived from the linked flows.
     #[arg(long)]
     pub transfer: Option<String>,
@@ -30,11 +32,13 @@ pub struct Args {
     /// Daemon or one-shot.
     #[command(flatten)]
     pub via: transport::Via,
-    /// Longhorn manager API base URL (http://longhorn-backend.longhorn-system:9500).
+    /// Longhorn manager API base URL, with or without a trailing /v1
+    /// (http://longhorn-backend.longhorn-system:9500; cluster DNS names do not
+    /// resolve on a host outside the pod network: use the service's ClusterIP).
     #[arg(long)]
     pub longhorn_api: Option<String>,
-    /// Hubble Relay address (e.g. hubble-relay.kube-system:4245): read Cilium's
-    /// DROPPED verdicts for the peer over the window with the `hubble` CLI.
+    /// Hubble Relay address (e.g. hubble-relay.kube-system:4245): read every
+    /// Cilium verdict for the peer over the window, per connection, with the `hubble` CLI.
     #[arg(long)]
     pub hubble_server: Option<String>,
     /// The `hubble` CLI to run (one-shot only: pstackd runs `hubble` from its PATH).
@@ -58,8 +62,8 @@ impl Args {
         Ok(LonghornRequest {
             volume: self.volume.clone(),
             engine: self.engine.clone(),
-            source_node: self.source_node.clone(),
-            target_node: self.target_node.clone(),
+            source_node: self.source_node.clone().unwrap_or_default(),
+            target_node: self.target_node.clone().unwrap_or_default(),
             transfer: self.transfer.clone(),
             peer: f.peer.clone(),
             local: f.local.clone(),

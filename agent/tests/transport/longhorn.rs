@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
+use std::time::Duration;
 
 use pstack_envelope::{Completeness, Subject, SurfaceStatus};
 
@@ -98,19 +99,26 @@ fn root_transfer_reads_manager_api_when_configured() {
     let _t = Transfer::start(&bed, false, None);
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
+    // The v1.9.0 `api/model.go` volume shape (rebuildStatus with
+    // `fromReplica`, a replica name), answered at window start and end.
     let server = std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        let mut req = vec![0u8; 4096];
-        let n = s.read(&mut req).unwrap();
-        let req = String::from_utf8_lossy(&req[..n]).into_owned();
-        let body = r#"{"name":"pvc-7","state":"attached","robustness":"degraded","controllers":[{"name":"pvc-7-e-0"}],"rebuildStatus":[{"replica":"pvc-7-r-1","fromReplicaAddress":"tcp://10.77.0.2:10001","state":"in_progress","progress":37,"isRebuilding":true,"error":""}]}"#;
-        write!(
-            s,
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        req
+        let mut first = String::new();
+        for _ in 0..2 {
+            let (mut s, _) = l.accept().unwrap();
+            let mut req = vec![0u8; 4096];
+            let n = s.read(&mut req).unwrap();
+            if first.is_empty() {
+                first = String::from_utf8_lossy(&req[..n]).into_owned();
+            }
+            let body = r#"{"id":"pvc-7","type":"volume","name":"pvc-7","state":"attached","robustness":"degraded","dataEngine":"v1","controllers":[{"name":"pvc-7-e-0","hostId":"node-a","address":"10.77.0.1","instanceManagerName":"im-a"}],"replicas":[],"rebuildStatus":[{"id":"","type":"rebuildStatus","links":null,"actions":null,"replica":"pvc-7-r-1","fromReplica":"pvc-7-r-0","state":"in_progress","progress":37,"isRebuilding":true,"error":""}]}"#;
+            write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+        }
+        first
     });
     let api = format!("http://127.0.0.1:{port}");
     let (code, out, err) = pstackctl(&longhorn_args(&bed.a.name, &["--longhorn-api", &api]));
@@ -123,17 +131,25 @@ fn root_transfer_reads_manager_api_when_configured() {
     );
     let envs = envelopes(&out);
     let transfer = envs.last().unwrap();
-    let m = surface(transfer, "longhorn/manager");
-    assert_eq!(m.status, SurfaceStatus::Ok);
-    assert_eq!(m.facts["rebuild_status"][0]["progress_percent"], 37);
+    for id in ["longhorn/manager/start", "longhorn/manager/end"] {
+        let m = surface(transfer, id);
+        assert_eq!(m.status, SurfaceStatus::Ok, "{id}");
+        assert_eq!(m.facts["rebuild_status"][0]["progress"], 37);
+        assert_eq!(
+            m.facts["rebuild_status"][0]["from_replicas"][0],
+            "pvc-7-r-0"
+        );
+        assert!(m.facts["read_at"].is_string());
+    }
     assert!(
         transfer
             .claims
             .iter()
             .any(|c| c.code == "longhorn_manager_reports_rebuild")
     );
+    // `in_progress` at both ends is not an outcome: the question stays open.
     assert!(
-        !transfer
+        transfer
             .unknowns
             .iter()
             .any(|u| u.blocks == "CLASSIFY_TRANSFER_TERMINAL")
@@ -145,7 +161,7 @@ fn root_transfer_reads_manager_api_when_configured() {
     let envs = envelopes(&out);
     let transfer = envs.last().unwrap();
     assert_eq!(
-        surface(transfer, "longhorn/manager").status,
+        surface(transfer, "longhorn/manager/start").status,
         SurfaceStatus::Error
     );
     assert_eq!(transfer.completeness, Completeness::Partial);
@@ -230,4 +246,303 @@ fn root_hubble_verdicts_are_read_when_reachable_else_unknown() {
         .unwrap();
     assert!(u.probe.starts_with("hubble observe --ip 10.77.0.2"));
     assert_eq!(u.surface.as_deref(), Some("cilium/hubble"));
+}
+
+/// A v1.9.0 `api/model.go` volume document of the three-namespace bed:
+/// replica S on node-s, T (WO) on node-t, the engine on node-e; `rebuild`
+/// is the `rebuildStatus` array.
+fn lh_volume(rebuild: serde_json::Value) -> String {
+    let inst = |name: &str, node: &str, ip: &str, im: &str, mode: &str| {
+        serde_json::json!({"name": name, "hostId": node, "address": ip, "running": true,
+            "image": "longhornio/longhorn-engine:v1.9.0", "currentImage": "longhornio/longhorn-engine:v1.9.0",
+            "instanceManagerName": im, "diskID": "d", "diskPath": "/var/lib/longhorn/",
+            "dataPath": "/var/lib/longhorn/replicas/x", "mode": mode, "failedAt": "", "dataEngine": "v1"})
+    };
+    serde_json::json!({
+        "id": "pvc-7", "type": "volume", "links": {}, "actions": {}, "name": "pvc-7",
+        "state": "attached", "robustness": "degraded", "dataEngine": "v1",
+        "replicas": [inst("pvc-7-r-s", "node-s", LH_S, "im-s", "RW"), inst("pvc-7-r-t", "node-t", LH_T, "im-t", "WO")],
+        "controllers": [{"name": "pvc-7-e-0", "hostId": "node-e", "address": LH_E, "running": true,
+                         "instanceManagerName": "im-e", "endpoint": "/dev/longhorn/pvc-7"}],
+        "rebuildStatus": rebuild,
+    })
+    .to_string()
+}
+
+/// A v1.9.0 instance-manager document with `replica`'s block at `port`, plus
+/// another volume's replica next to it.
+fn lh_im(name: &str, replica: &str, port: u16) -> String {
+    let p = |start: u16| {
+        serde_json::json!({"spec": {"name": "x", "dataEngine": "v1"},
+        "status": {"endpoint": "", "errorMsg": "", "listen": "", "portStart": start, "portEnd": start + 9,
+                   "targetPortStart": 0, "targetPortEnd": 0, "state": "running", "type": "replica"}})
+    };
+    serde_json::json!({"id": name, "type": "instanceManager", "currentState": "running", "name": name,
+        "nodeID": "n", "managerType": "aio", "dataEngine": "v1", "instanceEngines": {},
+        "instanceReplicas": {replica: p(port), "pvc-other-r-0": p(OTHER_FIRST)}, "instances": {}})
+    .to_string()
+}
+
+/// A stand-in manager on loopback answering by path; the volume's answers
+/// are served in order (start, end). Returns the request lines seen.
+fn lh_manager(
+    volume: Vec<String>,
+    ims: Vec<(String, String)>,
+) -> (String, std::thread::JoinHandle<Vec<String>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let total = volume.len() + ims.len();
+    let h = std::thread::spawn(move || {
+        let mut volume = volume.into_iter();
+        let mut seen = Vec::new();
+        for _ in 0..total {
+            let (mut s, _) = l.accept().unwrap();
+            let mut req = vec![0u8; 4096];
+            let n = s.read(&mut req).unwrap();
+            let line = String::from_utf8_lossy(&req[..n])
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string();
+            let body = if line.starts_with("GET /v1/volumes/pvc-7 ") {
+                volume.next().unwrap_or_default()
+            } else {
+                ims.iter()
+                    .find(|(n, _)| line.starts_with(&format!("GET /v1/instancemanagers/{n} ")))
+                    .map(|(_, b)| b.clone())
+                    .unwrap_or_default()
+            };
+            seen.push(line);
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+        seen
+    });
+    (format!("http://127.0.0.1:{port}/v1"), h)
+}
+
+fn lh3_args<'a>(ns: &'a str, api: &'a str, window: &'a str) -> Vec<&'a str> {
+    vec![
+        "capture",
+        "longhorn",
+        "--volume",
+        "pvc-7",
+        "--engine",
+        "pvc-7-e-0",
+        "--netns",
+        ns,
+        "--peer",
+        LH_S,
+        "--window",
+        window,
+        "--json",
+        "--no-ebpf",
+        "--longhorn-api",
+        api,
+    ]
+}
+
+/// Longhorn's real pattern in three namespaces: a capture on T (peer S)
+/// with 40 other volumes' flows between S and T. The #13703 socket options on
+/// T's control channel give the keepalive-vs-user-timeout hypothesis; then S
+/// resets the control channel mid-window, the manager's end read carries the
+/// engine's error text with the 4-tuple, and the capture names that stream by
+/// role. Prints the Longhorn capture measurement (BENCHMARKS.md).
+#[test]
+fn root_target_capture_names_the_control_channel_reset_by_the_source_by_role() {
+    if !root_or_skip("root_target_capture_names_the_control_channel_reset_by_the_source_by_role") {
+        return;
+    }
+    let _s = serial();
+    let bed = LonghornBed::new("lh3");
+    // #13703: Go's 15 s keepalive against grpc-go's 20 s TCP_USER_TIMEOUT.
+    let mut rb = bed.start_rebuild(40, Some((15, 15, 20_000)));
+    let ims = || {
+        vec![
+            ("im-s".to_string(), lh_im("im-s", "pvc-7-r-s", P_S)),
+            ("im-t".to_string(), lh_im("im-t", "pvc-7-r-t", P_T)),
+        ]
+    };
+    let in_progress = serde_json::json!([{"id": "", "type": "rebuildStatus", "links": null, "actions": null,
+        "replica": "pvc-7-r-t", "fromReplica": "pvc-7-r-s", "state": "in_progress", "progress": 12,
+        "isRebuilding": true, "error": ""}]);
+
+    // 1. No failure: the roles, the exclusions, the sockopt hypothesis.
+    let (api, h) = lh_manager(
+        vec![
+            lh_volume(in_progress.clone()),
+            lh_volume(in_progress.clone()),
+        ],
+        ims(),
+    );
+    let t0 = std::time::Instant::now();
+    let (code, out, err) = pstackctl(&lh3_args(&bed.t.name, &api, "1s"));
+    let wall = t0.elapsed();
+    assert_eq!(code, 0, "{err}");
+    let seen = h.join().unwrap();
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    let envs = envelopes(&out);
+    let transfer = envs.last().unwrap();
+    let streams = surface(transfer, "streams");
+    assert_eq!(streams.facts["excluded_count"], 40, "{:?}", streams.facts);
+    let mut roles: Vec<&str> = streams.facts["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l["role"].as_str())
+        .collect();
+    roles.sort();
+    assert_eq!(
+        roles,
+        ["ssync_data", "sync_control"],
+        "E's flows have another peer; others excluded"
+    );
+    assert_eq!(envs.len(), 3, "two linked streams and the transfer");
+    assert_eq!(
+        surface(transfer, "longhorn/topology").facts["capture_role"],
+        "target"
+    );
+    let ctl = surface(transfer, "longhorn/control_channel");
+    assert_eq!(
+        ctl.facts["sync_control_sockopts"][0]["user_timeout_ms"],
+        20_000
+    );
+    assert_eq!(ctl.facts["sync_control_sockopts"][0]["keepidle_s"], 15);
+    let hyp = transfer
+        .claims
+        .iter()
+        .find(|c| c.code == "control_channel_user_timeout_below_keepalive_retry")
+        .unwrap_or_else(|| panic!("{:?}", codes(transfer)));
+    assert!(
+        hyp.falsifier
+            .as_deref()
+            .is_some_and(|f| f.contains("20000 ms"))
+    );
+    let Subject::StorageTransfer(t) = &transfer.subject else {
+        panic!()
+    };
+    assert_eq!(
+        (
+            t.source_node.as_str(),
+            t.target_node.as_str(),
+            t.transfer_id.as_str()
+        ),
+        ("node-s", "node-t", "pvc-7/pvc-7-r-t")
+    );
+    let bytes = out.lines().last().unwrap().len();
+    let t1 = std::time::Instant::now();
+    let ss = run("ip", &["netns", "exec", &bed.t.name, "ss", "-tinoe"]);
+    let ss_wall = t1.elapsed();
+    assert!(ss.status.success());
+    eprintln!(
+        "BENCH longhorn capture: flows selected {} excluded {} (40 other volumes), transfer envelope {bytes} bytes, all envelopes {} bytes, wall {:.2} s for a 1 s window (ss -tinoe in the same netns: {:.3} s, ratio {:.0}x; the ss snapshot has no window, manager reads or envelopes)",
+        roles.len(),
+        streams.facts["excluded_count"],
+        out.len(),
+        wall.as_secs_f64(),
+        ss_wall.as_secs_f64(),
+        wall.as_secs_f64() / ss_wall.as_secs_f64().max(1e-6)
+    );
+
+    // The other two capture points: each says which role it plays and
+    // labels its side's flows (E: live writes and FilesSync to T; S: the
+    // control channel's server end and the bulk stream's client end).
+    for (ns, peer, role, want) in [
+        (&bed.e, LH_T, "engine", vec!["engine_data", "files_sync"]),
+        (&bed.s, LH_T, "source", vec!["ssync_data", "sync_control"]),
+    ] {
+        let (api, h) = lh_manager(
+            vec![
+                lh_volume(in_progress.clone()),
+                lh_volume(in_progress.clone()),
+            ],
+            ims(),
+        );
+        let mut args = lh3_args(&ns.name, &api, "1s");
+        args[9] = peer;
+        let (code, out, err) = pstackctl(&args);
+        assert_eq!(code, 0, "{err}");
+        h.join().unwrap();
+        let envs = envelopes(&out);
+        let transfer = envs.last().unwrap();
+        assert_eq!(
+            surface(transfer, "longhorn/topology").facts["capture_role"],
+            role
+        );
+        let mut roles: Vec<&str> = surface(transfer, "streams").facts["links"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|l| l["role"].as_str())
+            .collect();
+        roles.sort();
+        assert_eq!(roles, want, "{role}");
+        let Subject::StorageTransfer(t) = &transfer.subject else {
+            panic!()
+        };
+        assert_eq!(
+            t.transfer_id, "pvc-7/pvc-7-r-t",
+            "{role}: the same join key on every node"
+        );
+    }
+
+    // 2. S resets the control channel mid-window; the manager's end read
+    //    reports the engine's error with the dead connection's 4-tuple.
+    let error = format!(
+        "failed to send file volume-snap-c3.img to {LH_T}:{}: failed to sync: Post \"http://{LH_T}:{}/v1-ssync/open\": read tcp {}->{LH_S}:{}: read: connection reset by peer",
+        P_T + 3,
+        P_T + 3,
+        rb.control_local,
+        P_S + 2
+    );
+    let failed = serde_json::json!([{"id": "", "type": "rebuildStatus", "links": null, "actions": null,
+        "replica": "pvc-7-r-t", "fromReplica": "pvc-7-r-s", "state": "error", "progress": 12,
+        "isRebuilding": false, "error": error}]);
+    let (api, h) = lh_manager(vec![lh_volume(in_progress), lh_volume(failed)], ims());
+    let child = pstackctl_bg(&lh3_args(&bed.t.name, &api, "3s"));
+    std::thread::sleep(Duration::from_millis(1500));
+    rb.source_resets_control();
+    let envs = finish(child);
+    h.join().unwrap();
+    let transfer = envs.last().unwrap();
+    let named = transfer
+        .claims
+        .iter()
+        .find(|c| c.code == "longhorn_error_names_stream")
+        .unwrap_or_else(|| panic!("{:#?}", transfer.claims));
+    let pair = format!("{}→{LH_S}:{}", rb.control_local, P_S + 2);
+    assert!(named.statement.contains(&pair), "{}", named.statement);
+    assert!(
+        named.statement.contains("role sync_control"),
+        "{}",
+        named.statement
+    );
+    assert!(
+        named.statement.contains("connection reset by peer"),
+        "{}",
+        named.statement
+    );
+    // The named stream is the linked control-channel envelope, and it
+    // recorded the failure itself (not only the manager's word).
+    let link = surface(transfer, "streams").facts["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["role"] == "sync_control")
+        .unwrap()
+        .clone();
+    assert!(named.statement.contains(link["digest"].as_str().unwrap()));
+    let stream = envs
+        .iter()
+        .find(|e| e.digest == link["digest"].as_str().unwrap())
+        .unwrap();
+    eprintln!("control stream claims after the reset: {:?}", codes(stream));
+    assert!(
+        codes(stream).iter().any(|c| c == "reset_by_peer_inferred"),
+        "the control stream records the reset itself: {:?}",
+        codes(stream)
+    );
 }

@@ -5,6 +5,13 @@
 //! which take their veth ends and nftables tables with them; the global
 //! conntrack max), names carry the test process id, and traffic never leaves
 //! the namespaces this module creates.
+//!
+//! [`LonghornBed`] is Longhorn's real rebuild pattern in three namespaces
+//! joined by a bridge in a fourth: E (engine node), S (source replica's
+//! instance manager) and T (target's), each replica with a ten-port block
+//! P…P+9 — T's sync agent holds an idle control connection to S:P_S+2 while
+//! S streams a file to T:P_T+3, E writes to T:P_T and holds `FilesSync` on
+//! T:P_T+2, and other volumes' flows run between the same S and T.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -630,4 +637,191 @@ pub fn flow_delta(e: &Envelope, name: &str) -> i64 {
             serde_json::to_string(&end.facts["delta"]).unwrap_or_default()
         )
     })
+}
+
+/// Longhorn namespaces' addresses (the manager fixtures use the same).
+pub const LH_E: &str = "10.78.0.1";
+pub const LH_S: &str = "10.78.0.2";
+pub const LH_T: &str = "10.78.0.3";
+/// S's replica port block starts here (P_S…P_S+9).
+pub const P_S: u16 = 10000;
+/// T's replica port block starts here (P_T…P_T+9).
+pub const P_T: u16 = 10500;
+/// Other volumes' replicas on T listen from here (between the two blocks,
+/// so the narrowed port span still sees them and they must be excluded).
+pub const OTHER_FIRST: u16 = 10010;
+
+/// E, S and T on a bridge (in a fourth namespace).
+pub struct LonghornBed {
+    pub e: Netns,
+    pub s: Netns,
+    pub t: Netns,
+    _sw: Netns,
+}
+
+impl LonghornBed {
+    pub fn new(tag: &str) -> LonghornBed {
+        let pid = std::process::id();
+        let sw = Netns::new(format!("pst{pid}-{tag}-w"));
+        sw.ip(&["link", "add", "br0", "type", "bridge"]);
+        sw.ip(&["link", "set", "br0", "up"]);
+        let mut nss = Vec::new();
+        for (n, ip) in [("e", LH_E), ("s", LH_S), ("t", LH_T)] {
+            let ns = Netns::new(format!("pst{pid}-{tag}-{n}"));
+            let (inner, outer) = (format!("l{n}0"), format!("w{n}0"));
+            run(
+                "ip",
+                &[
+                    "link", "add", &inner, "netns", &ns.name, "type", "veth", "peer", "name",
+                    &outer, "netns", &sw.name,
+                ],
+            );
+            sw.ip(&["link", "set", &outer, "master", "br0"]);
+            sw.ip(&["link", "set", &outer, "up"]);
+            ns.ip(&["link", "set", "lo", "up"]);
+            ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", &inner]);
+            ns.ip(&["link", "set", &inner, "up"]);
+            nss.push(ns);
+        }
+        let t = nss.pop().unwrap();
+        let s = nss.pop().unwrap();
+        let e = nss.pop().unwrap();
+        LonghornBed { e, s, t, _sw: sw }
+    }
+
+    /// Start the rebuild's connections and `others` other volumes' flows.
+    /// `control_opts`: (keepidle s, keepintvl s, user timeout ms) set on T's
+    /// control-channel client socket.
+    pub fn start_rebuild(&self, others: u16, control_opts: Option<(i32, i32, i32)>) -> Rebuild {
+        let addr = |ip: &str, port: u16| -> SocketAddr { format!("{ip}:{port}").parse().unwrap() };
+        let listen = |ns: &Netns, ip: &'static str, port: u16| {
+            ns.within(move || TcpListener::bind(format!("{ip}:{port}")).expect("bind"))
+        };
+        let connect = |ns: &Netns, to: SocketAddr| {
+            ns.within(move || {
+                let mut last = None;
+                for _ in 0..50 {
+                    match TcpStream::connect_timeout(&to, Duration::from_secs(2)) {
+                        Ok(s) => return s,
+                        Err(e) => last = Some(e),
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                panic!("connect {to}: {last:?}")
+            })
+        };
+        let mut held = Vec::new();
+        // C3: T's sync agent → S:P_S+2 (FileSend), idle.
+        let l = listen(&self.s, LH_S, P_S + 2);
+        let control_t = connect(&self.t, addr(LH_S, P_S + 2));
+        if let Some((idle, intvl, ut)) = control_opts {
+            let fd = control_t.as_raw_fd();
+            for (level, name, v) in [
+                (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+                (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle),
+                (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, intvl),
+                (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ut),
+            ] {
+                // SAFETY: setsockopt on an open socket with a 4-byte int.
+                let rc = unsafe { libc::setsockopt(fd, level, name, (&v as *const i32).cast(), 4) };
+                assert_eq!(rc, 0, "setsockopt: {}", std::io::Error::last_os_error());
+            }
+        }
+        let (control_s, _) = l.accept().unwrap();
+        let control_local = control_t.local_addr().unwrap();
+        // C4: S's sync agent → T:P_T+3, a file streaming.
+        let l = listen(&self.t, LH_T, P_T + 3);
+        let mut bulk_s = connect(&self.s, addr(LH_T, P_T + 3));
+        let (mut bulk_t, _) = l.accept().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let writer = std::thread::spawn(move || {
+            let buf = vec![0x5au8; 64 << 10];
+            while !st.load(Ordering::Relaxed) {
+                if bulk_s.write_all(&buf).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        let reader = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 << 10];
+            while let Ok(n) = bulk_t.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+            }
+        });
+        // C1/C2: E → T:P_T (live writes) and T:P_T+2 (FilesSync).
+        for port in [P_T, P_T + 2] {
+            let l = listen(&self.t, LH_T, port);
+            held.push(connect(&self.e, addr(LH_T, port)));
+            held.push(l.accept().unwrap().0);
+        }
+        // Other volumes' replicas on T, written to from S's node.
+        for i in 0..others {
+            let port = OTHER_FIRST + i;
+            let l = listen(&self.t, LH_T, port);
+            held.push(connect(&self.s, addr(LH_T, port)));
+            held.push(l.accept().unwrap().0);
+        }
+        Rebuild {
+            control_t: Some(control_t),
+            control_s: Some(control_s),
+            control_local,
+            held,
+            stop,
+            threads: vec![writer, reader],
+        }
+    }
+}
+
+/// A running rebuild's sockets; everything closes on drop.
+pub struct Rebuild {
+    control_t: Option<TcpStream>,
+    control_s: Option<TcpStream>,
+    /// T's end of the control channel (the ephemeral port Longhorn's error names).
+    pub control_local: SocketAddr,
+    held: Vec<TcpStream>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Rebuild {
+    /// S resets the control channel (SO_LINGER 0, close): T reads
+    /// `connection reset by peer`, as in #11006 / #13905.
+    pub fn source_resets_control(&mut self) {
+        if let Some(s) = self.control_s.take() {
+            let l = libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            };
+            // SAFETY: setsockopt on an open socket with a linger struct.
+            let rc = unsafe {
+                libc::setsockopt(
+                    s.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_LINGER,
+                    (&l as *const libc::linger).cast(),
+                    std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(rc, 0);
+            drop(s);
+        }
+    }
+}
+
+impl Drop for Rebuild {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.control_t.take();
+        self.control_s.take();
+        for s in self.held.drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }

@@ -1,0 +1,1037 @@
+//! The sealed `storage_transfer` envelope of one Longhorn capture: a pure
+//! function of its typed readings ([`Readings`]).
+//!
+//! Invariants:
+//! - **Links are digests.** `streams` lists each stream envelope's digest,
+//!   flow id, role and completeness; stream facts are not copied (except the
+//!   control channel's socket options, named as such, that the #13703
+//!   hypothesis rests on).
+//! - **Its own clock and bounds**, never its first stream's.
+//! - **Completeness from what it links**: a linked stream that is not
+//!   `complete`, or a stream universe cut by a cap, makes the transfer
+//!   `bounded` at best; a failed manager read makes it `partial`.
+//! - **The manager's word is the manager's** (`longhorn_manager_reports_*`),
+//!   read at window start *and* end with wall-clock times. `[]` is never an
+//!   answer to "how did the rebuild end": entries exist only while the
+//!   replica is WO (engine `pkg/sync/sync.go` v1.9.0 l.790–830) and on
+//!   failure the manager removes the replica, records a `FailedRebuilding`
+//!   Event and sets `RebuildFailed`/`failedAt` (manager
+//!   `controller/engine_controller.go` v1.9.0 l.1870–1899). So the terminal
+//!   unknown stays open unless `complete`/`error` was read.
+//! - **Identity re-read at the end**: engine, replicas and instance managers
+//!   from the end read are compared with the start read.
+
+use std::net::{IpAddr, SocketAddr};
+
+use pstack_envelope::{
+    Bounds, Claim, ClaimKind, Clock, Envelope, EnvelopeBuilder, NextTransition, Scope, StatusCause,
+    Subject, Surface, SurfaceStatus, Termination, TransferIdentity, Universe, Unknown,
+    sha256_digest,
+};
+use serde_json::{Map, Value, json};
+
+use super::client::{API_DEADLINE, ApiRead, MAX_API_BYTES};
+use super::flows::{FlowRole, classify};
+use super::hubble::{HUBBLE_DEADLINE, HubbleRead, hubble_facts};
+use super::model::{ModelError, Volume, parse_error_addrs, parse_volume};
+use super::topology::{Topology, capture_role, check_flags, resolve};
+use crate::request::LonghornRequest;
+use crate::transport::{self, CaptureResult, Plan, TransportError};
+
+/// A flow captured but outside the replicas' port blocks.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Excluded {
+    /// Flow id.
+    pub flow_id: String,
+    /// Local end.
+    pub src: String,
+    /// Remote end.
+    pub dst: String,
+}
+
+/// Everything the transfer envelope is built from.
+#[derive(Debug, Clone)]
+pub struct Readings {
+    /// Linked stream envelopes (exclusions already removed).
+    pub streams: CaptureResult,
+    /// Flows excluded as another volume's.
+    pub excluded: Vec<Excluded>,
+    /// Manager read at window start.
+    pub start: Option<ApiRead>,
+    /// Manager read at window end.
+    pub end: Option<ApiRead>,
+    /// Instance-manager reads (name, read).
+    pub ims: Vec<(String, ApiRead)>,
+    /// The topology (resolved from the start read and the IM reads).
+    pub topology: Option<Topology>,
+    /// Whether flows are matched to parties by pod IP (false: ports only).
+    pub by_ip: bool,
+    /// Hubble.
+    pub hubble: Option<HubbleRead>,
+    /// The capture's own clock.
+    pub clock: Clock,
+}
+
+/// A stream's endpoints.
+pub fn endpoints(e: &Envelope) -> Option<(SocketAddr, SocketAddr)> {
+    match &e.subject {
+        Subject::NetworkStream(s) => Some((s.src.parse().ok()?, s.dst.parse().ok()?)),
+        _ => None,
+    }
+}
+
+/// Why a read is not a usable document: status, errno, message.
+type Unread = (SurfaceStatus, Option<i32>, String);
+
+/// A read manager document, or why not (v2 volumes are `unsupported`).
+fn volume_of(r: &ApiRead) -> Result<(Volume, &[u8]), Unread> {
+    let body = r
+        .result
+        .as_ref()
+        .map_err(|f| (f.status, f.errno, f.message.clone()))?;
+    let v = parse_volume(body)
+        .map_err(|e: ModelError| (SurfaceStatus::Error, None, format!("GET {}: {e}", r.url)))?;
+    if v.data_engine == "v2" || v.replicas.iter().any(|r| r.data_engine == "v2") {
+        return Err((
+            SurfaceStatus::Unsupported,
+            None,
+            format!(
+                "volume {} uses the v2 data engine (SPDK NVMe-oF/TCP between spdk_tgt processes, ports 20001-30000): its rebuild is not the v1 sync-agent model this capture reads",
+                v.name
+            ),
+        ));
+    }
+    Ok((v, body.as_slice()))
+}
+
+fn failed(
+    id: &str,
+    authority: String,
+    r: &ApiRead,
+    e: (SurfaceStatus, Option<i32>, String),
+) -> Surface {
+    let mut facts = Map::new();
+    facts.insert("read_at".into(), json!(r.at));
+    Surface {
+        id: id.into(),
+        authority,
+        status: e.0,
+        cause: Some(StatusCause {
+            errno: e.1,
+            message: e.2,
+        }),
+        deadline_ms: API_DEADLINE.as_millis() as u64,
+        elapsed_us: r.elapsed_us,
+        digest: None,
+        bytes: 0,
+        truncated: false,
+        facts,
+    }
+}
+
+fn volume_facts(v: &Volume, r: &ApiRead, stripped_v1: bool) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("read_at".into(), json!(r.at));
+    m.insert("url".into(), json!(r.url));
+    if stripped_v1 {
+        m.insert(
+            "base_url_note".into(),
+            json!("the base URL ended in /v1; it was not doubled"),
+        );
+    }
+    m.insert("shape".into(), json!(v.shape));
+    m.insert("state".into(), json!(v.state));
+    m.insert("robustness".into(), json!(v.robustness));
+    m.insert("data_engine".into(), json!(v.data_engine));
+    m.insert(
+        "rebuild_status".into(),
+        Value::Array(
+            v.rebuild
+                .iter()
+                .map(|e| {
+                    json!({
+                        "replica": e.replica,
+                        "from_replicas": e.from,
+                        "from_field": e.from_field,
+                        "state": e.state.as_str(),
+                        "progress": e.progress,
+                        "is_rebuilding": e.is_rebuilding,
+                        "error": e.error,
+                    })
+                })
+                .collect(),
+        ),
+    );
+    m.insert(
+        "replicas".into(),
+        Value::Array(
+            v.replicas
+                .iter()
+                .map(|r| {
+                    json!({"name": r.name, "host_id": r.host_id, "address": r.address,
+                           "instance_manager": r.instance_manager, "mode": r.mode,
+                           "failed_at": r.failed_at, "data_engine": r.data_engine})
+                })
+                .collect(),
+        ),
+    );
+    m.insert(
+        "controllers".into(),
+        Value::Array(
+            v.controllers
+                .iter()
+                .map(|c| json!({"name": c.name, "host_id": c.host_id, "address": c.address, "instance_manager": c.instance_manager}))
+                .collect(),
+        ),
+    );
+    m
+}
+
+struct Out {
+    surfaces: Vec<Surface>,
+    claims: Vec<Claim>,
+    unknowns: Vec<Unknown>,
+}
+
+impl Out {
+    fn claim(
+        &mut self,
+        kind: ClaimKind,
+        code: &str,
+        statement: String,
+        surfaces: &[&str],
+        falsifier: Option<String>,
+    ) {
+        let id = format!("c{}", self.claims.len() + 1);
+        self.claims.push(Claim {
+            id,
+            kind,
+            code: code.into(),
+            statement,
+            surfaces: surfaces.iter().map(|s| s.to_string()).collect(),
+            scope: Scope::Existential,
+            falsifier,
+        });
+    }
+    fn unknown(&mut self, question: String, blocks: &str, probe: String, surface: Option<&str>) {
+        let id = format!("u{}", self.unknowns.len() + 1);
+        self.unknowns.push(Unknown {
+            id,
+            question,
+            blocks: blocks.into(),
+            owner: "cluster operator".into(),
+            probe,
+            surface: surface.map(str::to_string),
+        });
+    }
+    fn ok(&self, id: &str) -> bool {
+        self.surfaces
+            .iter()
+            .any(|s| s.id == id && s.status == SurfaceStatus::Ok)
+    }
+}
+
+/// Build the sealed `storage_transfer` envelope.
+pub fn transfer_envelope(
+    a: &LonghornRequest,
+    plan: &Plan,
+    r: &Readings,
+) -> Result<Envelope, TransportError> {
+    let streams = &r.streams;
+    let linked: Vec<&Envelope> = streams
+        .flows
+        .iter()
+        .chain(streams.no_match.iter())
+        .collect();
+    let stripped_v1 = a
+        .longhorn_api
+        .as_deref()
+        .and_then(|u| super::client::parse_base_url(u).ok())
+        .is_some_and(|b| b.stripped_v1);
+    let mut o = Out {
+        surfaces: Vec::new(),
+        claims: Vec::new(),
+        unknowns: Vec::new(),
+    };
+
+    // Manager reads, start and end.
+    let mut volumes: [Option<Volume>; 2] = [None, None];
+    for (i, (id, read)) in [
+        ("longhorn/manager/start", &r.start),
+        ("longhorn/manager/end", &r.end),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let Some(read) = read else { continue };
+        let auth = format!("http:GET {}", read.url);
+        match volume_of(read) {
+            Ok((v, body)) => {
+                o.surfaces.push(Surface {
+                    id: id.into(),
+                    authority: auth,
+                    status: SurfaceStatus::Ok,
+                    cause: None,
+                    deadline_ms: API_DEADLINE.as_millis() as u64,
+                    elapsed_us: read.elapsed_us,
+                    digest: Some(sha256_digest(body)),
+                    bytes: body.len() as u64,
+                    truncated: false,
+                    facts: volume_facts(&v, read, stripped_v1),
+                });
+                volumes[i] = Some(v);
+            }
+            Err(e) => o.surfaces.push(failed(id, auth, read, e)),
+        }
+    }
+    for (im, read) in &r.ims {
+        let id = format!("longhorn/instancemanager/{im}");
+        let auth = format!("http:GET {}", read.url);
+        match read
+            .result
+            .as_ref()
+            .map_err(|f| (f.status, f.errno, f.message.clone()))
+            .and_then(|b| {
+                super::model::parse_instance_manager(b)
+                    .map(|blocks| (blocks, b))
+                    .map_err(|e| (SurfaceStatus::Error, None, e.to_string()))
+            }) {
+            Ok((blocks, body)) => {
+                let mut facts = Map::new();
+                facts.insert("read_at".into(), json!(read.at));
+                facts.insert("port_blocks".into(), json!(blocks));
+                o.surfaces.push(Surface {
+                    id,
+                    authority: auth,
+                    status: SurfaceStatus::Ok,
+                    cause: None,
+                    deadline_ms: API_DEADLINE.as_millis() as u64,
+                    elapsed_us: read.elapsed_us,
+                    digest: Some(sha256_digest(body)),
+                    bytes: body.len() as u64,
+                    truncated: false,
+                    facts,
+                });
+            }
+            Err(e) => o.surfaces.push(failed(&id, auth, read, e)),
+        }
+    }
+
+    // Flows: roles.
+    let topo = r.topology.as_ref();
+    let mut roles: Vec<(&Envelope, FlowRole)> = Vec::new();
+    for e in &streams.flows {
+        let role = match (topo, endpoints(e)) {
+            (Some(t), Some((x, y)))
+                if t.source.as_ref().and_then(|p| p.block).is_some()
+                    || t.target.as_ref().and_then(|p| p.block).is_some() =>
+            {
+                classify(t, x, y, r.by_ip)
+            }
+            _ => FlowRole::InBlock,
+        };
+        roles.push((e, role));
+    }
+    let role_of = |digest: &str| {
+        roles
+            .iter()
+            .find(|(e, _)| e.digest == digest)
+            .map(|(_, r)| *r)
+    };
+    let links: Vec<Value> = linked
+        .iter()
+        .map(|e| {
+            let (flow, src, dst) = match &e.subject {
+                Subject::NetworkStream(s) => (Some(s.flow_id.clone()), Some(s.src.clone()), Some(s.dst.clone())),
+                _ => (None, None, None),
+            };
+            json!({
+                "digest": e.digest, "kind": e.subject.kind(), "flow_id": flow, "src": src, "dst": dst,
+                "role": role_of(&e.digest).map(FlowRole::as_str),
+                "completeness": e.completeness.as_str(),
+                "claims": e.claims.iter().map(|c| format!("{}:{}", c.kind.as_str(), c.code)).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let incomplete: Vec<&str> = linked
+        .iter()
+        .filter(|e| e.completeness != pstack_envelope::Completeness::Complete)
+        .map(|e| e.digest.as_str())
+        .collect();
+    let capped = linked
+        .iter()
+        .any(|e| e.universe.termination != Termination::Exhausted);
+    let joined: String = linked
+        .iter()
+        .map(|e| e.digest.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut sfacts = Map::new();
+    sfacts.insert("links".into(), Value::Array(links));
+    sfacts.insert("stream_count".into(), json!(streams.flows.len()));
+    sfacts.insert("net_ns".into(), json!(streams.net_ns.to_string()));
+    sfacts.insert("incomplete_links".into(), json!(incomplete));
+    sfacts.insert("excluded_count".into(), json!(r.excluded.len()));
+    sfacts.insert(
+        "excluded_sample".into(),
+        json!(r.excluded.iter().take(10).collect::<Vec<_>>()),
+    );
+    o.surfaces.insert(
+        0,
+        Surface {
+            id: "streams".into(),
+            authority: format!("pstack:network_stream envelopes, netns {}", streams.net_ns),
+            status: SurfaceStatus::Ok,
+            cause: None,
+            deadline_ms: transport::SURFACE_DEADLINE_MS,
+            elapsed_us: 0,
+            digest: Some(sha256_digest(joined.as_bytes())),
+            bytes: joined.len() as u64,
+            // A linked stream that is not complete, or a cap: this transfer
+            // cannot be complete either.
+            truncated: !incomplete.is_empty() || capped,
+            facts: sfacts,
+        },
+    );
+    let faulted: Vec<String> = streams
+        .flows
+        .iter()
+        .filter(|e| {
+            e.claims
+                .iter()
+                .any(|c| c.code != "no_fault_observed" && c.kind == ClaimKind::Fact)
+        })
+        .map(|e| {
+            format!(
+                "{} ({})",
+                e.digest,
+                role_of(&e.digest).map(FlowRole::as_str).unwrap_or("?")
+            )
+        })
+        .collect();
+    if streams.flows.is_empty() {
+        o.claim(
+            ClaimKind::Fact,
+            "no_stream_linked",
+            format!(
+                "no TCP flow to {} in the rebuild's port blocks matched in netns {}",
+                plan.filter.peer, streams.net_ns
+            ),
+            &["streams"],
+            None,
+        );
+    } else {
+        o.claim(
+            ClaimKind::Fact,
+            "streams_linked",
+            format!(
+                "{} stream envelope(s) linked; {} carry transport fault facts: {}",
+                streams.flows.len(),
+                faulted.len(),
+                faulted.join(", ")
+            ),
+            &["streams"],
+            None,
+        );
+    }
+    if !r.excluded.is_empty() {
+        o.claim(
+            ClaimKind::Fact,
+            "longhorn_flows_excluded",
+            format!(
+                "{} flow(s) to {} outside the source's and target's port blocks were excluded as other volumes' (not linked, not counted in this transfer)",
+                r.excluded.len(),
+                plan.filter.peer
+            ),
+            &["streams"],
+            None,
+        );
+    }
+
+    // Topology, role, identity.
+    let local_ips: Vec<IpAddr> = streams
+        .flows
+        .iter()
+        .filter_map(endpoints)
+        .map(|(l, _)| l.ip())
+        .collect();
+    let target_name = topo.and_then(|t| t.target.as_ref()).map(|p| p.name.clone());
+    let end_topo = volumes[1]
+        .as_ref()
+        .map(|v| resolve(v, target_name.as_deref()));
+    let mut role_str = "unknown".to_string();
+    if let Some(t) = topo {
+        let (role, basis) = capture_role(t, &local_ips, plan.filter.peer);
+        role_str = role
+            .map(|r| r.as_str().to_string())
+            .unwrap_or_else(|| "unknown".into());
+        let mismatches = check_flags(t, &a.source_node, &a.target_node, plan.filter.peer);
+        let first_seen = r
+            .start
+            .as_ref()
+            .filter(|_| volumes[0].as_ref().is_some_and(|v| !v.rebuild.is_empty()))
+            .map(|s| s.at.clone());
+        let mut facts = Map::new();
+        facts.insert("topology".into(), json!(t));
+        facts.insert("capture_role".into(), json!(role_str));
+        facts.insert("capture_role_basis".into(), json!(basis));
+        facts.insert(
+            "match_by".into(),
+            json!(if r.by_ip {
+                "pod_ip_and_port"
+            } else {
+                "port_only"
+            }),
+        );
+        facts.insert("flag_mismatches".into(), json!(mismatches));
+        // The join key of the three capture points (volume + target replica
+        // + the first time this node saw the rebuild).
+        facts.insert(
+            "rebuild_identity".into(),
+            json!({"volume": a.volume, "replica": target_name, "first_seen": first_seen}),
+        );
+        if let Some(e) = &end_topo {
+            let same = |x: &Option<super::topology::Party>, y: &Option<super::topology::Party>| {
+                x.as_ref().map(|p| (&p.name, &p.instance_manager, &p.node))
+                    == y.as_ref().map(|p| (&p.name, &p.instance_manager, &p.node))
+            };
+            let mut changed = Vec::new();
+            if !same(&t.engine, &e.engine) {
+                changed.push("engine");
+            }
+            if !same(&t.target, &e.target) {
+                changed.push("target replica");
+            }
+            if e.source.is_some() && !same(&t.source, &e.source) {
+                changed.push("source replica");
+            }
+            facts.insert("identity_changed_at_end".into(), json!(changed));
+        }
+        o.surfaces.push(Surface {
+            id: "longhorn/topology".into(),
+            authority: "pstack: derived from longhorn/manager/start and longhorn/instancemanager/*"
+                .into(),
+            status: SurfaceStatus::Ok,
+            cause: None,
+            deadline_ms: API_DEADLINE.as_millis() as u64,
+            elapsed_us: 0,
+            digest: None,
+            bytes: 0,
+            truncated: false,
+            facts: facts.clone(),
+        });
+        let part = |p: &Option<super::topology::Party>| {
+            p.as_ref()
+                .map(|p| {
+                    format!(
+                        "{} on {} ({} in {}, ports {})",
+                        p.name,
+                        p.node,
+                        p.address
+                            .map(|a| a.to_string())
+                            .unwrap_or_else(|| "?".into()),
+                        p.instance_manager,
+                        p.block
+                            .map(|b| format!("{}-{}", b.start, b.end))
+                            .unwrap_or_else(|| "?".into())
+                    )
+                })
+                .unwrap_or_else(|| "unknown".into())
+        };
+        o.claim(
+            ClaimKind::Fact,
+            "longhorn_topology_resolved",
+            format!(
+                "the manager names engine {}, source {}, target {}; this capture plays the {role_str} role",
+                part(&t.engine),
+                part(&t.source),
+                part(&t.target)
+            ),
+            &["longhorn/manager/start", "longhorn/topology"],
+            None,
+        );
+        for m in &mismatches {
+            o.claim(
+                ClaimKind::Fact,
+                "longhorn_flag_mismatch",
+                format!(
+                    "--{} {} disagrees with the manager: {}",
+                    m.flag.replace('_', "-"),
+                    m.given,
+                    m.longhorn
+                ),
+                &["longhorn/manager/start", "longhorn/topology"],
+                None,
+            );
+            if m.flag == "peer"
+                && let Some(p) = t.source.as_ref().or(t.target.as_ref())
+            {
+                o.unknown(
+                    format!("is {} a storage-network address of a replica of volume {}?", m.given, a.volume),
+                    "RESOLVE_STORAGE_NETWORK",
+                    format!(
+                        "kubectl -n longhorn-system get replicas.longhorn.io {} -o jsonpath='{{.status.storageIP}}:{{.status.port}}'; kubectl -n longhorn-system get settings.longhorn.io storage-network -o jsonpath='{{.value}}'",
+                        p.name
+                    ),
+                    Some("longhorn/topology"),
+                );
+            }
+        }
+        if let Some(e) = &end_topo {
+            let changed = facts["identity_changed_at_end"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if !changed.is_empty() && o.ok("longhorn/manager/end") {
+                o.claim(
+                    ClaimKind::Fact,
+                    "longhorn_identity_changed",
+                    format!(
+                        "between window start and end the manager's {} changed (end: engine {:?}, target {:?})",
+                        changed.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", "),
+                        e.engine.as_ref().map(|p| &p.name),
+                        e.target.as_ref().map(|p| &p.name)
+                    ),
+                    &["longhorn/manager/start", "longhorn/manager/end", "longhorn/topology"],
+                    None,
+                );
+            }
+        }
+    }
+
+    // What the manager reports, and what it no longer reports.
+    let replica_probe = |r: &str| {
+        format!(
+            "kubectl -n longhorn-system get replicas.longhorn.io {r} -o jsonpath='{{.status.conditions[?(@.type==\"RebuildFailed\")]}} {{.spec.failedAt}}'; kubectl -n longhorn-system get events --field-selector involvedObject.kind=Engine,involvedObject.name={e},reason=FailedRebuilding",
+            e = a.engine
+        )
+    };
+    let kubectl = format!(
+        "kubectl -n longhorn-system get volumes.longhorn.io {v} -o jsonpath='{{.status.state}} {{.status.robustness}}'; kubectl -n longhorn-system get engines.longhorn.io {e} -o jsonpath='{{.status.rebuildStatus}}'; kubectl -n longhorn-system get events --field-selector involvedObject.kind=Engine,involvedObject.name={e},reason=FailedRebuilding",
+        v = a.volume,
+        e = a.engine
+    );
+    let mut terminal = false;
+    let seen_start = volumes[0].as_ref().and_then(|v| {
+        let t = target_name.as_deref()?;
+        v.rebuild.iter().find(|e| e.replica == t).cloned()
+    });
+    for (i, sid) in ["longhorn/manager/start", "longhorn/manager/end"]
+        .iter()
+        .enumerate()
+    {
+        let Some(v) = &volumes[i] else { continue };
+        let at = [&r.start, &r.end][i]
+            .as_ref()
+            .map(|x| x.at.clone())
+            .unwrap_or_default();
+        let when = if i == 0 { "window start" } else { "window end" };
+        let entries: Vec<String> = v
+            .rebuild
+            .iter()
+            .map(|e| {
+                format!(
+                    "{} from {} state {:?} progress {} (isRebuilding {:?}){}",
+                    e.replica,
+                    if e.from.is_empty() {
+                        "?".into()
+                    } else {
+                        e.from.join("+")
+                    },
+                    e.state.as_str(),
+                    e.progress
+                        .map(|p| p.to_string())
+                        .unwrap_or_else(|| "?".into()),
+                    e.is_rebuilding,
+                    if e.error.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", error {:?}", e.error)
+                    }
+                )
+            })
+            .collect();
+        o.claim(
+            ClaimKind::Fact,
+            "longhorn_manager_reports_rebuild",
+            format!(
+                "at {when} ({at}) the Longhorn manager reports for volume {} (state {}, robustness {}): {}",
+                a.volume,
+                v.state,
+                v.robustness,
+                if entries.is_empty() { "rebuildStatus [] (no replica is in WO mode now)".to_string() } else { entries.join("; ") }
+            ),
+            &[sid],
+            None,
+        );
+        for e in &v.rebuild {
+            if e.state.terminal() {
+                terminal = true;
+            }
+            if e.error.is_empty() {
+                continue;
+            }
+            let addrs = parse_error_addrs(&e.error);
+            for (x, y) in &addrs.pairs {
+                let hit = streams.flows.iter().find(|s| {
+                    endpoints(s)
+                        .is_some_and(|(l, rm)| (l == *x && rm == *y) || (l == *y && rm == *x))
+                });
+                let cause = addrs.cause.clone().unwrap_or_else(|| "an error".into());
+                match hit {
+                    Some(s) => {
+                        let flow = match &s.subject {
+                            Subject::NetworkStream(n) => n.flow_id.clone(),
+                            _ => String::new(),
+                        };
+                        o.claim(
+                            ClaimKind::Fact,
+                            "longhorn_error_names_stream",
+                            format!(
+                                "Longhorn reports {cause} on {x}→{y} (replica {}, {when}); this is flow {flow}, role {}, stream envelope {}",
+                                e.replica,
+                                role_of(&s.digest).map(FlowRole::as_str).unwrap_or("?"),
+                                s.digest
+                            ),
+                            &[sid, "streams"],
+                            None,
+                        );
+                    }
+                    None => o.claim(
+                        ClaimKind::Fact,
+                        "longhorn_error_names_unlinked_connection",
+                        format!(
+                            "Longhorn reports {cause} on {x}→{y} (replica {}, {when}); no stream linked here has that address pair (it closed before the window, or is captured on the other node)",
+                            e.replica
+                        ),
+                        &[sid, "streams"],
+                        None,
+                    ),
+                }
+            }
+        }
+    }
+    // `[]` (or no entry for the target) after the target's rebuild was seen.
+    let gone = seen_start.is_some()
+        && volumes[1].as_ref().is_some_and(|v| {
+            !v.rebuild
+                .iter()
+                .any(|e| Some(&e.replica) == target_name.as_ref())
+        });
+    if gone {
+        let t = target_name.clone().unwrap_or_default();
+        let failed_at = volumes[1]
+            .as_ref()
+            .and_then(|v| v.replicas.iter().find(|r| r.name == t))
+            .map(|r| (r.mode.clone(), r.failed_at.clone()));
+        o.claim(
+            ClaimKind::Fact,
+            "longhorn_rebuild_entry_gone",
+            format!(
+                "the rebuild of replica {t} reported at window start is gone from rebuildStatus at window end{}: the entry exists only while the replica is WO, so this is not an outcome",
+                match &failed_at {
+                    Some((m, f)) if !f.is_empty() => format!(" (the replica is now mode {m:?}, failedAt {f})"),
+                    Some((m, _)) => format!(" (the replica is now mode {m:?}, no failedAt)"),
+                    None => " (the replica is no longer listed)".into(),
+                }
+            ),
+            &["longhorn/manager/start", "longhorn/manager/end"],
+            None,
+        );
+        o.unknown(
+            format!(
+                "did the rebuild of replica {t} complete or fail, and with what error? (its rebuildStatus entry is gone)"
+            ),
+            "CLASSIFY_TRANSFER_TERMINAL",
+            replica_probe(&t),
+            Some("longhorn/manager/end"),
+        );
+    } else if !terminal {
+        let surface = ["longhorn/manager/end", "longhorn/manager/start"]
+            .into_iter()
+            .find(|s| o.surfaces.iter().any(|x| x.id == *s));
+        o.unknown(
+            format!(
+                "what rebuild terminal state does Longhorn report for engine {}?",
+                a.engine
+            ),
+            "CLASSIFY_TRANSFER_TERMINAL",
+            match &target_name {
+                Some(t) => format!("{kubectl}; {}", replica_probe(t)),
+                None => kubectl.clone(),
+            },
+            surface,
+        );
+    }
+
+    // #13703: the control channel's keepalive against its user timeout.
+    let mut ctl_opts = Vec::new();
+    for (e, role) in &roles {
+        if *role != FlowRole::SyncControl {
+            continue;
+        }
+        let Some(so) = e
+            .surfaces
+            .iter()
+            .find(|s| s.id == "tcp/sockopt" && s.status == SurfaceStatus::Ok)
+        else {
+            continue;
+        };
+        let g = |k: &str| so.facts.get(k).and_then(Value::as_i64).unwrap_or(0);
+        let ka = so
+            .facts
+            .get("keepalive")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let (ut, idle, intvl) = (g("user_timeout_ms"), g("keepidle_s"), g("keepintvl_s"));
+        ctl_opts.push((e, ka, ut, idle, intvl));
+    }
+    if !ctl_opts.is_empty() {
+        let mut f = Map::new();
+        f.insert(
+            "sync_control_sockopts".into(),
+            Value::Array(
+                ctl_opts
+                    .iter()
+                    .map(|(e, ka, ut, idle, intvl)| json!({"digest": e.digest, "keepalive": ka, "user_timeout_ms": ut, "keepidle_s": idle, "keepintvl_s": intvl}))
+                    .collect(),
+            ),
+        );
+        o.surfaces.push(Surface {
+            id: "longhorn/control_channel".into(),
+            authority: "pstack: tcp/sockopt of the linked sync_control stream envelopes".into(),
+            status: SurfaceStatus::Ok,
+            cause: None,
+            deadline_ms: transport::SURFACE_DEADLINE_MS,
+            elapsed_us: 0,
+            digest: None,
+            bytes: 0,
+            truncated: false,
+            facts: f,
+        });
+    }
+    for (e, ka, ut, idle, intvl) in &ctl_opts {
+        if *ka && *ut > 0 && *idle > 0 && *ut < (idle + intvl.max(&1)) * 1000 {
+            o.claim(
+                ClaimKind::Hypothesis,
+                "control_channel_user_timeout_below_keepalive_retry",
+                format!(
+                    "the sync_control channel (stream {}) sends its first keepalive probe after {idle} s idle and the next {intvl} s later, but TCP_USER_TIMEOUT is {ut} ms: one unanswered probe (a single lost ACK) outlives the user timeout and the kernel aborts the idle FileSend channel (ETIMEDOUT), and the rebuild fails — the #13703 pattern (grpc-go sets 20 s TCP_USER_TIMEOUT on accepted connections, Go's listener keepalive is 15 s; longhorn-engine app/cmd/sync_agent.go v1.9.0 uses a plain net.Listen)",
+                    e.digest
+                ),
+                &["longhorn/control_channel"],
+                Some(format!(
+                    "the channel survives an unanswered keepalive probe for longer than {ut} ms (drop the peer's ACKs for {} s: it stays ESTABLISHED), or the reset that ended it was received from the peer (eBPF tcp_receive_reset) rather than raised by this side's timer",
+                    idle + intvl
+                )),
+            );
+        }
+    }
+
+    // Hubble.
+    let hubble_probe = format!(
+        "hubble observe --ip {} --since 30m -o jsonpb   # all verdicts; run on the other node too",
+        plan.filter.peer
+    );
+    let mut hubble_answered = false;
+    if let Some(h) = &r.hubble {
+        let auth = format!("exec:{}", h.command);
+        match h.result.clone().and_then(|out| {
+            hubble_facts(&out)
+                .map(|f| (f, out))
+                .map_err(|m| super::client::ApiFailure {
+                    status: SurfaceStatus::Error,
+                    errno: None,
+                    message: m,
+                })
+        }) {
+            Ok((mut facts, out)) => {
+                // Each connection labelled by its role in the rebuild.
+                if let (Some(t), Some(Value::Array(conns))) = (topo, facts.get_mut("connections")) {
+                    for c in conns {
+                        let end = |ip: &str, port: &str| -> Option<SocketAddr> {
+                            let ip: IpAddr = c.get(ip)?.as_str()?.parse().ok()?;
+                            let port = u16::try_from(c.get(port)?.as_u64()?).ok()?;
+                            Some(SocketAddr::new(ip, port))
+                        };
+                        if let (Some(x), Some(y)) = (
+                            end("source", "source_port"),
+                            end("destination", "destination_port"),
+                        ) {
+                            let role = classify(t, x, y, r.by_ip);
+                            c["role"] = json!(role.as_str());
+                        }
+                    }
+                }
+                let dropped = facts["dropped_flows"].as_u64().unwrap_or(0);
+                let verdicts = facts["verdicts"].to_string();
+                let reasons = facts["reasons"].to_string();
+                o.surfaces.push(Surface {
+                    id: "cilium/hubble".into(),
+                    authority: auth,
+                    status: SurfaceStatus::Ok,
+                    cause: None,
+                    deadline_ms: HUBBLE_DEADLINE.as_millis() as u64,
+                    elapsed_us: h.elapsed_us,
+                    digest: Some(sha256_digest(&out)),
+                    bytes: out.len() as u64,
+                    truncated: false,
+                    facts,
+                });
+                if dropped > 0 {
+                    o.claim(ClaimKind::Fact, "hubble_reports_drops", format!("Hubble reports {dropped} DROPPED flow(s) involving {} over the window ({reasons}); all verdicts: {verdicts}", plan.filter.peer), &["cilium/hubble"], None);
+                } else {
+                    o.claim(ClaimKind::Fact, "hubble_reports_no_drops", format!("Hubble reports no DROPPED flow involving {} over the window (verdicts: {verdicts}); this does not clear the network: a packet FORWARDED on this node may still never reach the other one — compare with the other node's capture, and Multus storage-network traffic is invisible to Cilium", plan.filter.peer), &["cilium/hubble"], None);
+                }
+                hubble_answered = true;
+            }
+            Err(f) => o.surfaces.push(Surface {
+                id: "cilium/hubble".into(),
+                authority: auth,
+                status: f.status,
+                cause: Some(StatusCause {
+                    errno: f.errno,
+                    message: f.message,
+                }),
+                deadline_ms: HUBBLE_DEADLINE.as_millis() as u64,
+                elapsed_us: h.elapsed_us,
+                digest: None,
+                bytes: 0,
+                truncated: false,
+                facts: Map::new(),
+            }),
+        }
+    }
+    if !hubble_answered {
+        let has = o.surfaces.iter().any(|s| s.id == "cilium/hubble");
+        o.unknown(
+            format!(
+                "what did Cilium do with the packets between this node and {} (every verdict, per connection)?",
+                plan.filter.peer
+            ),
+            "EXCLUDE_POLICY_DROP",
+            hubble_probe,
+            has.then_some("cilium/hubble"),
+        );
+    }
+
+    let transfer_id = a.transfer.clone().unwrap_or_else(|| match &target_name {
+        // The same on every capture point: the store joins S, T and E on it.
+        Some(t) => format!("{}/{t}", a.volume),
+        None => {
+            let mut ids: Vec<String> = streams
+                .flows
+                .iter()
+                .filter_map(|e| match &e.subject {
+                    Subject::NetworkStream(s) => Some(s.flow_id.clone()),
+                    _ => None,
+                })
+                .collect();
+            ids.sort();
+            let d =
+                sha256_digest(format!("{}|{}|{}", a.volume, a.engine, ids.join(",")).as_bytes());
+            format!("derived-{}", &d[7..23])
+        }
+    });
+    let node = |flag: &str, p: Option<&super::topology::Party>| {
+        if !flag.is_empty() {
+            flag.to_string()
+        } else {
+            p.map(|p| p.node.clone())
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| "unknown".into())
+        }
+    };
+    let selector = format!(
+        "longhorn volume={} engine={} role={role_str} {}",
+        a.volume,
+        a.engine,
+        plan.filter.selector()
+    );
+    let next = if faulted.is_empty() {
+        NextTransition {
+            action: "READ_ENGINE_TERMINAL".into(),
+            success_receipt:
+                "the rebuild's terminal evidence (RebuildFailed condition, failedAt, FailedRebuilding Event), bound to this transfer"
+                    .into(),
+            abort_conditions: vec!["the rebuild was restarted under a new replica".into()],
+        }
+    } else {
+        NextTransition {
+            action: "CAPTURE_PEER_SIDE".into(),
+            success_receipt: format!(
+                "a storage_transfer envelope of transfer {transfer_id} captured on the other party's node, linking the same flows"
+            ),
+            abort_conditions: vec!["the rebuild was restarted under a new replica".into()],
+        }
+    };
+    let mut builder = EnvelopeBuilder::new(
+        Subject::StorageTransfer(TransferIdentity {
+            volume: a.volume.clone(),
+            engine: a.engine.clone(),
+            source_node: node(&a.source_node, topo.and_then(|t| t.source.as_ref())),
+            target_node: node(&a.target_node, topo.and_then(|t| t.target.as_ref())),
+            transfer_id,
+        }),
+        pstack_envelope::Collector {
+            name: "pstackctl capture longhorn".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            source_commit: transport::SOURCE_COMMIT.into(),
+        },
+        r.clock.clone(),
+        Universe {
+            selector: selector.clone(),
+            selector_digest: sha256_digest(selector.as_bytes()),
+            expected_count: linked.len() as u64,
+            observed_count: linked.len() as u64,
+            termination: if capped {
+                Termination::Cap
+            } else {
+                Termination::Exhausted
+            },
+        },
+        Bounds {
+            surface_deadline_ms: API_DEADLINE.as_millis() as u64,
+            bundle_deadline_ms: r.clock.bundle_deadline_ms,
+            max_threads: plan.max_flows as u64,
+            max_bytes_per_surface: MAX_API_BYTES as u64,
+            leak_budget: 0,
+            caps: Default::default(),
+        },
+    );
+    // Every cap this capture enforced beyond the five named ones (issue 17:
+    // bounds list every cap in force).
+    builder
+        .cap("max_api_bytes", super::client::MAX_API_BYTES as u64)?
+        .cap(
+            "api_deadline_ms",
+            super::client::API_DEADLINE.as_millis() as u64,
+        )?
+        .cap("max_api_reads", u64::from(super::MAX_API_READS))?
+        .cap("max_flows", plan.max_flows as u64)?;
+    if a.hubble_server.is_some() {
+        builder
+            .cap(
+                "hubble_deadline_ms",
+                super::hubble::HUBBLE_DEADLINE.as_millis() as u64,
+            )?
+            .cap(
+                "hubble_max_output_bytes",
+                super::client::MAX_API_BYTES as u64,
+            )?
+            .cap(
+                "hubble_lookback_ms",
+                (plan.window.as_secs().max(1) + 5) * 1000,
+            )?;
+    }
+    for x in o.surfaces {
+        builder.surface(x)?;
+    }
+    for c in o.claims {
+        builder.claim(c)?;
+    }
+    for u in o.unknowns {
+        builder.unknown(u)?;
+    }
+    Ok(builder.seal(next)?)
+}

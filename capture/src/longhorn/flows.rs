@@ -1,0 +1,143 @@
+//! A TCP flow's role in a v1 rebuild, from its two endpoints and the
+//! replicas' port blocks (see `topology` for the layout):
+//!
+//! | role | client → server | longhorn-engine |
+//! |---|---|---|
+//! | `sync_control` | T sync agent → S:P_S+2 | `FileSend` RPC, idle while a file streams (`pkg/sync/rpc/server.go` v1.9.0 l.342) |
+//! | `ssync_data` | S sync agent → T:P_T+3…P_T+9 | one receiver per file (`launchReceiver`/`nextPort`, l.161, l.397) |
+//! | `engine_data` | E → S or T :P, :P+1 | live writes (replica gRPC and data server) |
+//! | `files_sync` | E → T:P_T+2 | the long `FilesSync` RPC |
+//!
+//! A flow with neither end in S's or T's block belongs to another volume and
+//! is excluded (and counted). Pure: no I/O.
+
+use std::net::SocketAddr;
+
+use serde::Serialize;
+
+use super::topology::{Party, Topology};
+
+/// A flow's role in the rebuild.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FlowRole {
+    /// T → S:P_S+2, the `FileSend` control channel.
+    SyncControl,
+    /// S → T:P_T+3…+9, a bulk file stream.
+    SsyncData,
+    /// E → replica :P/:P+1, live writes.
+    EngineData,
+    /// E → T:P_T+2, `FilesSync`.
+    FilesSync,
+    /// In S's or T's block, none of the above.
+    InBlock,
+    /// Neither end in S's or T's block: another volume's flow.
+    Excluded,
+}
+
+impl FlowRole {
+    /// snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlowRole::SyncControl => "sync_control",
+            FlowRole::SsyncData => "ssync_data",
+            FlowRole::EngineData => "engine_data",
+            FlowRole::FilesSync => "files_sync",
+            FlowRole::InBlock => "in_block",
+            FlowRole::Excluded => "excluded",
+        }
+    }
+}
+
+/// Whether `a` is `party`'s port at `offset..=offset_hi` from its block
+/// start. With `by_ip`, the address must also be the party's pod IP (without
+/// it — a storage network — ports alone decide).
+fn at(party: &Option<Party>, a: SocketAddr, lo: u16, hi: u16, by_ip: bool) -> bool {
+    let Some(p) = party else { return false };
+    let Some(b) = p.block else { return false };
+    if by_ip && p.address.is_some_and(|ip| ip != a.ip()) {
+        return false;
+    }
+    let port = a.port();
+    port >= b.start.saturating_add(lo) && port <= b.start.saturating_add(hi) && b.contains(port)
+}
+
+/// The role of the flow between `x` and `y` (either order).
+pub fn classify(t: &Topology, x: SocketAddr, y: SocketAddr, by_ip: bool) -> FlowRole {
+    let either = |f: &dyn Fn(SocketAddr) -> bool| f(x) || f(y);
+    if either(&|a| at(&t.source, a, 2, 2, by_ip)) {
+        FlowRole::SyncControl
+    } else if either(&|a| at(&t.target, a, 3, 9, by_ip)) {
+        FlowRole::SsyncData
+    } else if either(&|a| at(&t.target, a, 2, 2, by_ip)) {
+        FlowRole::FilesSync
+    } else if either(&|a| at(&t.target, a, 0, 1, by_ip) || at(&t.source, a, 0, 1, by_ip)) {
+        FlowRole::EngineData
+    } else if either(&|a| {
+        at(&t.target, a, 0, u16::MAX, by_ip) || at(&t.source, a, 0, u16::MAX, by_ip)
+    }) {
+        FlowRole::InBlock
+    } else {
+        FlowRole::Excluded
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::longhorn::model::PortBlock;
+    use crate::longhorn::topology::PartyRole;
+
+    fn p(role: PartyRole, ip: &str, start: u16) -> Option<Party> {
+        Some(Party {
+            role,
+            name: role.as_str().into(),
+            node: String::new(),
+            address: Some(ip.parse().unwrap()),
+            instance_manager: String::new(),
+            block: Some(PortBlock {
+                start,
+                end: start + 9,
+            }),
+        })
+    }
+
+    #[test]
+    fn roles_follow_the_port_blocks_and_other_volumes_are_excluded() {
+        let t = Topology {
+            engine: None,
+            source: p(PartyRole::Source, "10.0.0.1", 10000),
+            target: p(PartyRole::Target, "10.0.0.2", 10010),
+            sources_named: vec![],
+            target_basis: "",
+            data_engine: "v1".into(),
+        };
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let table = [
+            ("10.0.0.2:41000", "10.0.0.1:10002", FlowRole::SyncControl),
+            ("10.0.0.1:41001", "10.0.0.2:10013", FlowRole::SsyncData),
+            ("10.0.0.1:41001", "10.0.0.2:10019", FlowRole::SsyncData),
+            ("10.0.0.3:41002", "10.0.0.2:10012", FlowRole::FilesSync),
+            ("10.0.0.3:41003", "10.0.0.2:10010", FlowRole::EngineData),
+            ("10.0.0.3:41003", "10.0.0.1:10001", FlowRole::EngineData),
+            ("10.0.0.2:41004", "10.0.0.1:10005", FlowRole::InBlock),
+            // Another volume's replica on T at 10020: not ours.
+            ("10.0.0.1:41005", "10.0.0.2:10020", FlowRole::Excluded),
+            // Our port number, but on the other node: another IM's block.
+            ("10.0.0.2:41006", "10.0.0.1:10013", FlowRole::Excluded),
+        ];
+        for (x, y, want) in table {
+            assert_eq!(classify(&t, a(x), a(y), true), want, "{x} -> {y}");
+            assert_eq!(classify(&t, a(y), a(x), true), want, "{y} -> {x}");
+        }
+        // A storage network: pod IPs differ, ports alone decide.
+        assert_eq!(
+            classify(&t, a("192.168.9.2:41000"), a("192.168.9.1:10002"), false),
+            FlowRole::SyncControl
+        );
+        assert_eq!(
+            classify(&t, a("192.168.9.2:41000"), a("192.168.9.1:10002"), true),
+            FlowRole::Excluded
+        );
+    }
+}
