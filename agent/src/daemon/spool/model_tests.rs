@@ -81,7 +81,22 @@ struct Model {
     limits: SpoolLimits,
 }
 
+/// What the cases exercised (printed, and checked to be non-trivial).
+#[derive(Debug, Default)]
+struct Coverage {
+    fired: std::collections::BTreeMap<String, u64>,
+    deaths: u64,
+    crashes: u64,
+    recovered: u64,
+    quarantined: u64,
+    written: u64,
+    shipped: u64,
+    dropped: u64,
+    refused: u64,
+}
+
 struct Case {
+    cov: Coverage,
     fs: FaultFs,
     spool: Option<Spool>,
     model: Model,
@@ -110,6 +125,7 @@ impl Case {
         let bytes = pool().iter().cloned().collect();
         let spool = Spool::open_with(Arc::new(fs.clone()), &dir(), limits).expect("first open");
         Case {
+            cov: Coverage::default(),
             fs,
             spool: Some(spool),
             model: Model {
@@ -133,6 +149,12 @@ impl Case {
 
     fn live_bytes(&self) -> u64 {
         self.model.live.iter().map(|d| self.model.sizes[d]).sum()
+    }
+
+    fn count(&mut self, fired: &[Fired]) {
+        for f in fired {
+            *self.cov.fired.entry(format!("{:?}", f.fault)).or_insert(0) += 1;
+        }
     }
 
     /// The model loses `d` from the spool (shipped, dropped, quarantined).
@@ -230,6 +252,7 @@ impl Case {
         self.fs.take_fired();
         let outcome = self.spool().put(&d, &b);
         let fired = self.fs.take_fired();
+        self.count(&fired);
         let enospc_drop = fired_on(&fired, Fault::Enospc).is_some()
             && limits.overflow == OverflowPolicy::DropOldest
             && self.model.live.len() > bound_drops;
@@ -321,6 +344,7 @@ impl Case {
             self.fs.take_fired();
             let read = self.spool().read_verified(&d);
             let fired = self.fs.take_fired();
+            self.count(&fired);
             let eio = fired
                 .iter()
                 .any(|f| f.fault == Fault::ReadEio && f.path == final_path(&d));
@@ -389,6 +413,13 @@ impl Case {
     /// Crash (unless `already_scheduled`, where a crash was scheduled inside
     /// this open), then open until an open completes.
     fn crash_and_reopen(&mut self, already_scheduled: bool) {
+        if let Some(s) = &self.spool {
+            self.tally(&s.snapshot());
+        }
+        self.cov.crashes += 1;
+        if self.fs.is_dead() {
+            self.cov.deaths += 1;
+        }
         self.spool = None;
         let mut crash_first = !already_scheduled;
         loop {
@@ -412,6 +443,7 @@ impl Case {
                 }
                 _ => {
                     assert!(self.fs.is_dead(), "open failed without a crash");
+                    self.cov.deaths += 1;
                     self.trace.push("  died in recovery".into());
                 }
             }
@@ -449,6 +481,15 @@ impl Case {
             "  reopened: {} held, {} recovered, {} quarantined",
             snap.files, snap.recovered_total, snap.quarantined_total
         ));
+    }
+
+    fn tally(&mut self, s: &SpoolSnapshot) {
+        self.cov.recovered += s.recovered_total;
+        self.cov.quarantined += s.quarantined_total;
+        self.cov.written += s.written_total;
+        self.cov.shipped += s.acknowledged_total;
+        self.cov.dropped += s.dropped_total;
+        self.cov.refused += s.refused_total;
     }
 
     /// (recovered, quarantined) that opening the spool as it is must report.
@@ -584,7 +625,7 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.parse().ok()
 }
 
-fn run_case(seed: u64, steps: u64) {
+fn run_case(seed: u64, steps: u64, total: &mut Coverage) {
     let mut case = Case::new(seed);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         for _ in 0..steps {
@@ -602,24 +643,50 @@ fn run_case(seed: u64, steps: u64) {
         );
         std::panic::resume_unwind(panic);
     }
+    if let Some(s) = &case.spool {
+        case.tally(&s.snapshot());
+    }
+    let c = case.cov;
+    for (k, v) in c.fired {
+        *total.fired.entry(k).or_insert(0) += v;
+    }
+    total.deaths += c.deaths;
+    total.crashes += c.crashes;
+    total.recovered += c.recovered;
+    total.quarantined += c.quarantined;
+    total.written += c.written;
+    total.shipped += c.shipped;
+    total.dropped += c.dropped;
+    total.refused += c.refused;
 }
 
 #[test]
 fn spool_model_random_operations_with_faults_and_crashes_keep_every_invariant() {
     let steps = env_u64("PSTACK_SPOOL_MODEL_STEPS").unwrap_or(120);
+    let mut cov = Coverage::default();
     if let Some(seed) = env_u64("PSTACK_SPOOL_MODEL_SEED") {
-        run_case(seed, steps);
+        run_case(seed, steps, &mut cov);
+        eprintln!("spool model: seed {seed}: {cov:?}");
         return;
     }
-    let cases = env_u64("PSTACK_SPOOL_MODEL_CASES").unwrap_or(160);
+    let cases = env_u64("PSTACK_SPOOL_MODEL_CASES").unwrap_or(300);
     let started = std::time::Instant::now();
     for i in 0..cases {
-        run_case(BASE_SEED.wrapping_add(i), steps);
+        run_case(BASE_SEED.wrapping_add(i), steps, &mut cov);
     }
     eprintln!(
-        "spool model: {cases} cases x {steps} steps in {:?}",
+        "spool model: {cases} cases x {steps} steps in {:?}: {cov:?}",
         started.elapsed()
     );
+    // The run must have exercised what it claims to.
+    for f in Fault::ALL {
+        assert!(
+            cov.fired.get(&format!("{f:?}")).copied().unwrap_or(0) > 0,
+            "{f:?} never fired: {cov:?}"
+        );
+    }
+    assert!(cov.deaths > 0 && cov.recovered > 0 && cov.quarantined > 0, "{cov:?}");
+    assert!(cov.dropped > 0 && cov.refused > 0 && cov.shipped > 0, "{cov:?}");
 }
 
 /// The double's crash semantics themselves: unsynced data is torn, an
