@@ -359,7 +359,7 @@ impl Case {
             match read {
                 Ok(Some(bytes)) => {
                     // Invariant 2: only the exact sealed bytes are served.
-                    assert_eq!(bytes, self.bytes[&d], "served bytes differ for {d}");
+                    assert!(bytes == self.bytes[&d], "served bytes differ for {d}");
                     assert!(!self.model.corrupted.contains(&d), "torn {d} served");
                     // The collector acknowledges it.
                     let acked = self.spool().acknowledge(&d);
@@ -570,9 +570,8 @@ impl Case {
         for d in &self.model.must_hold {
             assert!(self.model.live.contains(d), "acknowledged {d} lost");
             if !self.model.corrupted.contains(d) {
-                assert_eq!(
-                    self.fs.peek(&final_path(d)).as_ref(),
-                    Some(&self.bytes[d]),
+                assert!(
+                    self.fs.peek(&final_path(d)).as_ref() == Some(&self.bytes[d]),
                     "acknowledged {d} changed on disk"
                 );
             }
@@ -685,8 +684,14 @@ fn spool_model_random_operations_with_faults_and_crashes_keep_every_invariant() 
             "{f:?} never fired: {cov:?}"
         );
     }
-    assert!(cov.deaths > 0 && cov.recovered > 0 && cov.quarantined > 0, "{cov:?}");
-    assert!(cov.dropped > 0 && cov.refused > 0 && cov.shipped > 0, "{cov:?}");
+    assert!(
+        cov.deaths > 0 && cov.recovered > 0 && cov.quarantined > 0,
+        "{cov:?}"
+    );
+    assert!(
+        cov.dropped > 0 && cov.refused > 0 && cov.shipped > 0,
+        "{cov:?}"
+    );
 }
 
 /// The double's crash semantics themselves: unsynced data is torn, an
