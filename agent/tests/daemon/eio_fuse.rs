@@ -63,6 +63,8 @@ fn file_attr(size: u64) -> Vec<u8> {
 impl EioFile {
     /// Mount over the regular file `target`, claiming `size` bytes.
     pub fn mount(target: &Path, size: u64) -> Result<EioFile, String> {
+        let c_target = std::ffi::CString::new(target.as_os_str().as_encoded_bytes())
+            .map_err(|e| format!("{}: {e}", target.display()))?;
         // SAFETY: NUL-terminated path; flags are constants.
         let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
         if fd < 0 {
@@ -71,9 +73,9 @@ impl EioFile {
                 std::io::Error::last_os_error()
             ));
         }
-        let c_target = std::ffi::CString::new(target.as_os_str().as_encoded_bytes()).unwrap();
+        // (No NUL can occur in these digits.)
         let opts = std::ffi::CString::new(format!("fd={fd},rootmode=100000,user_id=0,group_id=0"))
-            .unwrap();
+            .map_err(|e| e.to_string())?;
         // SAFETY: all pointers are NUL-terminated strings that outlive the call.
         let rc = unsafe {
             libc::mount(

@@ -245,8 +245,8 @@ impl Case {
         }
         // Those drops happen before any write: whatever follows, they are gone.
         if !already && !full && size <= limits.max_bytes {
-            for old in self.model.live[..bound_drops].to_vec() {
-                self.model.must_hold.remove(&old);
+            for old in &self.model.live[..bound_drops] {
+                self.model.must_hold.remove(old);
             }
         }
         self.fs.take_fired();
@@ -291,7 +291,8 @@ impl Case {
             return;
         }
         let drops = bound_drops + usize::from(enospc_drop);
-        for old in self.model.live[..drops].to_vec() {
+        let gone: Vec<String> = self.model.live.drain(..drops).collect();
+        for old in gone {
             self.forget(&old);
         }
         self.model.expect.dropped += drops as u64;
