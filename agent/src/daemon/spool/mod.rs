@@ -67,7 +67,7 @@
 //! milliseconds and holds no fds). Writes reserve their size before touching
 //! the disk, so concurrent captures cannot overshoot the bounds.
 //!
-//! Every filesystem call goes through [`fs::SpoolFs`]: [`fs::RealFs`] in
+//! Every filesystem call goes through [`SpoolFs`]: [`RealFs`] in
 //! pstackd, the fault double in tests.
 
 mod fs;

@@ -150,3 +150,109 @@ fn bad_digest_is_refused() {
         Err(SpoolError::BadDigest(_))
     ));
 }
+
+mod over_the_fault_double {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::super::fault_fs::{Fault, FaultFs};
+    use super::super::fs::SpoolFs;
+    use super::*;
+
+    const DIR: &str = "/spool";
+
+    fn open(fs: &FaultFs) -> Spool {
+        Spool::open_with(
+            Arc::new(fs.clone()),
+            Path::new(DIR),
+            limits(10, OverflowPolicy::DropOldest),
+        )
+        .unwrap()
+    }
+
+    fn files(fs: &FaultFs) -> Vec<String> {
+        let mut n = fs.names(Path::new(DIR));
+        n.sort();
+        n
+    }
+
+    /// Not durable, so not acknowledged, and nothing unaccounted left behind.
+    #[test]
+    fn a_failed_directory_fsync_fails_the_put_and_leaves_no_file() {
+        let fs = FaultFs::new(1);
+        let s = open(&fs);
+        let (d, b) = sealed(21);
+        fs.arm(Fault::DirFsyncEio);
+        assert!(matches!(
+            s.put(&d, &b),
+            Err(SpoolError::Io {
+                op: "fsync directory",
+                ..
+            })
+        ));
+        assert!(!s.contains(&d));
+        assert_eq!(files(&fs), Vec::<String>::new());
+        assert_eq!((s.snapshot().files, s.snapshot().refused_total), (0, 1));
+    }
+
+    /// The storage forgets a rename that was reported done and synced: the
+    /// complete temp file is recovered at the next start, not quarantined.
+    #[test]
+    fn a_lost_rename_is_recovered_from_the_temp_file() {
+        let fs = FaultFs::new(2);
+        let s = open(&fs);
+        let (d, b) = sealed(22);
+        fs.arm(Fault::LostRename);
+        assert_eq!(s.put(&d, &b).unwrap(), PutOutcome::Written { dropped: 0 });
+        drop(s);
+        fs.crash();
+        assert!(files(&fs)[0].starts_with(".tmp-"), "{:?}", files(&fs));
+        let s = open(&fs);
+        assert_eq!(s.read_verified(&d).unwrap().unwrap(), b);
+        let snap = s.snapshot();
+        assert_eq!((snap.recovered_total, snap.quarantined_total), (1, 0));
+        assert_eq!(files(&fs), vec![format!("{}.json", &d[7..])]);
+    }
+
+    /// A complete temp file whose fsync fails at recovery stays where it is
+    /// (not indexed, not quarantined) and is recovered at the next start.
+    #[test]
+    fn a_recoverable_temp_file_whose_fsync_fails_waits_for_the_next_start() {
+        let fs = FaultFs::new(3);
+        fs.create_dir_all(Path::new(DIR)).unwrap();
+        let (d, b) = sealed(23);
+        let tmp = Path::new(DIR).join(format!(".tmp-{}-9-0", &d[7..]));
+        let mut f = fs.create_new(&tmp).unwrap();
+        f.write_all(&b).unwrap();
+        f.sync().unwrap();
+        fs.arm(Fault::FsyncEio);
+        let s = open(&fs);
+        assert!(!s.contains(&d));
+        let snap = s.snapshot();
+        assert_eq!((snap.recovered_total, snap.quarantined_total), (0, 0));
+        assert_eq!(fs.peek(&tmp), Some(b.clone()));
+        drop(s);
+        let s = open(&fs);
+        assert_eq!(s.read_verified(&d).unwrap().unwrap(), b);
+        assert_eq!(s.snapshot().recovered_total, 1);
+    }
+
+    /// EIO reading an entry: quarantined with its bytes (evidence kept),
+    /// never served, never retried.
+    #[test]
+    fn an_entry_that_fails_with_eio_is_quarantined_with_its_bytes() {
+        let fs = FaultFs::new(4);
+        let s = open(&fs);
+        let (d, b) = sealed(24);
+        s.put(&d, &b).unwrap();
+        fs.arm(Fault::ReadEio);
+        assert_eq!(s.read_verified(&d).unwrap(), None);
+        assert!(!s.contains(&d));
+        let q = Path::new(DIR).join("quarantine");
+        let names = fs.names(&q);
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert!(names[0].contains(".unreadable."), "{names:?}");
+        assert_eq!(fs.peek(&q.join(&names[0])), Some(b));
+        assert_eq!(s.snapshot().quarantined_total, 1);
+    }
+}
