@@ -4,10 +4,12 @@
 //! - Entries replaced after pstackd indexed them — a FIFO, a directory, a
 //!   symlink loop — are quarantined (each under its own name) while a real
 //!   `pstack-store` receives the valid ones and a new capture; pstackd's CPU
-//!   stays idle meanwhile. EIO is not reproduced here: it needs a failing
-//!   block device (dm-error) or a FUSE server answering EIO, neither of which
-//!   this suite sets up; the same code path (any read error but NotFound →
-//!   quarantine) is taken by the symlink loop's ELOOP.
+//!   stays idle meanwhile.
+//! - An entry that answers EIO (a one-file FUSE server mounted over it,
+//!   `eio_fuse.rs`): the read fails once, the entry is forgotten with a log
+//!   line naming it and the error (the rename into quarantine fails with
+//!   EBUSY on a mount point, so it cannot be moved), the other entries ship,
+//!   and pstackd neither retries it nor spins.
 //! - A store started with `--max-items 5` answers 413 to a 20-item batch:
 //!   the shipper splits it and all 20 arrive.
 
@@ -18,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use super::collector::Collector;
 use super::common::*;
+use super::eio_fuse::EioFile;
 
 struct Store(Child);
 
@@ -51,6 +54,18 @@ fn start_store(store_bin: &Path, db: &Path, addr: std::net::SocketAddr, extra: &
             .spawn()
             .unwrap(),
     )
+}
+
+/// pstackd's share of one CPU over `window` (utime + stime).
+fn cpu_share(pid: i32, window: Duration) -> f64 {
+    let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .unwrap() as u64;
+    let before = cpu_ticks(pid);
+    let t = Instant::now();
+    std::thread::sleep(window);
+    let used = cpu_ticks(pid) - before;
+    used as f64 / (t.elapsed().as_secs_f64() * ticks_per_s as f64)
 }
 
 /// utime + stime of `pid`, in clock ticks.
@@ -140,19 +155,92 @@ fn fifo_directory_and_symlink_loop_entries_are_quarantined_while_shipping_contin
     });
 
     // And idle: with nothing to send, pstackd burns (almost) no CPU.
-    let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .unwrap()
-        .unwrap() as u64;
-    let before = cpu_ticks(d.pid());
-    let t = Instant::now();
-    std::thread::sleep(Duration::from_secs(2));
-    let used = cpu_ticks(d.pid()) - before;
-    let share = used as f64 / (t.elapsed().as_secs_f64() * ticks_per_s as f64);
+    let share = cpu_share(d.pid(), Duration::from_secs(2));
     assert!(
         share < 0.05,
         "pstackd used {:.0}% of a CPU while idle",
         share * 100.0
     );
+}
+
+#[test]
+fn root_only_an_entry_that_answers_eio_is_forgotten_with_a_log_line_while_shipping_continues_idle()
+{
+    pstack_testkit::require!(is_root(), "mounting FUSE needs root");
+    let Some(store_bin) = sibling_bin("pstack-store", "pstack-store") else {
+        panic!("pstack-store could not be built (cargo build -p pstack-store)");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("store.db");
+    let key = store_key(&store_bin, &db);
+    let spool = dir.path().join("spool");
+    let items: Vec<_> = (0..4).map(|n| sealed_example(800 + n)).collect();
+    for (d, b) in &items {
+        write_spool_file(&spool, d, b);
+    }
+    let addr = Collector::reserve_port(); // down while the entry goes bad
+    let settings = Settings {
+        collector_url: Some(format!("http://{addr}")),
+        api_key: Some(key),
+        backoff_initial_ms: 50,
+        backoff_max_ms: 200,
+        extra: "[ebpf]\nenabled = false\n".into(),
+        ..Settings::default()
+    };
+    let d = Daemon::start(dir.path(), &settings);
+    assert_eq!(d.status()["spool"]["files"], 4);
+    // The oldest indexed entry starts answering EIO (same size, same name,
+    // still a regular file: only the read fails).
+    let bad = &items[0];
+    let bad_path = spool.join(format!("{}.json", &bad.0[7..]));
+    let fuse = EioFile::mount(&bad_path, bad.1.len() as u64);
+    pstack_testkit::require!(
+        fuse.is_ok(),
+        "{} (scripts/setup.d/10-kernel.sh loads fuse)",
+        fuse.as_ref().err().cloned().unwrap_or_default()
+    );
+    let fuse = fuse.unwrap();
+    assert_eq!(
+        std::fs::read(&bad_path).unwrap_err().raw_os_error(),
+        Some(libc::EIO)
+    );
+    let reads_before = fuse.reads.load(std::sync::atomic::Ordering::SeqCst);
+
+    let _store = start_store(&store_bin, &db, addr, &[]);
+    let s = d.wait_status(Duration::from_secs(30), "the other entries shipped", |s| {
+        s["spool"]["files"] == 0 && s["shipping"]["accepted_total"] == 3
+    });
+    assert_eq!(s["spool"]["quarantined_total"], 1, "{s:#}");
+    assert!(s["shipping"]["last_error"].is_null(), "{s:#}");
+    let log = d.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("spool entry unreadable") && l.contains(&bad.0[7..]))
+        .unwrap_or_else(|| panic!("no log line names the EIO entry:\n{log}"));
+    assert!(line.contains("Input/output error"), "{line}");
+    eprintln!("pstackd on the EIO entry: {line}");
+    // Read once (the kernel may split or retry one read), never again.
+    let reads = fuse.reads.load(std::sync::atomic::Ordering::SeqCst) - reads_before;
+    assert!((1..=4).contains(&reads), "{reads} reads of the EIO entry");
+
+    // Still shipping: a new capture arrives in the store.
+    let target = Sleeper::spawn();
+    d.capture_pid(target.pid()).expect("capture");
+    d.wait_status(Duration::from_secs(30), "new capture shipped", |s| {
+        s["shipping"]["accepted_total"] == 4
+    });
+    // Idle, and the EIO entry is not retried.
+    let share = cpu_share(d.pid(), Duration::from_secs(2));
+    assert!(
+        share < 0.05,
+        "pstackd used {:.0}% of a CPU while idle",
+        share * 100.0
+    );
+    let later = fuse.reads.load(std::sync::atomic::Ordering::SeqCst) - reads_before;
+    assert_eq!(later, reads, "the EIO entry was read again");
+    let s = d.status();
+    assert_eq!(s["spool"]["files"], 0, "{s:#}");
+    assert_eq!(s["spool"]["quarantined_total"], 1, "{s:#}");
 }
 
 #[test]

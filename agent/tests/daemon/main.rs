@@ -12,6 +12,7 @@ mod auth;
 mod collector;
 mod common;
 mod ebpf;
+mod eio_fuse;
 mod faults;
 mod helper_status;
 mod hostile_spool;

@@ -1,0 +1,194 @@
+//! A one-file FUSE filesystem whose every read fails with EIO, mounted
+//! directly over an existing regular file (FUSE allows a regular-file root,
+//! `rootmode=100000`): the path stays a regular file of the size it claims,
+//! opens fine, and `read(2)` returns EIO — a failing disk block, without a
+//! block device.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+const FUSE_LOOKUP: u32 = 1;
+const FUSE_FORGET: u32 = 2;
+const FUSE_GETATTR: u32 = 3;
+const FUSE_OPEN: u32 = 14;
+const FUSE_READ: u32 = 15;
+const FUSE_RELEASE: u32 = 18;
+const FUSE_FLUSH: u32 = 25;
+const FUSE_INIT: u32 = 26;
+const FUSE_INTERRUPT: u32 = 36;
+const FUSE_BATCH_FORGET: u32 = 42;
+
+/// The mount; unmounted (and its server joined) on drop.
+pub struct EioFile {
+    target: PathBuf,
+    /// READ requests answered with EIO.
+    pub reads: Arc<AtomicU32>,
+    server: Option<std::thread::JoinHandle<()>>,
+}
+
+fn reply(fd: i32, unique: u64, error: i32, body: &[u8]) {
+    let mut out = Vec::with_capacity(16 + body.len());
+    out.extend_from_slice(&((16 + body.len()) as u32).to_ne_bytes());
+    out.extend_from_slice(&error.to_ne_bytes());
+    out.extend_from_slice(&unique.to_ne_bytes());
+    out.extend_from_slice(body);
+    // SAFETY: out is a live buffer of out.len() bytes; fd is the /dev/fuse fd.
+    unsafe { libc::write(fd, out.as_ptr().cast(), out.len()) };
+}
+
+/// `fuse_attr_out` for a regular file of `size` bytes, mode 0600, owned by root.
+fn file_attr(size: u64) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(&0u64.to_ne_bytes()); // attr_valid
+    b.extend_from_slice(&0u32.to_ne_bytes()); // attr_valid_nsec
+    b.extend_from_slice(&0u32.to_ne_bytes()); // dummy
+    b.extend_from_slice(&1u64.to_ne_bytes()); // ino
+    b.extend_from_slice(&size.to_ne_bytes()); // size
+    b.extend_from_slice(&size.div_ceil(512).to_ne_bytes()); // blocks
+    for _ in 0..3 {
+        b.extend_from_slice(&0u64.to_ne_bytes()); // atime, mtime, ctime
+    }
+    for _ in 0..3 {
+        b.extend_from_slice(&0u32.to_ne_bytes()); // *timensec
+    }
+    b.extend_from_slice(&(libc::S_IFREG | 0o600).to_ne_bytes()); // mode
+    b.extend_from_slice(&1u32.to_ne_bytes()); // nlink
+    for _ in 0..5 {
+        b.extend_from_slice(&0u32.to_ne_bytes()); // uid gid rdev blksize flags
+    }
+    b
+}
+
+impl EioFile {
+    /// Mount over the regular file `target`, claiming `size` bytes.
+    pub fn mount(target: &Path, size: u64) -> Result<EioFile, String> {
+        let c_target = std::ffi::CString::new(target.as_os_str().as_encoded_bytes())
+            .map_err(|e| format!("{}: {e}", target.display()))?;
+        // SAFETY: NUL-terminated path; flags are constants.
+        let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(format!(
+                "cannot open /dev/fuse: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        // (No NUL can occur in these digits.)
+        let opts = std::ffi::CString::new(format!("fd={fd},rootmode=100000,user_id=0,group_id=0"))
+            .map_err(|e| e.to_string())?;
+        // SAFETY: all pointers are NUL-terminated strings that outlive the call.
+        let rc = unsafe {
+            libc::mount(
+                c"pstack-eio".as_ptr(),
+                c_target.as_ptr(),
+                c"fuse".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                opts.as_ptr().cast(),
+            )
+        };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: fd was opened above.
+            unsafe { libc::close(fd) };
+            return Err(format!("mount -t fuse over a file failed: {e}"));
+        }
+        let reads = Arc::new(AtomicU32::new(0));
+        let r = reads.clone();
+        let server = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 20 | 4096];
+            loop {
+                // SAFETY: buf is a live, writable buffer of buf.len() bytes.
+                let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+                if n < 0 {
+                    let e = std::io::Error::last_os_error();
+                    if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) {
+                        continue;
+                    }
+                    break; // ENODEV after unmount
+                }
+                if (n as usize) < 40 {
+                    continue;
+                }
+                let opcode = u32::from_ne_bytes(buf[4..8].try_into().unwrap());
+                let unique = u64::from_ne_bytes(buf[8..16].try_into().unwrap());
+                match opcode {
+                    FUSE_FORGET | FUSE_BATCH_FORGET | FUSE_INTERRUPT => {}
+                    FUSE_INIT => {
+                        let mut body = Vec::new();
+                        body.extend_from_slice(&7u32.to_ne_bytes()); // major
+                        body.extend_from_slice(&31u32.to_ne_bytes()); // minor
+                        body.extend_from_slice(&0u32.to_ne_bytes()); // max_readahead
+                        body.extend_from_slice(&0u32.to_ne_bytes()); // flags
+                        body.extend_from_slice(&16u16.to_ne_bytes()); // max_background
+                        body.extend_from_slice(&12u16.to_ne_bytes()); // congestion_threshold
+                        body.extend_from_slice(&4096u32.to_ne_bytes()); // max_write
+                        body.extend_from_slice(&1u32.to_ne_bytes()); // time_gran
+                        body.extend_from_slice(&[0u8; 64 - 28]);
+                        reply(fd, unique, 0, &body);
+                    }
+                    FUSE_GETATTR => reply(fd, unique, 0, &file_attr(size)),
+                    // fuse_open_out: fh, open_flags (FOPEN_DIRECT_IO: every
+                    // read reaches us, none is served from the page cache), padding.
+                    FUSE_OPEN => {
+                        let mut body = Vec::new();
+                        body.extend_from_slice(&1u64.to_ne_bytes());
+                        body.extend_from_slice(&1u32.to_ne_bytes());
+                        body.extend_from_slice(&0u32.to_ne_bytes());
+                        reply(fd, unique, 0, &body);
+                    }
+                    FUSE_READ => {
+                        r.fetch_add(1, Ordering::SeqCst);
+                        reply(fd, unique, -libc::EIO, &[]);
+                    }
+                    FUSE_FLUSH | FUSE_RELEASE => reply(fd, unique, 0, &[]),
+                    FUSE_LOOKUP => reply(fd, unique, -libc::ENOENT, &[]),
+                    _ => reply(fd, unique, -libc::ENOSYS, &[]),
+                }
+            }
+            // SAFETY: fd is owned by this thread from here on.
+            unsafe { libc::close(fd) };
+        });
+        Ok(EioFile {
+            target: target.to_owned(),
+            reads,
+            server: Some(server),
+        })
+    }
+}
+
+impl Drop for EioFile {
+    fn drop(&mut self) {
+        let c = std::ffi::CString::new(self.target.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: NUL-terminated path. MNT_FORCE on FUSE aborts the connection;
+        // MNT_DETACH removes whatever is left.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_FORCE) };
+        // SAFETY: as above.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        if let Some(s) = self.server.take() {
+            let _ = s.join();
+        }
+    }
+}
+
+/// The test of the fixture itself: the path is a regular file that opens
+/// and fails every read with EIO.
+#[test]
+fn root_only_eio_fuse_file_is_regular_and_reads_fail_with_eio() {
+    pstack_testkit::require!(super::common::is_root(), "mounting FUSE needs root");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("victim");
+    std::fs::write(&path, b"original").unwrap();
+    let fuse = EioFile::mount(&path, 4096);
+    pstack_testkit::require!(
+        fuse.is_ok(),
+        "{} (scripts/setup.d/10-kernel.sh loads fuse)",
+        fuse.as_ref().err().cloned().unwrap_or_default()
+    );
+    let fuse = fuse.unwrap();
+    let meta = std::fs::symlink_metadata(&path).unwrap();
+    assert!(meta.is_file(), "{meta:?}");
+    assert_eq!(meta.len(), 4096);
+    let err = std::fs::read(&path).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(fuse.reads.load(Ordering::SeqCst) >= 1);
+}
