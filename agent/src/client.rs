@@ -162,6 +162,8 @@ pub fn request(
             .map_err(ClientError::Io)?;
         let n = match stream.read(&mut buf) {
             Ok(n) => n,
+            // A signal (e.g. a test harness's SIGCHLD) interrupted the wait.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             // The server answered and closed with part of our body unread: the
             // kernel reports a reset after the queued answer. Parse what came.
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && !raw.is_empty() => 0,
