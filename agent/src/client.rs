@@ -202,6 +202,38 @@ pub fn request_with(
 
 /// Parse an HTTP/1.1 response read to EOF.
 pub fn parse_response(raw: &[u8]) -> Result<HttpResponse, ClientError> {
+    let (status, headers, end) = parse_head(raw)?;
+    let rest = &raw[end + 4..];
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)?
+    } else if let Some((_, len)) = headers.iter().find(|(k, _)| k == "content-length") {
+        let len: usize = len
+            .parse()
+            .map_err(|_| ClientError::Protocol(format!("bad content-length {len:?}")))?;
+        if rest.len() < len {
+            return Err(ClientError::Protocol(format!(
+                "body truncated: {} of {len} bytes",
+                rest.len()
+            )));
+        }
+        rest[..len].to_vec()
+    } else {
+        rest.to_vec()
+    };
+    Ok(HttpResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+type Head = (u16, Vec<(String, String)>, usize);
+
+/// The status line and headers of a response; the offset of the blank line.
+fn parse_head(raw: &[u8]) -> Result<Head, ClientError> {
     let end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -228,31 +260,7 @@ pub fn parse_response(raw: &[u8]) -> Result<HttpResponse, ClientError> {
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    let rest = &raw[end + 4..];
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
-    let body = if chunked {
-        dechunk(rest)?
-    } else if let Some((_, len)) = headers.iter().find(|(k, _)| k == "content-length") {
-        let len: usize = len
-            .parse()
-            .map_err(|_| ClientError::Protocol(format!("bad content-length {len:?}")))?;
-        if rest.len() < len {
-            return Err(ClientError::Protocol(format!(
-                "body truncated: {} of {len} bytes",
-                rest.len()
-            )));
-        }
-        rest[..len].to_vec()
-    } else {
-        rest.to_vec()
-    };
-    Ok(HttpResponse {
-        status,
-        headers,
-        body,
-    })
+    Ok((status, headers, end))
 }
 
 fn dechunk(mut rest: &[u8]) -> Result<Vec<u8>, ClientError> {
@@ -449,8 +457,8 @@ pub fn follow_capture(
             return Err(ClientError::Protocol("headers too long".into()));
         }
     }
-    let parsed = parse_response(&head)?;
-    if parsed.status != 200 {
+    let (status, headers, _) = parse_head(&head)?;
+    if status != 200 {
         timed(&mut reader)?;
         let mut rest = Vec::new();
         (&mut reader)
@@ -460,9 +468,9 @@ pub fn follow_capture(
         head.extend_from_slice(&rest);
         return Err(api_error(&parse_response(&head)?));
     }
-    let chunked = parsed
-        .header("transfer-encoding")
-        .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
     let mut pending: Vec<u8> = Vec::new();
     let mut handle = |bytes: &[u8], pending: &mut Vec<u8>| -> Result<Option<CaptureEvent>, ClientError> {
         pending.extend_from_slice(bytes);

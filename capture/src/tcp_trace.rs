@@ -179,33 +179,53 @@ pub fn run(
             });
         }
     };
-    sink(TraceLine::Watching {
-        window_ms: window_ms(plan.window),
-        port: plan.port,
-        addr: plan.addr.map(|a| a.to_string()),
-    });
     progress(Progress::Phase {
         what: "watching TCP",
         expected: plan.window,
     });
-    let start_ns = pstack_ebpf::monotonic_ns();
-    let meta = pstack_ebpf::WindowMeta {
-        start_ns,
-        end_ns: start_ns,
-        window_ms: 0,
+    // `Watching` is sent from inside the window (the first poll of the stop
+    // future comes after the session drained what was queued before it), so
+    // traffic started on seeing it is counted. Event times are relative to it.
+    let sink = std::cell::RefCell::new(sink);
+    let start_ns = std::cell::Cell::new(pstack_ebpf::monotonic_ns());
+    let watching = TraceLine::Watching {
+        window_ms: window_ms(plan.window),
+        port: plan.port,
+        addr: plan.addr.map(|a| a.to_string()),
+    };
+    // Sent once: at the stop future's first poll, or before the first event
+    // if that comes first.
+    let watching = std::cell::Cell::new(Some(watching));
+    let announce = || {
+        if let Some(w) = watching.take() {
+            start_ns.set(pstack_ebpf::monotonic_ns());
+            (sink.borrow_mut())(w);
+        }
+    };
+    let stop = async {
+        announce();
+        stop.await
     };
     let report = session
         .run_window_blocking_until(
             plan.window,
             |e| {
-                sink(TraceLine::Event {
-                    text: describe(e, start_ns),
+                announce();
+                let start = start_ns.get();
+                let meta = pstack_ebpf::WindowMeta {
+                    start_ns: start,
+                    end_ns: start,
+                    window_ms: 0,
+                };
+                (sink.borrow_mut())(TraceLine::Event {
+                    text: describe(e, start),
                     json: pstack_ebpf::surface::event_json(e, &meta).to_string(),
                 })
             },
             stop,
         )
         .map_err(|e| TraceError::Window(e.to_string()))?;
+    let sink = sink.into_inner();
     progress(Progress::PhaseDone);
     let surfaces = report.surfaces();
     let lost: u64 = report.tcp_ctx.lost.iter().sum();

@@ -15,3 +15,4 @@ mod net_helper;
 mod netns_semantics;
 mod ss_oracle;
 mod testbed;
+mod trace_daemon;
