@@ -178,3 +178,4 @@ pub fn restrict_net_helper() -> Result<landlock::RulesetStatus, ConfineError> {
         .map_err(err)?;
     Ok(status.ruleset)
 }
+
