@@ -14,5 +14,6 @@ mod longhorn;
 mod net_helper;
 mod netns_semantics;
 mod ss_oracle;
+mod sockopt_helper;
 mod testbed;
 mod trace_daemon;
