@@ -472,29 +472,33 @@ pub fn follow_capture(
         .iter()
         .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
     let mut pending: Vec<u8> = Vec::new();
-    let mut handle = |bytes: &[u8], pending: &mut Vec<u8>| -> Result<Option<CaptureEvent>, ClientError> {
-        pending.extend_from_slice(bytes);
-        while let Some(nl) = pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=nl).collect();
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
+    let mut handle =
+        |bytes: &[u8], pending: &mut Vec<u8>| -> Result<Option<CaptureEvent>, ClientError> {
+            pending.extend_from_slice(bytes);
+            while let Some(nl) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=nl).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let event: CaptureEvent = serde_json::from_slice(&line)
+                    .map_err(|e| ClientError::Protocol(format!("bad capture event: {e}")))?;
+                if let CaptureEvent::Envelope { envelope, .. } = &event {
+                    pstack_envelope::verify(envelope.as_bytes())
+                        .map_err(ClientError::InvalidEnvelope)?;
+                }
+                on_event(&event);
+                if matches!(
+                    event,
+                    CaptureEvent::Done { .. } | CaptureEvent::Failed { .. }
+                ) {
+                    return Ok(Some(event));
+                }
             }
-            let event: CaptureEvent = serde_json::from_slice(&line)
-                .map_err(|e| ClientError::Protocol(format!("bad capture event: {e}")))?;
-            if let CaptureEvent::Envelope { envelope, .. } = &event {
-                pstack_envelope::verify(envelope.as_bytes())
-                    .map_err(ClientError::InvalidEnvelope)?;
+            if pending.len() > MAX_RESPONSE_BYTES {
+                return Err(ClientError::Protocol("an event line is too long".into()));
             }
-            on_event(&event);
-            if matches!(event, CaptureEvent::Done { .. } | CaptureEvent::Failed { .. }) {
-                return Ok(Some(event));
-            }
-        }
-        if pending.len() > MAX_RESPONSE_BYTES {
-            return Err(ClientError::Protocol("an event line is too long".into()));
-        }
-        Ok(None)
-    };
+            Ok(None)
+        };
     loop {
         timed(&mut reader)?;
         let data = if chunked {

@@ -16,12 +16,12 @@ use std::time::Duration;
 
 use pstack_ebpf::aggregate::TcpSurface;
 use pstack_ebpf::{EbpfConfig, EbpfSession, TcpEvent, TcpEventKind, WindowReport};
-use serde::{Deserialize, Serialize};
 use pstack_envelope::{
     Bounds, Claim, ClaimKind, Clock, Collector, Envelope, EnvelopeBuilder, HostIdentity,
     NextTransition, Scope, Subject, Surface, SurfaceStatus, Termination, Universe, Unknown,
     sha256_digest,
 };
+use serde::{Deserialize, Serialize};
 
 use crate::Progress;
 use crate::supervisor::SOURCE_COMMIT;
@@ -147,7 +147,13 @@ pub fn capture(
     plan: &TracePlan,
     progress: &dyn Fn(Progress<'_>),
 ) -> Result<TraceResult, TraceError> {
-    run(plan, false, std::future::pending::<()>(), progress, &mut |_| {})
+    run(
+        plan,
+        false,
+        std::future::pending::<()>(),
+        progress,
+        &mut |_| {},
+    )
 }
 
 /// Run one trace window and seal it, handing every line of its live output
@@ -236,7 +242,8 @@ pub fn run(
             .as_ref()
             .map(|agg| summary_lines(agg, seconds, lost))
             .unwrap_or_default(),
-        surfaces: serde_json::to_string(&surfaces).map_err(|e| TraceError::Window(e.to_string()))?,
+        surfaces: serde_json::to_string(&surfaces)
+            .map_err(|e| TraceError::Window(e.to_string()))?,
     });
     let envelope = envelope(
         plan,

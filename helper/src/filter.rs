@@ -264,15 +264,9 @@ pub fn sockopt_program(own_pid: u32) -> Result<BpfProgram, ConfineError> {
         rules.remove(nr);
     }
     // pidfd_open(pid_t pid, unsigned int flags)
-    rules.insert(
-        libc::SYS_pidfd_open,
-        vec![rule(vec![dword_eq(1, 0)?])?],
-    );
+    rules.insert(libc::SYS_pidfd_open, vec![rule(vec![dword_eq(1, 0)?])?]);
     // pidfd_getfd(int pidfd, int targetfd, unsigned int flags)
-    rules.insert(
-        libc::SYS_pidfd_getfd,
-        vec![rule(vec![dword_eq(2, 0)?])?],
-    );
+    rules.insert(libc::SYS_pidfd_getfd, vec![rule(vec![dword_eq(2, 0)?])?]);
     // getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen)
     let mut getsockopt = Vec::new();
     for (level, name) in SOCKOPT_OPTIONS {

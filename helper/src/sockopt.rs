@@ -281,6 +281,10 @@ mod tests {
             "{a:?}"
         );
         assert_eq!(b.outcome, SockoptOutcome::OwnerGone, "a closed descriptor");
-        assert!(read_frame::<SockoptAnswer>(&mut r, MAX_FRAME).unwrap().is_none());
+        assert!(
+            read_frame::<SockoptAnswer>(&mut r, MAX_FRAME)
+                .unwrap()
+                .is_none()
+        );
     }
 }

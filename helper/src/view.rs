@@ -178,4 +178,3 @@ pub fn restrict_net_helper() -> Result<landlock::RulesetStatus, ConfineError> {
         .map_err(err)?;
     Ok(status.ruleset)
 }
-

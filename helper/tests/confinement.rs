@@ -564,7 +564,10 @@ fn sockopt_allow_list_is_the_reviewed_list() {
         .iter()
         .copied()
         .collect();
-    assert_eq!(code, dropped, "sockopt helper allow-list changed: review it here");
+    assert_eq!(
+        code, dropped,
+        "sockopt helper allow-list changed: review it here"
+    );
     assert_eq!(
         pstack_helper::filter::SOCKOPT_OPTIONS,
         [

@@ -393,10 +393,14 @@ fn every_attack_is_stopped(profile: &str) -> Vec<String> {
         }
         let mut byte = [0u8; 1];
         if (&peer).read(&mut byte).is_ok_and(|n| n > 0) {
-            failures.push(format!("{attack:?}: a byte arrived through the stolen socket"));
+            failures.push(format!(
+                "{attack:?}: a byte arrived through the stolen socket"
+            ));
         }
         if user_timeout() != 0 {
-            failures.push(format!("{attack:?}: the stolen socket's TCP_USER_TIMEOUT changed"));
+            failures.push(format!(
+                "{attack:?}: the stolen socket's TCP_USER_TIMEOUT changed"
+            ));
         }
         if std::path::Path::new(&cron_path).exists() {
             let _ = std::fs::remove_file(&cron_path);

@@ -333,8 +333,8 @@ fn write_envelope(path: &std::path::Path, env: &Envelope) -> anyhow::Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pstack_ebpf::{TcpEvent, TcpEventKind};
     use pstack_ebpf::record::{Comm, Endpoint, TcpState};
+    use pstack_ebpf::{TcpEvent, TcpEventKind};
     use pstack_envelope::Completeness;
 
     fn event(kind: TcpEventKind, sk_key: u64, local: u16, remote: u16, pid: u32) -> TcpEvent {

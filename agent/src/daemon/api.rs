@@ -35,11 +35,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
+use axum::Extension;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::Extension;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -445,7 +445,11 @@ fn start_async(
                     });
                 }
                 record.push(CaptureEvent::Done {
-                    digests: captured.envelopes.iter().map(|e| e.digest.clone()).collect(),
+                    digests: captured
+                        .envelopes
+                        .iter()
+                        .map(|e| e.digest.clone())
+                        .collect(),
                     spool_status: spool_status(&state, &captured).0.to_string(),
                     trace_refused: captured.trace_refused,
                 });
@@ -465,7 +469,10 @@ fn unknown_capture(id: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "no_such_capture",
-        format!("no capture {id:?} started by this uid (ids are kept {} s after the end)", super::captures::KEEP_FINISHED.as_secs()),
+        format!(
+            "no capture {id:?} started by this uid (ids are kept {} s after the end)",
+            super::captures::KEEP_FINISHED.as_secs()
+        ),
     )
 }
 

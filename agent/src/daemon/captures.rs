@@ -116,7 +116,10 @@ impl CaptureEvent {
     }
 
     fn is_final(&self) -> bool {
-        matches!(self, CaptureEvent::Done { .. } | CaptureEvent::Failed { .. })
+        matches!(
+            self,
+            CaptureEvent::Done { .. } | CaptureEvent::Failed { .. }
+        )
     }
 }
 
@@ -187,7 +190,8 @@ impl Record {
             if log.dropped > 0 {
                 let dropped = serde_json::to_vec(&CaptureEvent::Dropped { lines: log.dropped })
                     .unwrap_or_default();
-                log.lines.push(Bytes::from([dropped, b"\n".to_vec()].concat()));
+                log.lines
+                    .push(Bytes::from([dropped, b"\n".to_vec()].concat()));
             }
             log.outcome = Some(event);
             log.finished_at = Some(Instant::now());
@@ -201,7 +205,11 @@ impl Record {
     /// Lines from `cursor` on, and whether the log is complete.
     pub fn lines_from(&self, cursor: usize) -> (Vec<Bytes>, bool) {
         let log = self.log();
-        let lines = log.lines.get(cursor..).map(<[Bytes]>::to_vec).unwrap_or_default();
+        let lines = log
+            .lines
+            .get(cursor..)
+            .map(<[Bytes]>::to_vec)
+            .unwrap_or_default();
         (lines, log.outcome.is_some())
     }
 
@@ -272,13 +280,8 @@ fn new_id() -> std::io::Result<String> {
     let mut filled = 0;
     while filled < buf.len() {
         // SAFETY: writes at most the remaining bytes of `buf`.
-        let n = unsafe {
-            libc::getrandom(
-                buf[filled..].as_mut_ptr().cast(),
-                buf.len() - filled,
-                0,
-            )
-        };
+        let n =
+            unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0) };
         if n < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::Interrupted {

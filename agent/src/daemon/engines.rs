@@ -14,6 +14,17 @@
 //!   transfer) are spooled in the order the CLI prints them. If one put
 //!   fails the answer is the failure, and the envelopes already spooled stay
 //!   there and are shipped (they are sealed evidence, not a partial write).
+//! - **Own eBPF sessions for transport and trace.** `transport`, `longhorn`
+//!   and `tcp_trace` load their own one-shot eBPF session rather than borrow
+//!   pstackd's (issue 17, item 4 — not done, on purpose): the daemon's TCP
+//!   programs run count-only (no records, so no per-socket reset
+//!   attribution and no live lines) with no port or address filter, while
+//!   these captures need records filtered in the kernel by their own port.
+//!   Borrowing would mean switching the shared programs to recording and
+//!   rewriting their filter per capture, which changes what the daemon's
+//!   always-on counters mean while the capture runs and serialises every
+//!   capture behind one filter. A process capture's off-CPU window does
+//!   borrow it (`ebpf`), since its programs need no per-capture filter.
 //! - **Nothing from the caller is executed.** The `hubble` CLI a Longhorn
 //!   capture runs is [`HUBBLE_BIN`] from the daemon's PATH, never a path from
 //!   the request.

@@ -29,7 +29,9 @@ fn budget(dir: &std::path::Path) -> LeakBudget {
 }
 
 /// A connected loopback socket with TCP_USER_TIMEOUT set, and its target.
-fn socket(user_timeout_ms: libc::c_int) -> (std::net::TcpListener, std::net::TcpStream, SockoptTarget) {
+fn socket(
+    user_timeout_ms: libc::c_int,
+) -> (std::net::TcpListener, std::net::TcpStream, SockoptTarget) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
     // SAFETY: a valid socket and a correctly sized int option.
@@ -104,7 +106,10 @@ fn root_sockopt_helper_that_stops_answering_is_killed_at_the_deadline() {
     assert!(took >= deadline, "gave up early: {took:?}");
     for t in [a, b2] {
         assert!(
-            matches!(got[&t.inode].value, Err(SockOptError::Abandoned { deadline_ms: 400 })),
+            matches!(
+                got[&t.inode].value,
+                Err(SockOptError::Abandoned { deadline_ms: 400 })
+            ),
             "{:?}",
             got[&t.inode]
         );

@@ -175,7 +175,9 @@ fn meaning(env: &pstack_envelope::Envelope, server_port: u16) -> Vec<String> {
 
 #[test]
 fn root_trace_tcp_prints_the_same_through_pstackd_as_one_shot_and_pstackd_spools_it() {
-    if !root_or_skip("root_trace_tcp_prints_the_same_through_pstackd_as_one_shot_and_pstackd_spools_it") {
+    if !root_or_skip(
+        "root_trace_tcp_prints_the_same_through_pstackd_as_one_shot_and_pstackd_spools_it",
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -222,13 +224,17 @@ fn root_trace_tcp_prints_the_same_through_pstackd_as_one_shot_and_pstackd_spools
     )
     .unwrap();
     assert_eq!(resp.status, 200);
-    assert_eq!(pstack_testkit::verify(&resp.body).unwrap().digest, env_d.digest);
+    assert_eq!(
+        pstack_testkit::verify(&resp.body).unwrap().digest,
+        env_d.digest
+    );
 }
 
 #[test]
 fn root_an_async_tcp_trace_holds_a_slot_reports_its_phases_and_streams_its_lines() {
-    if !root_or_skip("root_an_async_tcp_trace_holds_a_slot_reports_its_phases_and_streams_its_lines")
-    {
+    if !root_or_skip(
+        "root_an_async_tcp_trace_holds_a_slot_reports_its_phases_and_streams_its_lines",
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -283,7 +289,12 @@ fn root_an_async_tcp_trace_holds_a_slot_reports_its_phases_and_streams_its_lines
     let mut events = Vec::new();
     let mut traffic = None;
     let last = client::follow_capture(&d.socket, &id, Duration::from_secs(30), &mut |e| {
-        if matches!(e, CaptureEvent::Trace { line: TraceLine::Watching { .. } }) {
+        if matches!(
+            e,
+            CaptureEvent::Trace {
+                line: TraceLine::Watching { .. }
+            }
+        ) {
             let l = l.try_clone().unwrap();
             traffic = Some(std::thread::spawn(move || three_resets(&l)));
             // The status while it runs: the phase, not yet done.
@@ -307,10 +318,16 @@ fn root_an_async_tcp_trace_holds_a_slot_reports_its_phases_and_streams_its_lines
         .count();
     assert_eq!(resets, 3, "{events:#?}");
     assert!(
-        events.iter().any(|e| matches!(e, CaptureEvent::Phase { what, .. } if what == "watching TCP")),
+        events
+            .iter()
+            .any(|e| matches!(e, CaptureEvent::Phase { what, .. } if what == "watching TCP")),
         "{events:#?}"
     );
-    assert!(events.iter().any(|e| matches!(e, CaptureEvent::Envelope { digest, .. } if digest == &digests[0])));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, CaptureEvent::Envelope { digest, .. } if digest == &digests[0]))
+    );
 
     // Finished: its status, and a second reader gets the whole log again.
     let r = client::request(&d.socket, "GET", &location, None, Duration::from_secs(10)).unwrap();

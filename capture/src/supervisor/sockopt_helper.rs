@@ -117,11 +117,12 @@ pub fn read_sockopts(
     }
     let since = Instant::now();
     let elapsed = || u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX);
-    let rest_fail = |out: &mut BTreeMap<u64, SockoptReading>, from: usize, r: &dyn Fn() -> SockoptReading| {
-        for t in &targets[from..] {
-            out.insert(t.inode, r());
-        }
-    };
+    let rest_fail =
+        |out: &mut BTreeMap<u64, SockoptReading>, from: usize, r: &dyn Fn() -> SockoptReading| {
+            for t in &targets[from..] {
+                out.insert(t.inode, r());
+            }
+        };
     if budget.available() == 0 {
         let message = format!(
             "not read: leak budget spent ({} unreaped helper(s) of {}, journal {})",
@@ -188,7 +189,10 @@ pub fn read_sockopts(
         }
         Err(e) => {
             let status = helper.wait_exit(config.reap_deadline);
-            let message = format!("sending the request failed ({e}); {}", describe_exit(status));
+            let message = format!(
+                "sending the request failed ({e}); {}",
+                describe_exit(status)
+            );
             if status.is_none() {
                 let _ = kill(helper);
             }

@@ -97,13 +97,13 @@ use pstack_collectors::net::rtnl::{LinkFacts, RouteFacts};
 use pstack_collectors::net::sample::{NetSample, Timed};
 use pstack_collectors::net::sockdiag::{self, FlowFilter, PortRange, TcpDump, TcpSocket};
 use pstack_collectors::net::sockopt::{self, SockOptError, SockOpts};
-use pstack_helper::sockopt::SockoptTarget;
 use pstack_collectors::net::{CountersError, TcpInfo, snmp};
 use pstack_envelope::{
     Bounds, Claim, ClaimKind, Clock, Collector, Completeness, Envelope, EnvelopeBuilder,
     HostIdentity, NextTransition, SCHEMA_ID, Scope, StatusCause, StreamIdentity, Subject, Surface,
     SurfaceStatus, Termination, Universe, Unknown, sha256_digest,
 };
+use pstack_helper::sockopt::SockoptTarget;
 use serde_json::{Map, Value, json};
 
 /// Longhorn's instance-manager data port range: the default port filter.
