@@ -395,7 +395,7 @@ mod tests {
         });
         let (lines, _) = r.lines_from(0);
         let kept = lines.len() - 2;
-        assert!(kept < 20 && kept >= 14, "{kept}");
+        assert!((14..20).contains(&kept), "{kept}");
         let dropped: CaptureEvent = serde_json::from_slice(&lines[lines.len() - 2]).unwrap();
         assert_eq!(
             dropped,

@@ -44,7 +44,7 @@
 //!   `timeout` (`timeout_unreaped_helper` if the kernel would not let it go:
 //!   journaled, charged to the leak budget); the other end of the window
 //!   gets a fresh helper. The socket options (`tcp/sockopt`: `pidfd_getfd`
-//!   + `getsockopt`, which can wait on an owner stuck in execve) are read
+//!   and `getsockopt`, which can wait on an owner stuck in execve) are read
 //!   by `pstack-helper --sockopt` under its own narrow profile and the same
 //!   deadline; a miss SIGKILLs it and the sockets not yet read are
 //!   `timeout`. This process only finds the owners (`/proc/*/fd`).
