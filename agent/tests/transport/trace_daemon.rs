@@ -389,3 +389,75 @@ fn root_a_bad_async_request_is_refused_before_an_id_is_given() {
     assert_eq!(s["captures"]["ok_total"], 0, "{s:#}");
     assert_eq!(s["spool"]["files"], 0, "{s:#}");
 }
+
+/// `--json` output shape: per event kind, the same members, and the same
+/// surfaces array last, through pstackd and one-shot. The traffic resets a
+/// connection every 100 ms through each whole window (JSON mode prints no
+/// banner to wait for).
+#[test]
+fn root_trace_tcp_json_lines_have_the_same_shape_through_pstackd_and_one_shot() {
+    if !root_or_skip("root_trace_tcp_json_lines_have_the_same_shape_through_pstackd_and_one_shot") {
+        return;
+    }
+    use std::collections::{BTreeMap, BTreeSet};
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &Settings::default());
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let socket = d.socket.to_str().unwrap().to_string();
+    let shape = |via: &[&str]| -> (BTreeMap<String, BTreeSet<String>>, Vec<String>) {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let l2 = l.try_clone().unwrap();
+        let s2 = stop.clone();
+        let traffic = std::thread::spawn(move || {
+            while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                let port = l2.local_addr().unwrap().port();
+                let c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                let (s, _) = l2.accept().unwrap();
+                reset_close(s);
+                let mut buf = [0u8; 1];
+                let _ = (&c).read(&mut buf);
+            }
+        });
+        let out = Command::new(env!("CARGO_BIN_EXE_pstackctl"))
+            .args([
+                "trace", "tcp", "--window", "2500ms", "--port", &port, "--json",
+            ])
+            .args(via)
+            .output()
+            .unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        traffic.join().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+            .collect();
+        let surfaces = lines.pop().expect("the surfaces line");
+        let ids = surfaces
+            .as_array()
+            .expect("surfaces last")
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect();
+        let mut kinds: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for e in lines {
+            let kind = e["event"].as_str().expect("an event line").to_string();
+            let keys = e.as_object().unwrap().keys().cloned();
+            kinds.entry(kind).or_default().extend(keys);
+        }
+        (kinds, ids)
+    };
+    let (kinds_d, ids_d) = shape(&["--socket", &socket]);
+    let (kinds_o, ids_o) = shape(&["--one-shot"]);
+    assert!(kinds_d.contains_key("reset_sent"), "{kinds_d:?}");
+    assert_eq!(kinds_d, kinds_o);
+    assert_eq!(ids_d, ids_o);
+    assert_eq!(d.status()["spool"]["files"], 1);
+}
