@@ -20,6 +20,7 @@ use pstack_envelope::Envelope;
 pub use crate::daemon::capture::{
     CaptureRequestBody, RequestedCaps, RequestedDeadlines, SubjectSelector,
 };
+pub use crate::daemon::captures::CaptureEvent;
 
 /// Default socket path.
 pub const DEFAULT_SOCKET: &str = "/run/pstack/pstackd.sock";
@@ -99,8 +100,11 @@ pub fn request(
     body: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<HttpResponse, ClientError> {
-    let started = Instant::now();
-    let mut stream = UnixStream::connect(socket).map_err(|e| match e.kind() {
+    request_with(socket, method, target, body, &[], timeout)
+}
+
+fn connect(socket: &Path) -> Result<UnixStream, ClientError> {
+    UnixStream::connect(socket).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
             ClientError::NoDaemon {
                 path: socket.to_owned(),
@@ -111,7 +115,20 @@ pub fn request(
             path: socket.to_owned(),
         },
         _ => ClientError::Io(e),
-    })?;
+    })
+}
+
+/// [`request`] with extra request headers.
+pub fn request_with(
+    socket: &Path,
+    method: &str,
+    target: &str,
+    body: Option<&[u8]>,
+    extra_headers: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<HttpResponse, ClientError> {
+    let started = Instant::now();
+    let mut stream = connect(socket)?;
     let to = |e: std::io::Error| {
         if matches!(
             e.kind(),
@@ -133,6 +150,9 @@ pub fn request(
             "Content-Type: application/json\r\nContent-Length: {}\r\n",
             b.len()
         ));
+    }
+    for (k, v) in extra_headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
     }
     head.push_str("\r\n");
     // A server may answer (413, 403) and close before reading the whole body:
@@ -184,6 +204,38 @@ pub fn request(
 
 /// Parse an HTTP/1.1 response read to EOF.
 pub fn parse_response(raw: &[u8]) -> Result<HttpResponse, ClientError> {
+    let (status, headers, end) = parse_head(raw)?;
+    let rest = &raw[end + 4..];
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)?
+    } else if let Some((_, len)) = headers.iter().find(|(k, _)| k == "content-length") {
+        let len: usize = len
+            .parse()
+            .map_err(|_| ClientError::Protocol(format!("bad content-length {len:?}")))?;
+        if rest.len() < len {
+            return Err(ClientError::Protocol(format!(
+                "body truncated: {} of {len} bytes",
+                rest.len()
+            )));
+        }
+        rest[..len].to_vec()
+    } else {
+        rest.to_vec()
+    };
+    Ok(HttpResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+type Head = (u16, Vec<(String, String)>, usize);
+
+/// The status line and headers of a response; the offset of the blank line.
+fn parse_head(raw: &[u8]) -> Result<Head, ClientError> {
     let end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -210,31 +262,7 @@ pub fn parse_response(raw: &[u8]) -> Result<HttpResponse, ClientError> {
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    let rest = &raw[end + 4..];
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
-    let body = if chunked {
-        dechunk(rest)?
-    } else if let Some((_, len)) = headers.iter().find(|(k, _)| k == "content-length") {
-        let len: usize = len
-            .parse()
-            .map_err(|_| ClientError::Protocol(format!("bad content-length {len:?}")))?;
-        if rest.len() < len {
-            return Err(ClientError::Protocol(format!(
-                "body truncated: {} of {len} bytes",
-                rest.len()
-            )));
-        }
-        rest[..len].to_vec()
-    } else {
-        rest.to_vec()
-    };
-    Ok(HttpResponse {
-        status,
-        headers,
-        body,
-    })
+    Ok((status, headers, end))
 }
 
 fn dechunk(mut rest: &[u8]) -> Result<Vec<u8>, ClientError> {
@@ -340,6 +368,177 @@ pub fn try_capture_kind_via_daemon(
         Err(ClientError::NoDaemon { .. }) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// `POST /v1/captures` with `Prefer: respond-async`: the daemon admits the
+/// capture (or refuses it, as it would a synchronous one) and answers its
+/// id at once; follow it with [`follow_capture`].
+pub fn start_capture(
+    socket: &Path,
+    request: &pstack_capture::request::CaptureRequest,
+    timeout: Duration,
+) -> Result<String, ClientError> {
+    let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    let resp = request_with(
+        socket,
+        "POST",
+        "/v1/captures",
+        Some(&body),
+        &[("Prefer", "respond-async")],
+        timeout,
+    )?;
+    if resp.status != 202 {
+        return Err(api_error(&resp));
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(&resp.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    v["id"]
+        .as_str()
+        .filter(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(str::to_owned)
+        .ok_or_else(|| ClientError::Protocol(format!("202 without a capture id: {v}")))
+}
+
+/// Follow `GET /v1/captures/{id}/events` to the capture's outcome, handing
+/// each event to `on_event` as it arrives. Returns the last event (`done`
+/// or `failed`); an envelope event is verified before it is handed on.
+/// `timeout` bounds the whole call.
+pub fn follow_capture(
+    socket: &Path,
+    id: &str,
+    timeout: Duration,
+    on_event: &mut dyn FnMut(&CaptureEvent),
+) -> Result<CaptureEvent, ClientError> {
+    use std::io::BufRead;
+    let started = Instant::now();
+    let mut stream = connect(socket)?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(ClientError::Io)?;
+    write!(
+        stream,
+        "GET /v1/captures/{id}/events HTTP/1.1\r\nHost: pstackd\r\nConnection: close\r\nAccept: application/x-ndjson\r\n\r\n"
+    )
+    .map_err(ClientError::Io)?;
+    let mut reader = std::io::BufReader::new(stream);
+    let timed = |r: &mut std::io::BufReader<UnixStream>| -> Result<(), ClientError> {
+        let left = timeout
+            .checked_sub(started.elapsed())
+            .ok_or(ClientError::Timeout(timeout))?;
+        r.get_ref()
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .map_err(ClientError::Io)
+    };
+    let io = |e: std::io::Error| {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ) {
+            ClientError::Timeout(timeout)
+        } else {
+            ClientError::Io(e)
+        }
+    };
+    // The head, then the same parser as every other answer.
+    let mut head = Vec::new();
+    loop {
+        timed(&mut reader)?;
+        let mut line = Vec::new();
+        let n = (&mut reader)
+            .take(16 << 10)
+            .read_until(b'\n', &mut line)
+            .map_err(io)?;
+        if n == 0 {
+            return Err(ClientError::Protocol("no end of headers".into()));
+        }
+        head.extend_from_slice(&line);
+        if line == b"\r\n" {
+            break;
+        }
+        if head.len() > 64 << 10 {
+            return Err(ClientError::Protocol("headers too long".into()));
+        }
+    }
+    let (status, headers, _) = parse_head(&head)?;
+    if status != 200 {
+        timed(&mut reader)?;
+        let mut rest = Vec::new();
+        (&mut reader)
+            .take(MAX_RESPONSE_BYTES as u64)
+            .read_to_end(&mut rest)
+            .map_err(io)?;
+        head.extend_from_slice(&rest);
+        return Err(api_error(&parse_response(&head)?));
+    }
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
+    let mut pending: Vec<u8> = Vec::new();
+    let mut handle =
+        |bytes: &[u8], pending: &mut Vec<u8>| -> Result<Option<CaptureEvent>, ClientError> {
+            pending.extend_from_slice(bytes);
+            while let Some(nl) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=nl).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let event: CaptureEvent = serde_json::from_slice(&line)
+                    .map_err(|e| ClientError::Protocol(format!("bad capture event: {e}")))?;
+                if let CaptureEvent::Envelope { envelope, .. } = &event {
+                    pstack_envelope::verify(envelope.as_bytes())
+                        .map_err(ClientError::InvalidEnvelope)?;
+                }
+                on_event(&event);
+                if matches!(
+                    event,
+                    CaptureEvent::Done { .. } | CaptureEvent::Failed { .. }
+                ) {
+                    return Ok(Some(event));
+                }
+            }
+            if pending.len() > MAX_RESPONSE_BYTES {
+                return Err(ClientError::Protocol("an event line is too long".into()));
+            }
+            Ok(None)
+        };
+    loop {
+        timed(&mut reader)?;
+        let data = if chunked {
+            let mut size_line = Vec::new();
+            (&mut reader)
+                .take(1024)
+                .read_until(b'\n', &mut size_line)
+                .map_err(io)?;
+            let text = std::str::from_utf8(&size_line)
+                .map_err(|_| ClientError::Protocol("bad chunk size".into()))?;
+            let size = usize::from_str_radix(text.split(';').next().unwrap_or("").trim(), 16)
+                .map_err(|_| ClientError::Protocol(format!("bad chunk size {text:?}")))?;
+            if size == 0 {
+                break;
+            }
+            if size > MAX_RESPONSE_BYTES {
+                return Err(ClientError::Protocol("chunk too large".into()));
+            }
+            let mut data = vec![0u8; size + 2];
+            reader.read_exact(&mut data).map_err(io)?;
+            data.truncate(size);
+            data
+        } else {
+            let buf = reader.fill_buf().map_err(io)?;
+            if buf.is_empty() {
+                break;
+            }
+            let data = buf.to_vec();
+            reader.consume(data.len());
+            data
+        };
+        if let Some(last) = handle(&data, &mut pending)? {
+            return Ok(last);
+        }
+    }
+    Err(ClientError::Protocol(
+        "the event stream ended before the capture's outcome".into(),
+    ))
 }
 
 /// `GET /v1/status`.

@@ -301,6 +301,17 @@ pub enum ValidRequest {
 }
 
 impl ValidRequest {
+    /// The engine's name: `process` (process, thread and host captures),
+    /// `transport`, `longhorn` or `tcp_trace`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ValidRequest::Process(_) => "process",
+            ValidRequest::Transport(_) => "transport",
+            ValidRequest::Longhorn(_) => "longhorn",
+            ValidRequest::TcpTrace(_) => "tcp_trace",
+        }
+    }
+
     /// The longest this request can run: the process bundle deadline, or a
     /// window plus what the engine may spend around it (helper samples,
     /// API and Hubble reads, each under its own deadline).
@@ -707,11 +718,40 @@ impl CaptureRequest {
                 &r.surfaces,
                 limits,
             )?),
-            CaptureRequest::Transport(r) => ValidRequest::Transport(r.plan()?),
-            CaptureRequest::Longhorn(r) => ValidRequest::Longhorn(Box::new(r.plan()?)),
-            CaptureRequest::TcpTrace(r) => ValidRequest::TcpTrace(r.plan()?),
+            CaptureRequest::Transport(r) => {
+                network_window_fits(r.window_ms, limits)?;
+                ValidRequest::Transport(r.plan()?)
+            }
+            CaptureRequest::Longhorn(r) => {
+                network_window_fits(r.window_ms, limits)?;
+                ValidRequest::Longhorn(Box::new(r.plan()?))
+            }
+            CaptureRequest::TcpTrace(r) => {
+                network_window_fits(r.window_ms, limits)?;
+                ValidRequest::TcpTrace(r.plan()?)
+            }
         })
     }
+}
+
+/// A network capture's window is capped by the caller's
+/// `max_bundle_deadline_ms`, as a process capture's bundle deadline is: it
+/// is how long one request may hold a capture slot. The engines' fixed
+/// overhead around the window (`transport::RUN_OVERHEAD`, the Longhorn API
+/// and Hubble deadlines, `tcp_trace::RUN_OVERHEAD`) is bounded by constants
+/// and not charged, so the default 30 s transport window fits the default
+/// 30 s cap. Refused naming `window_ms`, before anything runs.
+fn network_window_fits(window_ms: u64, limits: &ProcessLimits) -> Result<(), RequestError> {
+    if window_ms > limits.max_bundle_deadline_ms {
+        return Err(RequestError::OutOfRange {
+            param: "window_ms",
+            reason: format!(
+                "{window_ms} exceeds max_bundle_deadline_ms ({} ms), the longest a capture may run here",
+                limits.max_bundle_deadline_ms
+            ),
+        });
+    }
+    Ok(())
 }
 
 impl TransportRequest {
@@ -896,5 +936,24 @@ mod tests {
         assert_eq!(e.code(), "bad_selector");
         let e = check(r#"{"subject":{"host":true},"window_ms":5}"#).unwrap_err();
         assert_eq!(e.field().as_deref(), Some("window_ms"));
+    }
+
+    /// A network window longer than `max_bundle_deadline_ms` is refused for
+    /// every network kind, naming `window_ms` and the limit; at the limit it
+    /// passes.
+    #[test]
+    fn network_windows_are_capped_by_the_bundle_deadline_limit() {
+        for kind in [
+            r#""kind":"transport","peer":"10.0.0.2""#,
+            r#""kind":"longhorn","peer":"10.0.0.2","volume":"v","engine":"e","source_node":"a","target_node":"b""#,
+            r#""kind":"tcp_trace""#,
+        ] {
+            let e = check(&format!("{{{kind},\"window_ms\":60001}}")).unwrap_err();
+            assert_eq!(e.code(), "out_of_range", "{kind}: {e}");
+            assert_eq!(e.field().as_deref(), Some("window_ms"), "{kind}");
+            assert!(e.to_string().contains("max_bundle_deadline_ms"), "{e}");
+            check(&format!("{{{kind},\"window_ms\":60000}}"))
+                .unwrap_or_else(|e| panic!("{kind}: at the limit: {e}"));
+        }
     }
 }

@@ -15,12 +15,13 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use pstack_ebpf::aggregate::TcpSurface;
-use pstack_ebpf::{EbpfConfig, EbpfSession, WindowReport};
+use pstack_ebpf::{EbpfConfig, EbpfSession, TcpEvent, TcpEventKind, WindowReport};
 use pstack_envelope::{
     Bounds, Claim, ClaimKind, Clock, Collector, Envelope, EnvelopeBuilder, HostIdentity,
     NextTransition, Scope, Subject, Surface, SurfaceStatus, Termination, Universe, Unknown,
     sha256_digest,
 };
+use serde::{Deserialize, Serialize};
 
 use crate::Progress;
 use crate::clock::{monotonic_ns, wall_time_now};
@@ -87,17 +88,95 @@ pub struct TraceResult {
     pub refused: Option<SurfaceStatus>,
 }
 
+/// One line of a trace's live output, as the engine produces it: exactly
+/// what `pstackctl trace tcp` renders, whether the window ran in pstackctl
+/// or in pstackd (which streams these lines, see the daemon's
+/// `/v1/captures/{id}/events`). Text and JSON renderings travel pre-encoded
+/// so both paths print the same bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "line", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TraceLine {
+    /// The session is attached; events follow.
+    Watching {
+        /// The window, ms.
+        window_ms: u64,
+        /// The port filter.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        port: Option<u16>,
+        /// The address filter.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        addr: Option<String>,
+    },
+    /// One event.
+    Event {
+        /// The text line (`+  0.123s reset sent …`).
+        text: String,
+        /// The event's JSON object, encoded.
+        json: String,
+    },
+    /// The window ended.
+    Summary {
+        /// The end-of-window summary lines.
+        lines: Vec<String>,
+        /// The window's surfaces, encoded as a JSON array.
+        surfaces: String,
+    },
+    /// The session could not start; the envelope's surfaces carry the reason.
+    Refused {
+        /// The typed reason.
+        status: SurfaceStatus,
+        /// The session's error.
+        message: String,
+    },
+}
+
+impl TraceLine {
+    /// The banner line of [`TraceLine::Watching`].
+    pub fn banner(window_ms: u64, port: Option<u16>, addr: Option<&str>) -> String {
+        format!(
+            "tracing TCP for {}{}{} (Ctrl-C to stop)",
+            pstack_cli::duration::format_duration(Duration::from_millis(window_ms)),
+            port.map(|p| format!(", port {p}")).unwrap_or_default(),
+            addr.map(|x| format!(", addr {x}")).unwrap_or_default()
+        )
+    }
+}
+
 /// Run one trace window to its end (no live output) and seal it.
 pub fn capture(
     plan: &TracePlan,
     progress: &dyn Fn(Progress<'_>),
 ) -> Result<TraceResult, TraceError> {
-    let cfg = plan.ebpf_config(false);
+    run(
+        plan,
+        false,
+        std::future::pending::<()>(),
+        progress,
+        &mut |_| {},
+    )
+}
+
+/// Run one trace window and seal it, handing every line of its live output
+/// to `sink` as it happens (`live`: the reader wakes every 100 ms rather
+/// than at the ring's wakeup backlog). `stop` ends the window early (Ctrl-C,
+/// a reader gone); the window so far is still sealed.
+pub fn run(
+    plan: &TracePlan,
+    live: bool,
+    stop: impl std::future::Future,
+    progress: &dyn Fn(Progress<'_>),
+    sink: &mut dyn FnMut(TraceLine),
+) -> Result<TraceResult, TraceError> {
+    let cfg = plan.ebpf_config(live);
     let wall = wall_time_now();
     let t0 = monotonic_ns();
     let mut session = match EbpfSession::start(cfg.clone()) {
         Ok(s) => s,
         Err(e) => {
+            sink(TraceLine::Refused {
+                status: e.status(),
+                message: e.to_string(),
+            });
             let envelope = refused_envelope(plan, &cfg, wall, t0, &e)?;
             return Ok(TraceResult {
                 envelope,
@@ -110,11 +189,62 @@ pub fn capture(
         what: "watching TCP",
         expected: plan.window,
     });
+    // `Watching` is sent from inside the window (the first poll of the stop
+    // future comes after the session drained what was queued before it), so
+    // traffic started on seeing it is counted. Event times are relative to it.
+    let sink = std::cell::RefCell::new(sink);
+    let start_ns = std::cell::Cell::new(monotonic_ns());
+    let watching = TraceLine::Watching {
+        window_ms: window_ms(plan.window),
+        port: plan.port,
+        addr: plan.addr.map(|a| a.to_string()),
+    };
+    // Sent once: at the stop future's first poll, or before the first event
+    // if that comes first.
+    let watching = std::cell::Cell::new(Some(watching));
+    let announce = || {
+        if let Some(w) = watching.take() {
+            start_ns.set(monotonic_ns());
+            (sink.borrow_mut())(w);
+        }
+    };
+    let stop = async {
+        announce();
+        stop.await
+    };
     let report = session
-        .run_window_blocking(plan.window, |_| {})
+        .run_window_blocking_until(
+            plan.window,
+            |e| {
+                announce();
+                let start = start_ns.get();
+                let meta = pstack_ebpf::WindowMeta {
+                    start_ns: start,
+                    end_ns: start,
+                    window_ms: 0,
+                };
+                (sink.borrow_mut())(TraceLine::Event {
+                    text: describe(e, start),
+                    json: pstack_ebpf::surface::event_json(e, &meta).to_string(),
+                })
+            },
+            stop,
+        )
         .map_err(|e| TraceError::Window(e.to_string()))?;
+    let sink = sink.into_inner();
     progress(Progress::PhaseDone);
     let surfaces = report.surfaces();
+    let lost: u64 = report.tcp_ctx.lost.iter().sum();
+    let seconds = report.meta.end_ns.saturating_sub(report.meta.start_ns) as f64 / 1e9;
+    sink(TraceLine::Summary {
+        lines: report
+            .tcp
+            .as_ref()
+            .map(|agg| summary_lines(agg, seconds, lost))
+            .unwrap_or_default(),
+        surfaces: serde_json::to_string(&surfaces)
+            .map_err(|e| TraceError::Window(e.to_string()))?,
+    });
     let envelope = envelope(
         plan,
         &cfg,
@@ -129,6 +259,121 @@ pub fn capture(
         report: Some(report),
         refused: None,
     })
+}
+
+/// One event as a text line, its time relative to `start_ns`.
+pub fn describe(e: &TcpEvent, start_ns: u64) -> String {
+    let t = e.ts_ns.saturating_sub(start_ns) as f64 / 1e9;
+    // The task on CPU when the event fired: in softirq/timer context it is
+    // not the socket's owner, so the label says so.
+    let who = if e.pid == 0 {
+        "on cpu: softirq, no task".to_string()
+    } else {
+        format!("on cpu: pid {} {}", e.pid, e.comm)
+    };
+    match e.kind {
+        TcpEventKind::Retransmit => {
+            format!(
+                "+{t:8.3}s retransmit  {} -> {}  state {}  ({who})",
+                e.local, e.remote, e.state
+            )
+        }
+        TcpEventKind::SendReset => format!(
+            "+{t:8.3}s reset sent  {} -> {}  this host reset the stream{}{}  ({who})",
+            e.local,
+            e.remote,
+            e.detail
+                .map(|r| format!(", reason {}", pstack_ebpf::record::reset_reason_name(r)))
+                .unwrap_or_default(),
+            if e.has_sock { "" } else { ", no socket" },
+        ),
+        TcpEventKind::ReceiveReset => format!(
+            "+{t:8.3}s reset recv  {} <- {}  the peer reset the stream in state {}  ({who})",
+            e.local, e.remote, e.state
+        ),
+        TcpEventKind::StateChange => format!(
+            "+{t:8.3}s state       {} -> {}  {} -> {}",
+            e.local,
+            e.remote,
+            e.state,
+            e.new_state.map(|s| s.name()).unwrap_or_default()
+        ),
+    }
+}
+
+/// Per-flow lines listed under each total before `... and N more`.
+const SUMMARY_FLOWS: usize = 20;
+
+/// The end-of-window summary. Every total is followed by the lines that make
+/// it up, each with its own count, and a remainder line for what is not
+/// listed (flows past the list, or past the flow cap): the lines of a
+/// section always add up to its total.
+pub fn summary_lines(agg: &pstack_ebpf::TcpAggregate, seconds: f64, lost: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    let retransmits = agg.seen(TcpEventKind::Retransmit);
+    let sent = agg.seen(TcpEventKind::SendReset);
+    let received = agg.seen(TcpEventKind::ReceiveReset);
+    out.push(format!(
+        "-- {retransmits} retransmits, {sent} resets sent, {received} resets received, {} state changes in {seconds:.1}s{}",
+        agg.seen(TcpEventKind::StateChange),
+        if lost > 0 {
+            format!("; {lost} EVENTS LOST (ring buffer full): counts are a lower bound")
+        } else {
+            String::new()
+        }
+    ));
+    let rest = |out: &mut Vec<String>, what: &str, flows: usize, events: u64| {
+        if events > 0 {
+            out.push(format!(
+                "   ... {events} more {what} on {}",
+                if flows > 0 {
+                    format!("{flows} more flow(s) (see --json or --seal)")
+                } else {
+                    format!("flows past the {}-flow cap", agg.limits().max_flows)
+                }
+            ));
+        }
+    };
+    let with_retransmits: Vec<_> = agg.flows().iter().filter(|f| f.retransmits > 0).collect();
+    let mut listed = 0;
+    for f in with_retransmits.iter().take(SUMMARY_FLOWS) {
+        listed += f.retransmits;
+        out.push(format!(
+            "   retransmits {:>5}  {} -> {}",
+            f.retransmits, f.local, f.remote
+        ));
+    }
+    rest(
+        &mut out,
+        "retransmits",
+        with_retransmits.len().saturating_sub(SUMMARY_FLOWS),
+        retransmits.saturating_sub(listed),
+    );
+    let with_resets: Vec<_> = agg
+        .flows()
+        .iter()
+        .filter(|f| f.feeds(TcpSurface::Resets))
+        .collect();
+    let mut listed = 0;
+    for f in with_resets.iter().take(SUMMARY_FLOWS) {
+        listed += f.resets_sent + f.resets_received;
+        let who = match (f.resets_sent > 0, f.resets_received > 0) {
+            (true, false) => "this host reset the peer",
+            (false, true) => "the peer reset this host",
+            _ => "both ends reset",
+        };
+        out.push(format!(
+            "   resets      sent {:>3} received {:>3}  {} <-> {}  ({who})",
+            f.resets_sent, f.resets_received, f.local, f.remote
+        ));
+    }
+    rest(
+        &mut out,
+        "resets",
+        with_resets.len().saturating_sub(SUMMARY_FLOWS),
+        (sent + received).saturating_sub(listed),
+    );
+    out
 }
 
 /// The envelope of a session that could not start: every TCP surface

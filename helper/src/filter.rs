@@ -21,6 +21,10 @@
 //!
 //! The net profile adds what netlink needs and `socket` for `AF_NETLINK`
 //! with `NETLINK_ROUTE` or `NETLINK_SOCK_DIAG` only.
+//!
+//! The sockopt profile ([`sockopt_program`]) drops every filesystem call
+//! (`openat`, `readlinkat`, `getdents64`, …) and adds only `pidfd_open`,
+//! `pidfd_getfd` (flags 0) and `getsockopt` of five named options.
 
 use std::collections::BTreeMap;
 
@@ -224,6 +228,57 @@ pub fn net_program(own_pid: u32) -> Result<BpfProgram, ConfineError> {
     build(rules)
 }
 
+/// Filesystem calls of the common list that the sockopt profile drops: it
+/// opens, lists and resolves nothing.
+pub const SOCKOPT_DROPPED_SYSCALLS: &[i64] = &[
+    libc::SYS_openat,
+    libc::SYS_readlinkat,
+    libc::SYS_getdents64,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_open,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_readlink,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_stat,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_lstat,
+];
+
+/// The `getsockopt(level, name)` pairs a sockopt helper may read.
+pub const SOCKOPT_OPTIONS: [(i32, i32); 5] = [
+    (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT),
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+];
+
+/// The sockopt profile's program: the common rules without
+/// [`SOCKOPT_DROPPED_SYSCALLS`], plus `pidfd_open(pid, 0)`,
+/// `pidfd_getfd(pidfd, fd, 0)` and `getsockopt` of [`SOCKOPT_OPTIONS`]
+/// only. No `sendto`/`sendmsg`/`setsockopt`/`socket`: a duplicated socket
+/// can be read from (its options) and closed, nothing else.
+pub fn sockopt_program(own_pid: u32) -> Result<BpfProgram, ConfineError> {
+    let mut rules = common_rules(own_pid)?;
+    for nr in SOCKOPT_DROPPED_SYSCALLS {
+        rules.remove(nr);
+    }
+    // pidfd_open(pid_t pid, unsigned int flags)
+    rules.insert(libc::SYS_pidfd_open, vec![rule(vec![dword_eq(1, 0)?])?]);
+    // pidfd_getfd(int pidfd, int targetfd, unsigned int flags)
+    rules.insert(libc::SYS_pidfd_getfd, vec![rule(vec![dword_eq(2, 0)?])?]);
+    // getsockopt(int fd, int level, int optname, void *optval, socklen_t *optlen)
+    let mut getsockopt = Vec::new();
+    for (level, name) in SOCKOPT_OPTIONS {
+        getsockopt.push(rule(vec![
+            dword_eq(1, level as u64)?,
+            dword_eq(2, name as u64)?,
+        ])?);
+    }
+    rules.insert(libc::SYS_getsockopt, getsockopt);
+    build(rules)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,6 +312,7 @@ mod tests {
     fn programs_build_and_never_allow_the_dangerous_calls() {
         assert!(!procfs_program(1).unwrap().is_empty());
         assert!(!net_program(1).unwrap().is_empty());
+        assert!(!sockopt_program(1).unwrap().is_empty());
         for nr in NEVER {
             assert!(!UNFILTERED_SYSCALLS.contains(&nr), "{nr}");
             assert!(!FILTERED_SYSCALLS.contains(&nr), "{nr}");

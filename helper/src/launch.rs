@@ -1,5 +1,6 @@
-//! How an agent starts `pstack-helper --net`: the one place that knows its
-//! command line and how the namespace descriptor reaches the helper.
+//! How an agent starts `pstack-helper --net` and `--sockopt`: the one place
+//! that knows their command lines and how the namespace descriptor reaches
+//! the net helper.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
@@ -38,5 +39,12 @@ pub fn net_command(path: &Path, netns: Option<&File>) -> Command {
             });
         }
     }
+    cmd
+}
+
+/// `path --sockopt`: the socket-option reader (no descriptor passed).
+pub fn sockopt_command(path: &Path) -> Command {
+    let mut cmd = Command::new(path);
+    cmd.arg("--sockopt");
     cmd
 }

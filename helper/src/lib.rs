@@ -36,10 +36,15 @@
 //!   `AF_INET`/`AF_INET6` — and answers one [`protocol::NetResponse`] (a
 //!   typed `NetSample` plus the netns inode it read) per
 //!   [`protocol::NetRequest`]. The procfs profile is unchanged by it.
+//! - **Socket options in a third profile** (`pstack-helper --sockopt`,
+//!   [`sockopt::serve`], [`confine::confine_sockopt`]): `pidfd_getfd` +
+//!   `getsockopt` of other processes' sockets with `CAP_SYS_PTRACE` alone,
+//!   no filesystem access at all, one answer per socket.
 
 pub mod confine;
 pub mod filter;
 pub mod launch;
 pub mod protocol;
 pub mod serve;
+pub mod sockopt;
 pub mod view;

@@ -27,8 +27,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Protocol version carried by every request.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Protocol version carried by every request. 2: process readings cross the
+/// pipe typed (`ProcReading`), and a sockopt profile exists; a helper and a
+/// caller of different builds refuse each other with a clear reason.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest frame either side accepts by default (8 MiB).
 pub const MAX_FRAME: u32 = 8 << 20;
@@ -661,7 +663,7 @@ mod tests {
         // A procfs request is not a net request, and vice versa.
         let procfs = encode(
             &Request {
-                version: 1,
+                version: PROTOCOL_VERSION,
                 digest_key: DigestKey::from_bytes([9; 32]),
                 surfaces: vec![],
             },
@@ -720,7 +722,7 @@ mod tests {
     #[test]
     fn encode_refuses_above_cap() {
         let req = Request {
-            version: 1,
+            version: PROTOCOL_VERSION,
             digest_key: DigestKey::from_bytes([9; 32]),
             surfaces: vec![],
         };

@@ -237,7 +237,11 @@ mod tests {
         let r = refusal(PROTOCOL_VERSION, &req(SurfaceKind::Cmdline, 0)).unwrap();
         assert!(r.contains("no deadline"), "{r}");
         assert!(refusal(PROTOCOL_VERSION, &req(SurfaceKind::Cmdline, 100)).is_none());
-        assert!(refusal(2, &req(SurfaceKind::Cmdline, 100)).is_some());
+        assert!(refusal(PROTOCOL_VERSION + 1, &req(SurfaceKind::Cmdline, 100)).is_some());
+        assert!(
+            refusal(1, &req(SurfaceKind::Cmdline, 100)).is_some(),
+            "version 1 had untyped readings"
+        );
     }
 
     #[test]

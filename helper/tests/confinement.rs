@@ -454,3 +454,128 @@ fn seccomp_allow_lists_are_exactly_the_reviewed_lists() {
         [libc::NETLINK_ROUTE, libc::NETLINK_SOCK_DIAG]
     );
 }
+
+const SOCKOPT_HELPER_STATUS: &[(&str, &str)] = &[
+    ("CapInh", "0000000000000000"),
+    ("CapPrm", "0000000000080000"),
+    ("CapEff", "0000000000080000"),
+    ("CapBnd", "0000000000000000"),
+    ("CapAmb", "0000000000000000"),
+    ("NoNewPrivs", "1"),
+    ("Seccomp", "2"),
+];
+
+fn spawn_sockopt() -> Child {
+    pstack_helper::launch::sockopt_command(std::path::Path::new(env!(
+        "CARGO_BIN_EXE_pstack-helper"
+    )))
+    .env("PSTACK_HELPER_PARENT", std::process::id().to_string())
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("spawn pstack-helper --sockopt")
+}
+
+/// `pstack-helper --sockopt` reads the options of a socket this (root) test
+/// owns — a TCP_USER_TIMEOUT and keepalive set here — through pidfd_getfd
+/// under its seccomp filter, and its live `/proc/PID/status` shows
+/// `CAP_SYS_PTRACE` (19) alone, an empty bounding set, no_new_privs and
+/// seccomp.
+#[test]
+fn root_sockopt_helper_is_confined_to_sys_ptrace_and_reads_another_processs_socket() {
+    use pstack_helper::sockopt::{SockoptAnswer, SockoptOutcome, SockoptRequest, SockoptTarget};
+    use std::os::fd::AsRawFd;
+    pstack_testkit::require!(
+        is_root(),
+        "needs root (capability sets are only reduced from a privileged start)"
+    );
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let set = |level, name, v: libc::c_int| {
+        // SAFETY: a valid socket and a correctly sized int option.
+        let rc = unsafe {
+            libc::setsockopt(
+                c.as_raw_fd(),
+                level,
+                name,
+                (&v as *const libc::c_int).cast(),
+                4,
+            )
+        };
+        assert_eq!(rc, 0);
+    };
+    set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, 23_456);
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 77);
+    let inode = std::fs::metadata(format!("/proc/self/fd/{}", c.as_raw_fd()))
+        .unwrap()
+        .ino();
+    let mut child = spawn_sockopt();
+    let req = SockoptRequest {
+        version: PROTOCOL_VERSION,
+        deadline_ms: 2000,
+        targets: vec![SockoptTarget {
+            inode,
+            pid: std::process::id(),
+            fd: c.as_raw_fd(),
+        }],
+    };
+    let stdin = child.stdin.as_mut().unwrap();
+    stdin.write_all(&encode(&req, MAX_FRAME).unwrap()).unwrap();
+    stdin.flush().unwrap();
+    let a: SockoptAnswer = read_frame(child.stdout.as_mut().unwrap(), MAX_FRAME)
+        .unwrap()
+        .expect("an answer");
+    assert_eq!(a.inode, inode);
+    assert_eq!(
+        a.outcome,
+        SockoptOutcome::Ok {
+            user_timeout_ms: 23_456,
+            keepalive: true,
+            keepidle_s: 77,
+            keepintvl_s: 75,
+            keepcnt: 9,
+        }
+    );
+    assert_eq!(confinement(child.id()), expect(SOCKOPT_HELPER_STATUS));
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn sockopt_allow_list_is_the_reviewed_list() {
+    use std::collections::BTreeSet;
+    let dropped: BTreeSet<i64> = [
+        libc::SYS_openat,
+        libc::SYS_readlinkat,
+        libc::SYS_getdents64,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_open,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_readlink,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_stat,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_lstat,
+    ]
+    .into_iter()
+    .collect();
+    let code: BTreeSet<i64> = pstack_helper::filter::SOCKOPT_DROPPED_SYSCALLS
+        .iter()
+        .copied()
+        .collect();
+    assert_eq!(
+        code, dropped,
+        "sockopt helper allow-list changed: review it here"
+    );
+    assert_eq!(
+        pstack_helper::filter::SOCKOPT_OPTIONS,
+        [
+            (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT),
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+        ]
+    );
+}

@@ -1,9 +1,11 @@
 //! A misbehaving helper is stopped. This test binary doubles as a helper:
-//! started with `PSTACK_MISBEHAVE_PROFILE=procfs|net` it confines itself with
+//! started with `PSTACK_MISBEHAVE_PROFILE=procfs|net|sockopt` it confines itself with
 //! the library's own [`confine_as`] (the call `pstack-helper`'s `main` makes,
 //! same profile, same parent check) and then, instead of reading procfs,
 //! performs the attack each request frame names: the six a probe carried
-//! out under the old confinement (issue 10) plus variants. The misbehaving
+//! out under the old confinement (issue 10) plus variants, and, for the
+//! sockopt profile (which may `pidfd_getfd` a root process's socket), a
+//! write, a `sendto` and a `setsockopt` through the stolen duplicate. The misbehaving
 //! request exists only in this test binary; the shipped helper cannot be
 //! asked to do any of it.
 //!
@@ -51,6 +53,13 @@ enum Attack {
     Kill { pid: i32 },
     /// 6, another way: with `tgkill`.
     Tgkill { pid: i32 },
+    /// Sockopt profile: duplicate a root process's socket with
+    /// `pidfd_getfd` (what the profile allows) and write into it.
+    WriteStolenSocket { pid: i32, fd: i32 },
+    /// Sockopt profile: the same, with `sendto`.
+    SendOnStolenSocket { pid: i32, fd: i32 },
+    /// Sockopt profile: the same, changing an option with `setsockopt`.
+    SetOptOnStolenSocket { pid: i32, fd: i32 },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -86,8 +95,64 @@ fn read(path: &str) -> Verdict {
     }
 }
 
+/// `pidfd_getfd(pidfd_open(pid), fd)`, or why not.
+fn steal(pid: i32, fd: i32) -> Result<i32, Verdict> {
+    // SAFETY: integer arguments only.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(Verdict::Blocked {
+            error: format!("pidfd_open: {}", last_error()),
+        });
+    }
+    // SAFETY: integer arguments only.
+    let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd as i32, fd, 0) };
+    if dup < 0 {
+        return Err(Verdict::Blocked {
+            error: format!("pidfd_getfd: {}", last_error()),
+        });
+    }
+    Ok(dup as i32)
+}
+
+fn on_stolen(pid: i32, fd: i32, what: &str, act: impl FnOnce(i32) -> isize) -> Verdict {
+    let dup = match steal(pid, fd) {
+        Ok(d) => d,
+        Err(v) => return v,
+    };
+    if act(dup) < 0 {
+        Verdict::Blocked {
+            error: format!("{what}: {}", last_error()),
+        }
+    } else {
+        Verdict::Succeeded {
+            what: format!("{what} on pid {pid}'s socket {fd}"),
+        }
+    }
+}
+
 fn perform(attack: &Attack) -> Verdict {
     match attack {
+        Attack::WriteStolenSocket { pid, fd } => on_stolen(*pid, *fd, "write", |d| {
+            // SAFETY: one byte from a live buffer.
+            unsafe { libc::write(d, b"X".as_ptr().cast(), 1) }
+        }),
+        Attack::SendOnStolenSocket { pid, fd } => on_stolen(*pid, *fd, "sendto", |d| {
+            // SAFETY: one byte from a live buffer, no address.
+            unsafe { libc::sendto(d, b"X".as_ptr().cast(), 1, 0, std::ptr::null(), 0) }
+        }),
+        Attack::SetOptOnStolenSocket { pid, fd } => on_stolen(*pid, *fd, "setsockopt", |d| {
+            let v: libc::c_int = 1;
+            // SAFETY: a live int option.
+            unsafe {
+                libc::setsockopt(
+                    d,
+                    libc::IPPROTO_TCP,
+                    libc::TCP_USER_TIMEOUT,
+                    (&v as *const libc::c_int).cast(),
+                    4,
+                ) as isize
+            }
+        }),
         Attack::ReadShadow => read("/etc/shadow"),
         Attack::Read { path } => read(path),
         Attack::OpenShadowForWrite => open_for_write("/etc/shadow"),
@@ -251,8 +316,12 @@ impl Drop for Victim {
     }
 }
 
-fn attacks(victim: i32, cron_name: &str) -> Vec<Attack> {
+fn attacks(victim: i32, cron_name: &str, socket: (i32, i32)) -> Vec<Attack> {
+    let (pid, fd) = socket;
     vec![
+        Attack::WriteStolenSocket { pid, fd },
+        Attack::SendOnStolenSocket { pid, fd },
+        Attack::SetOptOnStolenSocket { pid, fd },
         Attack::ReadShadow,
         Attack::OpenShadowForWrite,
         Attack::OpenPasswdForWrite,
@@ -279,9 +348,35 @@ fn every_attack_is_stopped(profile: &str) -> Vec<String> {
         digest("/etc/passwd"),
         digest("/proc/sys/kernel/core_pattern"),
     );
+    // A root process's socket (this test's), and its peer to see whether
+    // anything arrived through a stolen duplicate.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let socket = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (peer, _) = listener.accept().unwrap();
+    peer.set_nonblocking(true).unwrap();
+    let socket_ref = {
+        use std::os::fd::AsRawFd;
+        (std::process::id() as i32, socket.as_raw_fd())
+    };
+    let user_timeout = || {
+        use std::os::fd::AsRawFd;
+        let mut v: libc::c_int = -1;
+        let mut len = 4 as libc::socklen_t;
+        // SAFETY: a live int and its length.
+        unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_USER_TIMEOUT,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        v
+    };
     let mut lines = Vec::new();
     let mut failures = Vec::new();
-    for attack in attacks(victim.pid(), &cron_name) {
+    for attack in attacks(victim.pid(), &cron_name, socket_ref) {
         let result = run(profile, None, &attack);
         let stopped = match &result {
             Result_::Answered(Verdict::Blocked { .. }) => true,
@@ -295,6 +390,17 @@ fn every_attack_is_stopped(profile: &str) -> Vec<String> {
         if !victim.alive() {
             failures.push(format!("{attack:?}: the root victim died"));
             victim = Victim::start();
+        }
+        let mut byte = [0u8; 1];
+        if (&peer).read(&mut byte).is_ok_and(|n| n > 0) {
+            failures.push(format!(
+                "{attack:?}: a byte arrived through the stolen socket"
+            ));
+        }
+        if user_timeout() != 0 {
+            failures.push(format!(
+                "{attack:?}: the stolen socket's TCP_USER_TIMEOUT changed"
+            ));
         }
         if std::path::Path::new(&cron_path).exists() {
             let _ = std::fs::remove_file(&cron_path);
@@ -328,6 +434,7 @@ fn main() {
         match profile.as_str() {
             "procfs" => serve_attacks(Profile::Procfs),
             "net" => serve_attacks(Profile::Net),
+            "sockopt" => serve_attacks(Profile::Sockopt),
             _ => std::process::exit(2),
         }
     }
@@ -339,12 +446,20 @@ fn main() {
         println!("misbehave: skipped, needs root (fails under CI=true)");
         return;
     }
-    for profile in ["procfs", "net"] {
+    for profile in ["procfs", "net", "sockopt"] {
         for line in every_attack_is_stopped(profile) {
             println!("{line}");
         }
-        // Reading outside /proc: the path does not exist in the helper's view.
-        expect_read_of_shadow_blocked_with(profile, "No such file or directory");
+        if profile == "sockopt" {
+            // No open of any kind: reading a file kills it.
+            match run(profile, None, &Attack::ReadShadow) {
+                Result_::Killed(sig) => assert_eq!(sig, libc::SIGSYS),
+                other => panic!("sockopt: {other:?}"),
+            }
+        } else {
+            // Reading outside /proc: the path does not exist in the helper's view.
+            expect_read_of_shadow_blocked_with(profile, "No such file or directory");
+        }
     }
     // An unprivileged net helper has no view (it cannot build one); Landlock
     // alone keeps it to reading /proc: world-readable /etc/passwd is refused.
@@ -359,5 +474,5 @@ fn main() {
         }
         other => panic!("unprivileged net helper: {other:?}"),
     }
-    println!("misbehave: every attack stopped (procfs and net profiles)");
+    println!("misbehave: every attack stopped (procfs, net and sockopt profiles)");
 }

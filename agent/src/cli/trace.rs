@@ -23,13 +23,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use pstack_capture::request::{RequestError, TRACE_WINDOW, TcpTraceRequest};
-use pstack_capture::tcp_trace::{self, TracePlan};
-use pstack_ebpf::aggregate::TcpSurface;
-use pstack_ebpf::{EbpfSession, TcpEvent, TcpEventKind, WindowReport};
+use pstack_capture::request::{CaptureRequest, RequestError, TRACE_WINDOW, TcpTraceRequest};
+use pstack_capture::tcp_trace::{self, TraceLine, TracePlan};
 use pstack_envelope::{Envelope, SurfaceStatus};
 
-use crate::supervisor::clock::wall_time_now;
+use super::transport::Via;
+use crate::client::{self, CaptureEvent};
 
 /// Exit code: the kernel cannot provide the surface.
 pub const EXIT_UNSUPPORTED: i32 = 3;
@@ -70,6 +69,10 @@ pub struct TcpArgs {
     /// Ring buffer bytes (power of two). Larger absorbs longer bursts.
     #[arg(long, default_value_t = 256 * 1024)]
     ring_bytes: u32,
+    /// Daemon or one-shot: through pstackd when it listens (the window is
+    /// then spooled and shipped; the output is the same).
+    #[command(flatten)]
+    via: Via,
 }
 
 /// Parse a window: `500ms`, `10s`, `2m` (a unit is required; the one parser
@@ -121,43 +124,148 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
 }
 
-fn describe(e: &TcpEvent, start_ns: u64) -> String {
-    let t = e.ts_ns.saturating_sub(start_ns) as f64 / 1e9;
-    // The task on CPU when the event fired: in softirq/timer context it is
-    // not the socket's owner, so the label says so.
-    let who = if e.pid == 0 {
-        "on cpu: softirq, no task".to_string()
-    } else {
-        format!("on cpu: pid {} {}", e.pid, e.comm)
-    };
-    match e.kind {
-        TcpEventKind::Retransmit => {
-            format!(
-                "+{t:8.3}s retransmit  {} -> {}  state {}  ({who})",
-                e.local, e.remote, e.state
-            )
+/// Prints a trace's lines as they come, the same whether the window runs
+/// here or in pstackd: the engine's [`TraceLine`]s carry the text and JSON
+/// already rendered.
+struct Printer {
+    json: bool,
+    window: Duration,
+    progress: Option<pstack_cli::progress::Progress>,
+    /// The first stdout write error (a closed pipe): printing stops there.
+    write_err: Option<std::io::Error>,
+    /// Set with `write_err`; ends a one-shot window early.
+    stdout_gone: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The summary's own print error.
+    summary_err: Option<std::io::Error>,
+    /// The session could not start: the exit code.
+    refused: Option<i32>,
+}
+
+impl Printer {
+    fn new(json: bool, window: Duration) -> Printer {
+        Printer {
+            json,
+            window,
+            progress: None,
+            write_err: None,
+            stdout_gone: Default::default(),
+            summary_err: None,
+            refused: None,
         }
-        TcpEventKind::SendReset => format!(
-            "+{t:8.3}s reset sent  {} -> {}  this host reset the stream{}{}  ({who})",
-            e.local,
-            e.remote,
-            e.detail
-                .map(|r| format!(", reason {}", pstack_ebpf::record::reset_reason_name(r)))
-                .unwrap_or_default(),
-            if e.has_sock { "" } else { ", no socket" },
-        ),
-        TcpEventKind::ReceiveReset => format!(
-            "+{t:8.3}s reset recv  {} <- {}  the peer reset the stream in state {}  ({who})",
-            e.local, e.remote, e.state
-        ),
-        TcpEventKind::StateChange => format!(
-            "+{t:8.3}s state       {} -> {}  {} -> {}",
-            e.local,
-            e.remote,
-            e.state,
-            e.new_state.map(|s| s.name()).unwrap_or_default()
-        ),
     }
+
+    fn line(&mut self, line: &TraceLine) {
+        match line {
+            TraceLine::Watching {
+                window_ms,
+                port,
+                addr,
+            } => {
+                if !self.json {
+                    eprintln!("{}", TraceLine::banner(*window_ms, *port, addr.as_deref()));
+                }
+                self.progress = Some(pstack_cli::progress::Progress::start(
+                    "watching TCP",
+                    self.window,
+                ));
+            }
+            TraceLine::Event { text, json } => {
+                if self.write_err.is_some() {
+                    return;
+                }
+                // The event line must not land after the countdown on a shared terminal.
+                let _drawing = self.progress.as_ref().map(|p| p.clear_line());
+                let stdout = std::io::stdout();
+                let mut out = stdout.lock();
+                let r = writeln!(out, "{}", if self.json { json } else { text });
+                if let Err(err) = r.and_then(|_| out.flush()) {
+                    self.stdout_gone
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.write_err = Some(err);
+                }
+            }
+            TraceLine::Summary { lines, surfaces } => {
+                if let Some(p) = self.progress.take() {
+                    p.finish();
+                }
+                if self.write_err.is_some() {
+                    return;
+                }
+                let r = if self.json {
+                    pstack_cli::outln!("{surfaces}")
+                } else {
+                    lines.iter().try_for_each(|l| pstack_cli::outln!("{l}"))
+                };
+                self.summary_err = r.err();
+            }
+            TraceLine::Refused { status, message } => {
+                eprintln!("pstackctl trace tcp: {status}: {message}");
+                match status {
+                    SurfaceStatus::PermissionDenied => {
+                        use crate::supervisor::denial;
+                        eprintln!("  {}", denial::explain_bpf(&denial::Caller::current()))
+                    }
+                    SurfaceStatus::Unsupported => eprintln!(
+                        "  this kernel cannot provide it (needs BTF and the tcp/sock tracepoints)"
+                    ),
+                    _ => {}
+                }
+                self.refused = Some(match status {
+                    SurfaceStatus::PermissionDenied => EXIT_PERMISSION_DENIED,
+                    SurfaceStatus::Unsupported => EXIT_UNSUPPORTED,
+                    _ => 2,
+                });
+            }
+        }
+    }
+}
+
+/// The window through pstackd: `Ok(None)` when no daemon listens (the
+/// caller then traces here); the sealed (and spooled) envelope otherwise.
+/// A daemon that refuses is an error, never bypassed quietly. Ctrl-C ends
+/// pstackctl, not the daemon's window: pstackd seals and spools it anyway.
+fn trace_via_daemon(
+    via: &Via,
+    request: TcpTraceRequest,
+    run_deadline: Duration,
+    printer: &mut Printer,
+) -> anyhow::Result<Option<Envelope>> {
+    if via.one_shot {
+        return Ok(None);
+    }
+    let request = CaptureRequest::TcpTrace(request);
+    let id = match client::start_capture(&via.socket, &request, Duration::from_secs(10)) {
+        Ok(id) => id,
+        Err(client::ClientError::NoDaemon { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let mut envelope = None;
+    let timeout = run_deadline + crate::daemon::api::OVERRUN_GRACE + Duration::from_secs(10);
+    let last = client::follow_capture(&via.socket, &id, timeout, &mut |event| match event {
+        CaptureEvent::Trace { line } => printer.line(line),
+        CaptureEvent::Envelope { envelope: text, .. } => {
+            envelope = pstack_envelope::verify(text.as_bytes()).ok();
+        }
+        CaptureEvent::Dropped { lines } => eprintln!(
+            "pstackctl trace tcp: pstackd kept no more live lines ({lines} not shown; the envelope has the window)"
+        ),
+        _ => {}
+    })?;
+    if let CaptureEvent::Failed {
+        status,
+        code,
+        message,
+        ..
+    } = last
+    {
+        anyhow::bail!("pstackd capture {id} failed ({status} {code}): {message}");
+    }
+    let envelope = envelope.context("pstackd finished the trace without its envelope")?;
+    eprintln!(
+        "captured by pstackd ({}, capture {id}); spooled for shipping",
+        via.socket.display()
+    );
+    Ok(Some(envelope))
 }
 
 fn run_tcp(a: TcpArgs) -> anyhow::Result<i32> {
@@ -168,208 +276,53 @@ fn run_tcp(a: TcpArgs) -> anyhow::Result<i32> {
             return Ok(2);
         }
     };
-    // Live output: wake the reader every tick even below the wakeup backlog.
-    let cfg = plan.ebpf_config(true);
-    let wall = wall_time_now();
-    let t0 = crate::supervisor::clock::monotonic_ns();
-    let mut session = match EbpfSession::start(cfg.clone()) {
-        Ok(s) => s,
-        Err(e) => {
-            let status = e.status();
-            eprintln!("pstackctl trace tcp: {status}: {e}");
-            match status {
-                SurfaceStatus::PermissionDenied => {
-                    use crate::supervisor::denial;
-                    eprintln!("  {}", denial::explain_bpf(&denial::Caller::current()))
+    let mut printer = Printer::new(a.json, a.window);
+    let run_deadline = plan.window + tcp_trace::RUN_OVERHEAD;
+    let envelope = match trace_via_daemon(&a.via, a.request(), run_deadline, &mut printer)? {
+        Some(env) => env,
+        None => {
+            let gone = printer.stdout_gone.clone();
+            // Ctrl-C, or stdout's reader going away, ends the window early.
+            let stop = async {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = async {
+                        while !gone.load(std::sync::atomic::Ordering::Relaxed) {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    } => {}
                 }
-                SurfaceStatus::Unsupported => eprintln!(
-                    "  this kernel cannot provide it (needs BTF and the tcp/sock tracepoints)"
-                ),
-                _ => {}
-            }
-            if let Some(path) = &a.seal {
-                let env = tcp_trace::refused_envelope(&plan, &cfg, wall, t0, &e)?;
-                write_envelope(path, &env)?;
-            }
-            return Ok(match status {
-                SurfaceStatus::PermissionDenied => EXIT_PERMISSION_DENIED,
-                SurfaceStatus::Unsupported => EXIT_UNSUPPORTED,
-                _ => 2,
-            });
-        }
-    };
-    let stdout = std::io::stdout();
-    if !a.json {
-        eprintln!(
-            "tracing TCP for {}{}{} (Ctrl-C to stop)",
-            pstack_cli::duration::format_duration(a.window),
-            a.port.map(|p| format!(", port {p}")).unwrap_or_default(),
-            a.addr.map(|x| format!(", addr {x}")).unwrap_or_default()
-        );
-    }
-    let start_ns = crate::supervisor::clock::monotonic_ns();
-    let json = a.json;
-    let mut write_err: Option<std::io::Error> = None;
-    let stdout_gone = std::sync::atomic::AtomicBool::new(false);
-    let progress = pstack_cli::progress::Progress::start("watching TCP", a.window);
-    let on_event = |e: &TcpEvent| {
-        if write_err.is_some() {
-            return;
-        }
-        // The event line must not land after the countdown on a shared terminal.
-        let _drawing = progress.clear_line();
-        let mut out = stdout.lock();
-        let r = if json {
-            let meta = pstack_ebpf::WindowMeta {
-                start_ns,
-                end_ns: start_ns,
-                window_ms: 0,
             };
-            writeln!(out, "{}", pstack_ebpf::surface::event_json(e, &meta))
-        } else {
-            writeln!(out, "{}", describe(e, start_ns))
-        };
-        if let Err(err) = r.and_then(|_| out.flush()) {
-            stdout_gone.store(true, std::sync::atomic::Ordering::Relaxed);
-            write_err = Some(err);
+            tcp_trace::run(&plan, true, stop, &pstack_capture::no_progress, &mut |l| {
+                printer.line(&l)
+            })?
+            .envelope
         }
     };
-    // Ctrl-C, or stdout's reader going away, ends the window early.
-    let stop = async {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async {
-                while !stdout_gone.load(std::sync::atomic::Ordering::Relaxed) {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            } => {}
+    if let Some(code) = printer.refused {
+        if let Some(path) = &a.seal {
+            write_envelope(path, &envelope)?;
         }
-    };
-    let report = session
-        .run_window_blocking_until(a.window, on_event, stop)
-        .context("reading the eBPF ring buffer")?;
-    progress.finish();
-    let surfaces = report.surfaces();
+        return Ok(code);
+    }
     // A closed stdout ends the printing, not the sealing: the envelope is
     // still written, then the pipe error ends the command (quietly).
-    let stdout_result = if write_err.is_some() {
-        Ok(())
-    } else if json {
-        pstack_cli::outln!(
-            "{}",
-            serde_json::to_string(&surfaces).context("encoding surfaces")?
-        )
-    } else {
-        print_summary(&report)
-    };
     if let Some(path) = &a.seal {
-        let env = tcp_trace::envelope(
-            &plan,
-            &cfg,
-            wall,
-            report.meta.start_ns,
-            report.meta.end_ns,
-            surfaces,
-            Some(&report),
-        )?;
-        write_envelope(path, &env)?;
+        write_envelope(path, &envelope)?;
         eprintln!(
             "sealed {} ({}) -> {}",
-            env.digest,
-            env.completeness.as_str(),
+            envelope.digest,
+            envelope.completeness.as_str(),
             path.display()
         );
     }
-    if let Some(e) = write_err {
+    if let Some(e) = printer.write_err {
         return Err(e.into());
     }
-    stdout_result?;
+    if let Some(e) = printer.summary_err {
+        return Err(e.into());
+    }
     Ok(0)
-}
-
-fn print_summary(r: &WindowReport) -> std::io::Result<()> {
-    let Some(agg) = &r.tcp else { return Ok(()) };
-    let lost: u64 = r.tcp_ctx.lost.iter().sum();
-    let seconds = r.meta.end_ns.saturating_sub(r.meta.start_ns) as f64 / 1e9;
-    for line in summary_lines(agg, seconds, lost) {
-        pstack_cli::outln!("{line}")?;
-    }
-    Ok(())
-}
-
-/// Per-flow lines listed under each total before `... and N more`.
-const SUMMARY_FLOWS: usize = 20;
-
-/// The end-of-window summary. Every total is followed by the lines that make
-/// it up, each with its own count, and a remainder line for what is not
-/// listed (flows past the list, or past the flow cap): the lines of a
-/// section always add up to its total.
-pub fn summary_lines(agg: &pstack_ebpf::TcpAggregate, seconds: f64, lost: u64) -> Vec<String> {
-    let mut out = Vec::new();
-    let retransmits = agg.seen(TcpEventKind::Retransmit);
-    let sent = agg.seen(TcpEventKind::SendReset);
-    let received = agg.seen(TcpEventKind::ReceiveReset);
-    out.push(format!(
-        "-- {retransmits} retransmits, {sent} resets sent, {received} resets received, {} state changes in {seconds:.1}s{}",
-        agg.seen(TcpEventKind::StateChange),
-        if lost > 0 {
-            format!("; {lost} EVENTS LOST (ring buffer full): counts are a lower bound")
-        } else {
-            String::new()
-        }
-    ));
-    let rest = |out: &mut Vec<String>, what: &str, flows: usize, events: u64| {
-        if events > 0 {
-            out.push(format!(
-                "   ... {events} more {what} on {}",
-                if flows > 0 {
-                    format!("{flows} more flow(s) (see --json or --seal)")
-                } else {
-                    format!("flows past the {}-flow cap", agg.limits().max_flows)
-                }
-            ));
-        }
-    };
-    let with_retransmits: Vec<_> = agg.flows().iter().filter(|f| f.retransmits > 0).collect();
-    let mut listed = 0;
-    for f in with_retransmits.iter().take(SUMMARY_FLOWS) {
-        listed += f.retransmits;
-        out.push(format!(
-            "   retransmits {:>5}  {} -> {}",
-            f.retransmits, f.local, f.remote
-        ));
-    }
-    rest(
-        &mut out,
-        "retransmits",
-        with_retransmits.len().saturating_sub(SUMMARY_FLOWS),
-        retransmits.saturating_sub(listed),
-    );
-    let with_resets: Vec<_> = agg
-        .flows()
-        .iter()
-        .filter(|f| f.feeds(TcpSurface::Resets))
-        .collect();
-    let mut listed = 0;
-    for f in with_resets.iter().take(SUMMARY_FLOWS) {
-        listed += f.resets_sent + f.resets_received;
-        let who = match (f.resets_sent > 0, f.resets_received > 0) {
-            (true, false) => "this host reset the peer",
-            (false, true) => "the peer reset this host",
-            _ => "both ends reset",
-        };
-        out.push(format!(
-            "   resets      sent {:>3} received {:>3}  {} <-> {}  ({who})",
-            f.resets_sent, f.resets_received, f.local, f.remote
-        ));
-    }
-    rest(
-        &mut out,
-        "resets",
-        with_resets.len().saturating_sub(SUMMARY_FLOWS),
-        (sent + received).saturating_sub(listed),
-    );
-    out
 }
 
 fn write_envelope(path: &std::path::Path, env: &Envelope) -> anyhow::Result<()> {
@@ -381,6 +334,7 @@ fn write_envelope(path: &std::path::Path, env: &Envelope) -> anyhow::Result<()> 
 mod tests {
     use super::*;
     use pstack_ebpf::record::{Comm, Endpoint, TcpState};
+    use pstack_ebpf::{TcpEvent, TcpEventKind};
     use pstack_envelope::Completeness;
 
     fn event(kind: TcpEventKind, sk_key: u64, local: u16, remote: u16, pid: u32) -> TcpEvent {
@@ -416,9 +370,9 @@ mod tests {
     /// listed flows and the flow cap too.
     #[test]
     fn lines_are_labelled_and_add_up_to_the_totals() {
-        let line = describe(&event(TcpEventKind::Retransmit, 1, 5000, 40000, 26260), 0);
+        let line = tcp_trace::describe(&event(TcpEventKind::Retransmit, 1, 5000, 40000, 26260), 0);
         assert!(line.contains("(on cpu: pid 26260 python3)"), "{line}");
-        let softirq = describe(&event(TcpEventKind::Retransmit, 1, 5000, 40000, 0), 0);
+        let softirq = tcp_trace::describe(&event(TcpEventKind::Retransmit, 1, 5000, 40000, 0), 0);
         assert!(softirq.contains("softirq"), "{softirq}");
 
         let limits = pstack_ebpf::Limits {
@@ -444,7 +398,7 @@ mod tests {
             ));
         }
         agg.add(&event(TcpEventKind::Retransmit, 10, 6000, 7000, 1));
-        let lines = summary_lines(&agg, 1.0, 0);
+        let lines = tcp_trace::summary_lines(&agg, 1.0, 0);
         assert!(
             lines[0].starts_with("-- 1 retransmits, 4 resets sent, 4 resets received"),
             "{lines:?}"
@@ -532,6 +486,10 @@ mod tests {
             json: true,
             seal: Some(path.clone()),
             ring_bytes: 64 * 1024,
+            via: Via {
+                socket: PathBuf::from("/nonexistent/pstackd.sock"),
+                one_shot: true,
+            },
         })
         .expect("trace");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);

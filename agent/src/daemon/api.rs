@@ -1,7 +1,8 @@
 //! The HTTP API served on the Unix socket.
 //!
-//! Routes: `POST /v1/captures`, `GET /v1/envelopes/{digest}`, `GET /v1/status`,
-//! `GET /metrics`. Every error is JSON `{"error":{"code","message"}}` with a
+//! Routes: `POST /v1/captures`, `GET /v1/captures/{id}`,
+//! `GET /v1/captures/{id}/events` (long captures by id, see `captures`),
+//! `GET /v1/envelopes/{digest}`, `GET /v1/status`, `GET /metrics`. Every error is JSON `{"error":{"code","message"}}` with a
 //! precise status: 400 malformed or invalid request, 403 peer not authorized,
 //! 404 unknown route or absent envelope, 405 wrong method, 413 body too large,
 //! 429 over the capture limit (with `Retry-After`), 503 draining or no helper,
@@ -24,21 +25,28 @@
 //!   body) and runs nothing.
 //! - A process capture answers its envelope as JSON; the other kinds answer
 //!   NDJSON, one spooled envelope per line (`x-pstack-digest` lists them).
+//! - With `Prefer: respond-async` every kind is admitted exactly as above
+//!   (same validation, 429, spool and helper checks, same slot held while
+//!   the engine runs) and answered `202` + `Location: /v1/captures/{id}`
+//!   once admitted; its outcome — envelopes spooled, or the error a
+//!   synchronous request would have got — is written to the capture's log.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
+use axum::Extension;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
 use super::capture::parse_request;
+use super::captures::{CaptureEvent, Record, Registry};
 use super::config::CaptureConfig;
 use super::engines::{self, EngineFailure};
 use super::peer::PeerCred;
@@ -101,11 +109,14 @@ impl IntoResponse for ApiError {
 pub fn router(state: Arc<DaemonState>) -> Router {
     Router::new()
         .route("/v1/captures", post(post_capture))
+        .route("/v1/captures/{id}", get(get_capture))
+        .route("/v1/captures/{id}/events", get(get_capture_events))
         .route("/v1/envelopes/{digest}", get(get_envelope))
         .route("/v1/status", get(get_status))
         .route("/metrics", get(get_metrics))
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(Extension(Arc::new(Registry::default())))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
 }
@@ -144,7 +155,7 @@ async fn fallback(State(state): State<Arc<DaemonState>>) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "no_such_route",
-        "routes: POST /v1/captures, GET /v1/envelopes/{digest}, GET /v1/status, GET /metrics",
+        "routes: POST /v1/captures, GET /v1/captures/{id}, GET /v1/captures/{id}/events, GET /v1/envelopes/{digest}, GET /v1/status, GET /metrics",
     )
 }
 
@@ -210,10 +221,28 @@ fn capture_status(e: &CaptureError) -> (StatusCode, &'static str) {
     }
 }
 
-async fn post_capture(
-    State(state): State<Arc<DaemonState>>,
-    body: Body,
-) -> Result<Response, ApiError> {
+/// Whether the caller asked for the asynchronous form (RFC 7240
+/// `Prefer: respond-async`).
+fn wants_async(headers: &HeaderMap) -> bool {
+    headers.get_all("prefer").iter().any(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|p| p.trim().eq_ignore_ascii_case("respond-async"))
+        })
+    })
+}
+
+/// A request admitted to run: validated, within limits, holding its slot.
+struct Admitted {
+    request: ValidRequest,
+    slot: super::state::CaptureSlot,
+    supervisor: crate::supervisor::SupervisorConfig,
+    budget: crate::supervisor::LeakBudget,
+}
+
+/// Everything that refuses a capture before it runs, in order: body size,
+/// validation, endpoints, draining, the slot (429), spool room, the helper.
+async fn admit(state: &Arc<DaemonState>, body: Body) -> Result<Admitted, ApiError> {
     let config = state.config();
     let bytes = axum::body::to_bytes(body, config.max_request_bytes)
         .await
@@ -284,31 +313,53 @@ async fn post_capture(
             "no leak budget",
         ));
     };
+    Ok(Admitted {
+        request,
+        slot,
+        supervisor,
+        budget,
+    })
+}
+
+/// Run an admitted capture on the blocking pool; the slot is held until
+/// the engine really returns. The outer error is the capture's overrun or
+/// panic, counted here.
+async fn run_admitted(
+    state: &Arc<DaemonState>,
+    admitted: Admitted,
+    record: Option<Arc<Record>>,
+) -> Result<Result<engines::Captured, EngineFailure>, ApiError> {
+    let Admitted {
+        request,
+        slot,
+        supervisor,
+        budget,
+    } = admitted;
     let bundle = request.run_deadline();
     let spool = state.spool.clone();
     let work = tokio::task::spawn_blocking(move || {
         let _slot = slot; // held until the engine really returns
-        engines::run_and_spool(&request, &supervisor, &budget, &spool)
+        engines::run_and_spool_with(&request, &supervisor, &budget, &spool, record.as_deref())
     });
-    let result = match tokio::time::timeout(bundle + OVERRUN_GRACE, work).await {
-        Ok(Ok(r)) => r,
+    match tokio::time::timeout(bundle + OVERRUN_GRACE, work).await {
+        Ok(Ok(r)) => Ok(r),
         Ok(Err(join)) => {
             state
                 .counters
                 .captures_failed
                 .fetch_add(1, Ordering::Relaxed);
-            return Err(ApiError::new(
+            Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "capture_panicked",
                 format!("the capture task failed: {join}"),
-            ));
+            ))
         }
         Err(_) => {
             state
                 .counters
                 .captures_overran
                 .fetch_add(1, Ordering::Relaxed);
-            return Err(ApiError::new(
+            Err(ApiError::new(
                 StatusCode::GATEWAY_TIMEOUT,
                 "capture_overran",
                 format!(
@@ -316,20 +367,173 @@ async fn post_capture(
                     bundle.as_millis(),
                     OVERRUN_GRACE.as_millis()
                 ),
-            ));
+            ))
         }
-    };
-    match result {
+    }
+}
+
+fn spooled_ok(state: &DaemonState, captured: &engines::Captured) {
+    state.counters.captures_ok.fetch_add(1, Ordering::Relaxed);
+    state.shipper_wake.notify_one();
+    for e in &captured.envelopes {
+        tracing::info!(kind = captured.kind, digest = %e.digest, bytes = e.bytes.len(), outcome = ?e.put, "capture spooled");
+    }
+}
+
+async fn post_capture(
+    State(state): State<Arc<DaemonState>>,
+    Extension(registry): Extension<Arc<Registry>>,
+    peer: Option<Extension<PeerCred>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let admitted = admit(&state, body).await?;
+    if wants_async(&headers) {
+        let owner = peer.map_or(u32::MAX, |Extension(p)| p.uid);
+        return start_async(state, &registry, owner, admitted);
+    }
+    match run_admitted(&state, admitted, None).await? {
         Ok(captured) => {
-            state.counters.captures_ok.fetch_add(1, Ordering::Relaxed);
-            state.shipper_wake.notify_one();
-            for e in &captured.envelopes {
-                tracing::info!(kind = captured.kind, digest = %e.digest, bytes = e.bytes.len(), outcome = ?e.put, "capture spooled");
-            }
+            spooled_ok(&state, &captured);
             Ok(captured_response(&state, captured))
         }
         Err(e) => Err(failure_response(&state, e)),
     }
+}
+
+/// `202 Accepted`, `Location: /v1/captures/{id}`, body
+/// `{"id","kind","state":"running","status","events"}`; the capture runs
+/// on and writes its log into the record.
+fn start_async(
+    state: Arc<DaemonState>,
+    registry: &Registry,
+    owner: u32,
+    admitted: Admitted,
+) -> Result<Response, ApiError> {
+    let kind = admitted.request.kind();
+    let record = registry.start(owner, kind).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("no capture id: {e}"),
+        )
+    })?;
+    let location = format!("/v1/captures/{}", record.id);
+    let body = json!({
+        "id": record.id,
+        "kind": kind,
+        "state": "running",
+        "status": location,
+        "events": format!("{location}/events"),
+    });
+    tracing::info!(kind, id = %record.id, uid = owner, "capture started (async)");
+    tokio::spawn(async move {
+        let outcome = run_admitted(&state, admitted, Some(record.clone())).await;
+        let failed = |e: ApiError| CaptureEvent::Failed {
+            status: e.status.as_u16(),
+            code: e.code.to_string(),
+            message: e.message,
+            field: e.field,
+        };
+        match outcome {
+            Ok(Ok(captured)) => {
+                spooled_ok(&state, &captured);
+                for e in &captured.envelopes {
+                    record.push(CaptureEvent::Envelope {
+                        digest: e.digest.clone(),
+                        envelope: String::from_utf8_lossy(&e.bytes).into_owned(),
+                    });
+                }
+                record.push(CaptureEvent::Done {
+                    digests: captured
+                        .envelopes
+                        .iter()
+                        .map(|e| e.digest.clone())
+                        .collect(),
+                    spool_status: spool_status(&state, &captured).0.to_string(),
+                    trace_refused: captured.trace_refused,
+                });
+            }
+            Ok(Err(e)) => record.push(failed(failure_response(&state, e))),
+            Err(e) => record.push(failed(e)),
+        }
+    });
+    let mut resp = (StatusCode::ACCEPTED, axum::Json(body)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(resp)
+}
+
+fn unknown_capture(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_such_capture",
+        format!(
+            "no capture {id:?} started by this uid (ids are kept {} s after the end)",
+            super::captures::KEEP_FINISHED.as_secs()
+        ),
+    )
+}
+
+async fn get_capture(
+    Extension(registry): Extension<Arc<Registry>>,
+    peer: Option<Extension<PeerCred>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let uid = peer.map_or(u32::MAX, |Extension(p)| p.uid);
+    let record = registry.get(&id, uid).ok_or_else(|| unknown_capture(&id))?;
+    Ok(axum::Json(record.status_json()).into_response())
+}
+
+/// A streamed body: lines handed over by the task that follows a record.
+struct LineBody(tokio::sync::mpsc::Receiver<bytes::Bytes>);
+
+impl hyper::body::Body for LineBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|line| line.map(|b| Ok(hyper::body::Frame::data(b))))
+    }
+}
+
+async fn get_capture_events(
+    Extension(registry): Extension<Arc<Registry>>,
+    peer: Option<Extension<PeerCred>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let uid = peer.map_or(u32::MAX, |Extension(p)| p.uid);
+    let record = registry.get(&id, uid).ok_or_else(|| unknown_capture(&id))?;
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut ticks = record.subscribe();
+        let mut cursor = 0;
+        loop {
+            ticks.borrow_and_update();
+            let (lines, done) = record.lines_from(cursor);
+            cursor += lines.len();
+            for line in lines {
+                if tx.send(line).await.is_err() {
+                    return; // the reader went away; the capture runs on
+                }
+            }
+            if done || ticks.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut resp = Response::new(Body::new(LineBody(rx)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    Ok(resp)
 }
 
 /// A process capture answers its one envelope as JSON (as before kinds);
@@ -371,9 +575,20 @@ fn captured_response(state: &DaemonState, captured: engines::Captured) -> Respon
     {
         h.insert("x-pstack-trace-refused", v);
     }
-    // What the acknowledgement promises: under drop_oldest a spooled
-    // capture may still be dropped before it is shipped. With several
-    // envelopes: `already_spooled` only when every one was.
+    let (spool_status, dropped) = spool_status(state, &captured);
+    h.insert(
+        "x-pstack-spool-status",
+        HeaderValue::from_static(spool_status),
+    );
+    h.insert("x-pstack-spool-dropped", HeaderValue::from(dropped));
+    resp
+}
+
+/// What the acknowledgement promises: under drop_oldest a spooled capture
+/// may still be dropped before it is shipped. With several envelopes:
+/// `already_spooled` only when every one was. Also the number of older
+/// envelopes dropped to make room.
+fn spool_status(state: &DaemonState, captured: &engines::Captured) -> (&'static str, u64) {
     let mut dropped = 0;
     let mut written = false;
     for e in &captured.envelopes {
@@ -382,19 +597,14 @@ fn captured_response(state: &DaemonState, captured: engines::Captured) -> Respon
             dropped += d;
         }
     }
-    let spool_status = if !written {
+    let status = if !written {
         "already_spooled"
     } else if state.spool.limits().overflow == super::config::OverflowPolicy::DropOldest {
         "spooled_may_be_dropped"
     } else {
         "spooled"
     };
-    h.insert(
-        "x-pstack-spool-status",
-        HeaderValue::from_static(spool_status),
-    );
-    h.insert("x-pstack-spool-dropped", HeaderValue::from(dropped));
-    resp
+    (status, dropped)
 }
 
 fn failure_response(state: &DaemonState, e: EngineFailure) -> ApiError {

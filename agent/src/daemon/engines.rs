@@ -14,6 +14,17 @@
 //!   transfer) are spooled in the order the CLI prints them. If one put
 //!   fails the answer is the failure, and the envelopes already spooled stay
 //!   there and are shipped (they are sealed evidence, not a partial write).
+//! - **Own eBPF sessions for transport and trace.** `transport`, `longhorn`
+//!   and `tcp_trace` load their own one-shot eBPF session rather than borrow
+//!   pstackd's (issue 17, item 4 — not done, on purpose): the daemon's TCP
+//!   programs run count-only (no records, so no per-socket reset
+//!   attribution and no live lines) with no port or address filter, while
+//!   these captures need records filtered in the kernel by their own port.
+//!   Borrowing would mean switching the shared programs to recording and
+//!   rewriting their filter per capture, which changes what the daemon's
+//!   always-on counters mean while the capture runs and serialises every
+//!   capture behind one filter. A process capture's off-CPU window does
+//!   borrow it (`ebpf`), since its programs need no per-capture filter.
 //! - **Nothing from the caller is executed.** The `hubble` CLI a Longhorn
 //!   capture runs is [`HUBBLE_BIN`] from the daemon's PATH, never a path from
 //!   the request.
@@ -27,6 +38,7 @@ use pstack_capture::transport::TransportError;
 use pstack_capture::{Progress, longhorn, tcp_trace, transport};
 use pstack_envelope::{Envelope, SurfaceStatus};
 
+use super::captures::{CaptureEvent, Record};
 use super::spool::{PutOutcome, Spool, SpoolError};
 
 /// The `hubble` CLI a Longhorn capture runs (looked up on PATH).
@@ -75,8 +87,17 @@ pub enum EngineFailure {
     Encode(String),
 }
 
-fn log_progress(kind: &'static str) -> impl Fn(Progress<'_>) {
-    move |p| match p {
+fn log_progress<'r>(kind: &'static str, record: Option<&'r Record>) -> impl Fn(Progress<'_>) + 'r {
+    move |p| {
+        if let Some(r) = record {
+            r.push(CaptureEvent::progress(p));
+        }
+        log_one(kind, p)
+    }
+}
+
+fn log_one(kind: &'static str, p: Progress<'_>) {
+    match p {
         Progress::Phase { what, expected } => {
             tracing::debug!(
                 kind,
@@ -98,6 +119,21 @@ pub fn run_and_spool(
     budget: &LeakBudget,
     spool: &Spool,
 ) -> Result<Captured, EngineFailure> {
+    run_and_spool_with(request, config, budget, spool, None)
+}
+
+/// [`run_and_spool`], reporting into `record` (a capture started with
+/// `Prefer: respond-async`): every phase, and a `tcp_trace`'s live lines as
+/// they happen (its reader then wakes every 100 ms, as `pstackctl trace
+/// tcp` one-shot does). The envelopes are not written to the record here:
+/// the caller does, after this returns, when they are all spooled.
+pub fn run_and_spool_with(
+    request: &ValidRequest,
+    config: &SupervisorConfig,
+    budget: &LeakBudget,
+    spool: &Spool,
+    record: Option<&Record>,
+) -> Result<Captured, EngineFailure> {
     // Leaks journaled by one-shot pstackctl since the last capture count here.
     budget.refresh_from_journal();
     let (kind, envelopes, trace_refused): (&'static str, Vec<Envelope>, _) = match request {
@@ -107,13 +143,13 @@ pub fn run_and_spool(
             None,
         ),
         ValidRequest::Transport(plan) => {
-            let progress = log_progress("transport");
+            let progress = log_progress("transport", record);
             let r = transport::capture_with(plan, config, budget, &progress)?;
             let all = r.flows.into_iter().chain(r.no_match).collect();
             ("transport", all, None)
         }
         ValidRequest::Longhorn(plan) => {
-            let progress = log_progress("longhorn");
+            let progress = log_progress("longhorn", record);
             let r = longhorn::capture(plan, config, budget, Path::new(HUBBLE_BIN), &progress)?;
             let mut all: Vec<Envelope> = r
                 .streams
@@ -125,8 +161,17 @@ pub fn run_and_spool(
             ("longhorn", all, None)
         }
         ValidRequest::TcpTrace(plan) => {
-            let progress = log_progress("tcp_trace");
-            let r = tcp_trace::capture(plan, &progress)?;
+            let progress = log_progress("tcp_trace", record);
+            let r = match record {
+                None => tcp_trace::capture(plan, &progress)?,
+                Some(rec) => tcp_trace::run(
+                    plan,
+                    true,
+                    std::future::pending::<()>(),
+                    &progress,
+                    &mut |line| rec.push(CaptureEvent::Trace { line }),
+                )?,
+            };
             ("tcp_trace", vec![r.envelope], r.refused)
         }
     };

@@ -41,6 +41,7 @@
 
 pub mod api;
 pub mod capture;
+pub mod captures;
 pub mod config;
 pub mod ebpf;
 pub mod engines;

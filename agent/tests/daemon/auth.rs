@@ -326,3 +326,96 @@ fn root_only_unprivileged_peer_gets_403_for_every_new_capture_kind() {
         4
     );
 }
+
+/// Long captures by id (issue 17): the outsider gets 403 on the async POST,
+/// the status and the events before anything is parsed or looked up; a
+/// group member sees only the captures it started (another member gets the
+/// same 404 as for an id that never existed); root sees every one.
+#[test]
+fn root_only_async_captures_are_owned_by_their_uid_and_refused_to_outsiders() {
+    pstack_testkit::require!(is_root(), "needs root to setuid the test client");
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(
+        dir.path(),
+        &Settings {
+            socket_mode: "0666",
+            group: "users",
+            ..Settings::default()
+        },
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let users = nix::unistd::Group::from_name("users")
+        .unwrap()
+        .expect("group users")
+        .gid
+        .as_raw();
+    let target = Sleeper::spawn();
+    let body = format!(r#"{{"kind":"process","pid":{}}}"#, target.pid());
+    let post = [
+        "-XPOST",
+        "-H",
+        "Prefer: respond-async",
+        "-d",
+        body.as_str(),
+        "http://pstackd/v1/captures",
+    ];
+
+    // A member starts one: 202, an id, a Location.
+    let o = curl_as(65533, users, &d.socket, &post);
+    let (code, text) = code_and_body(&o);
+    assert_eq!(code, 202, "member: {text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let id = v["id"].as_str().unwrap().to_string();
+    let status_url = format!("http://pstackd/v1/captures/{id}");
+    let events_url = format!("{status_url}/events");
+
+    // The outsider: 403 on all three, nothing parsed.
+    for args in [
+        &post[..],
+        &[status_url.as_str()][..],
+        &[events_url.as_str()][..],
+    ] {
+        let (code, text) = code_and_body(&curl_as(65534, 65534, &d.socket, args));
+        assert_eq!(code, 403, "{args:?}: {text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["code"], "forbidden", "{text}");
+    }
+
+    // The owner follows it to the end: the events end with done, and the
+    // envelope line verifies.
+    let (code, text) = code_and_body(&curl_as(65533, users, &d.socket, &[&events_url]));
+    assert_eq!(code, 200, "{text}");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.last().unwrap()["type"], "done", "{text}");
+    let env = lines
+        .iter()
+        .find(|l| l["type"] == "envelope")
+        .expect("an envelope line");
+    pstack_testkit::verify(env["envelope"].as_str().unwrap().as_bytes()).expect("verifies");
+
+    // Another member: the same 404 as an id that never existed.
+    let never = format!("http://pstackd/v1/captures/{}", "0".repeat(32));
+    for url in [&status_url, &events_url, &never] {
+        let (code, text) = code_and_body(&curl_as(65532, users, &d.socket, &[url.as_str()]));
+        assert_eq!(code, 404, "{url}: {text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["code"], "no_such_capture", "{text}");
+    }
+    // The owner and root see it.
+    for (uid, gid) in [(65533, users), (0, 0)] {
+        let (code, text) = code_and_body(&curl_as(uid, gid, &d.socket, &[&status_url]));
+        assert_eq!(code, 200, "uid {uid}: {text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["state"], "succeeded", "{text}");
+    }
+    assert_eq!(
+        d.metric("pstackd_requests_refused_total{reason=\"unauthorized\"}"),
+        3
+    );
+    let s = d.status();
+    assert_eq!(s["captures"]["ok_total"], 1, "{s:#}");
+}

@@ -383,6 +383,23 @@ fn root_bad_input_on_the_new_kinds_is_a_400_naming_the_field_and_nothing_is_capt
     ] {
         refused_capture(&d, &body, 400, field);
     }
+    // Within the engines' own window bounds but past pstackd's
+    // max_bundle_deadline_ms (30 s by default): every network kind, the
+    // limit named.
+    for body in [
+        r#"{"kind":"transport","peer":"10.77.0.2","window_ms":30001}"#,
+        r#"{"kind":"longhorn","peer":"10.77.0.2","volume":"v","engine":"e","source_node":"a","target_node":"b","window_ms":30001}"#,
+        r#"{"kind":"tcp_trace","window_ms":30001}"#,
+    ] {
+        let v = refused_capture(&d, body, 400, "window_ms");
+        assert_eq!(v["error"]["code"], "out_of_range", "{body}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("max_bundle_deadline_ms")),
+            "{body}: {v}"
+        );
+    }
     let s = d.status();
     assert_eq!(s["captures"]["ok_total"], 0, "{s:#}");
     assert_eq!(s["spool"]["files"], 0, "nothing was spooled: {s:#}");

@@ -13,5 +13,7 @@ mod hostile;
 mod longhorn;
 mod net_helper;
 mod netns_semantics;
+mod sockopt_helper;
 mod ss_oracle;
 mod testbed;
+mod trace_daemon;

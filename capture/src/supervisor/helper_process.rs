@@ -123,6 +123,12 @@ impl HelperProcess {
         HelperProcess::start(cmd, boot_id)
     }
 
+    /// Spawn `path --sockopt` (the socket-option reader) with a cleared
+    /// environment.
+    pub fn spawn_sockopt(path: &std::path::Path, boot_id: &str) -> std::io::Result<HelperProcess> {
+        HelperProcess::start(pstack_helper::launch::sockopt_command(path), boot_id)
+    }
+
     fn start(mut cmd: Command, boot_id: &str) -> std::io::Result<HelperProcess> {
         let mut child = cmd
             .env_clear()

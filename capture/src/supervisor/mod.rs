@@ -85,6 +85,7 @@ pub mod leak;
 pub mod net_helper;
 pub mod risky;
 pub mod selection;
+pub mod sockopt_helper;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -43,9 +43,11 @@
 //!   misses it is SIGKILLed and reaped, and every surface of that sample is
 //!   `timeout` (`timeout_unreaped_helper` if the kernel would not let it go:
 //!   journaled, charged to the leak budget); the other end of the window
-//!   gets a fresh helper. The read that can wait in this process
-//!   (`pidfd_getfd` for `tcp/sockopt`) runs on its own thread and is
-//!   abandoned at the surface deadline (`timeout`).
+//!   gets a fresh helper. The socket options (`tcp/sockopt`: `pidfd_getfd`
+//!   and `getsockopt`, which can wait on an owner stuck in execve) are read
+//!   by `pstack-helper --sockopt` under its own narrow profile and the same
+//!   deadline; a miss SIGKILLs it and the sockets not yet read are
+//!   `timeout`. This process only finds the owners (`/proc/*/fd`).
 //! - **Which side reset.** A RST is attributed only from eBPF events joined by
 //!   socket cookie (`received` = the peer endpoint sent it, `sent` = this
 //!   host). Without eBPF the capture states what it saw (the flow left
@@ -92,7 +94,7 @@ use pstack_collectors::net::conntrack::ConntrackError;
 use pstack_collectors::net::load::LoadFacts;
 use pstack_collectors::net::netns::{NetnsError, NetnsTarget};
 use pstack_collectors::net::rtnl::{LinkFacts, RouteFacts};
-use pstack_collectors::net::sample::{NetSample, Timed, timed};
+use pstack_collectors::net::sample::{NetSample, Timed};
 use pstack_collectors::net::sockdiag::{self, FlowFilter, PortRange, TcpDump, TcpSocket};
 use pstack_collectors::net::sockopt::{self, SockOptError, SockOpts};
 use pstack_collectors::net::{CountersError, TcpInfo, snmp};
@@ -101,6 +103,7 @@ use pstack_envelope::{
     HostIdentity, NextTransition, SCHEMA_ID, Scope, StatusCause, StreamIdentity, Subject, Surface,
     SurfaceStatus, Termination, Universe, Unknown, sha256_digest,
 };
+use pstack_helper::sockopt::SockoptTarget;
 use serde_json::{Map, Value, json};
 
 /// Longhorn's instance-manager data port range: the default port filter.
@@ -303,53 +306,22 @@ pub const RUN_OVERHEAD: Duration = Duration::from_secs(10);
 /// Most descriptors examined when looking for sockets' owners.
 pub const MAX_OWNER_SCAN_FDS: usize = 1_000_000;
 
-/// [`read_flow_sockopts`] on its own thread, abandoned after
-/// [`SURFACE_DEADLINE_MS`]: `pidfd_getfd` can wait (killably) on an owner stuck
-/// in execve. An abandoned thread is in a killable wait, so process exit ends
-/// it; the surfaces say `timeout`.
-fn read_flow_sockopts_bounded(
-    end: Option<&TcpDump>,
+/// TCP_USER_TIMEOUT / keepalive of every matched socket that has an owner,
+/// by socket cookie. The owners are found here (a `/proc/*/fd` scan); the
+/// options are read by `pstack-helper --sockopt` under one deadline of
+/// [`SURFACE_DEADLINE_MS`] (`pidfd_getfd` can wait, killably, on an owner
+/// stuck in execve: the helper is SIGKILLed and the sockets not yet read
+/// are `timeout`).
+fn read_flow_sockopts(
+    dump: Option<&TcpDump>,
+    config: &SupervisorConfig,
+    budget: &LeakBudget,
+    subject: &str,
 ) -> BTreeMap<u64, Timed<Result<SockOpts, SockOptError>>> {
-    let Some(end) = end.cloned() else {
-        return BTreeMap::new();
-    };
-    let cookies: Vec<u64> = end
-        .sockets
-        .iter()
-        .filter(|s| s.inode != 0)
-        .map(|s| s.cookie)
-        .collect();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("pstack-sockopt".into())
-        .spawn(move || {
-            let _ = tx.send(read_flow_sockopts(&end));
-        });
-    if spawned.is_err() {
-        return BTreeMap::new();
-    }
-    match rx.recv_timeout(Duration::from_millis(SURFACE_DEADLINE_MS)) {
-        Ok(m) => m,
-        Err(_) => cookies
-            .into_iter()
-            .map(|c| {
-                (
-                    c,
-                    Timed {
-                        value: Err(SockOptError::Abandoned {
-                            deadline_ms: SURFACE_DEADLINE_MS,
-                        }),
-                        elapsed_us: SURFACE_DEADLINE_MS * 1000,
-                    },
-                )
-            })
-            .collect(),
-    }
-}
-
-/// TCP_USER_TIMEOUT / keepalive of every matched socket that has an owner.
-fn read_flow_sockopts(dump: &TcpDump) -> BTreeMap<u64, Timed<Result<SockOpts, SockOptError>>> {
     let mut out = BTreeMap::new();
+    let Some(dump) = dump else {
+        return out;
+    };
     let wanted: std::collections::BTreeSet<u64> = dump
         .sockets
         .iter()
@@ -362,14 +334,30 @@ fn read_flow_sockopts(dump: &TcpDump) -> BTreeMap<u64, Timed<Result<SockOpts, So
     let t = Instant::now();
     let scan = sockopt::find_owners(&wanted, MAX_OWNER_SCAN_FDS);
     let scan_us = t.elapsed().as_micros() as u64;
+    let targets: Vec<SockoptTarget> = scan
+        .owners
+        .iter()
+        .map(|(inode, (pid, fd))| SockoptTarget {
+            inode: *inode,
+            pid: *pid,
+            fd: *fd,
+        })
+        .collect();
+    let mut read = crate::supervisor::sockopt_helper::read_sockopts(
+        &targets,
+        config,
+        budget,
+        subject,
+        Duration::from_millis(SURFACE_DEADLINE_MS),
+    );
     for s in dump.sockets.iter().filter(|s| s.inode != 0) {
         let ino = u64::from(s.inode);
-        let r = timed(|| match scan.owners.get(&ino) {
-            Some((pid, fd)) => sockopt::read_sockopts(*pid, *fd),
-            None => Err(SockOptError::NoOwner {
+        let r = read.remove(&ino).unwrap_or(Timed {
+            value: Err(SockOptError::NoOwner {
                 inode: ino,
                 truncated: scan.truncated,
             }),
+            elapsed_us: 0,
         });
         out.insert(
             s.cookie,
@@ -580,8 +568,12 @@ pub fn capture_with(
     }
     let end = net.sample(&plan.filter, deadline).map(|r| r.sample);
     net.finish();
-    let sockopts =
-        read_flow_sockopts_bounded(end.as_ref().ok().and_then(|e| e.tcp.value.as_ref().ok()));
+    let sockopts = read_flow_sockopts(
+        end.as_ref().ok().and_then(|e| e.tcp.value.as_ref().ok()),
+        config,
+        budget,
+        &subject,
+    );
     let ebpf = match ebpf {
         None => EbpfWindow::NotRequested,
         // The window thread finishes on its own; a no-match envelope has no eBPF surfaces.

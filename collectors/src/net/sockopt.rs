@@ -182,8 +182,24 @@ fn opt(fd: &OwnedFd, level: i32, name: i32) -> Result<i32, SockOptError> {
     Ok(v)
 }
 
-/// Read the options of descriptor `fd` of process `pid`.
+/// [`read_socket_options`] plus the owner's `comm` (redacted), read from
+/// `/proc/PID/comm`.
 pub fn read_sockopts(pid: u32, fd: i32) -> Result<SockOpts, SockOptError> {
+    let mut o = read_socket_options(pid, fd)?;
+    o.owner_comm = owner_comm(pid);
+    Ok(o)
+}
+
+/// The owner's `comm`, redacted (empty when unreadable).
+pub fn owner_comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| pstack_envelope::redact_text(s.trim()).into_owned())
+        .unwrap_or_default()
+}
+
+/// Read the options of descriptor `fd` of process `pid`.
+/// Reads no file: `owner_comm` is left empty (see [`read_sockopts`]).
+pub fn read_socket_options(pid: u32, fd: i32) -> Result<SockOpts, SockOptError> {
     let classify = |op: &'static str, e: i32| match e {
         libc::ESRCH => SockOptError::OwnerGone { pid },
         libc::EPERM | libc::EACCES => SockOptError::PermissionDenied { op, pid, errno: e },
@@ -214,13 +230,10 @@ pub fn read_sockopts(pid: u32, fd: i32) -> Result<SockOpts, SockOptError> {
     }
     // SAFETY: dup is a fresh descriptor (our duplicate) that we own and close on drop.
     let dup = unsafe { OwnedFd::from_raw_fd(dup as i32) };
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| pstack_envelope::redact_text(s.trim()).into_owned())
-        .unwrap_or_default();
     Ok(SockOpts {
         owner_pid: pid,
         fd,
-        owner_comm: comm,
+        owner_comm: String::new(),
         user_timeout_ms: opt(&dup, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT)? as u32,
         keepalive: opt(&dup, libc::SOL_SOCKET, libc::SO_KEEPALIVE)? != 0,
         keepidle_s: opt(&dup, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE)?,

@@ -10,6 +10,8 @@
 //!   `/proc/PID/ns/net` or `/run/netns/NAME`, opened by the agent) is entered
 //!   with `setns` and closed *before* confinement; without it the helper reads
 //!   the netns it was started in.
+//! - `pstack-helper --sockopt`: socket options (`pidfd_getfd` +
+//!   `getsockopt`) of other processes' sockets under the sockopt profile.
 //!
 //! Exits 0 at EOF, 2 on bad arguments, 3 if it cannot confine itself, 4 on a
 //! framing error, 7 on a panic after confinement (then it cannot write to
@@ -30,6 +32,7 @@ enum Mode {
     Net {
         netns_fd: Option<RawFd>,
     },
+    Sockopt,
 }
 
 /// `pstack-helper --help` (exit codes kept equal to the README's table by a test).
@@ -37,7 +40,7 @@ const HELP: &str = "\
 pstack-helper: pstack's confined, killable reader. Started by pstackctl and
 pstackd with pipes on stdin/stdout; not meant to be run by hand.
 
-Usage: pstack-helper [--net [--netns-fd N]]
+Usage: pstack-helper [--net [--netns-fd N] | --sockopt]
 
 Exit codes:
   0  end of input: the agent closed the request pipe
@@ -53,6 +56,7 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
         [] => Ok(Mode::Procfs),
         [v] if v == "--version" || v == "-V" => Ok(Mode::Version),
         [net] if net == "--net" => Ok(Mode::Net { netns_fd: None }),
+        [s] if s == "--sockopt" => Ok(Mode::Sockopt),
         [net, flag, fd] if net == "--net" && flag == "--netns-fd" => {
             let fd: RawFd = fd
                 .parse()
@@ -63,7 +67,7 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
             Ok(Mode::Net { netns_fd: Some(fd) })
         }
         other => Err(format!(
-            "unexpected arguments {other:?} (usage: pstack-helper [--net [--netns-fd N]] | --version)"
+            "unexpected arguments {other:?} (usage: pstack-helper [--net [--netns-fd N] | --sockopt] | --version)"
         )),
     }
 }
@@ -107,8 +111,11 @@ fn main() {
             );
         }
     }
+    let sockopt = matches!(mode, Mode::Sockopt);
     let confined = if net {
         pstack_helper::confine::confine_net(expected_parent)
+    } else if sockopt {
+        pstack_helper::confine::confine_sockopt(expected_parent)
     } else {
         pstack_helper::confine::confine(expected_parent)
     };
@@ -126,6 +133,8 @@ fn main() {
     let mut output = std::io::BufWriter::new(std::io::stdout().lock());
     let served = if net {
         pstack_helper::serve::serve_net(&mut input, &mut output)
+    } else if sockopt {
+        pstack_helper::sockopt::serve(&mut input, &mut output)
     } else {
         pstack_helper::serve::serve(&mut input, &mut output)
     };
