@@ -343,7 +343,7 @@ const LIMIT_CONSTS: [(&str, &str); 4] = [
 ];
 
 #[cfg(test)]
-mod tests {
+pub(in crate::supervisor) mod tests {
     use super::*;
     use pstack_collectors::procfs::parse::{TaskStat, TaskState};
     use pstack_collectors::procfs::read::WchanFacts;
@@ -365,7 +365,7 @@ mod tests {
         }
     }
 
-    pub(super) fn stat(tid: u32, state: TaskState) -> TaskStat {
+    pub(in crate::supervisor) fn stat(tid: u32, state: TaskState) -> TaskStat {
         TaskStat {
             pid: tid,
             comm: "worker".into(),

@@ -86,7 +86,7 @@ pub fn task_claims(
         claims.push(Claim {
             id: format!("state-{letter}"),
             kind: ClaimKind::Fact,
-            code: format!("threads_in_state_{}", state_code(*state)),
+            code: format!("threads_in_state_{}", TaskState::name(*state)),
             statement: format!(
                 "{} thread(s) in state {letter} ({}): {}{more}",
                 tids.len(),
@@ -463,20 +463,6 @@ pub fn host_claims(r: &HostReadings, completeness: Completeness) -> (Vec<Claim>,
     (claims, d_threads)
 }
 
-fn state_code(s: TaskState) -> &'static str {
-    match s {
-        TaskState::Running => "running",
-        TaskState::Sleeping => "sleeping",
-        TaskState::DiskSleep => "uninterruptible",
-        TaskState::Zombie => "zombie",
-        TaskState::Stopped => "stopped",
-        TaskState::TracingStop => "tracing_stop",
-        TaskState::Dead => "dead",
-        TaskState::Idle => "idle",
-        TaskState::Parked => "parked",
-    }
-}
-
 fn state_name(s: TaskState) -> &'static str {
     match s {
         TaskState::DiskSleep => "uninterruptible sleep",
@@ -498,35 +484,14 @@ mod tests {
 
     use super::*;
     use pstack_collectors::procfs::freezer::FreezerFacts;
-    use pstack_collectors::procfs::parse::{StackFacts, TaskStat};
+    use pstack_collectors::procfs::parse::StackFacts;
     use pstack_collectors::procfs::read::{
         ThreadState, ThreadStates, ThreadWchan, ThreadWchans, WchanFacts,
     };
 
     use super::super::assemble_readings::{HostProcess, OffCpuEpisode, OffCpuTask};
 
-    fn stat(tid: u32, state: TaskState) -> TaskStat {
-        TaskStat {
-            pid: tid,
-            comm: "worker".into(),
-            state,
-            ppid: 1,
-            flags: 0,
-            minflt: 0,
-            majflt: 0,
-            utime: 0,
-            stime: 0,
-            priority: 20,
-            nice: 0,
-            num_threads: 2,
-            start_ticks: 100,
-            vsize: 0,
-            rss_pages: 0,
-            processor: None,
-            policy: None,
-            blkio_ticks: None,
-        }
-    }
+    use super::super::assemble::tests::stat;
 
     /// Process 4242 (the example subject): thread 11 asleep, thread 12 in
     /// `state`, with `f` adding readings to thread 12 or the process.
