@@ -224,13 +224,9 @@ pub fn spawn_with_pid(pid: u32) -> Option<Proc> {
 
 // ---- FUSE: a server that answers until told to hang, then never answers ----
 
-const FUSE_LOOKUP: u32 = 1;
-const FUSE_FORGET: u32 = 2;
-const FUSE_GETATTR: u32 = 3;
-const FUSE_INIT: u32 = 26;
-const FUSE_OPENDIR: u32 = 27;
-const FUSE_INTERRUPT: u32 = 36;
-const FUSE_BATCH_FORGET: u32 = 42;
+#[path = "../support/fuse_wire.rs"]
+mod fuse_wire;
+use fuse_wire::*;
 
 /// A FUSE mount served by a thread of this process over raw `/dev/fuse`.
 pub struct HangingFuse {
@@ -239,38 +235,6 @@ pub struct HangingFuse {
     /// Requests read (and not answered) while hanging.
     pub unanswered: Arc<AtomicU32>,
     server: Option<std::thread::JoinHandle<()>>,
-}
-
-fn reply(fd: i32, unique: u64, error: i32, body: &[u8]) {
-    let mut out = Vec::with_capacity(16 + body.len());
-    out.extend_from_slice(&((16 + body.len()) as u32).to_ne_bytes());
-    out.extend_from_slice(&error.to_ne_bytes());
-    out.extend_from_slice(&unique.to_ne_bytes());
-    out.extend_from_slice(body);
-    // SAFETY: out is a live buffer of out.len() bytes; fd is the /dev/fuse fd.
-    unsafe { libc::write(fd, out.as_ptr().cast(), out.len()) };
-}
-
-fn root_attr() -> Vec<u8> {
-    let mut b = Vec::new();
-    b.extend_from_slice(&0u64.to_ne_bytes()); // attr_valid: 0 => every stat asks
-    b.extend_from_slice(&0u32.to_ne_bytes()); // attr_valid_nsec
-    b.extend_from_slice(&0u32.to_ne_bytes()); // dummy
-    b.extend_from_slice(&1u64.to_ne_bytes()); // ino
-    b.extend_from_slice(&0u64.to_ne_bytes()); // size
-    b.extend_from_slice(&0u64.to_ne_bytes()); // blocks
-    for _ in 0..3 {
-        b.extend_from_slice(&0u64.to_ne_bytes()); // atime, mtime, ctime
-    }
-    for _ in 0..3 {
-        b.extend_from_slice(&0u32.to_ne_bytes()); // *timensec
-    }
-    b.extend_from_slice(&(libc::S_IFDIR | 0o755).to_ne_bytes()); // mode
-    b.extend_from_slice(&2u32.to_ne_bytes()); // nlink
-    for _ in 0..5 {
-        b.extend_from_slice(&0u32.to_ne_bytes()); // uid gid rdev blksize flags
-    }
-    b
 }
 
 impl HangingFuse {
@@ -350,7 +314,7 @@ impl HangingFuse {
                         body.extend_from_slice(&[0u8; 64 - 28]); // max_pages .. unused: 64-byte fuse_init_out
                         reply(fd, unique, 0, &body);
                     }
-                    FUSE_GETATTR => reply(fd, unique, 0, &root_attr()),
+                    FUSE_GETATTR => reply(fd, unique, 0, &attr(libc::S_IFDIR | 0o755, 0, 2)),
                     FUSE_OPENDIR => reply(fd, unique, 0, &[0u8; 16]),
                     FUSE_LOOKUP => reply(fd, unique, -libc::ENOENT, &[]),
                     _ => reply(fd, unique, -libc::ENOSYS, &[]),

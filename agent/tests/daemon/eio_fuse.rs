@@ -8,16 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-const FUSE_LOOKUP: u32 = 1;
-const FUSE_FORGET: u32 = 2;
-const FUSE_GETATTR: u32 = 3;
-const FUSE_OPEN: u32 = 14;
-const FUSE_READ: u32 = 15;
-const FUSE_RELEASE: u32 = 18;
-const FUSE_FLUSH: u32 = 25;
-const FUSE_INIT: u32 = 26;
-const FUSE_INTERRUPT: u32 = 36;
-const FUSE_BATCH_FORGET: u32 = 42;
+#[path = "../support/fuse_wire.rs"]
+mod fuse_wire;
+use fuse_wire::*;
 
 /// The mount; unmounted (and its server joined) on drop.
 pub struct EioFile {
@@ -25,39 +18,6 @@ pub struct EioFile {
     /// READ requests answered with EIO.
     pub reads: Arc<AtomicU32>,
     server: Option<std::thread::JoinHandle<()>>,
-}
-
-fn reply(fd: i32, unique: u64, error: i32, body: &[u8]) {
-    let mut out = Vec::with_capacity(16 + body.len());
-    out.extend_from_slice(&((16 + body.len()) as u32).to_ne_bytes());
-    out.extend_from_slice(&error.to_ne_bytes());
-    out.extend_from_slice(&unique.to_ne_bytes());
-    out.extend_from_slice(body);
-    // SAFETY: out is a live buffer of out.len() bytes; fd is the /dev/fuse fd.
-    unsafe { libc::write(fd, out.as_ptr().cast(), out.len()) };
-}
-
-/// `fuse_attr_out` for a regular file of `size` bytes, mode 0600, owned by root.
-fn file_attr(size: u64) -> Vec<u8> {
-    let mut b = Vec::new();
-    b.extend_from_slice(&0u64.to_ne_bytes()); // attr_valid
-    b.extend_from_slice(&0u32.to_ne_bytes()); // attr_valid_nsec
-    b.extend_from_slice(&0u32.to_ne_bytes()); // dummy
-    b.extend_from_slice(&1u64.to_ne_bytes()); // ino
-    b.extend_from_slice(&size.to_ne_bytes()); // size
-    b.extend_from_slice(&size.div_ceil(512).to_ne_bytes()); // blocks
-    for _ in 0..3 {
-        b.extend_from_slice(&0u64.to_ne_bytes()); // atime, mtime, ctime
-    }
-    for _ in 0..3 {
-        b.extend_from_slice(&0u32.to_ne_bytes()); // *timensec
-    }
-    b.extend_from_slice(&(libc::S_IFREG | 0o600).to_ne_bytes()); // mode
-    b.extend_from_slice(&1u32.to_ne_bytes()); // nlink
-    for _ in 0..5 {
-        b.extend_from_slice(&0u32.to_ne_bytes()); // uid gid rdev blksize flags
-    }
-    b
 }
 
 impl EioFile {
@@ -126,7 +86,7 @@ impl EioFile {
                         body.extend_from_slice(&[0u8; 64 - 28]);
                         reply(fd, unique, 0, &body);
                     }
-                    FUSE_GETATTR => reply(fd, unique, 0, &file_attr(size)),
+                    FUSE_GETATTR => reply(fd, unique, 0, &attr(libc::S_IFREG | 0o600, size, 1)),
                     // fuse_open_out: fh, open_flags (FOPEN_DIRECT_IO: every
                     // read reaches us, none is served from the page cache), padding.
                     FUSE_OPEN => {
