@@ -41,6 +41,7 @@ pub mod keys;
 pub mod operators;
 pub mod query;
 pub mod receipts;
+pub mod runs;
 pub mod synthetic;
 
 /// Wall-clock now, ns since the Unix epoch.
