@@ -49,6 +49,9 @@ pub struct AppState {
     pub clock: crate::clock::Clock,
     /// Failed operator logins per username (the approval page's throttle).
     pub login_failures: crate::operators::LoginThrottle,
+    /// How long an envelope of each subject kind stays fresh (handoff
+    /// expiry, run captures).
+    pub freshness: crate::runs::freshness::Freshness,
 }
 
 impl AppState {
@@ -74,6 +77,7 @@ impl AppState {
             ),
             clock: crate::clock::Clock::system(),
             login_failures: crate::operators::LoginThrottle::default(),
+            freshness: crate::runs::freshness::Freshness::default(),
         }
     }
 }
@@ -316,6 +320,7 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::http_analysis::routes())
         .merge(crate::http_gate::routes())
         .merge(crate::http_ui::routes())
+        .merge(crate::http_runs::routes())
         .fallback(no_such_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))

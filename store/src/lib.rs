@@ -34,6 +34,7 @@ pub mod gate_tick;
 pub mod http;
 pub mod http_analysis;
 pub mod http_gate;
+pub mod http_runs;
 pub mod http_ui;
 pub mod ident;
 pub mod ingest;

@@ -439,6 +439,10 @@ async fn run(cli: Cli) -> Result<()> {
             state.gate.envelope_freshness_ns =
                 i64::try_from(envelope_freshness.as_nanos()).unwrap_or(i64::MAX);
             state.gate.allow_private_webhooks = alert_webhook_allow_private;
+            if let Ok(spec) = std::env::var("PSTACK_STORE_FRESHNESS") {
+                state.freshness = pstack_store::runs::freshness::Freshness::default()
+                    .with_overrides(&spec)?;
+            }
             if alert_webhook_allow_private {
                 tracing::warn!(
                     "ALERT_WEBHOOK_ALLOW_PRIVATE=true: grant webhooks may reach internal addresses"

@@ -13,5 +13,6 @@ mod queries;
 mod query_cli;
 mod receipts;
 mod retention;
+mod runs;
 mod tls_proxy;
 mod ui;

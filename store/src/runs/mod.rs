@@ -8,6 +8,7 @@
 //! numbers and codes from closed sets.
 
 pub mod deviation;
+pub mod freshness;
 pub mod graph;
 pub mod report;
 pub mod supervisor;

@@ -16,7 +16,9 @@
 //! - pstack's rule for MUTATE: entering a step that requires a fresh
 //!   pre-mutation capture needs a sealed envelope of the run's subject,
 //!   recorded since the last mutation and unexpired at `now`; a capture of
-//!   another subject satisfies nothing.
+//!   another subject satisfies nothing; leaving for a step that requires a
+//!   post-mutation capture needs one of the same subject observed at or
+//!   after the mutation.
 
 use std::collections::BTreeMap;
 
@@ -108,6 +110,8 @@ pub struct Capture {
     pub digest: String,
     /// The subject key (identity, not payload).
     pub subject: String,
+    /// ns since the epoch when it was observed (the envelope's wall time).
+    pub wall_ns: i64,
     /// ns since the epoch after which it is stale.
     pub expires_ns: i64,
     /// The number of mutations before it was recorded.
@@ -145,6 +149,9 @@ pub struct RunState {
     pub captures: Vec<Capture>,
     /// Mutation steps entered.
     pub mutations: u32,
+    /// `now` of the last advance into a mutation step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_mutation_ns: Option<i64>,
 }
 
 impl RunState {
@@ -267,6 +274,7 @@ pub fn start_run(graph: &StepGraph, opts: StartOptions) -> Result<RunState, Vec<
         subject: opts.subject,
         captures: Vec::new(),
         mutations: 0,
+        last_mutation_ns: None,
     };
     state.events.push(event(
         EventKind::Started,
@@ -498,9 +506,10 @@ fn requirement_met(state: &RunState, req: Requirement, now_ns: i64) -> bool {
             .iter()
             .filter(ours)
             .any(|c| c.expires_ns > now_ns),
-        Requirement::PostMutationCapture => {
-            state.mutations > 0 && state.captures.iter().any(|c| ours(&c))
-        }
+        Requirement::PostMutationCapture => match state.last_mutation_ns {
+            Some(at) => state.captures.iter().filter(ours).any(|c| c.wall_ns >= at),
+            None => false,
+        },
     }
 }
 
@@ -556,6 +565,9 @@ pub fn advance(graph: &StepGraph, state: RunState, to: &str, now_ns: i64) -> Dec
         return s.done(Verdict::Block);
     }
     s.enter(graph, to);
+    if graph.steps.get(to).is_some_and(|t| t.mutates) {
+        s.state.last_mutation_ns = Some(now_ns);
+    }
     s.done(Verdict::Permit)
 }
 

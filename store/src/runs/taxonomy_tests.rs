@@ -376,6 +376,7 @@ fn capture(subject: &str, expires_ns: i64) -> Observation {
         capture: Some(Capture {
             digest: "ab".repeat(32),
             subject: subject.into(),
+            wall_ns: expires_ns - 1,
             expires_ns,
             epoch: 0,
         }),
@@ -413,8 +414,14 @@ fn a_mutate_needs_a_fresh_pre_mutation_capture_of_the_same_subject() {
     let d = advance(&g, st, "mutate", 100);
     assert_eq!(d.verdict, Verdict::Permit);
     assert!(d.state.deviations.is_empty());
-    // CAPTURE AGAIN of another subject does not satisfy the DIFF.
+    // CAPTURE AGAIN of another subject does not satisfy the DIFF, nor
+    // does the pre-mutation capture observed again.
     let st = advance(&g, d.state, "capture-again", 100).state;
+    let replay = observe(&g, st.clone(), capture("proc:h/1", 99)).state;
+    assert_eq!(
+        classes(&advance(&g, replay, "diff", 100).state),
+        [DeviationClass::OutOfOrderStep]
+    );
     let st = observe(&g, st, capture("proc:h/2", 1000)).state;
     let d = advance(&g, st.clone(), "diff", 100);
     assert_eq!(classes(&d.state), [DeviationClass::OutOfOrderStep]);
