@@ -52,6 +52,9 @@ pub struct AppState {
     /// How long an envelope of each subject kind stays fresh (handoff
     /// expiry, run captures).
     pub freshness: crate::runs::freshness::Freshness,
+    /// The MCP server offers its four write tools
+    /// (`OBS_MCP_ENABLE_WRITES=true`).
+    pub mcp_writes: bool,
 }
 
 impl AppState {
@@ -78,6 +81,7 @@ impl AppState {
             clock: crate::clock::Clock::system(),
             login_failures: crate::operators::LoginThrottle::default(),
             freshness: crate::runs::freshness::Freshness::default(),
+            mcp_writes: false,
         }
     }
 }
@@ -305,8 +309,31 @@ impl From<StoreError> for ApiError {
     }
 }
 
-/// Build the router.
+/// Build the router: the API plus the MCP server at `/mcp` (the MCP
+/// endpoint authenticates with the API key before anything is read).
 pub fn router(state: AppState) -> Router {
+    let mcp = crate::mcp::http_service(state.clone());
+    api_router(state.clone()).nest_service(
+        "/mcp",
+        tower::ServiceBuilder::new()
+            .layer(axum::middleware::from_fn_with_state(state, mcp_auth))
+            .service(mcp),
+    )
+}
+
+async fn mcp_auth(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match authenticate(&state, req.headers()).await {
+        Ok(_) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Build the API router (every route but `/mcp`).
+pub fn api_router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))

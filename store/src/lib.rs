@@ -39,6 +39,7 @@ pub mod http_ui;
 pub mod ident;
 pub mod ingest;
 pub mod keys;
+pub mod mcp;
 pub mod operators;
 pub mod query;
 pub mod receipts;
