@@ -24,6 +24,7 @@
 //!   windows read [`clock::Clock`] only (docs/gate.md).
 
 pub mod analysis;
+pub mod bundle;
 pub mod changes_cli;
 pub mod client;
 pub mod clock;
@@ -33,6 +34,7 @@ pub mod gate;
 pub mod gate_tick;
 pub mod http;
 pub mod http_analysis;
+pub mod http_bundles;
 pub mod http_gate;
 pub mod http_runs;
 pub mod http_ui;

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use crate::on_both_backends;
 use crate::support::{Db, Harness, captured_logs, code};
 
+mod bundles;
 pub(crate) mod secrets;
 
 pub(crate) async fn post(h: &Harness, path: &str, body: &Value) -> (StatusCode, Value) {
