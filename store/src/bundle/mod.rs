@@ -46,6 +46,24 @@ pub fn fit(header: Map<String, Value>, mut sections: Vec<Section>, budget: usize
     for s in &mut sections {
         s.items.iter_mut().for_each(strip_grant_tokens);
     }
+    // Pre-drop by per-item estimates (each item serialized once), so the
+    // exact check below runs a few times, not once per dropped item.
+    let sizes: Vec<Vec<usize>> = sections
+        .iter()
+        .map(|s| s.items.iter().map(|i| i.to_string().len() + 1).collect())
+        .collect();
+    let fixed = Value::Object(header.clone()).to_string().len() + 200 * (sections.len() + 1);
+    let mut bytes: usize = fixed + sizes.iter().flatten().sum::<usize>();
+    while bytes.div_ceil(4) > budget {
+        let Some(i) = sections.iter().rposition(|s| !s.items.is_empty()) else {
+            break;
+        };
+        let n = sections[i].items.len() - 1;
+        sections[i].items.pop();
+        cut[i].0 += 1;
+        cut[i].1 += sizes[i][n].div_ceil(4);
+        bytes -= sizes[i][n];
+    }
     loop {
         let mut out = header.clone();
         for s in &sections {
