@@ -74,6 +74,12 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../migrations/sqlite/0003_gate.sql"),
         include_str!("../migrations/postgres/0003_gate.sql"),
     ),
+    (
+        4,
+        "runs",
+        include_str!("../migrations/sqlite/0004_runs.sql"),
+        include_str!("../migrations/postgres/0004_runs.sql"),
+    ),
 ];
 
 /// Everything that can go wrong in the storage layer.
@@ -1381,7 +1387,8 @@ impl Store {
             "NOT EXISTS (SELECT 1 FROM receipt_evidence r WHERE r.digest = envelopes.digest)
              AND NOT EXISTS (SELECT 1 FROM finding_evidence f WHERE f.digest = envelopes.digest)
              AND NOT EXISTS (SELECT 1 FROM remediation_proposals p WHERE p.pre_mutation_envelope = envelopes.digest)
-             AND NOT EXISTS (SELECT 1 FROM remediation_receipts g WHERE g.evidence = envelopes.digest)";
+             AND NOT EXISTS (SELECT 1 FROM remediation_receipts g WHERE g.evidence = envelopes.digest)
+             AND NOT EXISTS (SELECT 1 FROM run_failure_receipts x WHERE x.pre_digest = envelopes.digest OR x.post_digest = envelopes.digest)";
         if let Some(age) = policy.max_age {
             let cutoff = now_ns.saturating_sub(i64::try_from(age.as_nanos()).unwrap_or(i64::MAX));
             loop {
@@ -1754,3 +1761,4 @@ pub fn history_query(
 pub mod analysis;
 pub mod gate;
 pub mod operators;
+pub mod runs;

@@ -49,6 +49,12 @@ pub struct AppState {
     pub clock: crate::clock::Clock,
     /// Failed operator logins per username (the approval page's throttle).
     pub login_failures: crate::operators::LoginThrottle,
+    /// How long an envelope of each subject kind stays fresh (handoff
+    /// expiry, run captures).
+    pub freshness: crate::runs::freshness::Freshness,
+    /// The MCP server offers its four write tools
+    /// (`OBS_MCP_ENABLE_WRITES=true`).
+    pub mcp_writes: bool,
 }
 
 impl AppState {
@@ -74,6 +80,8 @@ impl AppState {
             ),
             clock: crate::clock::Clock::system(),
             login_failures: crate::operators::LoginThrottle::default(),
+            freshness: crate::runs::freshness::Freshness::default(),
+            mcp_writes: false,
         }
     }
 }
@@ -301,8 +309,31 @@ impl From<StoreError> for ApiError {
     }
 }
 
-/// Build the router.
+/// Build the router: the API plus the MCP server at `/mcp` (the MCP
+/// endpoint authenticates with the API key before anything is read).
 pub fn router(state: AppState) -> Router {
+    let mcp = crate::mcp::http_service(state.clone());
+    api_router(state.clone()).nest_service(
+        "/mcp",
+        tower::ServiceBuilder::new()
+            .layer(axum::middleware::from_fn_with_state(state, mcp_auth))
+            .service(mcp),
+    )
+}
+
+async fn mcp_auth(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match authenticate(&state, req.headers()).await {
+        Ok(_) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Build the API router (every route but `/mcp`).
+pub fn api_router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -316,6 +347,8 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::http_analysis::routes())
         .merge(crate::http_gate::routes())
         .merge(crate::http_ui::routes())
+        .merge(crate::http_runs::routes())
+        .merge(crate::http_bundles::routes())
         .fallback(no_such_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))

@@ -107,15 +107,21 @@ fn incident_json(i: &IncidentRow) -> Value {
     })
 }
 
-#[derive(Debug, Deserialize)]
+/// `POST /internal/incidents` body (also the MCP `open_incident` input).
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct IncidentRequest {
-    project: String,
-    environment: String,
-    dedup_key: String,
-    title: String,
+pub struct IncidentRequest {
+    /// Project.
+    pub project: String,
+    /// Environment.
+    pub environment: String,
+    /// One active incident per (project, environment, dedupKey).
+    pub dedup_key: String,
+    /// Title.
+    pub title: String,
+    /// The entity at fault, if known.
     #[serde(default)]
-    fault_locus_entity_id: Option<String>,
+    pub fault_locus_entity_id: Option<String>,
 }
 
 async fn post_incident(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {

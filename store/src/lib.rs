@@ -24,6 +24,7 @@
 //!   windows read [`clock::Clock`] only (docs/gate.md).
 
 pub mod analysis;
+pub mod bundle;
 pub mod changes_cli;
 pub mod client;
 pub mod clock;
@@ -33,14 +34,18 @@ pub mod gate;
 pub mod gate_tick;
 pub mod http;
 pub mod http_analysis;
+pub mod http_bundles;
 pub mod http_gate;
+pub mod http_runs;
 pub mod http_ui;
 pub mod ident;
 pub mod ingest;
 pub mod keys;
+pub mod mcp;
 pub mod operators;
 pub mod query;
 pub mod receipts;
+pub mod runs;
 pub mod synthetic;
 
 /// Wall-clock now, ns since the Unix epoch.

@@ -152,6 +152,13 @@ enum Command {
     },
     /// Apply pending migrations and print the schema version.
     Migrate,
+    /// Serve the MCP tools over stdio (the HTTP server also serves them at
+    /// /mcp). Reads only, unless OBS_MCP_ENABLE_WRITES=true.
+    Mcp {
+        /// The API key the tools act with.
+        #[arg(long, env = "PSTACK_STORE_API_KEY", hide_env_values = true)]
+        api_key: String,
+    },
     /// Record or list changes (deploys, flag flips, kernel upgrades…) in a
     /// running store, e.g. from a CI/CD pipeline.
     Changes {
@@ -358,6 +365,10 @@ async fn run(cli: Cli) -> Result<()> {
         .with_context(|| "opening the database (check --db / PSTACK_STORE_DB)".to_string())?;
     match cli.command {
         Command::Changes { .. } => {} // handled above, before the database
+        Command::Mcp { api_key } => {
+            let state = AppState::new(store.clone(), IngestLimits::default());
+            pstack_store::mcp::serve_stdio(state, api_key).await?;
+        }
         Command::Migrate => {
             pstack_cli::outln!("schema version {}", store.schema_version().await?)?;
         }
@@ -479,6 +490,11 @@ async fn run(cli: Cli) -> Result<()> {
             state.gate.envelope_freshness_ns =
                 i64::try_from(envelope_freshness.as_nanos()).unwrap_or(i64::MAX);
             state.gate.allow_private_webhooks = alert_webhook_allow_private;
+            state.mcp_writes = pstack_store::mcp::writes_enabled_from_env();
+            if let Ok(spec) = std::env::var("PSTACK_STORE_FRESHNESS") {
+                state.freshness =
+                    pstack_store::runs::freshness::Freshness::default().with_overrides(&spec)?;
+            }
             if alert_webhook_allow_private {
                 tracing::warn!(
                     "ALERT_WEBHOOK_ALLOW_PRIVATE=true: grant webhooks may reach internal addresses"
