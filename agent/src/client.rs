@@ -152,20 +152,36 @@ pub fn request_with(
     })
 }
 
-/// Run `call` on a fresh current-thread runtime, bounded by `timeout`.
-fn run<T>(
-    timeout: Duration,
-    call: impl std::future::Future<Output = Result<T, ClientError>>,
-) -> Result<T, ClientError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
+/// A fresh current-thread runtime for one call.
+fn runtime() -> Result<tokio::runtime::Runtime, ClientError> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
         .build()
-        .map_err(ClientError::Io)?;
-    rt.block_on(async {
-        tokio::time::timeout(timeout, call)
-            .await
-            .unwrap_or(Err(ClientError::Timeout(timeout)))
+        .map_err(ClientError::Io)
+}
+
+/// Run `call` on a fresh current-thread runtime, bounded by `timeout`. A
+/// caller already inside a runtime (which may not block on another) gets
+/// the call run on a thread of its own.
+fn run<T: Send>(
+    timeout: Duration,
+    call: impl std::future::Future<Output = Result<T, ClientError>> + Send,
+) -> Result<T, ClientError> {
+    let here = move || {
+        runtime()?.block_on(async {
+            tokio::time::timeout(timeout, call)
+                .await
+                .unwrap_or(Err(ClientError::Timeout(timeout)))
+        })
+    };
+    if tokio::runtime::Handle::try_current().is_err() {
+        return here();
+    }
+    std::thread::scope(|s| {
+        s.spawn(here)
+            .join()
+            .unwrap_or_else(|_| Err(ClientError::Protocol("the client thread panicked".into())))
     })
 }
 
@@ -508,35 +524,55 @@ pub fn follow_capture(
 ) -> Result<CaptureEvent, ClientError> {
     let target = format!("/v1/captures/{id}/events");
     let req = build_request("GET", &target, None, &[], "application/x-ndjson")?;
-    run(timeout, async {
-        let (head, body, seen) = send(socket, req).await?;
-        if head.status != hyper::StatusCode::OK {
-            let resp = HttpResponse {
-                status: head.status.as_u16(),
-                headers: Vec::new(),
-                body: read_capped(body, MAX_RESPONSE_BYTES, &seen).await?,
-            };
-            return Err(api_error(&resp));
+    // `on_event` runs between our waits, never inside the runtime, so it may
+    // call this client itself.
+    let rt = runtime()?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let (head, body, seen) = within(&rt, deadline, timeout, send(socket, req))?;
+    if head.status != hyper::StatusCode::OK {
+        let resp = HttpResponse {
+            status: head.status.as_u16(),
+            headers: Vec::new(),
+            body: within(
+                &rt,
+                deadline,
+                timeout,
+                read_capped(body, MAX_RESPONSE_BYTES, &seen),
+            )?,
+        };
+        return Err(api_error(&resp));
+    }
+    let mut lines = NdjsonLines::new(body, seen, MAX_RESPONSE_BYTES);
+    while let Some(line) = within(&rt, deadline, timeout, lines.next_line())? {
+        let event: CaptureEvent = serde_json::from_slice(&line)
+            .map_err(|e| ClientError::Protocol(format!("bad capture event: {e}")))?;
+        if let CaptureEvent::Envelope { envelope, .. } = &event {
+            pstack_envelope::verify(envelope.as_bytes()).map_err(ClientError::InvalidEnvelope)?;
         }
-        let mut lines = NdjsonLines::new(body, seen, MAX_RESPONSE_BYTES);
-        while let Some(line) = lines.next_line().await? {
-            let event: CaptureEvent = serde_json::from_slice(&line)
-                .map_err(|e| ClientError::Protocol(format!("bad capture event: {e}")))?;
-            if let CaptureEvent::Envelope { envelope, .. } = &event {
-                pstack_envelope::verify(envelope.as_bytes())
-                    .map_err(ClientError::InvalidEnvelope)?;
-            }
-            on_event(&event);
-            if matches!(
-                event,
-                CaptureEvent::Done { .. } | CaptureEvent::Failed { .. }
-            ) {
-                return Ok(event);
-            }
+        on_event(&event);
+        if matches!(
+            event,
+            CaptureEvent::Done { .. } | CaptureEvent::Failed { .. }
+        ) {
+            return Ok(event);
         }
-        Err(ClientError::Protocol(
-            "the event stream ended before the capture's outcome".into(),
-        ))
+    }
+    Err(ClientError::Protocol(
+        "the event stream ended before the capture's outcome".into(),
+    ))
+}
+
+/// Wait on `call` until `deadline` (the whole call's `timeout`).
+fn within<T>(
+    rt: &tokio::runtime::Runtime,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+    call: impl std::future::Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
+    rt.block_on(async {
+        tokio::time::timeout_at(deadline, call)
+            .await
+            .unwrap_or(Err(ClientError::Timeout(timeout)))
     })
 }
 
