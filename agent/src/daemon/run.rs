@@ -367,12 +367,11 @@ const MAX_REFUSALS_IN_FLIGHT: u64 = 16;
 /// of its request for at most 1 s, so it sees the answer rather than a reset)
 /// and close; outside the connection count.
 fn refuse_unauthorized(
-    mut stream: tokio::net::UnixStream,
+    stream: tokio::net::UnixStream,
     cred: PeerCred,
     group: &str,
     state: &Arc<DaemonState>,
 ) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     state.counters.unauthorized.fetch_add(1, Ordering::Relaxed);
     tracing::warn!(
         uid = cred.uid,
@@ -390,29 +389,25 @@ fn refuse_unauthorized(
         cred.uid, cred.gid
     )}})
     .to_string();
+    // hyper reads the request head (16 KiB at most) and answers 403 without
+    // reading the body; the whole exchange is bounded by one second.
+    let service = hyper::service::service_fn(move |_req: hyper::Request<hyper::body::Incoming>| {
+        let body = body.clone();
+        async move {
+            hyper::Response::builder()
+                .status(hyper::StatusCode::FORBIDDEN)
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .header(hyper::header::CONNECTION, "close")
+                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(false)
+        .max_buf_size(16 << 10)
+        .serve_connection(TokioIo::new(stream), service);
     let st = state.clone();
     tokio::spawn(async move {
-        let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            let mut buf = vec![0u8; 16 << 10];
-            let mut got = 0;
-            while got < buf.len() {
-                match stream.read(&mut buf[got..]).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => got += n,
-                }
-                if buf[..got].windows(4).any(|w| w == b"\r\n\r\n") {
-                    break;
-                }
-            }
-            let head = format!(
-                "HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = stream.write_all(head.as_bytes()).await;
-            let _ = stream.write_all(body.as_bytes()).await;
-            let _ = stream.shutdown().await;
-        })
-        .await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
         st.counters
             .refusals_in_flight
             .fetch_sub(1, Ordering::Relaxed);

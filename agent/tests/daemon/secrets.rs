@@ -6,13 +6,10 @@
 //! store API's answer — every byte under the test's directory is searched.
 //! And `args_digest` is keyed: hashing a guess does not reproduce it.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-use pstack_agent::client::parse_response;
 
 use super::collector::Collector;
 use super::common::*;
@@ -29,17 +26,21 @@ impl Drop for Killed {
 }
 
 fn get(addr: SocketAddr, path: &str, key: &str) -> (u16, Vec<u8>) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: store\r\nConnection: close\r\nAuthorization: Bearer {key}\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let r = parse_response(&raw).unwrap();
-    (r.status, r.body)
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let r = reqwest::Client::new()
+            .get(format!("http://{addr}{path}"))
+            .bearer_auth(key)
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.bytes().await.unwrap().to_vec())
+    })
 }
 
 /// Every file under `dir` (recursively) that contains `needle`.

@@ -4,12 +4,9 @@
 //! verifiable, and a replay is counted as a duplicate, not stored twice.
 
 use std::collections::HashSet;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-use pstack_agent::client::parse_response;
 
 use super::collector::Collector;
 use super::common::*;
@@ -30,18 +27,23 @@ fn http(
     key: &str,
     body: &[u8],
 ) -> Option<(u16, Vec<u8>)> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: store\r\nConnection: close\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).ok()?;
-    s.write_all(body).ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let r = parse_response(&raw).ok()?;
-    Some((r.status, r.body))
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    rt.block_on(async {
+        let r = reqwest::Client::new()
+            .request(method.parse().ok()?, format!("http://{addr}{path}"))
+            .bearer_auth(key)
+            .header("content-type", "application/json")
+            .body(body.to_vec())
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .ok()?;
+        let status = r.status().as_u16();
+        Some((status, r.bytes().await.ok()?.to_vec()))
+    })
 }
 
 #[test]

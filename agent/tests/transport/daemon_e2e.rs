@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use pstack_agent::client::{self, parse_response};
+use pstack_agent::client;
 use pstack_envelope::{Subject, SurfaceStatus};
 
 use crate::daemon_common::{Daemon, Settings, sibling_bin};
@@ -56,18 +56,21 @@ impl Store {
     }
 
     fn get(&self, path: &str) -> Option<(u16, Vec<u8>)> {
-        let mut s = TcpStream::connect(self.addr).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: store\r\nConnection: close\r\nAuthorization: Bearer {}\r\n\r\n",
-            self.key
-        )
-        .ok()?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).ok()?;
-        let r = parse_response(&raw).ok()?;
-        Some((r.status, r.body))
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        rt.block_on(async {
+            let r = reqwest::Client::new()
+                .get(format!("http://{}{path}", self.addr))
+                .bearer_auth(&self.key)
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await
+                .ok()?;
+            let status = r.status().as_u16();
+            Some((status, r.bytes().await.ok()?.to_vec()))
+        })
     }
 }
 
