@@ -881,19 +881,24 @@ async fn get_findings(
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
     auth(&state, &headers).await?;
-    only_params(&params, &["fingerprint", "limit"])?;
-    let fp = params
-        .get("fingerprint")
-        .ok_or_else(|| bad_query("fingerprint", "give fingerprint=fp_…"))?;
+    only_params(&params, &["fingerprint", "faultLocusEntityId", "limit"])?;
     let limit = limit_param(&params, 50)?;
-    let items: Vec<Value> = state
-        .store
-        .findings_by_fingerprint(fp, limit)
-        .await
-        .map_err(store_err)?
-        .iter()
-        .map(finding_json)
-        .collect();
+    let rows = match (params.get("fingerprint"), params.get("faultLocusEntityId")) {
+        (Some(fp), None) => state.store.findings_by_fingerprint(fp, limit).await,
+        (None, Some(entity)) if !entity.is_empty() && entity.len() <= 256 => {
+            state.store.findings_by_locus(entity, limit).await
+        }
+        (None, Some(_)) => {
+            return Err(bad_query("faultLocusEntityId", "1 to 256 bytes"));
+        }
+        _ => {
+            return Err(bad_query(
+                "fingerprint",
+                "give exactly one of fingerprint=fp_… or faultLocusEntityId=…",
+            ));
+        }
+    };
+    let items: Vec<Value> = rows.map_err(store_err)?.iter().map(finding_json).collect();
     Ok(Json(json!({"items": items})).into_response())
 }
 

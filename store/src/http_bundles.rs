@@ -147,16 +147,18 @@ pub async fn assemble(
         .iter()
         .filter_map(|f| f["contributingChangeId"].as_str().map(String::from))
         .collect();
-    let env_q: String = env
-        .bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect();
+    let query_enc = |s: &str| -> String {
+        s.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    };
+    let env_q = query_enc(env);
     let changes = call(
         &api,
         authz,
@@ -177,24 +179,33 @@ pub async fn assemble(
         };
         candidates.push(json!({"change": c, "blastRadius": radius}));
     }
-    // Prior findings: by the incident's fault locus entity and by each
-    // finding's recurrence fingerprint, other incidents only.
+    // Prior findings, other incidents only: by each finding's recurrence
+    // fingerprint first, then by fault locus entity (the incident's and its
+    // findings'); a finding both match is listed once, as `fingerprint`.
+    let mut lookups: Vec<(&str, String)> = Vec::new();
+    for f in &findings {
+        if let Some(fp) = f["fingerprint"].as_str().filter(|fp| enc(fp)) {
+            lookups.push(("fingerprint", format!("fingerprint={fp}")));
+        }
+    }
+    let mut entities = BTreeSet::new();
+    for e in std::iter::once(&inc["faultLocusEntityId"])
+        .chain(findings.iter().map(|f| &f["faultLocusEntityId"]))
+        .filter_map(Value::as_str)
+        .filter(|e| !e.is_empty() && e.len() <= 256)
+    {
+        if entities.insert(e) {
+            lookups.push(("entity", format!("faultLocusEntityId={}", query_enc(e))));
+        }
+    }
     let mut prior = Vec::new();
     let mut seen = BTreeSet::new();
-    for f in &findings {
-        if let Some(fp) = f["fingerprint"].as_str()
-            && enc(fp)
-            && let Some(v) = call(
-                &api,
-                authz,
-                &format!("/internal/findings?fingerprint={fp}&limit=20"),
-            )
-            .await
-        {
+    for (matched_by, q) in lookups {
+        if let Some(v) = call(&api, authz, &format!("/internal/findings?{q}&limit=20")).await {
             for p in v["items"].as_array().cloned().unwrap_or_default() {
                 let id = p["id"].as_str().unwrap_or_default().to_string();
                 if p["incidentId"] != inc["id"] && seen.insert(id) {
-                    prior.push(json!({"matchedBy": "fingerprint", "finding": p}));
+                    prior.push(json!({"matchedBy": matched_by, "finding": p}));
                 }
             }
         }

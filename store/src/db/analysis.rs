@@ -888,6 +888,28 @@ impl Store {
         })
     }
 
+    /// Findings whose fault locus is `entity`, newest first.
+    pub async fn findings_by_locus(
+        &self,
+        entity: &str,
+        limit: i64,
+    ) -> Result<Vec<FindingRow>, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            let rows = sqlx::query(&format!(
+                "SELECT {FINDING_COLUMNS} FROM findings WHERE fault_locus_entity_id = $1 ORDER BY created_ns DESC, id DESC LIMIT $2"
+            ))
+            .bind(entity)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for row in &rows {
+                out.push(finding_row!(row));
+            }
+            Ok(out)
+        })
+    }
+
     /// Record a counterfactual outcome and the tier it earns.
     pub async fn update_finding_proof(
         &self,

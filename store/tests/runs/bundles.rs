@@ -10,7 +10,10 @@ use super::post;
 use crate::on_both_backends;
 use crate::support::{Db, Harness, code};
 
-on_both_backends!(bundles_stay_within_budget_and_say_what_they_cut);
+on_both_backends!(
+    bundles_stay_within_budget_and_say_what_they_cut,
+    prior_findings_match_by_entity_and_by_fingerprint,
+);
 
 async fn finding(h: &Harness, incident: &str, fp: &str, cited: &[String]) {
     let now = h.clock.now_ns();
@@ -147,5 +150,103 @@ async fn bundles_stay_within_budget_and_say_what_they_cut(db: Db) {
         (st, e["error"]["field"].as_str()),
         (StatusCode::BAD_REQUEST, Some("intent"))
     );
+    h.finish().await;
+}
+
+/// A finding of `incident` on `locus` whose recurrence fingerprint comes
+/// from `signature`, through the route; its id.
+async fn posted_finding(h: &Harness, incident: &str, locus: &str, signature: &str) -> String {
+    let (st, r) = post(
+        h,
+        "/internal/findings",
+        &json!({"environment": "prod", "incidentId": incident, "faultLocusEntityId": locus,
+            "causalChain": [{"subject": locus, "relation": "originated_fault_in_span", "object": locus}],
+            "idempotencyKey": format!("{incident}-{locus}-{signature}"),
+            "fingerprintInput": {"originatingNodeId": locus, "normalizedOperation": "POST /checkout",
+                "errorSignature": signature}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    r["finding"]["id"].as_str().unwrap().to_string()
+}
+
+async fn prior_findings_match_by_entity_and_by_fingerprint(db: Db) {
+    let Some(h) = Harness::start(db).await else {
+        return;
+    };
+    let inc = incident(&h, "now").await;
+    posted_finding(&h, &inc, "checkout-api", "TaxRoundingError").await;
+    // Same entity, another error: by entity.
+    let b = incident(&h, "b").await;
+    let by_entity = posted_finding(&h, &b, "checkout-api", "Timeout").await;
+    // Same error on another entity: by fingerprint (the fingerprint hashes
+    // the originating node, so name the same one).
+    let c = incident(&h, "c").await;
+    let (st, r) = post(
+        &h,
+        "/internal/findings",
+        &json!({"environment": "prod", "incidentId": c, "faultLocusEntityId": "orders-db",
+            "causalChain": [{"subject": "orders-db", "relation": "originated_fault_in_span", "object": "orders-db"}],
+            "idempotencyKey": "c-orders",
+            "fingerprintInput": {"originatingNodeId": "checkout-api", "normalizedOperation": "POST /checkout",
+                "errorSignature": "TaxRoundingError"}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    let by_fp = r["finding"]["id"].as_str().unwrap().to_string();
+    // Both: listed once, as fingerprint.
+    let e = incident(&h, "e").await;
+    let both = posted_finding(&h, &e, "checkout-api", "TaxRoundingError").await;
+    // Neither.
+    let d = incident(&h, "d").await;
+    posted_finding(&h, &d, "orders-db", "DiskFull").await;
+
+    let (st, bundle) = h
+        .get(&format!(
+            "/internal/bundles?intent=triage_incident&incident={inc}&budgetTokens=100000"
+        ))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{bundle}");
+    let mut got: Vec<(String, String)> = bundle["priorFindings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["matchedBy"].as_str().unwrap().to_string(),
+                p["finding"]["id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    let mut want = vec![
+        ("entity".to_string(), by_entity),
+        ("fingerprint".to_string(), by_fp),
+        ("fingerprint".to_string(), both),
+    ];
+    want.sort();
+    assert_eq!(got, want, "{bundle:#}");
+
+    // The route: exactly one of the two keys, the field named.
+    let (st, items) = h
+        .get("/internal/findings?faultLocusEntityId=orders-db")
+        .await;
+    assert_eq!(st, StatusCode::OK, "{items}");
+    assert_eq!(items["items"].as_array().unwrap().len(), 2);
+    for (q, field) in [
+        ("faultLocusEntityId=", "faultLocusEntityId"),
+        (
+            "fingerprint=fp_x&faultLocusEntityId=orders-db",
+            "fingerprint",
+        ),
+        ("limit=3", "fingerprint"),
+    ] {
+        let (st, e) = h.get(&format!("/internal/findings?{q}")).await;
+        assert_eq!(
+            (st, e["error"]["field"].as_str()),
+            (StatusCode::BAD_REQUEST, Some(field)),
+            "{q}: {e}"
+        );
+    }
     h.finish().await;
 }

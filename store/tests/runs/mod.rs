@@ -12,6 +12,7 @@ use crate::on_both_backends;
 use crate::support::{Db, Harness, captured_logs, code};
 
 mod bundles;
+mod newcomer;
 pub(crate) mod secrets;
 
 pub(crate) async fn post(h: &Harness, path: &str, body: &Value) -> (StatusCode, Value) {
