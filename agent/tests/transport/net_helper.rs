@@ -58,6 +58,21 @@ fn status_field(pid: u32, key: &str) -> String {
         .to_string()
 }
 
+/// Whether `pid` is a net helper (`pstack-helper --net`), not the
+/// socket-option helper a capture also spawns (`--sockopt`) once it has found
+/// socket owners. That one can be done and reaped before its cmdline is read
+/// (an empty cmdline): only a helper seen with `--net` counts.
+fn is_net_helper(pid: u32) -> bool {
+    let until = Instant::now() + Duration::from_millis(100);
+    loop {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !cmdline.is_empty() || Instant::now() > until {
+            return cmdline.split(|b| *b == 0).any(|a| a == b"--net");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// The flow envelope whose remote port is the data port.
 /// Start a capture of `ns` over `window` on its own thread; return it, the
 /// pid of the first net helper it spawned, and the channel that reports any
@@ -74,7 +89,9 @@ fn capture_in_thread(
     let tx = Mutex::new(tx);
     let mut cfg = config();
     cfg.on_helper_spawned = Some(Arc::new(move |h| {
-        let _ = tx.lock().unwrap().send(h.pid);
+        if is_net_helper(h.pid) {
+            let _ = tx.lock().unwrap().send(h.pid);
+        }
     }));
     let dir = tempfile::tempdir().unwrap();
     let p = plan(ns, window);
@@ -131,10 +148,12 @@ fn root_net_helper_stands_in_the_target_netns_and_pstackctl_does_not() {
     assert_eq!(ns_inode("/proc/self/ns/net"), mine);
     let result = capture.join().unwrap().expect("capture");
     assert_eq!(result.net_ns, target);
-    assert!(
-        rx.try_recv().is_err(),
-        "one helper served both ends of the window"
-    );
+    if let Ok(other) = rx.try_recv() {
+        panic!(
+            "one helper served both ends of the window: another helper {other} ({:?})",
+            std::fs::read_to_string(format!("/proc/{other}/cmdline")).unwrap_or_default()
+        );
+    }
     // The flow exists only inside the testbed netns: the helper's sock_diag
     // dump saw it, at both ends, with the veth peer read through CAP_NET_ADMIN.
     let env = data_flow(&result);
@@ -170,6 +189,9 @@ fn stopping_config(
     let seen = spawned.clone();
     let mut cfg = config();
     cfg.on_helper_spawned = Some(Arc::new(move |h| {
+        if !is_net_helper(h.pid) {
+            return;
+        }
         let mut s = seen.lock().unwrap();
         if stop(s.len()) {
             // SAFETY: kill(2) with integer arguments on a child we just spawned.
@@ -337,6 +359,9 @@ fn root_frozen_net_helper_is_timeout_unreaped_journaled_and_spends_the_budget() 
     let (seen, fz) = (spawned.clone(), freezer.clone());
     let mut cfg = config();
     cfg.on_helper_spawned = Some(Arc::new(move |h| {
+        if !is_net_helper(h.pid) {
+            return;
+        }
         let mut s = seen.lock().unwrap();
         if s.is_empty() {
             fz.freeze(h.pid);
