@@ -176,6 +176,7 @@ pub struct Config {
     /// The flight recorder the TCP watch rules read.
     pub flight_recorder: FlightRecorderConfig,
     /// Watch rules (`[[watch]]` tables); none by default.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub watch: Vec<super::watch::rules::WatchRuleConfig>,
 }
 
@@ -483,7 +484,10 @@ impl Config {
             return Err(invalid("flight_recorder.seconds", "between 1 and 3600"));
         }
         if !(1..=1_000_000).contains(&self.flight_recorder.max_flows) {
-            return Err(invalid("flight_recorder.max_flows", "between 1 and 1000000"));
+            return Err(invalid(
+                "flight_recorder.max_flows",
+                "between 1 and 1000000",
+            ));
         }
         let kubelet = &self.capture.kubelet_url;
         if !kubelet.is_empty() {

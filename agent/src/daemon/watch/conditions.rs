@@ -234,12 +234,27 @@ mod tests {
         tr.observe(s(0), &[t(10, 10, 100, Some(7))], min);
         tr.observe(s(1000), &[t(10, 10, 100, Some(7))], min);
         // Same tid, other start time: another task.
-        assert!(tr.observe(s(2000), &[t(10, 10, 555, Some(7))], min).is_empty());
-        assert!(tr.observe(s(3000), &[t(10, 10, 555, Some(7))], min).is_empty());
+        assert!(
+            tr.observe(s(2000), &[t(10, 10, 555, Some(7))], min)
+                .is_empty()
+        );
+        assert!(
+            tr.observe(s(3000), &[t(10, 10, 555, Some(7))], min)
+                .is_empty()
+        );
         // It ran between samples (timeslices moved): not continuous.
-        assert!(tr.observe(s(4000), &[t(10, 10, 555, Some(8))], min).is_empty());
-        assert!(tr.observe(s(5000), &[t(10, 10, 555, Some(8))], min).is_empty());
-        assert_eq!(tr.observe(s(6000), &[t(10, 10, 555, Some(8))], min).len(), 1);
+        assert!(
+            tr.observe(s(4000), &[t(10, 10, 555, Some(8))], min)
+                .is_empty()
+        );
+        assert!(
+            tr.observe(s(5000), &[t(10, 10, 555, Some(8))], min)
+                .is_empty()
+        );
+        assert_eq!(
+            tr.observe(s(6000), &[t(10, 10, 555, Some(8))], min).len(),
+            1
+        );
     }
 
     #[test]
@@ -262,7 +277,7 @@ mod tests {
         let mut r = RateTracker::default();
         // (at ms, value, fires)
         let table = [
-            (0, 100, false),   // first sample: no rate yet
+            (0, 100, false),    // first sample: no rate yet
             (1000, 102, false), // 2/s
             (2000, 120, true),  // 18/s: crosses 10/s
             (3000, 140, false), // still above: no new firing

@@ -262,9 +262,11 @@ impl WatchEngine {
                 _ => None,
             })
             .collect();
-        let flow_state = inner
-            .flows
-            .ensure(&flow_ports, &state.config().ebpf, &state.config().flight_recorder);
+        let flow_state = inner.flows.ensure(
+            &flow_ports,
+            &state.config().ebpf,
+            &state.config().flight_recorder,
+        );
         for s in &mut inner.rules {
             let needs_helper = !matches!(s.rule.kind, RuleKind::TcpReset);
             s.availability = match (s.rule.kind, &helper, &flow_state) {
@@ -274,9 +276,7 @@ impl WatchEngine {
                 (_, Some(reason), _) if needs_helper => {
                     Availability::Unavailable(format!("pstack-helper not found: {reason}"))
                 }
-                (k, _, Err(reason)) if k.needs_flows() => {
-                    Availability::Unavailable(reason.clone())
-                }
+                (k, _, Err(reason)) if k.needs_flows() => Availability::Unavailable(reason.clone()),
                 _ => Availability::Armed,
             };
         }
@@ -288,7 +288,11 @@ impl WatchEngine {
         let at = Instant::now();
         let mut inner = lock(&self.inner);
         if let Some(d) = &readings.d_scan {
-            inner.last_scan = Some((d.scanned, d.truncated, readings.sampled_in.as_micros() as u64));
+            inner.last_scan = Some((
+                d.scanned,
+                d.truncated,
+                readings.sampled_in.as_micros() as u64,
+            ));
         }
         let mut out = Vec::new();
         for s in inner.rules.iter_mut() {
@@ -297,7 +301,9 @@ impl WatchEngine {
             }
             match &s.rule.condition {
                 Condition::DState { min } => {
-                    let Some(scan) = &readings.d_scan else { continue };
+                    let Some(scan) = &readings.d_scan else {
+                        continue;
+                    };
                     for f in s.d_state.observe(now, &scan.in_d, *min) {
                         let mut c = BTreeMap::new();
                         c.insert("tid".into(), f.task.tid.to_string());
@@ -318,9 +324,7 @@ impl WatchEngine {
                             condition: c,
                             // The condition became true T after the first
                             // sample that saw the task in D.
-                            fault_at: at
-                                .checked_sub(f.d_for.saturating_sub(*min))
-                                .unwrap_or(at),
+                            fault_at: at.checked_sub(f.d_for.saturating_sub(*min)).unwrap_or(at),
                             action: Action::Process {
                                 tgid: f.task.tgid,
                                 tid: f.task.tid,
@@ -335,18 +339,28 @@ impl WatchEngine {
                 | Condition::RetransmitRate {
                     threshold_per_second,
                 } => {
-                    let Some(Ok(tcp)) = &readings.tcp else { continue };
+                    let Some(Ok(tcp)) = &readings.tcp else {
+                        continue;
+                    };
                     let (counter, value) = match s.rule.kind {
-                        RuleKind::ListenOverflow => ("TcpExt.ListenOverflows", tcp.listen_overflows),
+                        RuleKind::ListenOverflow => {
+                            ("TcpExt.ListenOverflows", tcp.listen_overflows)
+                        }
                         _ => ("Tcp.RetransSegs", tcp.retrans_segs),
                     };
-                    if let Some(r) = s.rate.observe(CounterSample { at: now, value }, *threshold_per_second) {
+                    if let Some(r) = s
+                        .rate
+                        .observe(CounterSample { at: now, value }, *threshold_per_second)
+                    {
                         let mut c = BTreeMap::new();
                         c.insert("counter".into(), counter.into());
                         c.insert("increase".into(), r.delta.to_string());
                         c.insert("over_ms".into(), r.over.as_millis().to_string());
                         c.insert("per_second".into(), format!("{:.1}", r.per_second));
-                        c.insert("threshold_per_second".into(), threshold_per_second.to_string());
+                        c.insert(
+                            "threshold_per_second".into(),
+                            threshold_per_second.to_string(),
+                        );
                         c.insert("value".into(), value.to_string());
                         out.push(Firing {
                             rule: s.rule.name.clone(),
@@ -366,7 +380,14 @@ impl WatchEngine {
             .rules
             .iter()
             .filter(|s| s.availability == Availability::Armed && s.rule.kind.needs_flows())
-            .map(|s| (s.rule.name.clone(), s.rule.kind, s.rule.condition.clone(), s.rule.window))
+            .map(|s| {
+                (
+                    s.rule.name.clone(),
+                    s.rule.kind,
+                    s.rule.condition.clone(),
+                    s.rule.window,
+                )
+            })
             .collect();
         if !flow_rules.is_empty() {
             out.extend(inner.flows.firings(&flow_rules, at));
@@ -490,7 +511,8 @@ impl WatchEngine {
                 let _ = writeln!(out, "{name}{{{labels}}} {v}");
             }
         };
-        let label = |s: &RuleState| format!("rule=\"{}\",kind=\"{}\"", s.rule.name, s.rule.kind.as_str());
+        let label =
+            |s: &RuleState| format!("rule=\"{}\",kind=\"{}\"", s.rule.name, s.rule.kind.as_str());
         family(
             "pstackd_watch_rule_armed",
             "gauge",

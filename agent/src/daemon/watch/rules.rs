@@ -195,7 +195,10 @@ impl WatchRuleConfig {
         let kind = self.kind;
         let foreign = |key: &str, set: bool| -> Result<(), RuleError> {
             if set {
-                Err(err(format!("`{key}` does not apply to a {} rule", kind.as_str())))
+                Err(err(format!(
+                    "`{key}` does not apply to a {} rule",
+                    kind.as_str()
+                )))
             } else {
                 Ok(())
             }
@@ -257,14 +260,17 @@ impl WatchRuleConfig {
         let window = match &self.window {
             None => default_window,
             Some(w) if w.trim() == "0" => Duration::ZERO,
-            Some(w) => pstack_cli::duration::parse_duration(w)
-                .map_err(|e| err(format!("window: {e}")))?,
+            Some(w) => {
+                pstack_cli::duration::parse_duration(w).map_err(|e| err(format!("window: {e}")))?
+            }
         };
         if window > Duration::from_secs(60) {
             return Err(err("window must be at most 60s".into()));
         }
         if kind == RuleKind::TcpRto && window.is_zero() {
-            return Err(err("a tcp_rto rule needs a live window (e.g. \"5s\")".into()));
+            return Err(err(
+                "a tcp_rto rule needs a live window (e.g. \"5s\")".into()
+            ));
         }
         let per_subject = self
             .max_per_subject_per_hour
@@ -370,20 +376,59 @@ mod tests {
     fn bad_rules_are_refused_naming_the_rule_and_the_key() {
         let table: &[(&str, &str)] = &[
             ("name = \"x\"\nkind = \"cpu_hot\"", "unknown variant"),
-            ("name = \"x\"\nkind = \"d_state\"\nports = \"1-2\"", "`ports` does not apply"),
-            ("name = \"x\"\nkind = \"d_state\"\nmin_seconds = 0", "min_seconds"),
-            ("name = \"x\"\nkind = \"tcp_reset\"\nports = \"20000-10000\"", "empty"),
-            ("name = \"x\"\nkind = \"tcp_reset\"\nports = \"0-5\"", "not a port"),
-            ("name = \"x\"\nkind = \"tcp_reset\"\nwindow = \"5s\"", "`window` does not apply"),
-            ("name = \"x\"\nkind = \"tcp_rto\"\nwindow = \"0\"", "live window"),
-            ("name = \"x\"\nkind = \"listen_overflow\"", "needs threshold_per_second"),
-            ("name = \"x\"\nkind = \"retransmit_rate\"\nthreshold_per_second = 0", "at least 1"),
-            ("name = \"x\"\nkind = \"d_state\"\nwindow = \"soon\"", "window"),
-            ("name = \"x\"\nkind = \"d_state\"\nwindow = \"5m\"", "at most 60s"),
-            ("name = \"x\"\nkind = \"d_state\"\nmax_per_hour = 0", "between 1 and 3600"),
-            ("name = \"x\"\nkind = \"d_state\"\nmax_per_subject_per_hour = 5\nmax_per_hour = 2", "exceeds"),
+            (
+                "name = \"x\"\nkind = \"d_state\"\nports = \"1-2\"",
+                "`ports` does not apply",
+            ),
+            (
+                "name = \"x\"\nkind = \"d_state\"\nmin_seconds = 0",
+                "min_seconds",
+            ),
+            (
+                "name = \"x\"\nkind = \"tcp_reset\"\nports = \"20000-10000\"",
+                "empty",
+            ),
+            (
+                "name = \"x\"\nkind = \"tcp_reset\"\nports = \"0-5\"",
+                "not a port",
+            ),
+            (
+                "name = \"x\"\nkind = \"tcp_reset\"\nwindow = \"5s\"",
+                "`window` does not apply",
+            ),
+            (
+                "name = \"x\"\nkind = \"tcp_rto\"\nwindow = \"0\"",
+                "live window",
+            ),
+            (
+                "name = \"x\"\nkind = \"listen_overflow\"",
+                "needs threshold_per_second",
+            ),
+            (
+                "name = \"x\"\nkind = \"retransmit_rate\"\nthreshold_per_second = 0",
+                "at least 1",
+            ),
+            (
+                "name = \"x\"\nkind = \"d_state\"\nwindow = \"soon\"",
+                "window",
+            ),
+            (
+                "name = \"x\"\nkind = \"d_state\"\nwindow = \"5m\"",
+                "at most 60s",
+            ),
+            (
+                "name = \"x\"\nkind = \"d_state\"\nmax_per_hour = 0",
+                "between 1 and 3600",
+            ),
+            (
+                "name = \"x\"\nkind = \"d_state\"\nmax_per_subject_per_hour = 5\nmax_per_hour = 2",
+                "exceeds",
+            ),
             ("name = \"Bad Name\"\nkind = \"d_state\"", "name must be"),
-            ("name = \"x\"\nkind = \"d_state\"\ncolour = 1", "unknown field"),
+            (
+                "name = \"x\"\nkind = \"d_state\"\ncolour = 1",
+                "unknown field",
+            ),
         ];
         for (body, want) in table {
             let e = parse(&format!("[[watch]]\n{body}\n")).unwrap_err();
