@@ -54,6 +54,7 @@
 //!   ESTABLISHED for CLOSE, EstabResets/OutRsts deltas) as facts, the reset
 //!   direction as an inference, and leaves an unknown with its probe.
 
+pub mod recorded;
 pub mod rules;
 /// The ids of the surfaces a flow envelope can carry: claims bind these,
 /// never a string written elsewhere.
