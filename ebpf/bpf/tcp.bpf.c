@@ -250,9 +250,11 @@ int pstack_tcp_retransmit(void *ctx)
 			e->detail = BPF_CORE_READ(tp, err);
 			e->layout |= PSTACK_LAYOUT_RETRANSMIT_ERR;
 		}
-		sock_ids(e, tp->skaddr, 1, 1);
-		sock_windows(e, tp->skaddr, e->state);
-		retransmit_ca(e, tp->skaddr);
+		/* One ctx load: reusing tp->skaddr makes clang re-derive ctx+off, which the verifier refuses. */
+		const void *sk = tp->skaddr;
+		sock_ids(e, sk, 1, 1);
+		sock_windows(e, sk, e->state);
+		retransmit_ca(e, sk);
 	} else {
 		struct trace_event_raw_tcp_event_sk_skb___old *tp = ctx;
 		__u16 sport = tp->sport, dport = tp->dport;
@@ -265,9 +267,11 @@ int pstack_tcp_retransmit(void *ctx)
 		e->dport = dport;
 		e->state = tp->state;
 		copy_addrs(e, tp);
-		sock_ids(e, tp->skaddr, 1, 1);
-		sock_windows(e, tp->skaddr, e->state);
-		retransmit_ca(e, tp->skaddr);
+		/* One ctx load: reusing tp->skaddr makes clang re-derive ctx+off, which the verifier refuses. */
+		const void *sk = tp->skaddr;
+		sock_ids(e, sk, 1, 1);
+		sock_windows(e, sk, e->state);
+		retransmit_ca(e, sk);
 	}
 	bpf_ringbuf_submit(e, wake_flag());
 	return 0;
@@ -288,14 +292,14 @@ int pstack_tcp_receive_reset(struct trace_event_raw_tcp_event_sk *tp)
 	e->sport = sport;
 	e->dport = dport;
 	copy_addrs(e, tp);
+	const struct sock *sk = tp->skaddr;
 	if (bpf_core_field_exists(tp->sock_cookie)) {
 		e->sock_cookie = BPF_CORE_READ(tp, sock_cookie);
 		e->layout |= PSTACK_LAYOUT_RECV_RESET_COOKIE;
-		sock_ids(e, tp->skaddr, 0, 1);
+		sock_ids(e, sk, 0, 1);
 	} else {
-		sock_ids(e, tp->skaddr, 1, 1);
+		sock_ids(e, sk, 1, 1);
 	}
-	const struct sock *sk = tp->skaddr;
 	if (sk) {
 		e->state = BPF_CORE_READ(sk, __sk_common.skc_state);
 		sock_windows(e, sk, e->state);
@@ -348,9 +352,10 @@ int pstack_tcp_send_reset(void *ctx)
 		e->state = tp->state;
 		e->detail = tp->reason;
 		e->layout |= PSTACK_LAYOUT_SEND_RESET_SOCKADDR;
-		if (tp->skaddr) {
-			sock_ids(e, tp->skaddr, 1, 1);
-			sock_windows(e, tp->skaddr, e->state);
+		const void *sk = tp->skaddr;
+		if (sk) {
+			sock_ids(e, sk, 1, 1);
+			sock_windows(e, sk, e->state);
 		} else
 			skb_netns(e, tp->skbaddr);
 	} else {
@@ -366,9 +371,10 @@ int pstack_tcp_send_reset(void *ctx)
 		e->state = tp->state;
 		copy_addrs(e, tp);
 		e->layout |= PSTACK_LAYOUT_SEND_RESET_SK_SKB;
-		if (tp->skaddr) {
-			sock_ids(e, tp->skaddr, 1, 1);
-			sock_windows(e, tp->skaddr, e->state);
+		const void *sk = tp->skaddr;
+		if (sk) {
+			sock_ids(e, sk, 1, 1);
+			sock_windows(e, sk, e->state);
 		} else
 			skb_netns(e, tp->skbaddr);
 	}
@@ -394,9 +400,10 @@ int pstack_inet_sock_set_state(struct trace_event_raw_inet_sock_set_state *tp)
 	e->state = tp->oldstate;
 	e->newstate = tp->newstate;
 	copy_addrs(e, tp);
-	sock_ids(e, tp->skaddr, 1, 0);
+	const void *sk = tp->skaddr;
+	sock_ids(e, sk, 1, 0);
 	/* The socket still has its old state here (set after the tracepoint). */
-	sock_windows(e, tp->skaddr, e->state);
+	sock_windows(e, sk, e->state);
 	bpf_ringbuf_submit(e, wake_flag());
 	return 0;
 }
