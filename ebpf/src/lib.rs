@@ -68,6 +68,7 @@
 
 pub mod aggregate;
 pub mod error;
+pub mod flight;
 pub mod host;
 pub mod objects;
 pub mod offcpu;
@@ -78,8 +79,12 @@ pub mod symbols;
 
 pub use aggregate::{Limits, TcpAggregate, TcpSurface};
 pub use error::EbpfError;
+pub use flight::{
+    FlightConfig, FlightRecorder, FlightStats, FlowBook, FlowBucket, FlowHistory, FlowIncident,
+    FlowKey, FlowTotals,
+};
 pub use offcpu::OffCpuWindow;
-pub use record::{Endpoint, TcpEvent, TcpEventKind, TcpState};
+pub use record::{Endpoint, TcpEvent, TcpEventKind, TcpRecord, TcpSockState, TcpState};
 pub use session::{
     EbpfConfig, EbpfSession, EbpfStatus, KernelCounts, MapSizes, OffCpuStatus, ProgramState,
     WindowReport, capture_blocking, monotonic_ns,
