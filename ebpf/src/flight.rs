@@ -516,10 +516,8 @@ impl FlowBook {
         let e = &r.event;
         let reopening = e.kind == TcpEventKind::StateChange && e.state == TCP_CLOSE;
         let restart = reopening && self.flows.get(&key).is_some_and(|f| f.closed);
-        if restart {
-            if let Some(old) = self.flows.remove(&key) {
-                self.lru.remove(&(old.lru_sec, key.clone()));
-            }
+        if restart && let Some(old) = self.flows.remove(&key) {
+            self.lru.remove(&(old.lru_sec, key.clone()));
         }
         if !self.flows.contains_key(&key) {
             if self.flows.len() >= self.max_flows
