@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use pstack_ebpf::{FlightStats, FlowHistory, FlowIncident};
 use pstack_envelope::{
-    Bounds, Claim, ClaimKind, Clock, Collector, Envelope, EnvelopeBuilder, EnvelopeError,
+    Bounds, BuildError, Claim, ClaimKind, Clock, Collector, Envelope, EnvelopeBuilder,
     NextTransition, Scope, StreamIdentity, Subject, Surface, SurfaceStatus, Termination, Trigger,
     Universe, Unknown, sha256_digest,
 };
@@ -151,7 +151,7 @@ fn facts_of(rec: &RecordedFlow) -> Map<String, Value> {
 }
 
 /// Seal `rec` with `trigger` in the collector.
-pub fn seal(rec: &RecordedFlow, trigger: Trigger) -> Result<Envelope, EnvelopeError> {
+pub fn seal(rec: &RecordedFlow, trigger: Trigger) -> Result<Envelope, BuildError> {
     let h = &rec.history;
     let now = monotonic_ns();
     let started = h.reached_back_ns.min(now);
@@ -315,7 +315,10 @@ mod tests {
     }
 
     fn codes(t: FlowTotals, i: FlowIncident) -> Vec<String> {
-        claims_of(&history(t), &i).into_iter().map(|c| c.code).collect()
+        claims_of(&history(t), &i)
+            .into_iter()
+            .map(|c| c.code)
+            .collect()
     }
 
     #[test]
@@ -392,7 +395,11 @@ mod tests {
         let bytes = serde_json::to_vec(&env).unwrap();
         let back = pstack_envelope::verify(&bytes).expect("verifies");
         assert_eq!(back.collector.trigger.unwrap().rule, "resets");
-        let s = back.surfaces.iter().find(|s| s.id == FLIGHT_SURFACE).unwrap();
+        let s = back
+            .surfaces
+            .iter()
+            .find(|s| s.id == FLIGHT_SURFACE)
+            .unwrap();
         assert_eq!(s.facts["totals"]["retransmits"], 9);
         assert_eq!(s.facts["sock_cookie"], "77");
         assert_eq!(s.facts["reached_back_before_last_ns"], 10_000_000_000u64);

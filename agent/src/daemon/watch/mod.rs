@@ -175,6 +175,8 @@ pub struct Firing {
 #[derive(Debug)]
 pub struct WatchEngine {
     inner: Mutex<Inner>,
+    /// Locked after `inner` when both are held, never before.
+    flows: Mutex<flows::FlowWatch>,
     events: broadcast::Sender<Value>,
     recent: Mutex<VecDeque<Value>>,
     proc_root: PathBuf,
@@ -185,7 +187,6 @@ pub struct WatchEngine {
 struct Inner {
     rules: Vec<RuleState>,
     running: BTreeSet<String>,
-    flows: flows::FlowWatch,
     last_scan: Option<(usize, bool, u64)>,
 }
 
@@ -199,6 +200,7 @@ impl WatchEngine {
         let (events, _) = broadcast::channel(1024);
         WatchEngine {
             inner: Mutex::new(Inner::default()),
+            flows: Mutex::new(flows::FlowWatch::default()),
             events,
             recent: Mutex::new(VecDeque::with_capacity(RECENT_EVENTS)),
             proc_root: PathBuf::from("/proc"),
@@ -250,26 +252,26 @@ impl WatchEngine {
         tracing::info!(rules = ?names, "watch rules in force");
     }
 
-    /// Decide each rule's availability from the daemon's state.
-    fn refresh_availability(&self, state: &DaemonState) {
-        let helper = state.engine.supervisor.as_ref().err().cloned();
-        let mut inner = lock(&self.inner);
-        let flow_ports: Vec<(u16, u16)> = inner
+    /// The port ranges of the TCP rules.
+    fn flow_ports(&self) -> Vec<(u16, u16)> {
+        lock(&self.inner)
             .rules
             .iter()
             .filter_map(|s| match s.rule.condition {
                 Condition::TcpReset { ports } | Condition::TcpRto { ports } => Some(ports),
                 _ => None,
             })
-            .collect();
-        let flow_state = inner.flows.ensure(
-            &flow_ports,
-            &state.config().ebpf,
-            &state.config().flight_recorder,
-        );
+            .collect()
+    }
+
+    /// Decide each rule's availability from the daemon's state and the
+    /// flight recorder's (`flow_state`).
+    fn refresh_availability(&self, state: &DaemonState, flow_state: &Result<(), String>) {
+        let helper = state.engine.supervisor.as_ref().err().cloned();
+        let mut inner = lock(&self.inner);
         for s in &mut inner.rules {
             let needs_helper = !matches!(s.rule.kind, RuleKind::TcpReset);
-            s.availability = match (s.rule.kind, &helper, &flow_state) {
+            s.availability = match (s.rule.kind, &helper, flow_state) {
                 (RuleKind::LonghornRebuild, _, _) => {
                     Availability::Unavailable(LONGHORN_UNAVAILABLE.into())
                 }
@@ -389,8 +391,13 @@ impl WatchEngine {
                 )
             })
             .collect();
-        if !flow_rules.is_empty() {
-            out.extend(inner.flows.firings(&flow_rules, at));
+        drop(inner);
+        let mut flows = lock(&self.flows);
+        if flow_rules.is_empty() {
+            // Incidents of rules that are gone or unavailable fire nothing.
+            flows.firings(&[], at);
+        } else {
+            out.extend(flows.firings(&flow_rules, at));
         }
         out
     }
@@ -462,6 +469,7 @@ impl WatchEngine {
 
     /// The `watch` member of `/v1/status` (and `GET /v1/watch`).
     pub fn status_json(&self) -> Value {
+        let recorder = lock(&self.flows).status_json();
         let inner = lock(&self.inner);
         let rules: Vec<Value> = inner
             .rules
@@ -495,13 +503,14 @@ impl WatchEngine {
             "rules": rules,
             "captures_running": inner.running.len(),
             "d_state_scan": inner.last_scan.map(|(n, t, us)| json!({"threads": n, "truncated": t, "took_us": us})),
-            "flight_recorder": inner.flows.status_json(),
+            "flight_recorder": recorder,
         })
     }
 
     /// Prometheus lines for the rules.
     pub fn prometheus(&self) -> String {
         use std::fmt::Write;
+        let recorder = lock(&self.flows).prometheus();
         let inner = lock(&self.inner);
         let mut out = String::new();
         let mut family = |name: &str, kind: &str, help: &str, lines: Vec<(String, u64)>| {
@@ -561,7 +570,7 @@ impl WatchEngine {
                 })
                 .collect(),
         );
-        out.push_str(&inner.flows.prometheus());
+        out.push_str(&recorder);
         out
     }
 }
@@ -612,10 +621,30 @@ async fn tick_once(state: &Arc<DaemonState>) {
     let engine = &state.watch;
     let rules = state.config().watch_rules();
     engine.sync_rules(rules);
+    let flow_ports = engine.flow_ports();
     if lock(&engine.inner).rules.is_empty() {
+        if lock(&engine.flows).is_running() {
+            // The last rule went with a reload: detach the recorder.
+            let st = state.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                let config = st.config();
+                let _ = lock(&st.watch.flows).ensure(&[], &config.ebpf, &config.flight_recorder);
+            })
+            .await;
+        }
         return;
     }
-    engine.refresh_availability(state);
+    let st = state.clone();
+    let flow_state = tokio::task::spawn_blocking(move || {
+        let config = st.config();
+        let mut fw = lock(&st.watch.flows);
+        let r = fw.ensure(&flow_ports, &config.ebpf, &config.flight_recorder);
+        fw.poll();
+        r
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("the flight recorder task failed: {e}")));
+    engine.refresh_availability(state, &flow_state);
     let (needs_d, needs_rates) = {
         let inner = lock(&engine.inner);
         let armed = |k: &[RuleKind]| {
@@ -642,10 +671,6 @@ async fn tick_once(state: &Arc<DaemonState>) {
     })
     .await
     .unwrap_or_default();
-    {
-        let mut inner = lock(&engine.inner);
-        inner.flows.poll();
-    }
     for f in engine.evaluate(&readings) {
         consider(state, f);
     }
@@ -820,7 +845,7 @@ async fn run_capture(
             .map_err(|e| format!("the capture task failed: {e}"))?;
         }
         Action::Flow(flows::FlowAction::Live(plan)) => {
-            let mut plan = plan.clone();
+            let mut plan = (**plan).clone();
             plan.trigger = Some(trigger);
             ValidRequest::Transport(plan)
         }
