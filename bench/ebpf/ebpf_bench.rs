@@ -609,11 +609,53 @@ fn aggregate(n: usize) {
     );
 }
 
+/// The flight recorder's user-space cost alone: decode + fold `n` synthetic
+/// records (state changes and retransmits over 1000 flows, one second of
+/// buckets per 1000 records) into a `FlowBook`, expiring every 10 000.
+fn book(n: usize) {
+    let mut recs = Vec::with_capacity(1000);
+    for i in 0..1000u64 {
+        let mut b = vec![0u8; pstack_ebpf::record::TCP_EVENT_SIZE];
+        b[32] = if i % 2 == 0 { 4 } else { 1 };
+        b[33] = 2;
+        b[34] = 1;
+        b[35] = 4;
+        b[36..38].copy_from_slice(&(10_000 + i as u16).to_le_bytes());
+        b[38..40].copy_from_slice(&80u16.to_le_bytes());
+        b[40..44].copy_from_slice(&[127, 0, 0, 1]);
+        b[56..60].copy_from_slice(&[127, 0, 0, 1]);
+        b[77] = 0x05; // has sock, has windows
+        b[96..104].copy_from_slice(&(0xffff_8880_0000_0000u64 + i * 4096).to_le_bytes());
+        recs.push(b);
+    }
+    let mut fb = pstack_ebpf::FlowBook::new(Duration::from_secs(60), 4096, 0);
+    let t = Instant::now();
+    for i in 0..n {
+        let r = &mut recs[i % 1000];
+        r[0..8].copy_from_slice(&(i as u64 * 1_000_000).to_le_bytes()); // 1000 records/s
+        fb.fold_raw(r);
+        if i % 10_000 == 0 {
+            fb.expire(i as u64 * 1_000_000);
+            let _ = fb.take_incidents();
+        }
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    println!(
+        "flight decode+fold: {ns:.1} ns/record over {n} records, {} flows held",
+        fb.flows()
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("flight") => consumer_flight(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(30)),
         Some("cost") => cost(),
+        Some("book") => book(
+            args.get(2)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1_000_000),
+        ),
         Some("consumer") if args.get(3).map(String::as_str) == Some("port1") => {
             consumer_filtered(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(30));
         }
