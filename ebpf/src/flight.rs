@@ -1198,6 +1198,14 @@ mod tests {
     }
 
     #[test]
+    fn recorder_and_book_are_send_for_a_daemon_task() {
+        fn send<T: Send>() {}
+        send::<FlightRecorder>();
+        send::<FlowBook>();
+        send::<FlowHistory>();
+    }
+
+    #[test]
     fn config_is_validated_naming_the_field() {
         assert!(FlightConfig::default().validate().is_ok());
         for (cfg, param) in [
