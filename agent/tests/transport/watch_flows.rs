@@ -307,3 +307,61 @@ fn root_a_reset_storm_is_bounded_by_the_rule_limit_and_the_rest_counted() {
         0
     );
 }
+
+#[test]
+fn root_an_rto_on_a_live_stream_starts_a_live_window_in_its_namespace() {
+    if !root_or_skip("root_an_rto_on_a_live_stream_starts_a_live_window_in_its_namespace") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::start(dir.path());
+    let d = daemon_watching(
+        dir.path(),
+        &store,
+        "[[watch]]\nname = \"rto\"\nkind = \"tcp_rto\"\nports = \"10001\"\nwindow = \"2s\"\n",
+    );
+    wait_armed(&d, "rto");
+    let bed = Testbed::new("wrto");
+    let transfer = Transfer::start_paced(&bed, false, None, 500);
+    // Every data segment into B dropped: A's retransmission timer fires.
+    bed.b.nft(&format!(
+        "table inet hole {{ chain input {{ type filter hook input priority 0; policy accept; tcp dport {DATA_PORT} tcp flags & syn == 0 drop; }} }}"
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let digests = loop {
+        let found = events(&d)
+            .into_iter()
+            .find(|e| e["event"] == "captured" && e["rule"] == "rto");
+        if let Some(e) = found {
+            break e["envelopes"].as_array().unwrap().clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no live capture; events {:#?}\nlog:\n{}",
+            events(&d),
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    drop(transfer);
+    // The live window's envelope of the flow, from A's namespace, with the
+    // rule in its collector.
+    let env = digests
+        .iter()
+        .map(|v| stored(&store, v.as_str().unwrap()))
+        .find(|e| matches!(&e.subject, Subject::NetworkStream(s) if s.dst == format!("{B_V4}:{DATA_PORT}")))
+        .expect("an envelope of the stream to B");
+    let t = env.collector.trigger.as_ref().expect("fired by the rule");
+    assert_eq!((t.rule.as_str(), t.kind.as_str()), ("rto", "tcp_rto"));
+    assert_eq!(
+        env.collector.name, "pstackctl capture transport",
+        "a live transport window"
+    );
+    let window_ms = env.clock.monotonic_end_ns.parse::<u64>().unwrap()
+        - env.clock.monotonic_start_ns.parse::<u64>().unwrap();
+    assert!(
+        window_ms >= 2_000_000_000,
+        "the live window ran its 2 s: {window_ms} ns"
+    );
+}

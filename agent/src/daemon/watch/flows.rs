@@ -333,12 +333,22 @@ fn netns_inode(path: &str) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.ino())
 }
 
-/// Where to capture a flow seen in namespace `ino`: pstackd's own, or the
+/// Where to capture a flow seen in namespace `ino`: pstackd's own, a named
+/// namespace (`/run/netns`, as `ip netns` and CNI plugins make them), or the
 /// first process found in it.
 pub fn netns_target(ino: Option<u32>) -> Option<NetnsTarget> {
     let ino = u64::from(ino?);
     if netns_inode("/proc/self/ns/net") == Some(ino) {
         return Some(NetnsTarget::Current);
+    }
+    if let Ok(named) = std::fs::read_dir("/run/netns") {
+        for e in named.flatten() {
+            if e.metadata().is_ok_and(|m| m.ino() == ino)
+                && let Some(name) = e.file_name().to_str()
+            {
+                return Some(NetnsTarget::Named(name.to_string()));
+            }
+        }
     }
     let procs = std::fs::read_dir("/proc").ok()?;
     procs
