@@ -221,7 +221,10 @@ mod tests {
         let mut tr = DStateTracker::default();
         let a = t(10, 10, 100, Some(7));
         for at in [0, 1000, 2000] {
-            assert!(tr.observe(s(at), &[a.clone()], s(3000)).is_empty());
+            assert!(
+                tr.observe(s(at), std::slice::from_ref(&a), s(3000))
+                    .is_empty()
+            );
         }
         assert!(tr.observe(s(3000), &[], s(3000)).is_empty());
         assert_eq!(tr.tracked(), 0);

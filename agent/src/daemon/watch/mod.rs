@@ -808,7 +808,7 @@ async fn run_capture(
             // An off-CPU window only when pstackd's programs are attached:
             // a D-state capture must not wait on loading BTF.
             let window_ms = (!window.is_zero() && state.engine.ebpf.loaded())
-                .then(|| window.as_millis() as u64);
+                .then_some(window.as_millis() as u64);
             let mut r = process_plan(
                 Target::Process { pid: *tgid },
                 &RequestedDeadlines::default(),
