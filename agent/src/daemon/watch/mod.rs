@@ -13,7 +13,8 @@
 //!   `GET /v1/watch/events` and streamed live.
 //! - **Bounded.** Every rule has a per-subject and a per-rule hourly limit;
 //!   at most one capture per subject runs at a time; captures take the same
-//!   slots, spool room and leak budget as an operator's, and are refused the
+//!   slots, spool room and leak budget as an operator's (a flight record,
+//!   sealed from memory without a helper, takes no slot), and are refused the
 //!   same way (counted as suppressed) when those are spent.
 //! - **Identity before capture.** A D-state subject is re-read (same start
 //!   time, still in D) right before its capture; the capture itself checks
@@ -187,6 +188,8 @@ pub struct WatchEngine {
 struct Inner {
     rules: Vec<RuleState>,
     running: BTreeSet<String>,
+    next_d_scan: Option<Instant>,
+    d_every: Duration,
     last_scan: Option<(usize, bool, u64)>,
 }
 
@@ -252,6 +255,32 @@ impl WatchEngine {
         tracing::info!(rules = ?names, "watch rules in force");
     }
 
+    /// Whether the D-state scan is due: every [`TICK`] for the shortest
+    /// `min_seconds` up to 5 s, less often for longer ones (a fifth of it, at
+    /// most 5 s) — the scan reads one `stat` per thread on the host, and a
+    /// condition of 10 s needs no sample every second.
+    fn d_scan_due(&self) -> bool {
+        let mut inner = lock(&self.inner);
+        let shortest = inner
+            .rules
+            .iter()
+            .filter_map(|s| match s.rule.condition {
+                Condition::DState { min } => Some(min),
+                _ => None,
+            })
+            .min()
+            .unwrap_or(TICK);
+        let every = (shortest / 5).clamp(TICK, Duration::from_secs(5));
+        let now = Instant::now();
+        if inner.next_d_scan.is_some_and(|t| now < t) {
+            return false;
+        }
+        // A little early is fine: ticks are TICK apart.
+        inner.next_d_scan = Some(now + every - TICK / 10);
+        inner.d_every = every;
+        true
+    }
+
     /// The port ranges of the TCP rules.
     fn flow_ports(&self) -> Vec<(u16, u16)> {
         lock(&self.inner)
@@ -296,6 +325,7 @@ impl WatchEngine {
                 readings.sampled_in.as_micros() as u64,
             ));
         }
+        let d_every = inner.d_every;
         let mut out = Vec::new();
         for s in inner.rules.iter_mut() {
             if s.availability != Availability::Armed {
@@ -314,7 +344,7 @@ impl WatchEngine {
                         c.insert("d_state_ms".into(), f.d_for.as_millis().to_string());
                         c.insert("min_seconds".into(), min.as_secs().to_string());
                         c.insert("samples_in_d".into(), f.samples.to_string());
-                        c.insert("sample_interval_ms".into(), TICK.as_millis().to_string());
+                        c.insert("sample_interval_ms".into(), d_every.as_millis().to_string());
                         c.insert("other_threads_in_d".into(), f.sibling_threads.to_string());
                         if let Some(ts) = f.task.timeslices {
                             c.insert("timeslices_unchanged_at".into(), ts.to_string());
@@ -658,6 +688,7 @@ async fn tick_once(state: &Arc<DaemonState>) {
             armed(&[RuleKind::ListenOverflow, RuleKind::RetransmitRate]),
         )
     };
+    let needs_d = needs_d && engine.d_scan_due();
     let proc_root = engine.proc_root.clone();
     let readings = tokio::task::spawn_blocking(move || {
         let started = Instant::now();
@@ -735,8 +766,16 @@ fn consider(state: &Arc<DaemonState>, f: Firing) {
     if needs_helper && budget.as_ref().is_none_or(|b| b.available() == 0) {
         return engine.suppress(&f, SUPPRESS_LEAK_BUDGET, None);
     }
-    let Some(slot) = state.admit() else {
-        return engine.suppress(&f, SUPPRESS_BUSY, None);
+    // A flight record is sealed from memory (no helper, nothing that can
+    // block on the subject): it takes no capture slot, so a reset storm is
+    // bounded by the rule's limits, not turned away as busy.
+    let slot = if needs_helper {
+        let Some(slot) = state.admit() else {
+            return engine.suppress(&f, SUPPRESS_BUSY, None);
+        };
+        Some(slot)
+    } else {
+        None
     };
     {
         let mut inner = lock(&engine.inner);
@@ -791,7 +830,7 @@ fn trigger_of(f: &Firing) -> Trigger {
 async fn run_capture(
     state: &Arc<DaemonState>,
     f: &Firing,
-    slot: super::state::CaptureSlot,
+    slot: Option<super::state::CaptureSlot>,
     budget: Option<crate::supervisor::LeakBudget>,
 ) -> Result<Vec<String>, String> {
     let config = state.config();
