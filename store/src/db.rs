@@ -80,6 +80,12 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../migrations/sqlite/0004_runs.sql"),
         include_str!("../migrations/postgres/0004_runs.sql"),
     ),
+    (
+        5,
+        "transfers",
+        include_str!("../migrations/sqlite/0005_transfers.sql"),
+        include_str!("../migrations/postgres/0005_transfers.sql"),
+    ),
 ];
 
 /// Everything that can go wrong in the storage layer.
@@ -153,6 +159,12 @@ pub struct OpenOptions {
     /// commits since the last checkpoint (at most ~200 ms of ingest); in
     /// exchange ingest needs no fsync per batch.
     pub sqlite_durable: bool,
+    /// How far apart the capture windows of two mirrored stream ends may lie
+    /// and still be joined as one transfer (`crate::transfers`). Default
+    /// 120 s: wide enough for two nodes' captures of one fault fired by
+    /// rules seconds apart, narrow enough that a 4-tuple reused hours later
+    /// is not taken for the same connection.
+    pub transfer_join_window: Duration,
 }
 
 impl Default for OpenOptions {
@@ -162,6 +174,7 @@ impl Default for OpenOptions {
             pg_max_connections: 16,
             sqlite_readers: 4,
             sqlite_durable: false,
+            transfer_join_window: crate::transfers::DEFAULT_JOIN_WINDOW,
         }
     }
 }
@@ -180,6 +193,8 @@ enum Pools {
 #[derive(Debug, Clone)]
 pub struct Store {
     pools: std::sync::Arc<Pools>,
+    /// [`OpenOptions::transfer_join_window`], ns.
+    join_window_ns: i64,
 }
 
 /// Expand `$body` once per backend with `$p` bound to that backend's pool and
@@ -585,6 +600,7 @@ impl Store {
         };
         let store = Store {
             pools: std::sync::Arc::new(pools),
+            join_window_ns: i64::try_from(opts.transfer_join_window.as_nanos()).unwrap_or(i64::MAX),
         };
         store.migrate().await?;
         Ok(store)
@@ -696,6 +712,20 @@ impl Store {
 
     /// Store verified envelopes atomically; one record per item, in order.
     pub async fn ingest(
+        &self,
+        items: &[&VerifiedItem],
+        key_id: &str,
+        now_ns: i64,
+    ) -> Result<Vec<StoredRecord>, StoreError> {
+        let records = self.ingest_with_retries(items, key_id, now_ns).await?;
+        // Transfers are linked after the envelopes are committed, for every
+        // item verified (a duplicate too): a link lost to a failure here is
+        // made when the shipper retries the batch. Linking is idempotent.
+        self.link_transfers(items, now_ns).await?;
+        Ok(records)
+    }
+
+    async fn ingest_with_retries(
         &self,
         items: &[&VerifiedItem],
         key_id: &str,
@@ -1762,3 +1792,4 @@ pub mod analysis;
 pub mod gate;
 pub mod operators;
 pub mod runs;
+pub mod transfers;
