@@ -48,6 +48,7 @@ mod sid {
 #[serde(rename_all = "snake_case")]
 pub enum Basis {
     /// Two stream ends whose 4-tuples mirror each other within the window.
+    #[serde(rename = "mirrored_4tuple")]
     Mirrored4tuple,
     /// Two storage transfers with the same transfer id.
     TransferId,
@@ -633,6 +634,14 @@ mod tests {
         assert_eq!(v.zero_window_on.side, "a", "b saw a's window at zero");
         let v = verdicts(&sides(&[], &[("fact", LOCAL_ZERO)]));
         assert_eq!(v.zero_window_on.side, "b");
+    }
+
+    #[test]
+    fn basis_wire_names_match_the_columns() {
+        for b in [Basis::Mirrored4tuple, Basis::TransferId] {
+            assert_eq!(serde_json::to_value(b).unwrap(), b.as_str());
+            assert_eq!(Basis::parse(b.as_str()), Some(b));
+        }
     }
 
     #[test]

@@ -293,9 +293,10 @@ async fn non_mirrored_and_out_of_window_ends_are_not_joined(db: Db) {
     ship(&h, &na, &ba).await;
     // Same addresses, another client port: a different connection.
     let other_port = StreamEnd::new(B_EP, "10.77.0.1:40002", NS_B, 5, T0 + S);
-    // Same direction as A (not mirrored), from another netns.
-    let same_way = StreamEnd::new(A_EP, B_EP, NS_B, 6, T0 + S);
-    // Mirrored, but captured long after A's window and the 120 s join window:
+    // Same direction as A (not mirrored), from another netns; captured well
+    // before everything else so that it mirrors none of the later ends.
+    let same_way = StreamEnd::new(A_EP, B_EP, NS_B, 6, T0 - 300 * S);
+    // Mirrored, but captured after A's window and the 120 s join window:
     // A ends at T0 + 10 s; this one starts at T0 + 10 s + 121 s.
     let too_late = StreamEnd::new(B_EP, A_EP, NS_B, 7, T0 + 131 * S);
     let mut digests = Vec::new();
