@@ -518,6 +518,22 @@ impl StreamEnd {
     }
 }
 
+/// A stream envelope a storage transfer links, as its `streams` surface
+/// lists it.
+#[derive(Debug, Clone)]
+pub struct StreamLink {
+    /// The stream envelope's digest.
+    pub digest: String,
+    /// Its local endpoint.
+    pub src: String,
+    /// Its remote endpoint.
+    pub dst: String,
+    /// Its socket cookie.
+    pub flow_id: String,
+    /// Its claims as `kind:code`.
+    pub claims: Vec<String>,
+}
+
 /// One node's `storage_transfer` envelope of a Longhorn rebuild, as the
 /// Longhorn engine seals it: the rebuild identity, its capture role in the
 /// selector, and a `streams` surface linking its stream envelopes.
@@ -529,8 +545,8 @@ pub struct TransferEnd {
     pub role: String,
     /// Capture start, ns since the epoch.
     pub start_ns: i64,
-    /// Linked streams: (digest, src, dst, flow id, `kind:code` claims).
-    pub links: Vec<(String, String, String, String, Vec<String>)>,
+    /// Linked streams.
+    pub links: Vec<StreamLink>,
     /// Network namespace of the streams.
     pub net_ns: String,
 }
@@ -552,9 +568,10 @@ impl TransferEnd {
         let links: Vec<Value> = self
             .links
             .iter()
-            .map(|(d, s, t, f, c)| {
-                json!({"digest": d, "kind": "network_stream", "flow_id": f, "src": s, "dst": t,
-                       "role": "ssync_data", "completeness": "complete", "claims": c})
+            .map(|l| {
+                json!({"digest": l.digest, "kind": "network_stream", "flow_id": l.flow_id,
+                       "src": l.src, "dst": l.dst, "role": "ssync_data",
+                       "completeness": "complete", "claims": l.claims})
             })
             .collect();
         let mut b = EnvelopeBuilder::new(
@@ -595,7 +612,7 @@ impl TransferEnd {
         let joined: String = self
             .links
             .iter()
-            .map(|l| l.0.as_str())
+            .map(|l| l.digest.as_str())
             .collect::<Vec<_>>()
             .join("\n");
         let facts = json!({"links": links, "stream_count": self.links.len(), "net_ns": self.net_ns,

@@ -59,6 +59,10 @@ pub struct EndRow {
     pub body: Vec<u8>,
 }
 
+/// A transfer one envelope completes: (id, join key, the matched ends as
+/// (digest, side key)).
+type Completed = (String, String, Vec<(String, String)>);
+
 /// Advisory lock id of a join-lock key (first 8 bytes of its SHA-256).
 fn lock_id(key: &str) -> i64 {
     use sha2::Digest;
@@ -184,7 +188,7 @@ impl Store {
                     }
                 };
                 // Group the matches by the transfer they complete.
-                let mut by_transfer: Vec<(String, String, Vec<(String, String)>)> = Vec::new();
+                let mut by_transfer: Vec<Completed> = Vec::new();
                 for (digest, side) in matches {
                     let join_key = match j.basis {
                         Basis::Mirrored4tuple => mirrored_join_key(&own_side, &side),

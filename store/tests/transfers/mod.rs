@@ -6,7 +6,7 @@
 
 use std::process::{Command, Output};
 
-use pstack_store::synthetic::{StreamEnd, TransferEnd};
+use pstack_store::synthetic::{StreamEnd, StreamLink, TransferEnd};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -324,12 +324,7 @@ async fn non_mirrored_and_out_of_window_ends_are_not_joined(db: Db) {
     h.finish().await;
 }
 
-fn transfer_end(
-    id: &str,
-    role: &str,
-    start: i64,
-    links: Vec<(String, String, String, String, Vec<String>)>,
-) -> (String, Vec<u8>) {
+fn transfer_end(id: &str, role: &str, start: i64, links: Vec<StreamLink>) -> (String, Vec<u8>) {
     TransferEnd {
         transfer_id: id.into(),
         role: role.into(),
@@ -346,14 +341,12 @@ async fn same_transfer_id_from_two_nodes_is_joined(db: Db) {
         return;
     };
     let (ns_, nt) = (node(&h, "node-s").await, node(&h, "node-t").await);
-    let link = |d: &str, s: &str, t: &str, claims: &[&str]| {
-        (
-            d.to_string(),
-            s.to_string(),
-            t.to_string(),
-            "4242".to_string(),
-            claims.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
-        )
+    let link = |d: &str, s: &str, t: &str, claims: &[&str]| StreamLink {
+        digest: d.to_string(),
+        src: s.to_string(),
+        dst: t.to_string(),
+        flow_id: "4242".to_string(),
+        claims: claims.iter().map(|c| c.to_string()).collect(),
     };
     let stream_s = format!("sha256:{}", "a".repeat(64));
     let stream_t = format!("sha256:{}", "b".repeat(64));
