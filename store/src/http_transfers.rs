@@ -100,6 +100,11 @@ async fn get_transfer(
         .transfer(&id)
         .await?
         .ok_or_else(|| transfer_not_found(format!("no transfer {id} in the store")))?;
+    if row.ends.is_empty() {
+        return Err(transfer_not_found(format!(
+            "transfer {id} has no envelope left in the store (retention deleted its ends)"
+        )));
+    }
     Ok(Json(view(&row)?).into_response())
 }
 

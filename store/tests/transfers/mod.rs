@@ -20,6 +20,7 @@ on_both_backends!(
     non_mirrored_and_out_of_window_ends_are_not_joined,
     same_transfer_id_from_two_nodes_is_joined,
     reingest_is_idempotent,
+    retention_takes_the_ends_with_their_envelopes,
     unknown_and_malformed_ids_are_typed_errors,
     cli_shows_both_ends,
 );
@@ -441,6 +442,46 @@ async fn reingest_is_idempotent(db: Db) {
     );
     let (_, of) = transfer_of(&h, &da).await;
     assert_eq!(of["transfer_ids"], serde_json::json!([id]));
+    h.finish().await;
+}
+
+async fn retention_takes_the_ends_with_their_envelopes(db: Db) {
+    let Some(h) = Harness::start(db).await else {
+        return;
+    };
+    let (na, nb) = (node(&h, "node-a").await, node(&h, "node-b").await);
+    let (da, ba) = sealed(&end_a());
+    let (db_, bb) = sealed(&end_b());
+    ship(&h, &na, &ba).await;
+    ship(&h, &nb, &bb).await;
+    let (_, of) = transfer_of(&h, &da).await;
+    let id = of["transfer"]["id"].as_str().unwrap().to_string();
+    let report = h
+        .store
+        .apply_retention(
+            &pstack_store::db::RetentionPolicy {
+                max_age: Some(std::time::Duration::from_secs(1)),
+                max_bytes: None,
+            },
+            pstack_store::now_ns() + 3_600 * S,
+        )
+        .await
+        .expect("retention deletes joined envelopes");
+    assert!(report.deleted >= 2, "{report:?}");
+    let (status, body) = h.get(&format!("/v1/transfers/{id}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(code(&body), "transfer_not_found");
+    for d in [&da, &db_] {
+        let (status, body) = transfer_of(&h, d).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+        assert_eq!(code(&body), "envelope_not_found");
+    }
+    // Shipped again, they join again (the same transfer).
+    ship(&h, &na, &ba).await;
+    ship(&h, &nb, &bb).await;
+    let (status, again) = transfer_of(&h, &db_).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["transfer"]["id"], id.as_str());
     h.finish().await;
 }
 
