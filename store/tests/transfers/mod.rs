@@ -20,6 +20,7 @@ on_both_backends!(
     non_mirrored_and_out_of_window_ends_are_not_joined,
     same_transfer_id_from_two_nodes_is_joined,
     reingest_is_idempotent,
+    ends_arriving_at_once_are_joined,
     retention_takes_the_ends_with_their_envelopes,
     unknown_and_malformed_ids_are_typed_errors,
     cli_shows_both_ends,
@@ -409,6 +410,57 @@ async fn same_transfer_id_from_two_nodes_is_joined(db: Db) {
         let (status, body) = transfer_of(&h, d).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{d}: {body}");
     }
+    h.finish().await;
+}
+
+async fn ends_arriving_at_once_are_joined(db: Db) {
+    // Each pair's two ends are shipped concurrently by their two nodes: on
+    // PostgreSQL neither linking transaction may miss the other's row.
+    let Some(h) = Harness::start(db).await else {
+        return;
+    };
+    let (na, nb) = (node(&h, "node-a").await, node(&h, "node-b").await);
+    let pairs: Vec<((String, Vec<u8>), (String, Vec<u8>))> = (0..24u64)
+        .map(|i| {
+            let a_ep = format!("10.77.0.1:{}", 41_000 + i);
+            let a = StreamEnd::new(&a_ep, B_EP, NS_A, 1_000 + i, T0 + i as i64 * S);
+            let b = StreamEnd::new(B_EP, &a_ep, NS_B, 2_000 + i, T0 + i as i64 * S);
+            (sealed(&a), sealed(&b))
+        })
+        .collect();
+    let (h, na, nb) = (
+        std::sync::Arc::new(h),
+        std::sync::Arc::new(na),
+        std::sync::Arc::new(nb),
+    );
+    let mut tasks = Vec::new();
+    for ((_, ba), (_, bb)) in pairs.iter().cloned() {
+        for (n, bytes) in [(na.clone(), ba), (nb.clone(), bb)] {
+            let h = h.clone();
+            tasks.push(tokio::spawn(async move { ship(&h, &n, &bytes).await }));
+        }
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), "accepted");
+    }
+    let mut lost = Vec::new();
+    for ((da, _), (db_, _)) in &pairs {
+        let (status, of) = transfer_of(&h, da).await;
+        if status != StatusCode::OK {
+            lost.push(da.clone());
+            continue;
+        }
+        assert_ne!(side_of(&of["transfer"], da), side_of(&of["transfer"], db_));
+    }
+    assert!(
+        lost.is_empty(),
+        "{} of {} pairs not joined",
+        lost.len(),
+        pairs.len()
+    );
+    let Ok(h) = std::sync::Arc::try_unwrap(h) else {
+        panic!("every task ended")
+    };
     h.finish().await;
 }
 
