@@ -88,6 +88,9 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
     ),
 ];
 
+/// The migration that created the transfer join (`crate::transfers`).
+const TRANSFERS_MIGRATION: i64 = 5;
+
 /// Everything that can go wrong in the storage layer.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -602,7 +605,15 @@ impl Store {
             pools: std::sync::Arc::new(pools),
             join_window_ns: i64::try_from(opts.transfer_join_window.as_nanos()).unwrap_or(i64::MAX),
         };
-        store.migrate().await?;
+        let applied = store.migrate().await?;
+        if applied.contains(&TRANSFERS_MIGRATION) {
+            // Envelopes stored before the join existed are offered to it once.
+            let n = store.backfill_transfers().await?;
+            tracing::info!(
+                envelopes = n,
+                "offered stored stream and storage-transfer envelopes to the transfer join"
+            );
+        }
         Ok(store)
     }
 
@@ -634,7 +645,8 @@ impl Store {
         }
     }
 
-    async fn migrate(&self) -> Result<(), StoreError> {
+    /// Apply pending migrations; the versions applied now.
+    async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
         with_pool!(self, write, |pool, pg| {
             let mut conn = pool.acquire().await?;
             if pg {
@@ -643,7 +655,8 @@ impl Store {
                     .execute(&mut *conn)
                     .await?;
             }
-            let result: Result<(), StoreError> = async {
+            let result: Result<Vec<i64>, StoreError> = async {
+                let mut now_applied = Vec::new();
                 sqlx::raw_sql(
                     "CREATE TABLE IF NOT EXISTS pstack_schema_migrations (
                         version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_ns BIGINT NOT NULL)",
@@ -678,8 +691,9 @@ impl Store {
                     .map_err(wrap)?;
                     tx.commit().await.map_err(wrap)?;
                     tracing::info!(version, name, "applied migration");
+                    now_applied.push(*version);
                 }
-                Ok(())
+                Ok(now_applied)
             }
             .await;
             if pg {

@@ -109,8 +109,8 @@ pub fn candidate(env: &Envelope, wall_ns: i64) -> Option<JoinCandidate> {
     match &env.subject {
         Subject::NetworkStream(s) => Some(JoinCandidate {
             basis: Basis::Mirrored4tuple,
-            near: format!("{} {} {}", s.protocol, s.src, s.dst),
-            far: format!("{} {} {}", s.protocol, s.dst, s.src),
+            near: format!("{} {} {}", s.protocol, endpoint(&s.src), endpoint(&s.dst)),
+            far: format!("{} {} {}", s.protocol, endpoint(&s.dst), endpoint(&s.src)),
             start_ns: wall_ns,
             end_ns: wall_ns.saturating_add(span),
         }),
@@ -122,6 +122,22 @@ pub fn candidate(env: &Envelope, wall_ns: i64) -> Option<JoinCandidate> {
             end_ns: wall_ns.saturating_add(span),
         }),
         _ => None,
+    }
+}
+
+/// An endpoint in one canonical spelling, so two views compare equal: an
+/// IPv4-mapped IPv6 address (a dual-stack socket's view of an IPv4 peer) as
+/// IPv4, IPv6 compressed. Text that is not `ADDR:PORT` is kept as it is.
+fn endpoint(s: &str) -> String {
+    match s.parse::<std::net::SocketAddr>() {
+        Ok(a) => match a.ip() {
+            std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => std::net::SocketAddr::new(v4.into(), a.port()).to_string(),
+                None => a.to_string(),
+            },
+            std::net::IpAddr::V4(_) => a.to_string(),
+        },
+        Err(_) => s.to_string(),
     }
 }
 
@@ -634,6 +650,14 @@ mod tests {
         assert_eq!(v.zero_window_on.side, "a", "b saw a's window at zero");
         let v = verdicts(&sides(&[], &[("fact", LOCAL_ZERO)]));
         assert_eq!(v.zero_window_on.side, "b");
+    }
+
+    #[test]
+    fn endpoints_compare_in_one_spelling() {
+        assert_eq!(endpoint("[::ffff:10.0.0.1]:40000"), "10.0.0.1:40000");
+        assert_eq!(endpoint("[fd00:0:0::2]:10001"), "[fd00::2]:10001");
+        assert_eq!(endpoint("10.0.0.2:10001"), "10.0.0.2:10001");
+        assert_eq!(endpoint("not an endpoint"), "not an endpoint");
     }
 
     #[test]

@@ -232,6 +232,51 @@ impl Store {
         })
     }
 
+    /// Offer every stored stream and storage-transfer envelope that has no
+    /// join candidate yet to the join (after the migration that created it:
+    /// envelopes stored before it). Pages of 200 by row id; each stored body
+    /// is verified again before it is indexed. Returns how many were offered.
+    pub async fn backfill_transfers(&self) -> Result<u64, StoreError> {
+        let limits = crate::ingest::IngestLimits {
+            max_envelope_bytes: usize::MAX,
+            ..crate::ingest::IngestLimits::default()
+        };
+        let mut after = 0i64;
+        let mut offered = 0u64;
+        loop {
+            let page: Vec<(i64, String, Vec<u8>)> = with_pool!(self, read, |pool, pg| {
+                sqlx::query_as(
+                    "SELECT e.id, e.digest, e.body FROM envelopes e
+                     WHERE e.id > $1 AND e.kind IN ('network_stream', 'storage_transfer')
+                       AND NOT EXISTS (SELECT 1 FROM transfer_candidates c WHERE c.digest = e.digest)
+                     ORDER BY e.id LIMIT 200",
+                )
+                .bind(after)
+                .fetch_all(pool)
+                .await?
+            });
+            let Some(last) = page.last() else {
+                return Ok(offered);
+            };
+            after = last.0;
+            let items: Vec<VerifiedItem> = page
+                .into_iter()
+                .filter_map(|(_, digest, body)| {
+                    match crate::ingest::verify_item(body.into(), &limits) {
+                        crate::ingest::ItemVerdict::Verified(v) => Some(*v),
+                        crate::ingest::ItemVerdict::Rejected(r) => {
+                            tracing::warn!(%digest, reasons = r.reasons.len(), "stored envelope no longer verifies; not offered to the transfer join");
+                            None
+                        }
+                    }
+                })
+                .collect();
+            let refs: Vec<&VerifiedItem> = items.iter().collect();
+            offered += refs.len() as u64;
+            self.link_transfers(&refs, crate::now_ns()).await?;
+        }
+    }
+
     /// A transfer and its ends, or `None`.
     pub async fn transfer(&self, id: &str) -> Result<Option<TransferRow>, StoreError> {
         with_pool!(self, read, |pool, pg| {

@@ -20,6 +20,7 @@ on_both_backends!(
     non_mirrored_and_out_of_window_ends_are_not_joined,
     same_transfer_id_from_two_nodes_is_joined,
     reingest_is_idempotent,
+    envelopes_stored_before_the_migration_are_joined_by_it,
     ends_arriving_at_once_are_joined,
     retention_takes_the_ends_with_their_envelopes,
     unknown_and_malformed_ids_are_typed_errors,
@@ -73,7 +74,10 @@ async fn ship_batch(h: &Harness, node: &Node, items: &[Vec<u8>]) -> Vec<String> 
         .collect()
 }
 
-fn sealed(e: &StreamEnd) -> (String, Vec<u8>) {
+/// (digest, bytes) of a sealed envelope.
+type Sealed = (String, Vec<u8>);
+
+fn sealed(e: &StreamEnd) -> Sealed {
     e.bytes()
         .expect("the builder seals a valid stream envelope")
 }
@@ -420,7 +424,7 @@ async fn ends_arriving_at_once_are_joined(db: Db) {
         return;
     };
     let (na, nb) = (node(&h, "node-a").await, node(&h, "node-b").await);
-    let pairs: Vec<((String, Vec<u8>), (String, Vec<u8>))> = (0..24u64)
+    let pairs: Vec<(Sealed, Sealed)> = (0..24u64)
         .map(|i| {
             let a_ep = format!("10.77.0.1:{}", 41_000 + i);
             let a = StreamEnd::new(&a_ep, B_EP, NS_A, 1_000 + i, T0 + i as i64 * S);
@@ -462,6 +466,74 @@ async fn ends_arriving_at_once_are_joined(db: Db) {
         panic!("every task ended")
     };
     h.finish().await;
+}
+
+/// Turn a fresh v5 store back into a v4 one (what a store upgraded to this
+/// version holds): the transfer tables and their migration record gone.
+async fn downgrade_to_v4(dir: &Option<tempfile::TempDir>, pg: &Option<(String, String)>) {
+    use sqlx::Connection;
+    const SQL: &str =
+        "DROP TABLE transfer_ends; DROP TABLE transfers; DROP TABLE transfer_candidates;
+                       DELETE FROM pstack_schema_migrations WHERE version = 5;";
+    match (dir, pg) {
+        (Some(d), _) => {
+            let path = d.path().join("store.db");
+            let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+                .await
+                .unwrap();
+            sqlx::raw_sql(SQL).execute(&mut c).await.unwrap();
+            c.close().await.unwrap();
+        }
+        (_, Some((url, schema))) => {
+            let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+            sqlx::raw_sql(&format!("SET search_path TO {schema}; {SQL}"))
+                .execute(&mut c)
+                .await
+                .unwrap();
+            c.close().await.unwrap();
+        }
+        _ => unreachable!("a fresh store has a file or a schema"),
+    }
+}
+
+async fn envelopes_stored_before_the_migration_are_joined_by_it(db: Db) {
+    let Some((store, dir, pg)) = crate::support::fresh_store(db).await else {
+        return;
+    };
+    let verified = |bytes: Vec<u8>| match pstack_store::ingest::verify_item(
+        bytes.into(),
+        &pstack_store::ingest::IngestLimits::default(),
+    ) {
+        pstack_store::ingest::ItemVerdict::Verified(v) => *v,
+        pstack_store::ingest::ItemVerdict::Rejected(r) => panic!("{:?}", r.reasons),
+    };
+    let ka = store.create_key("node-a").await.unwrap();
+    let kb = store.create_key("node-b").await.unwrap();
+    let (da, ba) = sealed(&end_a());
+    let (db_, bb) = sealed(&end_b());
+    let (a, b) = (verified(ba), verified(bb));
+    store.ingest(&[&a], &ka.id, T0).await.unwrap();
+    store.ingest(&[&b], &kb.id, T0).await.unwrap();
+    store.close().await;
+    downgrade_to_v4(&dir, &pg).await;
+    let url = match (&dir, &pg) {
+        (Some(d), _) => d.path().join("store.db").to_str().unwrap().to_string(),
+        (_, Some((url, _))) => url.clone(),
+        _ => unreachable!(),
+    };
+    let opts = pstack_store::db::OpenOptions {
+        pg_schema: pg.as_ref().map(|(_, s)| s.clone()),
+        ..Default::default()
+    };
+    let again = pstack_store::db::Store::open(&url, &opts).await.unwrap();
+    assert_eq!(again.schema_version().await.unwrap(), 5);
+    let ids = again.transfers_of(&da).await.unwrap();
+    assert_eq!(ids.len(), 1, "joined when the migration ran");
+    assert_eq!(again.transfers_of(&db_).await.unwrap(), ids);
+    let row = again.transfer(&ids[0]).await.unwrap().unwrap();
+    assert_eq!(row.ends.len(), 2);
+    again.close().await;
+    crate::support::drop_schema(pg).await;
 }
 
 async fn reingest_is_idempotent(db: Db) {
