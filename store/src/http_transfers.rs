@@ -41,9 +41,8 @@ fn transfer_not_found(message: String) -> ApiError {
 /// Both ends of a stored transfer, side by side.
 pub fn view(row: &TransferRow) -> Result<TransferView, ApiError> {
     let mut sides: Vec<SideView> = Vec::new();
-    let mut side_keys: Vec<&str> = row.ends.iter().map(|e| e.side_key.as_str()).collect();
-    side_keys.dedup();
-    for (n, key) in side_keys.iter().enumerate() {
+    let side_keys: Vec<(&str, u64)> = row.totals.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+    for (n, (key, total)) in side_keys.iter().enumerate() {
         let label = side_label(n);
         let mut ends = Vec::new();
         let mut nodes = Vec::new();
@@ -61,7 +60,9 @@ pub fn view(row: &TransferRow) -> Result<TransferView, ApiError> {
                     .unwrap_or_else(|| format!("key {}", e.key_id)),
             );
         }
-        sides.push(SideView::new(label, ends, nodes));
+        let mut side = SideView::new(label, ends, nodes);
+        side.ends_total = *total;
+        sides.push(side);
     }
     let verdicts = transfers::verdicts(&sides);
     Ok(TransferView {
@@ -100,7 +101,7 @@ async fn get_transfer(
         .transfer(&id)
         .await?
         .ok_or_else(|| transfer_not_found(format!("no transfer {id} in the store")))?;
-    if row.ends.is_empty() {
+    if row.totals.is_empty() {
         return Err(transfer_not_found(format!(
             "transfer {id} has no envelope left in the store (retention deleted its ends)"
         )));

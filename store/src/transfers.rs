@@ -442,15 +442,21 @@ pub struct SideView {
     /// Storage transfer: the capture role(s) its envelopes state.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub roles: Vec<String>,
-    /// Its envelopes, oldest capture first.
+    /// Its envelopes, oldest capture first (the newest ones when the side
+    /// has more than the store reads per view).
     pub ends: Vec<EndView>,
+    /// How many envelopes the side has in the store; more than `ends` holds
+    /// when the view was cut, and then the verdicts rest on `ends` only.
+    pub ends_total: u64,
 }
 
 impl SideView {
     /// Assemble a side from its ends (and the names of the nodes that
     /// shipped them).
     pub fn new(side: String, ends: Vec<EndView>, nodes: Vec<String>) -> SideView {
+        let ends_total = ends.len() as u64;
         let mut s = SideView {
+            ends_total,
             side,
             nodes: Vec::new(),
             netns: Vec::new(),

@@ -38,9 +38,16 @@ pub struct TransferRow {
     pub join_key: String,
     /// First linked, ns.
     pub linked_ns: i64,
-    /// Its ends, ordered by side key then capture time.
+    /// Its ends read, ordered by side key then capture time: per side the
+    /// newest [`MAX_ENDS_PER_SIDE`].
     pub ends: Vec<EndRow>,
+    /// Every side key with its number of ends (read or not).
+    pub totals: Vec<(String, u64)>,
 }
+
+/// Most ends of one side read for a view (the newest); a side with more
+/// says so (`SideView::ends_total`).
+pub const MAX_ENDS_PER_SIDE: u64 = 100;
 
 /// One joined envelope.
 #[derive(Debug, Clone)]
@@ -295,34 +302,59 @@ impl Store {
                 });
             };
             let rows = sqlx::query(
-                "SELECT t.digest, t.side_key, e.wall_ns, k.name, e.key_id, e.body
+                "SELECT t.digest, t.side_key, e.wall_ns, k.name, e.key_id
                  FROM transfer_ends t JOIN envelopes e ON e.digest = t.digest
                  LEFT JOIN api_keys k ON k.id = e.key_id
                  WHERE t.transfer_id = $1
-                 ORDER BY t.side_key, e.wall_ns, t.digest",
+                 ORDER BY t.side_key, e.wall_ns DESC, t.digest",
             )
             .bind(id)
             .fetch_all(pool)
             .await?;
-            let ends = rows
-                .iter()
-                .map(|r| {
-                    Ok(EndRow {
-                        digest: r.try_get(0)?,
-                        side_key: r.try_get(1)?,
-                        wall_ns: r.try_get(2)?,
-                        node: r.try_get(3)?,
-                        key_id: r.try_get(4)?,
-                        body: r.try_get(5)?,
-                    })
-                })
-                .collect::<Result<Vec<_>, StoreError>>()?;
+            // Per side, the newest MAX_ENDS_PER_SIDE are read (bodies); the
+            // count of every end is kept so the view can say it was cut.
+            let mut ends = Vec::new();
+            let mut totals: Vec<(String, u64)> = Vec::new();
+            for r in &rows {
+                let side_key: String = r.try_get(1)?;
+                match totals.last_mut() {
+                    Some((k, n)) if *k == side_key => *n += 1,
+                    _ => totals.push((side_key.clone(), 1)),
+                }
+                if totals.last().map(|t| t.1).unwrap_or(0) > MAX_ENDS_PER_SIDE {
+                    continue;
+                }
+                let digest: String = r.try_get(0)?;
+                let body: Option<Vec<u8>> =
+                    sqlx::query_scalar("SELECT body FROM envelopes WHERE digest = $1")
+                        .bind(digest.as_str())
+                        .fetch_optional(pool)
+                        .await?;
+                let Some(body) = body else { continue };
+                ends.push(EndRow {
+                    digest,
+                    side_key,
+                    wall_ns: r.try_get(2)?,
+                    node: r.try_get(3)?,
+                    key_id: r.try_get(4)?,
+                    body,
+                });
+            }
+            // Oldest capture first within each side.
+            ends.sort_by(|a, b| {
+                (a.side_key.as_str(), a.wall_ns, a.digest.as_str()).cmp(&(
+                    b.side_key.as_str(),
+                    b.wall_ns,
+                    b.digest.as_str(),
+                ))
+            });
             Ok(Some(TransferRow {
                 id: id.to_string(),
                 basis,
                 join_key,
                 linked_ns,
                 ends,
+                totals,
             }))
         })
     }

@@ -20,6 +20,7 @@ on_both_backends!(
     non_mirrored_and_out_of_window_ends_are_not_joined,
     same_transfer_id_from_two_nodes_is_joined,
     reingest_is_idempotent,
+    a_long_side_is_cut_to_its_newest_ends_and_says_so,
     envelopes_stored_before_the_migration_are_joined_by_it,
     ends_arriving_at_once_are_joined,
     retention_takes_the_ends_with_their_envelopes,
@@ -534,6 +535,38 @@ async fn envelopes_stored_before_the_migration_are_joined_by_it(db: Db) {
     assert_eq!(row.ends.len(), 2);
     again.close().await;
     crate::support::drop_schema(pg).await;
+}
+
+async fn a_long_side_is_cut_to_its_newest_ends_and_says_so(db: Db) {
+    let Some(h) = Harness::start(db).await else {
+        return;
+    };
+    let (na, nb) = (node(&h, "node-a").await, node(&h, "node-b").await);
+    // 105 captures of A's socket, one a second, all within the join window
+    // of B's one capture.
+    let a: Vec<Sealed> = (0..105)
+        .map(|i| sealed(&StreamEnd::new(A_EP, B_EP, NS_A, 31, T0 + i * S)))
+        .collect();
+    let items: Vec<Vec<u8>> = a.iter().map(|x| x.1.clone()).collect();
+    ship_batch(&h, &na, &items).await;
+    let (db_, bb) = sealed(&StreamEnd::new(B_EP, A_EP, NS_B, 32, T0 + 50 * S));
+    ship(&h, &nb, &bb).await;
+    let (status, of) = transfer_of(&h, &db_).await;
+    assert_eq!(status, StatusCode::OK, "{of}");
+    let t = &of["transfer"];
+    let sa = side(t, &side_of(t, &a[104].0));
+    assert_eq!(sa["ends_total"], 105);
+    let shown: Vec<&str> = sa["ends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["envelope"].as_str().unwrap())
+        .collect();
+    assert_eq!(shown.len(), 100);
+    let newest: Vec<&str> = a[5..].iter().map(|x| x.0.as_str()).collect();
+    assert_eq!(shown, newest, "the newest 100, oldest first");
+    assert_eq!(side(t, &side_of(t, &db_))["ends_total"], 1);
+    h.finish().await;
 }
 
 async fn reingest_is_idempotent(db: Db) {
