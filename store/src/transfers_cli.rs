@@ -162,6 +162,21 @@ fn render(t: &Value) -> std::io::Result<()> {
             ]);
         }
     }
+    let cut: Vec<String> = t["sides"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| {
+            let shown = s["ends"].as_array().map_or(0, Vec::len) as u64;
+            let total = s["ends_total"].as_u64().unwrap_or(shown);
+            (total > shown).then(|| {
+                format!(
+                    "side {}: the newest {shown} of {total} envelopes (the verdicts rest on these)",
+                    text(&s["side"])
+                )
+            })
+        })
+        .collect();
     print_table(
         &[
             "SIDE",
@@ -179,6 +194,9 @@ fn render(t: &Value) -> std::io::Result<()> {
         &[4, 12, 12, 42, 7, 4, 8, 7, 13, 40],
         &rows,
     )?;
+    for c in cut {
+        pstack_cli::outln!("{c}")?;
+    }
     pstack_cli::outln!(
         "RETRANS/RTO: tcp_info deltas over the window; RST S/R: eBPF resets sent/received; WND S/R: send/receive window at window end; FACT? is an inference"
     )
