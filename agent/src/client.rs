@@ -643,6 +643,58 @@ impl NdjsonLines {
     }
 }
 
+/// `GET /v1/watch`: the watch rules and their counters.
+pub fn watch(socket: &Path, timeout: Duration) -> Result<serde_json::Value, ClientError> {
+    let resp = request(socket, "GET", "/v1/watch", None, timeout)?;
+    if resp.status != 200 {
+        return Err(api_error(&resp));
+    }
+    serde_json::from_slice(&resp.body).map_err(|e| ClientError::Protocol(e.to_string()))
+}
+
+/// Follow `GET /v1/watch/events` (the recent events, then live ones),
+/// handing each to `on_event`, for `follow` (or until the daemon closes the
+/// stream). `on_event` returning false stops early.
+pub fn follow_watch_events(
+    socket: &Path,
+    follow: Duration,
+    on_event: &mut dyn FnMut(&serde_json::Value) -> bool,
+) -> Result<(), ClientError> {
+    let req = build_request("GET", "/v1/watch/events", None, &[], "application/x-ndjson")?;
+    let rt = runtime()?;
+    let deadline = tokio::time::Instant::now() + follow;
+    let (head, body, seen) = match within(&rt, deadline, follow, send(socket, req)) {
+        Err(ClientError::Timeout(_)) => return Ok(()),
+        other => other?,
+    };
+    if head.status != hyper::StatusCode::OK {
+        let resp = HttpResponse {
+            status: head.status.as_u16(),
+            headers: Vec::new(),
+            body: within(
+                &rt,
+                deadline,
+                follow,
+                read_capped(body, MAX_RESPONSE_BYTES, &seen),
+            )?,
+        };
+        return Err(api_error(&resp));
+    }
+    let mut lines = NdjsonLines::new(body, seen, MAX_RESPONSE_BYTES);
+    loop {
+        let line = match within(&rt, deadline, follow, lines.next_line()) {
+            Ok(Some(l)) => l,
+            Ok(None) | Err(ClientError::Timeout(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let event: serde_json::Value = serde_json::from_slice(&line)
+            .map_err(|e| ClientError::Protocol(format!("bad watch event: {e}")))?;
+        if !on_event(&event) {
+            return Ok(());
+        }
+    }
+}
+
 /// `GET /v1/status`.
 pub fn status(socket: &Path, timeout: Duration) -> Result<serde_json::Value, ClientError> {
     let resp = request(socket, "GET", "/v1/status", None, timeout)?;

@@ -14,7 +14,11 @@
 //!    writes, for N s) alternately without pstack and with pstack attached
 //!    (TCP programs; TCP + off-CPU watching the blaster), medians of 5 runs.
 //!
-//! Subcommands used internally: `consumer SECS [offcpu-pid]`, `blast SECS`, `flood CONNS`.
+//! 3. `cost`: pstack's three TCP settings one after the other on the same
+//!    flood (no bpftrace): count-only, a recording window, the flight
+//!    recorder watching every port; kernel and consumer ns per event.
+//!
+//! Subcommands used internally: `consumer SECS [offcpu-pid]`, `flight SECS`, `blast SECS`, `flood CONNS`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -98,6 +102,97 @@ fn consumer(secs: u64, offcpu_pid: Option<u32>) {
     let events: u64 = TcpEventKind::ALL.iter().map(|k| agg.seen(*k)).sum();
     let lost: u64 = r.tcp_ctx.lost.iter().sum();
     println!("RESULT events={events} lost={lost} cpu_ns={cpu}");
+}
+
+/// The flight recorder watching every port (so every flood event is
+/// recorded and folded), polled every 100 ms as pstackd would.
+fn consumer_flight(secs: u64) {
+    let mut rec = pstack_ebpf::FlightRecorder::start(pstack_ebpf::FlightConfig {
+        ports: (1, 65535),
+        ..pstack_ebpf::FlightConfig::default()
+    })
+    .expect("start flight recorder");
+    println!("READY");
+    std::io::stdout().flush().ok();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(secs) {
+        let _ = rec.poll();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let st = rec.stats();
+    println!(
+        "RESULT events={} lost={} folded={} flows={} cpu_ns={}",
+        st.kernel_events,
+        st.events_lost,
+        st.events_folded,
+        st.flows,
+        cpu_ns(std::process::id())
+    );
+}
+
+/// Cost per event of pstack's three TCP settings, one after the other on the
+/// same flood (no bpftrace): count-only, recording windows, flight recorder.
+fn cost() {
+    let exe = std::env::current_exe().expect("exe");
+    sh("sysctl", &["-q", "-w", "kernel.bpf_stats_enabled=1"], None);
+    for (label, args) in [
+        (
+            "count-only (pstackd counters)",
+            &["consumer", "60", "count"][..],
+        ),
+        ("recording window (capture)", &["consumer", "60"][..]),
+        ("flight recorder, all ports", &["flight", "60"][..]),
+    ] {
+        let conns = 10_000usize;
+        let writes = 10_000usize;
+        let ns = Netns(format!("pstk-bench-{}", std::process::id()));
+        sh("ip", &["netns", "add", &ns.0], None);
+        sh("ip", &["-n", &ns.0, "link", "set", "lo", "up"], None);
+        let lossy_port = 47_999u16;
+        let rules = format!(
+            "table inet pstack_bench {{\n chain input {{\n  type filter hook input priority 0;\n  tcp dport {lossy_port} tcp flags & syn == 0 numgen random mod 100 < 10 drop\n }}\n}}\n"
+        );
+        sh(
+            "ip",
+            &["netns", "exec", &ns.0, "nft", "-f", "-"],
+            Some(&rules),
+        );
+        let mut ps = Kill(
+            Command::new(&exe)
+                .args(args)
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("consumer"),
+        );
+        let _out = wait_line(&mut ps.0, "READY");
+        let pid = ps.0.id();
+        let cpu0 = cpu_ns(pid);
+        let k0 = prog_stats(&["pstack_tcp_", "pstack_inet_"]);
+        let t = Instant::now();
+        let ns_file = std::fs::File::open(format!("/run/netns/{}", ns.0)).expect("netns");
+        std::thread::spawn(move || {
+            nix::sched::setns(ns_file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                .expect("setns");
+            let l = std::thread::spawn(move || lossy_stream(lossy_port, writes));
+            flood(conns);
+            l.join().expect("lossy");
+        })
+        .join()
+        .expect("flood");
+        let secs = t.elapsed().as_secs_f64();
+        std::thread::sleep(Duration::from_millis(500));
+        let k1 = prog_stats(&["pstack_tcp_", "pstack_inet_"]);
+        let cpu1 = cpu_ns(pid);
+        drop(ps);
+        drop(ns);
+        let n = (k1.1 - k0.1) as f64;
+        let kern = (k1.0 - k0.0) as f64 / n;
+        let user = (cpu1 - cpu0) as f64 / n;
+        println!(
+            "{label:<32} {n:>8.0} events in {secs:>5.1}s  kernel {kern:>6.1} ns/event  consumer {user:>6.1} ns/event  total {:>6.1} ns/event",
+            kern + user
+        );
+    }
 }
 
 fn rusage_ns() -> u64 {
@@ -514,9 +609,53 @@ fn aggregate(n: usize) {
     );
 }
 
+/// The flight recorder's user-space cost alone: decode + fold `n` synthetic
+/// records (state changes and retransmits over 1000 flows, one second of
+/// buckets per 1000 records) into a `FlowBook`, expiring every 10 000.
+fn book(n: usize) {
+    let mut recs = Vec::with_capacity(1000);
+    for i in 0..1000u64 {
+        let mut b = vec![0u8; pstack_ebpf::record::TCP_EVENT_SIZE];
+        b[32] = if i % 2 == 0 { 4 } else { 1 };
+        b[33] = 2;
+        b[34] = 1;
+        b[35] = 4;
+        b[36..38].copy_from_slice(&(10_000 + i as u16).to_le_bytes());
+        b[38..40].copy_from_slice(&80u16.to_le_bytes());
+        b[40..44].copy_from_slice(&[127, 0, 0, 1]);
+        b[56..60].copy_from_slice(&[127, 0, 0, 1]);
+        b[77] = 0x05; // has sock, has windows
+        b[96..104].copy_from_slice(&(0xffff_8880_0000_0000u64 + i * 4096).to_le_bytes());
+        recs.push(b);
+    }
+    let mut fb = pstack_ebpf::FlowBook::new(Duration::from_secs(60), 4096, 0);
+    let t = Instant::now();
+    for i in 0..n {
+        let r = &mut recs[i % 1000];
+        r[0..8].copy_from_slice(&(i as u64 * 1_000_000).to_le_bytes()); // 1000 records/s
+        fb.fold_raw(r);
+        if i % 10_000 == 0 {
+            fb.expire(i as u64 * 1_000_000);
+            let _ = fb.take_incidents();
+        }
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    println!(
+        "flight decode+fold: {ns:.1} ns/record over {n} records, {} flows held",
+        fb.flows()
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
+        Some("flight") => consumer_flight(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(30)),
+        Some("cost") => cost(),
+        Some("book") => book(
+            args.get(2)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1_000_000),
+        ),
         Some("consumer") if args.get(3).map(String::as_str) == Some("port1") => {
             consumer_filtered(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(30));
         }
@@ -547,7 +686,7 @@ fn main() {
         Some("run") | None => run(),
         Some(other) => {
             eprintln!(
-                "unknown subcommand {other}: run | consumer SECS [PID|all|count|port1] | blast SECS | flood CONNS"
+                "unknown subcommand {other}: run | cost | consumer SECS [PID|all|count|port1] | flight SECS | blast SECS | flood CONNS"
             );
             std::process::exit(2);
         }

@@ -658,6 +658,7 @@ pub fn process_plan(
         max_bytes_per_surface: max_bytes,
         max_fds: limits.max_fds,
         window: window_ms.map(Duration::from_millis),
+        trigger: None,
     })
 }
 

@@ -502,6 +502,7 @@ pub fn envelope(
             name: "pstack tcp_trace".into(),
             version: env!("CARGO_PKG_VERSION").into(),
             source_commit: SOURCE_COMMIT.into(),
+            trigger: None,
         },
         Clock {
             wall_time: wall,

@@ -25,6 +25,12 @@
 
 /* pstack_tcp_event.flags bits. */
 #define PSTACK_TCP_HAS_SOCK 0x01 /* the event carried a socket */
+#define PSTACK_TCP_RTO 0x02      /* retransmit with icsk_ca_state == TCP_CA_Loss: the RTO
+				  * timer fired (or loss recovery after it), not fast retransmit */
+#define PSTACK_TCP_HAS_WND 0x04  /* snd_wnd / rcv_wnd were read from a full socket */
+
+/* icsk_ca_state value of TCP_CA_Loss (include/net/tcp.h). */
+#define PSTACK_TCP_CA_LOSS 4
 
 /* Counter slots (COUNTERS per-CPU array), TCP object: 2*kind = seen, 2*kind+1 = lost. */
 #define PSTACK_TCP_COUNTER_SLOTS 10
@@ -46,11 +52,15 @@ struct pstack_tcp_event {
 	__s32 detail;       /* 72: retransmit err / send-reset reason / 0 */
 	__u8 layout;        /* 76: PSTACK_LAYOUT_* */
 	__u8 flags;         /* 77: PSTACK_TCP_* */
-	__u16 _pad;         /* 78 */
+	__u8 ca_state;      /* 78: icsk_ca_state of a retransmit's socket, else 0 */
+	__u8 _pad;          /* 79 */
 	char comm[16];      /* 80: on-CPU comm (swapper/N in softirq) */
 	__u64 sk_key;       /* 96: socket address, an opaque in-host key to join a
 			     * socket's events (0 = none). Never leaves the host. */
-};                          /* 104 */
+	__u32 snd_wnd;      /* 104: tcp_sock.snd_wnd (peer's advertised window, bytes);
+			     * valid only with PSTACK_TCP_HAS_WND */
+	__u32 rcv_wnd;      /* 108: tcp_sock.rcv_wnd (window this end advertises, bytes) */
+};                          /* 112 */
 
 /* Off-CPU state classes (index into pstack_offcpu_totals arrays). */
 #define PSTACK_OFF_RUNNABLE 0 /* preempted: waiting on a runqueue */
@@ -114,7 +124,7 @@ struct pstack_offcpu_start {
 };                          /* 160 */
 
 /* The Rust decoder (ebpf/src/record.rs) pins these sizes too. */
-_Static_assert(sizeof(struct pstack_tcp_event) == 104, "pstack_tcp_event ABI");
+_Static_assert(sizeof(struct pstack_tcp_event) == 112, "pstack_tcp_event ABI");
 _Static_assert(sizeof(struct pstack_dstate_event) == 184, "pstack_dstate_event ABI");
 _Static_assert(sizeof(struct pstack_offcpu_totals) == 168, "pstack_offcpu_totals ABI");
 _Static_assert(sizeof(struct pstack_offcpu_start) == 160, "pstack_offcpu_start ABI");

@@ -9,6 +9,14 @@
  * Each is guarded with bpf_core_type_exists / bpf_core_field_exists and the
  * layout found is recorded in the event (`layout`).
  *
+ * Port filter: a range [filter_port_lo, filter_port_hi] (inclusive; a single
+ * port is lo == hi; lo == 0 means any port), matched against either end, so
+ * only watched ports cost a record.
+ *
+ * Per record with a full socket: snd_wnd / rcv_wnd (PSTACK_TCP_HAS_WND). Per
+ * retransmit: icsk_ca_state (CO-RE bitfield); TCP_CA_Loss marks it
+ * PSTACK_TCP_RTO (the RTO timer's retransmit, not fast retransmit).
+ *
  * Bounded: EVENTS has a fixed size set by the loader; a failed reserve is
  * counted in COUNTERS (lost), never silent. The on-CPU pid/comm is NOT the
  * socket owner in softirq/timer context (retransmit timers run as swapper/N).
@@ -21,7 +29,8 @@
 char LICENSE[] SEC("license") = "GPL";
 
 /* Set by the loader before load (aya override_global). */
-const volatile __u16 filter_port = 0;   /* 0 = any; else sport or dport must match */
+const volatile __u16 filter_port_lo = 0; /* 0 = any; else sport or dport in [lo, hi] */
+const volatile __u16 filter_port_hi = 0;
 const volatile __u64 wakeup_bytes = 0;  /* wake the reader only past this backlog */
 /* 1: count events per kind and emit no record (pstackd's always-attached
  * mode, whose only output is the counters): no ring-buffer reservation, no
@@ -63,7 +72,13 @@ static __always_inline void count(__u32 slot)
 
 static __always_inline int port_filtered(__u16 sport, __u16 dport)
 {
-	return filter_port != 0 && sport != filter_port && dport != filter_port;
+	if (filter_port_lo == 0)
+		return 0;
+	if (sport >= filter_port_lo && sport <= filter_port_hi)
+		return 0;
+	if (dport >= filter_port_lo && dport <= filter_port_hi)
+		return 0;
+	return 1;
 }
 
 /* Count-only without a port filter needs nothing from the event: count it
@@ -71,7 +86,7 @@ static __always_inline int port_filtered(__u16 sport, __u16 dport)
  * data, so the verifier drops whichever path is dead. */
 static __always_inline int counted_only(__u8 kind)
 {
-	if (count_only && filter_port == 0) {
+	if (count_only && filter_port_lo == 0) {
 		count(2 * kind);
 		return 1;
 	}
@@ -117,8 +132,11 @@ static __always_inline struct pstack_tcp_event *reserve(__u8 kind)
 	e->detail = 0;
 	e->layout = 0;
 	e->flags = 0;
+	e->ca_state = 0;
 	e->_pad = 0;
 	e->sk_key = 0;
+	e->snd_wnd = 0;
+	e->rcv_wnd = 0;
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 	return e;
 }
@@ -143,6 +161,31 @@ static __always_inline void sock_ids(struct pstack_tcp_event *e, const void *ska
 	}
 	if (cookie_too)
 		bpf_core_read(&e->sock_cookie, sizeof(e->sock_cookie), &sk->__sk_common.skc_cookie);
+}
+
+/* Send and receive windows of a full TCP socket in `state` (the socket's
+ * state at the event). Time-wait and request sockets (and an unknown state)
+ * are not a struct tcp_sock: nothing is read. Two probe reads. */
+static __always_inline void sock_windows(struct pstack_tcp_event *e, const void *skaddr, __u8 state)
+{
+	const struct tcp_sock *tp = skaddr;
+	if (!tp || state == 0 || state == 6 /* TIME_WAIT */ || state == 12 /* NEW_SYN_RECV */)
+		return;
+	e->snd_wnd = BPF_CORE_READ(tp, snd_wnd);
+	e->rcv_wnd = BPF_CORE_READ(tp, rcv_wnd);
+	e->flags |= PSTACK_TCP_HAS_WND;
+}
+
+/* A retransmit's congestion-avoidance state: TCP_CA_Loss means the RTO timer
+ * fired (tcp_enter_loss), as opposed to fast retransmit (TCP_CA_Recovery). */
+static __always_inline void retransmit_ca(struct pstack_tcp_event *e, const void *skaddr)
+{
+	const struct inet_connection_sock *icsk = skaddr;
+	if (!icsk)
+		return;
+	e->ca_state = BPF_CORE_READ_BITFIELD_PROBED(icsk, icsk_ca_state);
+	if (e->ca_state == PSTACK_TCP_CA_LOSS)
+		e->flags |= PSTACK_TCP_RTO;
 }
 
 /* Namespace of a RST sent without a socket: the device the answered packet
@@ -207,7 +250,11 @@ int pstack_tcp_retransmit(void *ctx)
 			e->detail = BPF_CORE_READ(tp, err);
 			e->layout |= PSTACK_LAYOUT_RETRANSMIT_ERR;
 		}
-		sock_ids(e, tp->skaddr, 1, 1);
+		/* One ctx load: reusing tp->skaddr makes clang re-derive ctx+off, which the verifier refuses. */
+		const void *sk = tp->skaddr;
+		sock_ids(e, sk, 1, 1);
+		sock_windows(e, sk, e->state);
+		retransmit_ca(e, sk);
 	} else {
 		struct trace_event_raw_tcp_event_sk_skb___old *tp = ctx;
 		__u16 sport = tp->sport, dport = tp->dport;
@@ -220,7 +267,11 @@ int pstack_tcp_retransmit(void *ctx)
 		e->dport = dport;
 		e->state = tp->state;
 		copy_addrs(e, tp);
-		sock_ids(e, tp->skaddr, 1, 1);
+		/* One ctx load: reusing tp->skaddr makes clang re-derive ctx+off, which the verifier refuses. */
+		const void *sk = tp->skaddr;
+		sock_ids(e, sk, 1, 1);
+		sock_windows(e, sk, e->state);
+		retransmit_ca(e, sk);
 	}
 	bpf_ringbuf_submit(e, wake_flag());
 	return 0;
@@ -241,16 +292,18 @@ int pstack_tcp_receive_reset(struct trace_event_raw_tcp_event_sk *tp)
 	e->sport = sport;
 	e->dport = dport;
 	copy_addrs(e, tp);
+	const struct sock *sk = tp->skaddr;
 	if (bpf_core_field_exists(tp->sock_cookie)) {
 		e->sock_cookie = BPF_CORE_READ(tp, sock_cookie);
 		e->layout |= PSTACK_LAYOUT_RECV_RESET_COOKIE;
-		sock_ids(e, tp->skaddr, 0, 1);
+		sock_ids(e, sk, 0, 1);
 	} else {
-		sock_ids(e, tp->skaddr, 1, 1);
+		sock_ids(e, sk, 1, 1);
 	}
-	const struct sock *sk = tp->skaddr;
-	if (sk)
+	if (sk) {
 		e->state = BPF_CORE_READ(sk, __sk_common.skc_state);
+		sock_windows(e, sk, e->state);
+	}
 	bpf_ringbuf_submit(e, wake_flag());
 	return 0;
 }
@@ -299,9 +352,11 @@ int pstack_tcp_send_reset(void *ctx)
 		e->state = tp->state;
 		e->detail = tp->reason;
 		e->layout |= PSTACK_LAYOUT_SEND_RESET_SOCKADDR;
-		if (tp->skaddr)
-			sock_ids(e, tp->skaddr, 1, 1);
-		else
+		const void *sk = tp->skaddr;
+		if (sk) {
+			sock_ids(e, sk, 1, 1);
+			sock_windows(e, sk, e->state);
+		} else
 			skb_netns(e, tp->skbaddr);
 	} else {
 		struct trace_event_raw_tcp_event_sk_skb___old *tp = ctx;
@@ -316,9 +371,11 @@ int pstack_tcp_send_reset(void *ctx)
 		e->state = tp->state;
 		copy_addrs(e, tp);
 		e->layout |= PSTACK_LAYOUT_SEND_RESET_SK_SKB;
-		if (tp->skaddr)
-			sock_ids(e, tp->skaddr, 1, 1);
-		else
+		const void *sk = tp->skaddr;
+		if (sk) {
+			sock_ids(e, sk, 1, 1);
+			sock_windows(e, sk, e->state);
+		} else
 			skb_netns(e, tp->skbaddr);
 	}
 	bpf_ringbuf_submit(e, wake_flag());
@@ -343,7 +400,10 @@ int pstack_inet_sock_set_state(struct trace_event_raw_inet_sock_set_state *tp)
 	e->state = tp->oldstate;
 	e->newstate = tp->newstate;
 	copy_addrs(e, tp);
-	sock_ids(e, tp->skaddr, 1, 0);
+	const void *sk = tp->skaddr;
+	sock_ids(e, sk, 1, 0);
+	/* The socket still has its old state here (set after the tracepoint). */
+	sock_windows(e, sk, e->state);
 	bpf_ringbuf_submit(e, wake_flag());
 	return 0;
 }

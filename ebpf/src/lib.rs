@@ -8,7 +8,8 @@
 //!   Compiled objects are committed and embedded ([`objects`]); `ebpf/build.sh`
 //!   rebuilds them, `ebpf/build.sh --check` proves the committed bytes match.
 //! - [`record`] decodes records (pure), [`aggregate`] and [`offcpu`] fold them
-//!   into bounded per-flow / per-task summaries (pure), [`surface`] turns a
+//!   into bounded per-flow / per-task summaries (pure), [`flight`] keeps the
+//!   last minute of per-flow TCP aggregates on watched ports, [`surface`] turns a
 //!   window into `pstack_envelope::Surface`s, [`session`] owns the kernel side.
 //!
 //! # API for pstackd and `pstackctl capture --window`
@@ -47,6 +48,29 @@
 //! # let _ = surfaces;
 //! ```
 //!
+//! # Flight recorder (pstackd's `tcp_reset` / `tcp_rto` watch rules)
+//! ```no_run
+//! use pstack_ebpf::{FlightConfig, FlightRecorder, FlowIncident};
+//!
+//! // Its own session: TCP programs recording only ports 10000-20000 (kernel filter).
+//! let mut rec = FlightRecorder::start(FlightConfig::default())?; // NoBtf / PermissionDenied typed
+//! loop {
+//!     // Non-blocking; call every ~100 ms-1 s (the ring holds ~2 300 records).
+//!     for incident in rec.poll() {
+//!         if let FlowIncident::Reset { flow, received_from_peer, .. } = &incident {
+//!             // What the flow did in the last 60 s, per second, and how far back that reaches.
+//!             let history = rec.history(flow);
+//!             let _ = (received_from_peer, history);
+//!         }
+//!     }
+//!     let _stats = rec.stats(); // flows, evicted, folded, lost in the kernel, started_at_ns
+//! #   break;
+//! }
+//! # Ok::<(), pstack_ebpf::EbpfError>(())
+//! ```
+//! The folding itself is [`FlowBook`] (pure, table-tested); the recorder only
+//! owns the session and feeds it.
+//!
 //! A session is `Send`; keep one per daemon (each load costs ~70 ms of CPU to
 //! parse the kernel BTF) and run windows on it. Windows on one session are
 //! sequential (`&mut self`); events between windows are discarded as stale.
@@ -68,6 +92,7 @@
 
 pub mod aggregate;
 pub mod error;
+pub mod flight;
 pub mod host;
 pub mod objects;
 pub mod offcpu;
@@ -78,8 +103,12 @@ pub mod symbols;
 
 pub use aggregate::{Limits, TcpAggregate, TcpSurface};
 pub use error::EbpfError;
+pub use flight::{
+    FlightConfig, FlightRecorder, FlightStats, FlowBook, FlowBucket, FlowHistory, FlowIncident,
+    FlowKey, FlowTotals,
+};
 pub use offcpu::OffCpuWindow;
-pub use record::{Endpoint, TcpEvent, TcpEventKind, TcpState};
+pub use record::{Endpoint, TcpEvent, TcpEventKind, TcpRecord, TcpSockState, TcpState};
 pub use session::{
     EbpfConfig, EbpfSession, EbpfStatus, KernelCounts, MapSizes, OffCpuStatus, ProgramState,
     WindowReport, capture_blocking, monotonic_ns,

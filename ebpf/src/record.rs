@@ -9,7 +9,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Size of `struct pstack_tcp_event`.
-pub const TCP_EVENT_SIZE: usize = 104;
+pub const TCP_EVENT_SIZE: usize = 112;
 /// Size of `struct pstack_dstate_event`.
 pub const DSTATE_EVENT_SIZE: usize = 184;
 /// Size of `struct pstack_offcpu_start`.
@@ -29,6 +29,15 @@ pub const LAYOUT_SEND_RESET_SK_SKB: u8 = 0x02;
 pub const LAYOUT_RETRANSMIT_ERR: u8 = 0x04;
 /// `layout` bit: `tcp_receive_reset` carried `sock_cookie`.
 pub const LAYOUT_RECV_RESET_COOKIE: u8 = 0x08;
+
+/// `flags` bit: the event carried a socket.
+pub const TCP_HAS_SOCK: u8 = 0x01;
+/// `flags` bit: a retransmit whose socket was in `TCP_CA_Loss` (the RTO timer fired).
+pub const TCP_RTO: u8 = 0x02;
+/// `flags` bit: `snd_wnd` / `rcv_wnd` were read from a full socket.
+pub const TCP_HAS_WND: u8 = 0x04;
+/// `icsk_ca_state` value `TCP_CA_Loss`.
+pub const TCP_CA_LOSS: u8 = 4;
 
 /// A record that does not have the size its kind requires.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -335,7 +344,7 @@ impl TcpEvent {
             new_state: (kind == TcpEventKind::StateChange).then_some(TcpState(b[35])),
             detail: detail_present.then(|| i32_at(b, 72)),
             layout,
-            has_sock: b[77] & 0x01 != 0,
+            has_sock: b[77] & TCP_HAS_SOCK != 0,
             pid: u32_at(b, 28),
             comm: {
                 let mut c = [0u8; 16];
@@ -343,6 +352,58 @@ impl TcpEvent {
                 Comm(c)
             },
             sk_key: u64_at(b, 96),
+        })
+    }
+}
+
+/// What a record says about its socket's congestion and window state, beside
+/// the [`TcpEvent`] itself (a separate type so that `TcpEvent` stays the same
+/// for its existing users).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TcpSockState {
+    /// `tcp_sock.snd_wnd`: the send window the peer advertised, bytes
+    /// (present when the record had a full socket).
+    pub snd_wnd: Option<u32>,
+    /// `tcp_sock.rcv_wnd`: the receive window this end advertises, bytes.
+    pub rcv_wnd: Option<u32>,
+    /// `icsk_ca_state` of a retransmit's socket (`TCP_CA_Open` 0 ... `TCP_CA_Loss` 4).
+    pub ca_state: Option<u8>,
+    /// A retransmit sent in `TCP_CA_Loss`: the RTO timer fired (or loss
+    /// recovery after it), not fast retransmit.
+    pub rto: bool,
+}
+
+impl TcpSockState {
+    /// Decode the socket-state part of one `struct pstack_tcp_event`.
+    pub fn parse(b: &[u8]) -> Result<TcpSockState, RecordError> {
+        check("tcp event", b, TCP_EVENT_SIZE)?;
+        let flags = b[77];
+        let wnd = flags & TCP_HAS_WND != 0;
+        let retransmit_with_sock = b[32] == 1 && flags & TCP_HAS_SOCK != 0;
+        Ok(TcpSockState {
+            snd_wnd: wnd.then(|| u32_at(b, 104)),
+            rcv_wnd: wnd.then(|| u32_at(b, 108)),
+            ca_state: retransmit_with_sock.then_some(b[78]),
+            rto: retransmit_with_sock && flags & TCP_RTO != 0,
+        })
+    }
+}
+
+/// One whole TCP record: the event and its socket state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpRecord {
+    /// The event.
+    pub event: TcpEvent,
+    /// Windows and congestion state of its socket.
+    pub sock: TcpSockState,
+}
+
+impl TcpRecord {
+    /// Decode one ring-buffer record.
+    pub fn parse(b: &[u8]) -> Result<TcpRecord, RecordError> {
+        Ok(TcpRecord {
+            event: TcpEvent::parse(b)?,
+            sock: TcpSockState::parse(b)?,
         })
     }
 }
@@ -559,11 +620,11 @@ mod tests {
     #[test]
     fn short_records_are_typed_errors_not_guesses() {
         assert_eq!(
-            TcpEvent::parse(&[0u8; 95]).unwrap_err(),
+            TcpEvent::parse(&[0u8; 104]).unwrap_err(),
             RecordError {
                 what: "tcp event",
-                got: 95,
-                want: 104
+                got: 104,
+                want: 112
             }
         );
         assert!(DStateEpisode::parse(&[0u8; 10]).is_err());
@@ -591,6 +652,33 @@ mod tests {
         assert_eq!(e.new_state, None);
         assert_eq!(e.comm.name(), "curl");
         assert!(e.has_sock);
+    }
+
+    #[test]
+    fn retransmit_socket_state_decodes_rto_and_windows() {
+        let mut b = tcp_record(1, 2);
+        b[77] = TCP_HAS_SOCK | TCP_RTO | TCP_HAS_WND;
+        b[78] = TCP_CA_LOSS;
+        b[104..108].copy_from_slice(&0u32.to_le_bytes());
+        b[108..112].copy_from_slice(&65535u32.to_le_bytes());
+        let r = TcpRecord::parse(&b).unwrap();
+        assert_eq!(r.event.kind, TcpEventKind::Retransmit);
+        assert_eq!(
+            r.sock,
+            TcpSockState {
+                snd_wnd: Some(0),
+                rcv_wnd: Some(65535),
+                ca_state: Some(4),
+                rto: true
+            }
+        );
+        // Without HAS_WND the window bytes mean nothing; a state change has no ca_state.
+        let mut b = tcp_record(4, 2);
+        b[77] = TCP_HAS_SOCK | TCP_RTO;
+        b[104..108].copy_from_slice(&9u32.to_le_bytes());
+        let s = TcpSockState::parse(&b).unwrap();
+        assert_eq!(s, TcpSockState::default());
+        assert!(TcpSockState::parse(&b[..111]).is_err());
     }
 
     #[test]

@@ -93,6 +93,10 @@ pub struct EbpfConfig {
     pub tcp_count_only: bool,
     /// Keep only TCP events with this local or remote port (filtered in the kernel).
     pub port: Option<u16>,
+    /// Keep only TCP events with a local or remote port in this inclusive
+    /// range (filtered in the kernel; `port` is the one-port case of it, and
+    /// at most one of the two may be set). Default none.
+    pub port_range: Option<(u16, u16)>,
     /// Keep only TCP events with this address at either end (filtered in user space).
     pub addr: Option<IpAddr>,
     /// Processes whose threads the off-CPU programs watch (more can be added
@@ -127,6 +131,7 @@ impl Default for EbpfConfig {
             offcpu: false,
             tcp_count_only: false,
             port: None,
+            port_range: None,
             addr: None,
             watch_pids: Vec::new(),
             watch_all: false,
@@ -195,6 +200,20 @@ impl EbpfConfig {
         }
         if self.port == Some(0) {
             return bad("port", "0 is not a port (omit it to match any)".into());
+        }
+        if let Some((lo, hi)) = self.port_range {
+            if self.port.is_some() {
+                return bad(
+                    "port_range",
+                    "set either port or port_range, not both".into(),
+                );
+            }
+            if lo == 0 || lo > hi {
+                return bad(
+                    "port_range",
+                    format!("{lo}-{hi} is not a range of ports (1 <= lo <= hi)"),
+                );
+            }
         }
         if self.watch_pids.len() > self.maps.watched as usize {
             return bad(
@@ -554,7 +573,10 @@ impl EbpfSession {
         let mut programs = Vec::new();
         let tcp = if cfg.tcp {
             let object = "tcp.bpf.o";
-            let port = cfg.port.unwrap_or(0);
+            let (port_lo, port_hi) = cfg
+                .port_range
+                .or(cfg.port.map(|p| (p, p)))
+                .unwrap_or((0, 0));
             let count_only = u8::from(cfg.tcp_count_only);
             // A counting session never writes the ring: keep it one page.
             let ring_bytes = if cfg.tcp_count_only {
@@ -565,7 +587,8 @@ impl EbpfSession {
             let mut ebpf = EbpfLoader::new()
                 .btf(Some(&btf))
                 .map_max_entries("EVENTS", ring_bytes)
-                .override_global("filter_port", &port, true)
+                .override_global("filter_port_lo", &port_lo, true)
+                .override_global("filter_port_hi", &port_hi, true)
                 .override_global("wakeup_bytes", &cfg.wakeup_bytes, true)
                 .override_global("count_only", &count_only, true)
                 .load(objects::TCP)
@@ -693,6 +716,39 @@ impl EbpfSession {
                 Ok(OffCpuCounters::from_slots([v[0], v[1], v[2], v[3], v[4]]))
             })
             .transpose()
+    }
+
+    /// TCP events the programs saw (after the port filter) and lost (ring
+    /// buffer full) since load, per kind (`TcpEventKind::ALL` order); `None`
+    /// without the TCP programs.
+    pub fn tcp_kernel_counts(&self) -> Result<Option<KernelCounts>, EbpfError> {
+        Ok(self.tcp_counters()?.map(|c| {
+            let mut k = KernelCounts::default();
+            for (j, kind) in TcpEventKind::ALL.into_iter().enumerate() {
+                let i = 2 * usize::from(kind.raw());
+                k.seen[j] = c[i];
+                k.lost[j] = c[i + 1];
+            }
+            k
+        }))
+    }
+
+    /// Read up to `max` queued TCP records without waiting, handing each raw
+    /// record to `f`; returns how many were read. For owners that poll on
+    /// their own schedule (the flight recorder) instead of running windows.
+    /// Not to be mixed with windows on the same session: a window discards
+    /// what is queued when it starts.
+    pub fn drain_tcp(&mut self, max: usize, mut f: impl FnMut(&[u8])) -> usize {
+        let Some(ring) = self.tcp.as_mut().and_then(|t| t.ring.as_mut()) else {
+            return 0;
+        };
+        let mut n = 0;
+        while n < max {
+            let Some(item) = ring.next() else { break };
+            f(&item);
+            n += 1;
+        }
+        n
     }
 
     /// Programs, cumulative event and loss counts (for `/v1/status`, `/metrics`).

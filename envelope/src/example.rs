@@ -33,6 +33,7 @@ pub fn example_unsealed() -> Envelope {
             name: "pstackctl".into(),
             version: "0.1.0".into(),
             source_commit: "0000000000000000000000000000000000000000".into(),
+            trigger: None,
         },
         clock: Clock {
             wall_time: "2026-12-02T11:00:00.123Z".into(),

@@ -279,8 +279,42 @@ pub struct Collector {
     pub name: String,
     /// Exact source commit it was built from.
     pub source_commit: String,
+    /// Why the capture ran when no operator asked for it: the watch rule
+    /// that fired. Absent on operator captures, so the store can tell them
+    /// apart.
+    #[serde(
+        default,
+        deserialize_with = "crate::strict::present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub trigger: Option<Trigger>,
     /// Semver of the collector.
     pub version: String,
+}
+
+/// Kinds of watch rule a [`Trigger`] may name.
+pub const TRIGGER_KINDS: &[&str] = &[
+    "d_state",
+    "tcp_reset",
+    "tcp_rto",
+    "listen_overflow",
+    "retransmit_rate",
+    "longhorn_rebuild",
+];
+
+/// The watch rule that started a capture, and what it saw.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Trigger {
+    /// The condition's readings when it fired (e.g. `d_state_ms`,
+    /// `resets`, `flow`), as decimal or plain strings.
+    pub condition: std::collections::BTreeMap<String, String>,
+    /// RFC 3339 UTC wall time the condition was seen true.
+    pub fired_at: String,
+    /// One of [`TRIGGER_KINDS`].
+    pub kind: String,
+    /// The rule's configured name.
+    pub rule: String,
 }
 
 /// When the capture happened.

@@ -111,6 +111,27 @@ pub fn check_rules(env: &Envelope) -> Vec<EnvelopeError> {
         reason: reason.into(),
     };
 
+    if let Some(trigger) = &env.collector.trigger {
+        if !crate::model::TRIGGER_KINDS.contains(&trigger.kind.as_str()) {
+            errors.push(invalid(
+                "$.collector.trigger.kind",
+                &format!(
+                    "{:?} is not a watch rule kind ({})",
+                    trigger.kind,
+                    crate::model::TRIGGER_KINDS.join(", ")
+                ),
+            ));
+        }
+        if trigger.rule.trim().is_empty() {
+            errors.push(invalid("$.collector.trigger.rule", "names no rule"));
+        }
+        if crate::wall_time::parse(&trigger.fired_at).is_none() {
+            errors.push(invalid(
+                "$.collector.trigger.fired_at",
+                "is not an RFC 3339 UTC time",
+            ));
+        }
+    }
     for field in env.subject.empty_identity_fields() {
         errors.push(EnvelopeError::MissingIdentityField {
             kind: env.subject.kind().into(),

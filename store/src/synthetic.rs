@@ -194,6 +194,7 @@ impl Capture {
                 name: "pstackd".into(),
                 version: "0.1.0".into(),
                 source_commit: "3b06cc7a1e8c5d2f4b6a8c0e2d4f6a8b0c2e4d6f".into(),
+                trigger: None,
             },
             clock: Clock {
                 wall_time: wall,

@@ -21,6 +21,7 @@ pub mod progress;
 pub mod status;
 pub mod trace;
 pub mod transport;
+pub mod watch;
 
 // `pstackctl`'s command line lives here, not in the binary, so tests can run
 // the probe commands envelopes carry through the very same parser.
@@ -48,6 +49,8 @@ pub enum Command {
     Status(status::Args),
     /// Watch TCP retransmits, resets and state changes live (eBPF).
     Trace(trace::Args),
+    /// List pstackd's watch rules (armed or why not, fired, suppressed) and follow their firings.
+    Watch(watch::Args),
 }
 
 /// `pstackctl`'s clap command with the exit codes after every `--help`,
@@ -73,5 +76,6 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Capture(a) => capture::run(*a),
         Command::Trace(a) => trace::run(a),
         Command::Status(a) => status::run(a),
+        Command::Watch(a) => watch::run(a),
     }
 }

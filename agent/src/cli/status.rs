@@ -161,7 +161,43 @@ pub fn render(s: &Value) -> String {
         );
     }
     line(&mut out, "ebpf", ebpf_line(&s["ebpf"]));
+    let rules = s["watch"]["rules"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    if rules.is_empty() {
+        line(
+            &mut out,
+            "watch",
+            "no rules (pstackd captures only when asked)".into(),
+        );
+    }
+    for r in rules {
+        line(&mut out, &format!("watch {}", n(&r["name"])), rule_line(r));
+    }
     out
+}
+
+/// One line on a watch rule: kind, armed or why not, and what it did.
+pub fn rule_line(r: &Value) -> String {
+    let mut text = format!("{} ", n(&r["kind"]));
+    if r["state"] == "armed" {
+        text.push_str("armed");
+    } else {
+        text.push_str(&format!("UNAVAILABLE ({}) !!", n(&r["reason"])));
+    }
+    let suppressed = r["suppressed_total"].as_u64().unwrap_or(0);
+    text.push_str(&format!(
+        ", fired {}, captured {}, failed {}, suppressed {suppressed}",
+        n(&r["fired_total"]),
+        n(&r["captured_total"]),
+        n(&r["failed_total"]),
+    ));
+    if let Some(by) = r["suppressed"].as_object().filter(|m| !m.is_empty()) {
+        let parts: Vec<String> = by.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        text.push_str(&format!(" ({})", parts.join(", ")));
+    }
+    text.push_str(&format!(", last fired {}", n(&r["last_fired"])));
+    text
 }
 
 /// One line on the eBPF programs: state, what is attached, events and losses.
@@ -207,6 +243,24 @@ fn ebpf_line(e: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn rule_line_shows_state_reason_and_counts() {
+        let armed = json!({"kind": "d_state", "state": "armed", "fired_total": 3,
+            "captured_total": 1, "failed_total": 0, "suppressed_total": 2,
+            "suppressed": {"rate_limit_subject": 2}, "last_fired": "2026-12-04T10:00:00.000Z"});
+        assert_eq!(
+            rule_line(&armed),
+            "d_state armed, fired 3, captured 1, failed 0, suppressed 2 (rate_limit_subject 2), last fired 2026-12-04T10:00:00.000Z"
+        );
+        let off = json!({"kind": "tcp_reset", "state": "unavailable", "reason": "no BTF",
+            "fired_total": 0, "captured_total": 0, "failed_total": 0, "suppressed_total": 0,
+            "suppressed": {}, "last_fired": null});
+        assert_eq!(
+            rule_line(&off),
+            "tcp_reset UNAVAILABLE (no BTF) !!, fired 0, captured 0, failed 0, suppressed 0, last fired -"
+        );
+    }
 
     #[test]
     fn ebpf_line_shows_attachment_events_losses_and_off_cpu() {

@@ -113,6 +113,8 @@ pub fn router(state: Arc<DaemonState>) -> Router {
         .route("/v1/captures/{id}/events", get(get_capture_events))
         .route("/v1/envelopes/{digest}", get(get_envelope))
         .route("/v1/status", get(get_status))
+        .route("/v1/watch", get(get_watch))
+        .route("/v1/watch/events", get(get_watch_events))
         .route("/metrics", get(get_metrics))
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
@@ -797,7 +799,48 @@ pub fn status_json(state: &DaemonState) -> serde_json::Value {
             "failures_total": failures,
         },
         "ebpf": state.engine.ebpf.status_json(),
+        "watch": state.watch.status_json(),
     })
+}
+
+async fn get_watch(State(state): State<Arc<DaemonState>>) -> Response {
+    axum::Json(state.watch.status_json()).into_response()
+}
+
+/// NDJSON: the recent watch events, then each new one as it happens.
+async fn get_watch_events(State(state): State<Arc<DaemonState>>) -> Response {
+    let (recent, mut live) = state.watch.subscribe();
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let line = |v: &serde_json::Value| {
+        let mut b = serde_json::to_vec(v).unwrap_or_default();
+        b.push(b'\n');
+        bytes::Bytes::from(b)
+    };
+    tokio::spawn(async move {
+        for v in &recent {
+            if tx.send(line(v)).await.is_err() {
+                return;
+            }
+        }
+        loop {
+            let v = match live.recv().await {
+                Ok(v) => v,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    json!({"event": "lagged", "missed": n})
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            };
+            if tx.send(line(&v)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut resp = Response::new(Body::new(LineBody(rx)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    resp
 }
 
 async fn get_status(State(state): State<Arc<DaemonState>>) -> Response {
@@ -967,5 +1010,6 @@ pub fn metrics_text(state: &DaemonState) -> String {
         );
     }
     out.push_str(&state.engine.ebpf.prometheus());
+    out.push_str(&state.watch.prometheus());
     out
 }

@@ -61,6 +61,22 @@
 //! [ebpf]                           # bound at start (restart to change)
 //! enabled = true                   # keep the off-CPU programs attached; a load failure is logged, not fatal
 //! tcp = true                       # also the TCP programs (retransmits, resets, state changes)
+//! btf_path = "/sys/kernel/btf/vmlinux"
+//!
+//! [flight_recorder]                # bound at start; runs only while a tcp_reset/tcp_rto rule exists
+//! seconds = 60                     # history kept per flow on the watched ports
+//! max_flows = 4096                 # least recently active evicted past this (counted)
+//!
+//! # Watch rules: none by default. Each [[watch]] table is one rule; see
+//! # docs/configuration.md for every kind and key. Reloaded on SIGHUP; a bad
+//! # rule rejects the reload and the running set stays.
+//! # [[watch]]
+//! # name = "stuck-io"
+//! # kind = "d_state"               # d_state, tcp_reset, tcp_rto, listen_overflow, retransmit_rate, longhorn_rebuild
+//! # min_seconds = 10
+//! # window = "2s"                  # off-CPU window of the capture (0 = none)
+//! # max_per_subject_per_hour = 2
+//! # max_per_hour = 12
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -89,6 +105,9 @@ pub enum ConfigError {
         /// The parser's diagnostic (line, column, key).
         message: String,
     },
+    /// A watch rule is invalid (the rule is named).
+    #[error("config {0}")]
+    InvalidRule(#[from] super::watch::rules::RuleError),
     /// A value is out of range or inconsistent.
     #[error("config parameter `{param}` is invalid: {reason}")]
     InvalidParameter {
@@ -154,6 +173,33 @@ pub struct Config {
     pub capture: CaptureConfig,
     /// eBPF programs kept attached while pstackd runs.
     pub ebpf: EbpfDaemonConfig,
+    /// The flight recorder the TCP watch rules read.
+    pub flight_recorder: FlightRecorderConfig,
+    /// Watch rules (`[[watch]]` tables); none by default.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub watch: Vec<super::watch::rules::WatchRuleConfig>,
+}
+
+/// The flight recorder: per-flow TCP aggregates of the watched ports, kept
+/// while a `tcp_reset` or `tcp_rto` rule is configured (bound at start).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FlightRecorderConfig {
+    /// Seconds of history kept per flow. Default 60: long enough to show a
+    /// stream degrading before it was reset; memory grows with it.
+    pub seconds: u64,
+    /// Most flows tracked; the least recently active are evicted (counted).
+    /// Default 4096.
+    pub max_flows: usize,
+}
+
+impl Default for FlightRecorderConfig {
+    fn default() -> Self {
+        FlightRecorderConfig {
+            seconds: 60,
+            max_flows: 4096,
+        }
+    }
 }
 
 /// eBPF settings (bound at start).
@@ -170,6 +216,10 @@ pub struct EbpfDaemonConfig {
     /// records are made, so nothing is lost). Default true. Costs about the
     /// price of one per-CPU counter increment per TCP event on the host.
     pub tcp: bool,
+    /// Kernel BTF the programs are relocated against. Default
+    /// `/sys/kernel/btf/vmlinux`; without it no eBPF program loads and the
+    /// TCP watch rules are `unavailable`.
+    pub btf_path: PathBuf,
 }
 
 impl Default for EbpfDaemonConfig {
@@ -177,6 +227,7 @@ impl Default for EbpfDaemonConfig {
         EbpfDaemonConfig {
             enabled: true,
             tcp: true,
+            btf_path: PathBuf::from("/sys/kernel/btf/vmlinux"),
         }
     }
 }
@@ -301,6 +352,8 @@ impl Default for Config {
             shipper: ShipperConfig::default(),
             capture: CaptureConfig::default(),
             ebpf: EbpfDaemonConfig::default(),
+            flight_recorder: FlightRecorderConfig::default(),
+            watch: Vec::new(),
         }
     }
 }
@@ -418,8 +471,24 @@ impl Config {
         u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8).unwrap_or(0o660)
     }
 
+    /// The validated watch rules (validated at load, so a running
+    /// configuration always has a valid set).
+    pub fn watch_rules(&self) -> Vec<super::watch::rules::WatchRule> {
+        super::watch::rules::validate_all(&self.watch).unwrap_or_default()
+    }
+
     /// Check every value.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        super::watch::rules::validate_all(&self.watch)?;
+        if !(1..=3600).contains(&self.flight_recorder.seconds) {
+            return Err(invalid("flight_recorder.seconds", "between 1 and 3600"));
+        }
+        if !(1..=1_000_000).contains(&self.flight_recorder.max_flows) {
+            return Err(invalid(
+                "flight_recorder.max_flows",
+                "between 1 and 1000000",
+            ));
+        }
         let kubelet = &self.capture.kubelet_url;
         if !kubelet.is_empty() {
             let u = url::Url::parse(kubelet)
@@ -577,6 +646,9 @@ impl Config {
         }
         if self.ebpf != proposed.ebpf {
             out.push("ebpf");
+        }
+        if self.flight_recorder != proposed.flight_recorder {
+            out.push("flight_recorder");
         }
         if self.capture.kubelet_url != proposed.capture.kubelet_url {
             out.push("capture.kubelet_url");

@@ -103,6 +103,7 @@ impl DaemonEbpf {
             // Its only TCP output is the counters in /v1/status and /metrics:
             // count in the kernel, emit no records (see BENCHMARKS.md, eBPF).
             ec.tcp_count_only = cfg.tcp;
+            ec.btf_path = cfg.btf_path.clone();
             let loader = me.clone();
             tokio::spawn(async move {
                 let started = tokio::task::spawn_blocking(move || {

@@ -53,3 +53,4 @@ pub mod run;
 pub mod shipper;
 pub mod spool;
 pub mod state;
+pub mod watch;

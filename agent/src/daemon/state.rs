@@ -85,6 +85,8 @@ pub struct DaemonState {
     pub counters: Counters,
     /// Start time.
     pub started: Instant,
+    /// The watch rules' engine.
+    pub watch: super::watch::WatchEngine,
 }
 
 impl DaemonState {
@@ -110,6 +112,7 @@ impl DaemonState {
             draining: AtomicBool::new(false),
             counters: Counters::default(),
             started: Instant::now(),
+            watch: super::watch::WatchEngine::new(),
         }
     }
 

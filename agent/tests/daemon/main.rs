@@ -23,3 +23,4 @@ mod spool;
 mod store_e2e;
 mod tls;
 mod unit_files;
+mod watch;

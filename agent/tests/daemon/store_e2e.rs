@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::collector::Collector;
 use super::common::*;
 
-struct Store(Child);
+pub struct Store(pub Child);
 
 impl Drop for Store {
     fn drop(&mut self) {
@@ -20,7 +20,7 @@ impl Drop for Store {
     }
 }
 
-fn http(
+pub fn http(
     addr: SocketAddr,
     method: &str,
     path: &str,

@@ -17,14 +17,14 @@ use crate::daemon_common::{Daemon, Settings, sibling_bin};
 use crate::testbed::*;
 
 /// A `pstack-store serve` process on loopback; killed on drop.
-struct Store {
+pub struct Store {
     child: Child,
-    addr: SocketAddr,
-    key: String,
+    pub addr: SocketAddr,
+    pub key: String,
 }
 
 impl Store {
-    fn start(dir: &Path) -> Store {
+    pub fn start(dir: &Path) -> Store {
         let bin = sibling_bin("pstack-store", "pstack-store")
             .expect("pstack-store could not be built (cargo build -p pstack-store)");
         let db = dir.join("store.db");
@@ -55,7 +55,7 @@ impl Store {
         Store { child, addr, key }
     }
 
-    fn get(&self, path: &str) -> Option<(u16, Vec<u8>)> {
+    pub fn get(&self, path: &str) -> Option<(u16, Vec<u8>)> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

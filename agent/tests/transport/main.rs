@@ -17,3 +17,4 @@ mod sockopt_helper;
 mod ss_oracle;
 mod testbed;
 mod trace_daemon;
+mod watch_flows;

@@ -977,6 +977,7 @@ pub fn transfer_envelope(
             name: "pstackctl capture longhorn".into(),
             version: env!("CARGO_PKG_VERSION").into(),
             source_commit: transport::SOURCE_COMMIT.into(),
+            trigger: plan.trigger.clone(),
         },
         r.clock.clone(),
         Universe {

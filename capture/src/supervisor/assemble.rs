@@ -86,6 +86,7 @@ impl Assembly {
                 name: config.collector_name.clone(),
                 version: env!("CARGO_PKG_VERSION").to_string(),
                 source_commit: config.source_commit.clone(),
+                trigger: request.trigger.clone(),
             },
             clock: Clock {
                 wall_time,
@@ -496,7 +497,9 @@ pub(in crate::supervisor) mod tests {
             max_fds: 13,
             window: Some(Duration::from_millis(1000)),
             surfaces: SurfaceSelection::all(),
+            trigger: None,
         };
+        // `trigger` is not a bound: it names the rule, not a limit.
         let CaptureRequest {
             target: _,
             deadlines,
@@ -505,6 +508,7 @@ pub(in crate::supervisor) mod tests {
             max_fds,
             window,
             surfaces,
+            trigger: _,
         } = &request;
         let selection = surfaces.resolve(&request.target, window.is_some()).unwrap();
         let d = deadlines.unwrap();

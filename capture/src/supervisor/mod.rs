@@ -144,6 +144,8 @@ pub struct CaptureRequest {
     pub window: Option<Duration>,
     /// Which surfaces to read (default: every surface of the target's kind).
     pub surfaces: SurfaceSelection,
+    /// The watch rule that started this capture (none for an operator's).
+    pub trigger: Option<pstack_envelope::Trigger>,
 }
 
 impl Default for CaptureRequest {
@@ -156,6 +158,7 @@ impl Default for CaptureRequest {
             max_fds: 1024,
             window: None,
             surfaces: SurfaceSelection::all(),
+            trigger: None,
         }
     }
 }

@@ -54,6 +54,7 @@
 //!   ESTABLISHED for CLOSE, EstabResets/OutRsts deltas) as facts, the reset
 //!   direction as an inference, and leaves an unknown with its probe.
 
+pub mod recorded;
 pub mod rules;
 /// The ids of the surfaces a flow envelope can carry: claims bind these,
 /// never a string written elsewhere.
@@ -227,6 +228,8 @@ pub struct Plan {
     pub ebpf: bool,
     /// Watch the whole window even when nothing matches at the first sample.
     pub wait: bool,
+    /// The watch rule that started this capture (none for an operator's).
+    pub trigger: Option<pstack_envelope::Trigger>,
 }
 
 impl Plan {
@@ -282,6 +285,7 @@ impl Plan {
             max_flows: a.max_flows,
             ebpf,
             wait: a.wait,
+            trigger: None,
         })
     }
 }
@@ -1331,11 +1335,12 @@ impl Ctx<'_> {
         }
     }
 
-    fn collector() -> Collector {
+    fn collector(&self) -> Collector {
         Collector {
             name: "pstackctl capture transport".into(),
             version: env!("CARGO_PKG_VERSION").into(),
             source_commit: SOURCE_COMMIT.into(),
+            trigger: self.plan.trigger.clone(),
         }
     }
 
@@ -1398,7 +1403,7 @@ impl Ctx<'_> {
             schema: SCHEMA_ID.into(),
             completeness,
             subject: Subject::Host(self.host.clone()),
-            collector: Self::collector(),
+            collector: self.collector(),
             clock: self.clock(),
             universe: Universe {
                 selector: selector.into(),
@@ -1648,7 +1653,7 @@ impl Ctx<'_> {
                 flow_id: cookie.to_string(),
                 net_ns: Some(self.net_ns.to_string()),
             }),
-            Self::collector(),
+            self.collector(),
             self.clock(),
             Universe {
                 selector: selector.into(),

@@ -5,6 +5,7 @@
 //! reason only when one of those is truly absent.
 
 mod fixtures;
+mod flight;
 mod flood;
 mod lifecycle;
 mod objects;

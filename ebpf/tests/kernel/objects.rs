@@ -45,7 +45,8 @@ fn embedded_objects_hold_the_expected_programs_and_maps() {
                 "pstack_inet_sock_set_state",
                 "EVENTS",
                 "COUNTERS",
-                "filter_port",
+                "filter_port_lo",
+                "filter_port_hi",
             ][..],
         ),
         (

@@ -131,6 +131,21 @@ fn invalid_config_names_the_parameter() {
         ),
         (
             EbpfConfig {
+                port_range: Some((20000, 10000)),
+                ..EbpfConfig::tcp()
+            },
+            "port_range",
+        ),
+        (
+            EbpfConfig {
+                port: Some(15000),
+                port_range: Some((10000, 20000)),
+                ..EbpfConfig::tcp()
+            },
+            "port_range",
+        ),
+        (
+            EbpfConfig {
                 tcp: false,
                 ..EbpfConfig::tcp()
             },

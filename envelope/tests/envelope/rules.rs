@@ -350,3 +350,46 @@ fn seal_refuses_an_invalid_envelope() {
     let rejection = e.seal().unwrap_err();
     assert_eq!(rejection.errors[0].rule(), "hypothesis_without_falsifier");
 }
+
+#[test]
+fn a_watch_trigger_is_sealed_and_checked() {
+    let trigger = json!({
+        "rule": "stuck-io",
+        "kind": "d_state",
+        "fired_at": "2026-12-04T10:00:00.000Z",
+        "condition": {"d_state_ms": "12000", "tid": "4242"}
+    });
+    let ok = verify(&sealed_bytes(with(|v| {
+        v["collector"]["trigger"] = trigger.clone()
+    })))
+    .expect("a well-formed trigger verifies");
+    let t = ok.collector.trigger.as_ref().expect("trigger kept");
+    assert_eq!((t.rule.as_str(), t.kind.as_str()), ("stuck-io", "d_state"));
+    assert_eq!(t.condition["d_state_ms"], "12000");
+
+    for (member, bad) in [
+        ("kind", json!("cpu_hot")),
+        ("rule", json!(" ")),
+        ("fired_at", json!("yesterday")),
+    ] {
+        let mut t = trigger.clone();
+        t[member] = bad;
+        let err = verify(&sealed_bytes(with(|v| {
+            v["collector"]["trigger"] = t.clone()
+        })))
+        .unwrap_err();
+        assert!(
+            err.errors.iter().any(|e| e
+                .to_string()
+                .contains(&format!("collector.trigger.{member}"))),
+            "{member}: {err:?}"
+        );
+    }
+    let mut t = trigger.clone();
+    t["surprise"] = json!(1);
+    let err = verify(&sealed_bytes(with(|v| {
+        v["collector"]["trigger"] = t.clone()
+    })))
+    .unwrap_err();
+    assert_eq!(err.errors[0].rule(), "unknown_field");
+}

@@ -1,0 +1,874 @@
+//! pstackd's watch rules: conditions sampled every second and, when one
+//! becomes true, a capture of its subject started by the daemon itself.
+//!
+//! Invariants:
+//! - **The rule set is the running configuration's.** It is re-read at every
+//!   tick, so a SIGHUP that passes validation swaps it and a bad file keeps
+//!   the old set (config reload is all-or-nothing). A rule kept across a
+//!   reload (same name and definition) keeps its counters and limits.
+//! - **Everything that fired is visible.** Each firing is counted and ends
+//!   as exactly one of: a capture started (then sealed or failed), or a
+//!   suppression counted under its reason (`SUPPRESS_*`). Nothing is
+//!   dropped silently; the last [`RECENT_EVENTS`] events are kept for
+//!   `GET /v1/watch/events` and streamed live.
+//! - **Bounded.** Every rule has a per-subject and a per-rule hourly limit;
+//!   at most one capture per subject runs at a time; captures take the same
+//!   slots, spool room and leak budget as an operator's, and are refused the
+//!   same way (counted as suppressed) when those are spent.
+//! - **Identity before capture.** A D-state subject is re-read (same start
+//!   time, still in D) right before its capture; the capture itself checks
+//!   identity before and after, as every process capture does.
+//! - **A rule that cannot run says why** (`unavailable` with the reason),
+//!   and the others keep running.
+
+pub mod conditions;
+pub mod flows;
+pub mod limit;
+pub mod rules;
+pub mod sample;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pstack_capture::clock::wall_time_now;
+use pstack_capture::request::{
+    ProcessLimits, RequestedCaps, RequestedDeadlines, ValidRequest, process_plan,
+};
+use pstack_capture::supervisor::Target;
+use pstack_envelope::Trigger;
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use self::conditions::{CounterSample, DStateTracker, RateTracker};
+use self::limit::{Limited, Limiter};
+use self::rules::{Condition, RuleKind, WatchRule};
+use super::engines;
+use super::state::DaemonState;
+
+/// How often conditions are sampled.
+pub const TICK: Duration = Duration::from_secs(1);
+/// Events kept for late readers of `/v1/watch/events`.
+pub const RECENT_EVENTS: usize = 256;
+/// Extra time a watch capture gets past its deadline before it is counted
+/// failed (it still finishes in the background, holding its slot).
+pub const OVERRUN_GRACE: Duration = Duration::from_secs(2);
+
+/// A capture of this subject is already running.
+pub const SUPPRESS_RUNNING: &str = "capture_running";
+/// The subject's hourly limit is spent.
+pub const SUPPRESS_SUBJECT_LIMIT: &str = "rate_limit_subject";
+/// The rule's hourly limit is spent.
+pub const SUPPRESS_RULE_LIMIT: &str = "rate_limit_rule";
+/// The helper leak budget is spent.
+pub const SUPPRESS_LEAK_BUDGET: &str = "leak_budget";
+/// The spool is full and refuses new captures.
+pub const SUPPRESS_SPOOL_FULL: &str = "spool_full";
+/// Every capture slot is taken.
+pub const SUPPRESS_BUSY: &str = "busy";
+/// pstackd is shutting down.
+pub const SUPPRESS_DRAINING: &str = "draining";
+/// The subject recovered or went away before its capture could start.
+pub const SUPPRESS_GONE: &str = "subject_gone";
+
+/// Every suppression reason, in the order status shows them.
+pub const SUPPRESS_REASONS: &[&str] = &[
+    SUPPRESS_RUNNING,
+    SUPPRESS_SUBJECT_LIMIT,
+    SUPPRESS_RULE_LIMIT,
+    SUPPRESS_LEAK_BUDGET,
+    SUPPRESS_SPOOL_FULL,
+    SUPPRESS_BUSY,
+    SUPPRESS_DRAINING,
+    SUPPRESS_GONE,
+];
+
+/// Why `longhorn_rebuild` rules do not run yet.
+pub const LONGHORN_UNAVAILABLE: &str = "the longhorn_rebuild condition is specified by the Longhorn issue and not built yet; the rule is accepted and counted, never run";
+
+/// Whether a rule can run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Availability {
+    /// Its source is up; it fires when its condition holds.
+    Armed,
+    /// Its source is missing; the reason says which and why.
+    Unavailable(String),
+}
+
+#[derive(Debug)]
+struct RuleState {
+    rule: WatchRule,
+    availability: Availability,
+    fired: u64,
+    captured: u64,
+    failed: u64,
+    suppressed: BTreeMap<&'static str, u64>,
+    last_fired: Option<String>,
+    last_envelope: Option<String>,
+    last_error: Option<String>,
+    limiter: Limiter,
+    d_state: DStateTracker,
+    rate: RateTracker,
+}
+
+impl RuleState {
+    fn new(rule: WatchRule) -> RuleState {
+        RuleState {
+            rule,
+            availability: Availability::Unavailable("starting".into()),
+            fired: 0,
+            captured: 0,
+            failed: 0,
+            suppressed: BTreeMap::new(),
+            last_fired: None,
+            last_envelope: None,
+            last_error: None,
+            limiter: Limiter::default(),
+            d_state: DStateTracker::default(),
+            rate: RateTracker::default(),
+        }
+    }
+
+    fn suppressed_total(&self) -> u64 {
+        self.suppressed.values().sum()
+    }
+}
+
+/// What a firing captures.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// A process capture of `tgid` (its thread `tid` was the one in D).
+    Process {
+        /// Process.
+        tgid: u32,
+        /// The thread seen in D.
+        tid: u32,
+        /// The thread's start time, re-checked before the capture.
+        start_ticks: u64,
+    },
+    /// A host capture.
+    Host,
+    /// A flow's own capture, prepared by [`flows`].
+    Flow(flows::FlowAction),
+}
+
+/// A rule whose condition became true.
+#[derive(Debug, Clone)]
+pub struct Firing {
+    /// The rule's name.
+    pub rule: String,
+    /// Its kind.
+    pub kind: RuleKind,
+    /// Rate-limit and concurrency key of the subject.
+    pub subject: String,
+    /// The condition's readings (sealed in the trigger).
+    pub condition: BTreeMap<String, String>,
+    /// When the fault began, as far as the engine can tell (monotonic).
+    pub fault_at: Instant,
+    /// What to capture.
+    pub action: Action,
+}
+
+/// The watch engine pstackd holds.
+#[derive(Debug)]
+pub struct WatchEngine {
+    inner: Mutex<Inner>,
+    /// Locked after `inner` when both are held, never before.
+    flows: Mutex<flows::FlowWatch>,
+    events: broadcast::Sender<Value>,
+    recent: Mutex<VecDeque<Value>>,
+    proc_root: PathBuf,
+    origin: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    rules: Vec<RuleState>,
+    running: BTreeSet<String>,
+    last_scan: Option<(usize, bool, u64)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl WatchEngine {
+    /// An engine with no rules, reading `/proc`.
+    pub fn new() -> WatchEngine {
+        let (events, _) = broadcast::channel(1024);
+        WatchEngine {
+            inner: Mutex::new(Inner::default()),
+            flows: Mutex::new(flows::FlowWatch::default()),
+            events,
+            recent: Mutex::new(VecDeque::with_capacity(RECENT_EVENTS)),
+            proc_root: PathBuf::from("/proc"),
+            origin: Instant::now(),
+        }
+    }
+
+    fn emit(&self, event: Value) {
+        {
+            let mut recent = lock(&self.recent);
+            if recent.len() == RECENT_EVENTS {
+                recent.pop_front();
+            }
+            recent.push_back(event.clone());
+        }
+        let _ = self.events.send(event);
+    }
+
+    /// Recent events and a receiver of the ones to come (subscribed first,
+    /// so nothing falls between the two).
+    pub fn subscribe(&self) -> (Vec<Value>, broadcast::Receiver<Value>) {
+        let rx = self.events.subscribe();
+        let recent = lock(&self.recent).iter().cloned().collect();
+        (recent, rx)
+    }
+
+    /// Replace the rule set with `rules`, keeping the state of rules that did
+    /// not change.
+    fn sync_rules(&self, rules: Vec<WatchRule>) {
+        let mut inner = lock(&self.inner);
+        if inner.rules.len() == rules.len()
+            && inner.rules.iter().zip(&rules).all(|(s, r)| s.rule == *r)
+        {
+            return;
+        }
+        let mut old: BTreeMap<String, RuleState> = inner
+            .rules
+            .drain(..)
+            .map(|s| (s.rule.name.clone(), s))
+            .collect();
+        inner.rules = rules
+            .into_iter()
+            .map(|r| match old.remove(&r.name) {
+                Some(s) if s.rule == r => s,
+                _ => RuleState::new(r),
+            })
+            .collect();
+        let names: Vec<&str> = inner.rules.iter().map(|s| s.rule.name.as_str()).collect();
+        tracing::info!(rules = ?names, "watch rules in force");
+    }
+
+    /// The port ranges of the TCP rules.
+    fn flow_ports(&self) -> Vec<(u16, u16)> {
+        lock(&self.inner)
+            .rules
+            .iter()
+            .filter_map(|s| match s.rule.condition {
+                Condition::TcpReset { ports } | Condition::TcpRto { ports } => Some(ports),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Decide each rule's availability from the daemon's state and the
+    /// flight recorder's (`flow_state`).
+    fn refresh_availability(&self, state: &DaemonState, flow_state: &Result<(), String>) {
+        let helper = state.engine.supervisor.as_ref().err().cloned();
+        let mut inner = lock(&self.inner);
+        for s in &mut inner.rules {
+            let needs_helper = !matches!(s.rule.kind, RuleKind::TcpReset);
+            s.availability = match (s.rule.kind, &helper, flow_state) {
+                (RuleKind::LonghornRebuild, _, _) => {
+                    Availability::Unavailable(LONGHORN_UNAVAILABLE.into())
+                }
+                (_, Some(reason), _) if needs_helper => {
+                    Availability::Unavailable(format!("pstack-helper not found: {reason}"))
+                }
+                (k, _, Err(reason)) if k.needs_flows() => Availability::Unavailable(reason.clone()),
+                _ => Availability::Armed,
+            };
+        }
+    }
+
+    /// Fold this tick's readings into the conditions; the firings.
+    fn evaluate(&self, readings: &Readings) -> Vec<Firing> {
+        let now = self.origin.elapsed();
+        let at = Instant::now();
+        let mut inner = lock(&self.inner);
+        if let Some(d) = &readings.d_scan {
+            inner.last_scan = Some((
+                d.scanned,
+                d.truncated,
+                readings.sampled_in.as_micros() as u64,
+            ));
+        }
+        let mut out = Vec::new();
+        for s in inner.rules.iter_mut() {
+            if s.availability != Availability::Armed {
+                continue;
+            }
+            match &s.rule.condition {
+                Condition::DState { min } => {
+                    let Some(scan) = &readings.d_scan else {
+                        continue;
+                    };
+                    for f in s.d_state.observe(now, &scan.in_d, *min) {
+                        let mut c = BTreeMap::new();
+                        c.insert("tid".into(), f.task.tid.to_string());
+                        c.insert("pid".into(), f.task.tgid.to_string());
+                        c.insert("comm".into(), f.task.comm.clone());
+                        c.insert("d_state_ms".into(), f.d_for.as_millis().to_string());
+                        c.insert("min_seconds".into(), min.as_secs().to_string());
+                        c.insert("samples_in_d".into(), f.samples.to_string());
+                        c.insert("sample_interval_ms".into(), TICK.as_millis().to_string());
+                        c.insert("other_threads_in_d".into(), f.sibling_threads.to_string());
+                        if let Some(ts) = f.task.timeslices {
+                            c.insert("timeslices_unchanged_at".into(), ts.to_string());
+                        }
+                        out.push(Firing {
+                            rule: s.rule.name.clone(),
+                            kind: s.rule.kind,
+                            subject: format!("process:{}:{}", f.task.tgid, f.task.start_ticks),
+                            condition: c,
+                            // The condition became true T after the first
+                            // sample that saw the task in D.
+                            fault_at: at.checked_sub(f.d_for.saturating_sub(*min)).unwrap_or(at),
+                            action: Action::Process {
+                                tgid: f.task.tgid,
+                                tid: f.task.tid,
+                                start_ticks: f.task.start_ticks,
+                            },
+                        });
+                    }
+                }
+                Condition::ListenOverflow {
+                    threshold_per_second,
+                }
+                | Condition::RetransmitRate {
+                    threshold_per_second,
+                } => {
+                    let Some(Ok(tcp)) = &readings.tcp else {
+                        continue;
+                    };
+                    let (counter, value) = match s.rule.kind {
+                        RuleKind::ListenOverflow => {
+                            ("TcpExt.ListenOverflows", tcp.listen_overflows)
+                        }
+                        _ => ("Tcp.RetransSegs", tcp.retrans_segs),
+                    };
+                    if let Some(r) = s
+                        .rate
+                        .observe(CounterSample { at: now, value }, *threshold_per_second)
+                    {
+                        let mut c = BTreeMap::new();
+                        c.insert("counter".into(), counter.into());
+                        c.insert("increase".into(), r.delta.to_string());
+                        c.insert("over_ms".into(), r.over.as_millis().to_string());
+                        c.insert("per_second".into(), format!("{:.1}", r.per_second));
+                        c.insert(
+                            "threshold_per_second".into(),
+                            threshold_per_second.to_string(),
+                        );
+                        c.insert("value".into(), value.to_string());
+                        out.push(Firing {
+                            rule: s.rule.name.clone(),
+                            kind: s.rule.kind,
+                            subject: "host".into(),
+                            condition: c,
+                            fault_at: at.checked_sub(r.over).unwrap_or(at),
+                            action: Action::Host,
+                        });
+                    }
+                }
+                Condition::TcpReset { .. } | Condition::TcpRto { .. } => {}
+                Condition::LonghornRebuild => {}
+            }
+        }
+        let flow_rules: Vec<(String, RuleKind, Condition, Duration)> = inner
+            .rules
+            .iter()
+            .filter(|s| s.availability == Availability::Armed && s.rule.kind.needs_flows())
+            .map(|s| {
+                (
+                    s.rule.name.clone(),
+                    s.rule.kind,
+                    s.rule.condition.clone(),
+                    s.rule.window,
+                )
+            })
+            .collect();
+        drop(inner);
+        let mut flows = lock(&self.flows);
+        if flow_rules.is_empty() {
+            // Incidents of rules that are gone or unavailable fire nothing.
+            flows.firings(&[], at);
+        } else {
+            out.extend(flows.firings(&flow_rules, at));
+        }
+        out
+    }
+
+    /// Count a suppressed firing and say so.
+    fn suppress(&self, f: &Firing, reason: &'static str, detail: Option<String>) {
+        {
+            let mut inner = lock(&self.inner);
+            if let Some(s) = inner.rules.iter_mut().find(|s| s.rule.name == f.rule) {
+                *s.suppressed.entry(reason).or_default() += 1;
+            }
+        }
+        tracing::info!(rule = %f.rule, subject = %f.subject, reason, "watch firing suppressed");
+        self.emit(json!({
+            "at": wall_time_now(),
+            "event": "suppressed",
+            "rule": f.rule,
+            "kind": f.kind.as_str(),
+            "subject": f.subject,
+            "reason": reason,
+            "detail": detail,
+        }));
+    }
+
+    fn finish(&self, f: &Firing, outcome: Result<Vec<String>, String>) {
+        let sealed_ms = f.fault_at.elapsed().as_millis() as u64;
+        {
+            let mut inner = lock(&self.inner);
+            inner.running.remove(&f.subject);
+            if let Some(s) = inner.rules.iter_mut().find(|s| s.rule.name == f.rule) {
+                match &outcome {
+                    Ok(d) => {
+                        s.captured += 1;
+                        s.last_envelope = d.last().cloned();
+                    }
+                    Err(e) => {
+                        s.failed += 1;
+                        s.last_error = Some(e.clone());
+                    }
+                }
+            }
+        }
+        match outcome {
+            Ok(digests) => {
+                tracing::info!(rule = %f.rule, subject = %f.subject, ?digests, fault_to_sealed_ms = sealed_ms, "watch capture sealed");
+                self.emit(json!({
+                    "at": wall_time_now(),
+                    "event": "captured",
+                    "rule": f.rule,
+                    "kind": f.kind.as_str(),
+                    "subject": f.subject,
+                    "envelopes": digests,
+                    "fault_to_sealed_ms": sealed_ms,
+                }));
+            }
+            Err(e) => {
+                tracing::warn!(rule = %f.rule, subject = %f.subject, error = %e, "watch capture failed");
+                self.emit(json!({
+                    "at": wall_time_now(),
+                    "event": "failed",
+                    "rule": f.rule,
+                    "kind": f.kind.as_str(),
+                    "subject": f.subject,
+                    "error": e,
+                }));
+            }
+        }
+    }
+
+    /// The `watch` member of `/v1/status` (and `GET /v1/watch`).
+    pub fn status_json(&self) -> Value {
+        let recorder = lock(&self.flows).status_json();
+        let inner = lock(&self.inner);
+        let rules: Vec<Value> = inner
+            .rules
+            .iter()
+            .map(|s| {
+                let (state, reason) = match &s.availability {
+                    Availability::Armed => ("armed", None),
+                    Availability::Unavailable(r) => ("unavailable", Some(r.clone())),
+                };
+                json!({
+                    "name": s.rule.name,
+                    "kind": s.rule.kind.as_str(),
+                    "state": state,
+                    "reason": reason,
+                    "condition": condition_json(&s.rule),
+                    "window_ms": s.rule.window.as_millis() as u64,
+                    "max_per_subject_per_hour": s.rule.max_per_subject_per_hour,
+                    "max_per_hour": s.rule.max_per_hour,
+                    "fired_total": s.fired,
+                    "captured_total": s.captured,
+                    "failed_total": s.failed,
+                    "suppressed_total": s.suppressed_total(),
+                    "suppressed": s.suppressed,
+                    "last_fired": s.last_fired,
+                    "last_envelope": s.last_envelope,
+                    "last_error": s.last_error,
+                })
+            })
+            .collect();
+        json!({
+            "rules": rules,
+            "captures_running": inner.running.len(),
+            "d_state_scan": inner.last_scan.map(|(n, t, us)| json!({"threads": n, "truncated": t, "took_us": us})),
+            "flight_recorder": recorder,
+        })
+    }
+
+    /// Prometheus lines for the rules.
+    pub fn prometheus(&self) -> String {
+        use std::fmt::Write;
+        let recorder = lock(&self.flows).prometheus();
+        let inner = lock(&self.inner);
+        let mut out = String::new();
+        let mut family = |name: &str, kind: &str, help: &str, lines: Vec<(String, u64)>| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (labels, v) in lines {
+                let _ = writeln!(out, "{name}{{{labels}}} {v}");
+            }
+        };
+        let label =
+            |s: &RuleState| format!("rule=\"{}\",kind=\"{}\"", s.rule.name, s.rule.kind.as_str());
+        family(
+            "pstackd_watch_rule_armed",
+            "gauge",
+            "1 when the watch rule's source is up and it can fire, 0 when unavailable (see /v1/status for the reason).",
+            inner
+                .rules
+                .iter()
+                .map(|s| (label(s), u64::from(s.availability == Availability::Armed)))
+                .collect(),
+        );
+        family(
+            "pstackd_watch_fired_total",
+            "counter",
+            "Times the watch rule's condition became true.",
+            inner.rules.iter().map(|s| (label(s), s.fired)).collect(),
+        );
+        family(
+            "pstackd_watch_captures_total",
+            "counter",
+            "Captures started by the watch rule, by outcome.",
+            inner
+                .rules
+                .iter()
+                .flat_map(|s| {
+                    [
+                        (format!("{},outcome=\"sealed\"", label(s)), s.captured),
+                        (format!("{},outcome=\"failed\"", label(s)), s.failed),
+                    ]
+                })
+                .collect(),
+        );
+        family(
+            "pstackd_watch_suppressed_total",
+            "counter",
+            "Firings of the watch rule that started no capture, by reason.",
+            inner
+                .rules
+                .iter()
+                .flat_map(|s| {
+                    SUPPRESS_REASONS.iter().map(move |r| {
+                        (
+                            format!("{},reason=\"{r}\"", label(s)),
+                            s.suppressed.get(r).copied().unwrap_or(0),
+                        )
+                    })
+                })
+                .collect(),
+        );
+        out.push_str(&recorder);
+        out
+    }
+}
+
+impl Default for WatchEngine {
+    fn default() -> Self {
+        WatchEngine::new()
+    }
+}
+
+fn condition_json(rule: &WatchRule) -> Value {
+    match &rule.condition {
+        Condition::DState { min } => json!({"min_seconds": min.as_secs()}),
+        Condition::TcpReset { ports } | Condition::TcpRto { ports } => {
+            json!({"ports": format!("{}-{}", ports.0, ports.1)})
+        }
+        Condition::ListenOverflow {
+            threshold_per_second,
+        }
+        | Condition::RetransmitRate {
+            threshold_per_second,
+        } => json!({"threshold_per_second": threshold_per_second}),
+        Condition::LonghornRebuild => json!({}),
+    }
+}
+
+/// What one tick read.
+#[derive(Debug, Default)]
+struct Readings {
+    d_scan: Option<sample::DScan>,
+    tcp: Option<Result<sample::TcpCounters, String>>,
+    sampled_in: Duration,
+}
+
+/// Run the engine until `stop` turns true.
+pub async fn run(state: Arc<DaemonState>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => tick_once(&state).await,
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+async fn tick_once(state: &Arc<DaemonState>) {
+    let engine = &state.watch;
+    let rules = state.config().watch_rules();
+    engine.sync_rules(rules);
+    let flow_ports = engine.flow_ports();
+    if lock(&engine.inner).rules.is_empty() {
+        if lock(&engine.flows).is_running() {
+            // The last rule went with a reload: detach the recorder.
+            let st = state.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                let config = st.config();
+                let _ = lock(&st.watch.flows).ensure(&[], &config.ebpf, &config.flight_recorder);
+            })
+            .await;
+        }
+        return;
+    }
+    let st = state.clone();
+    let flow_state = tokio::task::spawn_blocking(move || {
+        let config = st.config();
+        let mut fw = lock(&st.watch.flows);
+        let r = fw.ensure(&flow_ports, &config.ebpf, &config.flight_recorder);
+        fw.poll();
+        r
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("the flight recorder task failed: {e}")));
+    engine.refresh_availability(state, &flow_state);
+    let (needs_d, needs_rates) = {
+        let inner = lock(&engine.inner);
+        let armed = |k: &[RuleKind]| {
+            inner
+                .rules
+                .iter()
+                .any(|s| s.availability == Availability::Armed && k.contains(&s.rule.kind))
+        };
+        (
+            armed(&[RuleKind::DState]),
+            armed(&[RuleKind::ListenOverflow, RuleKind::RetransmitRate]),
+        )
+    };
+    let proc_root = engine.proc_root.clone();
+    let readings = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let mut r = Readings {
+            d_scan: needs_d.then(|| sample::d_state_tasks(&proc_root)),
+            tcp: needs_rates.then(|| sample::tcp_counters(&proc_root)),
+            sampled_in: Duration::ZERO,
+        };
+        r.sampled_in = started.elapsed();
+        r
+    })
+    .await
+    .unwrap_or_default();
+    for f in engine.evaluate(&readings) {
+        consider(state, f);
+    }
+}
+
+/// A firing: count it, apply every limit in order, and start its capture
+/// or count why not.
+fn consider(state: &Arc<DaemonState>, f: Firing) {
+    let engine = &state.watch;
+    {
+        let mut inner = lock(&engine.inner);
+        if let Some(s) = inner.rules.iter_mut().find(|s| s.rule.name == f.rule) {
+            s.fired += 1;
+            s.last_fired = Some(wall_time_now());
+        }
+    }
+    tracing::info!(rule = %f.rule, subject = %f.subject, condition = ?f.condition, "watch rule fired");
+    engine.emit(json!({
+        "at": wall_time_now(),
+        "event": "fired",
+        "rule": f.rule,
+        "kind": f.kind.as_str(),
+        "subject": f.subject,
+        "condition": f.condition,
+    }));
+    if lock(&engine.inner).running.contains(&f.subject) {
+        return engine.suppress(&f, SUPPRESS_RUNNING, None);
+    }
+    if state.draining.load(Ordering::SeqCst) {
+        return engine.suppress(&f, SUPPRESS_DRAINING, None);
+    }
+    if let Action::Process {
+        tgid,
+        tid,
+        start_ticks,
+    } = &f.action
+    {
+        match sample::task_start_ticks(&engine.proc_root, *tgid, *tid) {
+            Some((st, 'D')) if st == *start_ticks => {}
+            Some((st, letter)) if st == *start_ticks => {
+                return engine.suppress(
+                    &f,
+                    SUPPRESS_GONE,
+                    Some(format!("thread {tid} left D state (now {letter})")),
+                );
+            }
+            _ => {
+                return engine.suppress(
+                    &f,
+                    SUPPRESS_GONE,
+                    Some(format!("thread {tid} exited or its id was reused")),
+                );
+            }
+        }
+    }
+    if !state.spool.has_room_for(0) {
+        state.spool.counters.refused.fetch_add(1, Ordering::Relaxed);
+        return engine.suppress(&f, SUPPRESS_SPOOL_FULL, None);
+    }
+    let needs_helper = !matches!(f.action, Action::Flow(flows::FlowAction::Recorded(_)));
+    let budget = state.engine.budget.clone();
+    if needs_helper && budget.as_ref().is_none_or(|b| b.available() == 0) {
+        return engine.suppress(&f, SUPPRESS_LEAK_BUDGET, None);
+    }
+    let Some(slot) = state.admit() else {
+        return engine.suppress(&f, SUPPRESS_BUSY, None);
+    };
+    {
+        let mut inner = lock(&engine.inner);
+        let Some(s) = inner.rules.iter_mut().find(|s| s.rule.name == f.rule) else {
+            return;
+        };
+        let (per_subject, per_rule) = (s.rule.max_per_subject_per_hour, s.rule.max_per_hour);
+        match s
+            .limiter
+            .try_charge(&f.subject, engine.origin.elapsed(), per_subject, per_rule)
+        {
+            Ok(()) => {}
+            Err(Limited::Subject) => {
+                drop(inner);
+                return engine.suppress(&f, SUPPRESS_SUBJECT_LIMIT, None);
+            }
+            Err(Limited::Rule) => {
+                drop(inner);
+                return engine.suppress(&f, SUPPRESS_RULE_LIMIT, None);
+            }
+        }
+        inner.running.insert(f.subject.clone());
+    }
+    engine.emit(json!({
+        "at": wall_time_now(),
+        "event": "started",
+        "rule": f.rule,
+        "kind": f.kind.as_str(),
+        "subject": f.subject,
+    }));
+    let state = state.clone();
+    tokio::spawn(async move {
+        let outcome = run_capture(&state, &f, slot, budget).await;
+        if outcome.is_ok() {
+            state.shipper_wake.notify_one();
+        }
+        state.watch.finish(&f, outcome);
+    });
+}
+
+fn trigger_of(f: &Firing) -> Trigger {
+    Trigger {
+        condition: f.condition.clone(),
+        fired_at: wall_time_now(),
+        kind: f.kind.as_str().into(),
+        rule: f.rule.clone(),
+    }
+}
+
+/// Build the request of a firing, run it on the blocking pool holding
+/// `slot`, spool what it sealed; the digests or why not.
+async fn run_capture(
+    state: &Arc<DaemonState>,
+    f: &Firing,
+    slot: super::state::CaptureSlot,
+    budget: Option<crate::supervisor::LeakBudget>,
+) -> Result<Vec<String>, String> {
+    let config = state.config();
+    let trigger = trigger_of(f);
+    let limits: ProcessLimits = super::capture::limits(&config);
+    let window = lock(&state.watch.inner)
+        .rules
+        .iter()
+        .find(|s| s.rule.name == f.rule)
+        .map(|s| s.rule.window)
+        .unwrap_or_default();
+    let request = match &f.action {
+        Action::Process { tgid, .. } => {
+            // An off-CPU window only when pstackd's programs are attached:
+            // a D-state capture must not wait on loading BTF.
+            let window_ms = (!window.is_zero() && state.engine.ebpf.loaded())
+                .then_some(window.as_millis() as u64);
+            let mut r = process_plan(
+                Target::Process { pid: *tgid },
+                &RequestedDeadlines::default(),
+                &RequestedCaps::default(),
+                window_ms,
+                &None,
+                &limits,
+            )
+            .map_err(|e| format!("building the capture: {e}"))?;
+            r.trigger = Some(trigger);
+            ValidRequest::Process(r)
+        }
+        Action::Host => {
+            let mut r = process_plan(
+                Target::Host,
+                &RequestedDeadlines::default(),
+                &RequestedCaps::default(),
+                None,
+                &None,
+                &limits,
+            )
+            .map_err(|e| format!("building the capture: {e}"))?;
+            r.trigger = Some(trigger);
+            ValidRequest::Process(r)
+        }
+        Action::Flow(flows::FlowAction::Recorded(rec)) => {
+            let spool = state.spool.clone();
+            let rec = rec.clone();
+            return tokio::task::spawn_blocking(move || {
+                let _slot = slot;
+                flows::seal_recorded(&rec, trigger, &spool)
+            })
+            .await
+            .map_err(|e| format!("the capture task failed: {e}"))?;
+        }
+        Action::Flow(flows::FlowAction::Live(plan)) => {
+            let mut plan = (**plan).clone();
+            plan.trigger = Some(trigger);
+            ValidRequest::Transport(plan)
+        }
+    };
+    let supervisor = state
+        .engine
+        .supervisor
+        .clone()
+        .map_err(|e| format!("pstack-helper not found: {e}"))?;
+    let budget = budget.ok_or("no leak budget")?;
+    let spool = state.spool.clone();
+    let deadline = request.run_deadline();
+    let work = tokio::task::spawn_blocking(move || {
+        let _slot = slot; // held until the engine really returns
+        engines::run_and_spool(&request, &supervisor, &budget, &spool)
+    });
+    match tokio::time::timeout(deadline + OVERRUN_GRACE, work).await {
+        Ok(Ok(Ok(captured))) => Ok(captured.envelopes.into_iter().map(|e| e.digest).collect()),
+        Ok(Ok(Err(e))) => Err(e.to_string()),
+        Ok(Err(join)) => Err(format!("the capture task failed: {join}")),
+        Err(_) => Err(format!(
+            "the capture overran its {} ms deadline",
+            deadline.as_millis()
+        )),
+    }
+}

@@ -1,0 +1,452 @@
+//! Watch rules as operators write them (`[[watch]]` tables in
+//! `pstackd.toml`) and as the engine runs them.
+//!
+//! Invariants:
+//! - **Closed world, per kind.** A rule names a kind and may set only that
+//!   kind's keys; a key of another kind (`ports` on a `d_state` rule) is
+//!   refused naming the rule, never ignored.
+//! - **Names are unique** and safe to show in a label (`[a-z0-9_.-]`, ≤ 64).
+//! - **Conservative limits by default**: [`DEFAULT_PER_SUBJECT_PER_HOUR`]
+//!   captures of one subject and [`DEFAULT_PER_HOUR`] in all, per rule.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Default captures of one subject per rule per hour.
+pub const DEFAULT_PER_SUBJECT_PER_HOUR: u32 = 2;
+/// Default captures per rule per hour.
+pub const DEFAULT_PER_HOUR: u32 = 12;
+/// Default `min_seconds` of a `d_state` rule.
+pub const DEFAULT_D_STATE_SECONDS: u64 = 10;
+/// Default watched ports of the TCP kinds: Longhorn v1's instance-manager range.
+pub const DEFAULT_PORTS: (u16, u16) = (10_000, 20_000);
+/// Most rules a configuration may hold.
+pub const MAX_RULES: usize = 64;
+
+/// A rule's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleKind {
+    /// A task continuously in D state for `min_seconds`.
+    DState,
+    /// A reset on a flow of the watched ports.
+    TcpReset,
+    /// An RTO retransmit on a flow of the watched ports.
+    TcpRto,
+    /// `ListenOverflows` growing faster than the threshold.
+    ListenOverflow,
+    /// `RetransSegs` growing faster than the threshold.
+    RetransmitRate,
+    /// A Longhorn rebuild (the Longhorn issue specifies its condition).
+    LonghornRebuild,
+}
+
+impl RuleKind {
+    /// Wire name (also `collector.trigger.kind`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuleKind::DState => "d_state",
+            RuleKind::TcpReset => "tcp_reset",
+            RuleKind::TcpRto => "tcp_rto",
+            RuleKind::ListenOverflow => "listen_overflow",
+            RuleKind::RetransmitRate => "retransmit_rate",
+            RuleKind::LonghornRebuild => "longhorn_rebuild",
+        }
+    }
+
+    /// Whether the rule reads the flight recorder (eBPF, BTF).
+    pub fn needs_flows(self) -> bool {
+        matches!(self, RuleKind::TcpReset | RuleKind::TcpRto)
+    }
+}
+
+/// One `[[watch]]` table as written.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchRuleConfig {
+    /// Unique name; shown in status, metrics and the envelope's trigger.
+    pub name: String,
+    /// What the rule watches.
+    pub kind: RuleKind,
+    /// `d_state`: seconds a task must stay in D (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_seconds: Option<u64>,
+    /// TCP kinds: watched local or remote port range, `"lo-hi"` or `"p"`
+    /// (default `"10000-20000"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports: Option<String>,
+    /// Rate kinds: counter increase per second that fires the rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold_per_second: Option<u64>,
+    /// Length of the capture the rule starts (`"5s"`, `"500ms"`): the
+    /// off-CPU window of a `d_state` capture (default 2 s, 0 = none), the
+    /// live window of a `tcp_rto` capture (default 5 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<String>,
+    /// Captures of one subject per hour (default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_per_subject_per_hour: Option<u32>,
+    /// Captures by this rule per hour (default 12).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_per_hour: Option<u32>,
+}
+
+/// What a rule waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Condition {
+    /// A task in D for at least this long.
+    DState {
+        /// T.
+        min: Duration,
+    },
+    /// A reset on a watched flow.
+    TcpReset {
+        /// Inclusive port range.
+        ports: (u16, u16),
+    },
+    /// An RTO retransmit on a watched flow.
+    TcpRto {
+        /// Inclusive port range.
+        ports: (u16, u16),
+    },
+    /// `TcpExt.ListenOverflows` per second above the threshold.
+    ListenOverflow {
+        /// Per second.
+        threshold_per_second: u64,
+    },
+    /// `Tcp.RetransSegs` per second above the threshold.
+    RetransmitRate {
+        /// Per second.
+        threshold_per_second: u64,
+    },
+    /// Not runnable yet (see [`super::unavailable_reason`]).
+    LonghornRebuild,
+}
+
+/// A validated rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchRule {
+    /// Its name.
+    pub name: String,
+    /// Its kind.
+    pub kind: RuleKind,
+    /// Its condition.
+    pub condition: Condition,
+    /// Length of the capture it starts (zero: none / default of the engine).
+    pub window: Duration,
+    /// Captures of one subject per hour.
+    pub max_per_subject_per_hour: u32,
+    /// Captures per hour.
+    pub max_per_hour: u32,
+}
+
+/// A rule the configuration cannot hold.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("watch rule {rule:?}: {reason}")]
+pub struct RuleError {
+    /// The rule's name (or `#N` when it has none).
+    pub rule: String,
+    /// What is wrong and what is accepted.
+    pub reason: String,
+}
+
+/// Parse `"lo-hi"` or `"p"` into an inclusive, non-empty port range.
+pub fn parse_ports(text: &str) -> Result<(u16, u16), String> {
+    let port = |s: &str| -> Result<u16, String> {
+        match s.trim().parse::<u16>() {
+            Ok(p) if p > 0 => Ok(p),
+            _ => Err(format!("{s:?} is not a port (1-65535)")),
+        }
+    };
+    let (lo, hi) = match text.split_once('-') {
+        Some((a, b)) => (port(a)?, port(b)?),
+        None => {
+            let p = port(text)?;
+            (p, p)
+        }
+    };
+    if lo > hi {
+        return Err(format!("range {text:?} is empty (low end above high end)"));
+    }
+    Ok((lo, hi))
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b))
+}
+
+impl WatchRuleConfig {
+    /// Validate into a runnable rule.
+    pub fn validate(&self) -> Result<WatchRule, RuleError> {
+        let err = |reason: String| RuleError {
+            rule: self.name.clone(),
+            reason,
+        };
+        if !valid_name(&self.name) {
+            return Err(err(
+                "name must be 1-64 characters of a-z, 0-9, '_', '.', '-'".into(),
+            ));
+        }
+        let kind = self.kind;
+        let foreign = |key: &str, set: bool| -> Result<(), RuleError> {
+            if set {
+                Err(err(format!(
+                    "`{key}` does not apply to a {} rule",
+                    kind.as_str()
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        let is_rate = matches!(kind, RuleKind::ListenOverflow | RuleKind::RetransmitRate);
+        if kind != RuleKind::DState {
+            foreign("min_seconds", self.min_seconds.is_some())?;
+        }
+        if !kind.needs_flows() {
+            foreign("ports", self.ports.is_some())?;
+        }
+        if !is_rate {
+            foreign("threshold_per_second", self.threshold_per_second.is_some())?;
+        }
+        if matches!(kind, RuleKind::TcpReset) {
+            // A reset ends its stream: its capture is what the recorder held,
+            // there is no live window to size.
+            foreign("window", self.window.is_some())?;
+        }
+        let ports = match &self.ports {
+            Some(p) => parse_ports(p).map_err(|e| err(format!("ports: {e}")))?,
+            None => DEFAULT_PORTS,
+        };
+        let threshold = || -> Result<u64, RuleError> {
+            match self.threshold_per_second {
+                Some(t) if t >= 1 => Ok(t),
+                Some(_) => Err(err("threshold_per_second must be at least 1".into())),
+                None => Err(err(format!(
+                    "a {} rule needs threshold_per_second",
+                    kind.as_str()
+                ))),
+            }
+        };
+        let condition = match kind {
+            RuleKind::DState => {
+                let secs = self.min_seconds.unwrap_or(DEFAULT_D_STATE_SECONDS);
+                if !(1..=86_400).contains(&secs) {
+                    return Err(err("min_seconds must be between 1 and 86400".into()));
+                }
+                Condition::DState {
+                    min: Duration::from_secs(secs),
+                }
+            }
+            RuleKind::TcpReset => Condition::TcpReset { ports },
+            RuleKind::TcpRto => Condition::TcpRto { ports },
+            RuleKind::ListenOverflow => Condition::ListenOverflow {
+                threshold_per_second: threshold()?,
+            },
+            RuleKind::RetransmitRate => Condition::RetransmitRate {
+                threshold_per_second: threshold()?,
+            },
+            RuleKind::LonghornRebuild => Condition::LonghornRebuild,
+        };
+        let default_window = match kind {
+            RuleKind::DState => Duration::from_secs(2),
+            RuleKind::TcpRto => Duration::from_secs(5),
+            _ => Duration::ZERO,
+        };
+        let window = match &self.window {
+            None => default_window,
+            Some(w) if w.trim() == "0" => Duration::ZERO,
+            Some(w) => {
+                pstack_cli::duration::parse_duration(w).map_err(|e| err(format!("window: {e}")))?
+            }
+        };
+        if window > Duration::from_secs(60) {
+            return Err(err("window must be at most 60s".into()));
+        }
+        if kind == RuleKind::TcpRto && window.is_zero() {
+            return Err(err(
+                "a tcp_rto rule needs a live window (e.g. \"5s\")".into()
+            ));
+        }
+        let per_subject = self
+            .max_per_subject_per_hour
+            .unwrap_or(DEFAULT_PER_SUBJECT_PER_HOUR);
+        let per_hour = self.max_per_hour.unwrap_or(DEFAULT_PER_HOUR);
+        if !(1..=3600).contains(&per_subject) || !(1..=3600).contains(&per_hour) {
+            return Err(err(
+                "max_per_subject_per_hour and max_per_hour must be between 1 and 3600".into(),
+            ));
+        }
+        if per_subject > per_hour {
+            return Err(err(format!(
+                "max_per_subject_per_hour ({per_subject}) exceeds max_per_hour ({per_hour})"
+            )));
+        }
+        Ok(WatchRule {
+            name: self.name.clone(),
+            kind,
+            condition,
+            window,
+            max_per_subject_per_hour: per_subject,
+            max_per_hour: per_hour,
+        })
+    }
+}
+
+/// Validate a whole rule set: each rule, unique names, at most [`MAX_RULES`].
+pub fn validate_all(rules: &[WatchRuleConfig]) -> Result<Vec<WatchRule>, RuleError> {
+    if rules.len() > MAX_RULES {
+        return Err(RuleError {
+            rule: format!("#{}", MAX_RULES + 1),
+            reason: format!("at most {MAX_RULES} rules"),
+        });
+    }
+    let mut out: Vec<WatchRule> = Vec::with_capacity(rules.len());
+    for r in rules {
+        let rule = r.validate()?;
+        if out.iter().any(|o| o.name == rule.name) {
+            return Err(RuleError {
+                rule: rule.name,
+                reason: "two rules have this name".into(),
+            });
+        }
+        out.push(rule);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Vec<WatchRule>, String> {
+        #[derive(Deserialize)]
+        struct Doc {
+            #[serde(default)]
+            watch: Vec<WatchRuleConfig>,
+        }
+        let doc: Doc = toml::from_str(text).map_err(|e| e.to_string())?;
+        validate_all(&doc.watch).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_are_conservative() {
+        let r = parse("[[watch]]\nname = \"stuck\"\nkind = \"d_state\"\n").unwrap();
+        assert_eq!(
+            r[0],
+            WatchRule {
+                name: "stuck".into(),
+                kind: RuleKind::DState,
+                condition: Condition::DState {
+                    min: Duration::from_secs(10)
+                },
+                window: Duration::from_secs(2),
+                max_per_subject_per_hour: 2,
+                max_per_hour: 12,
+            }
+        );
+        let r = parse("[[watch]]\nname = \"rst\"\nkind = \"tcp_reset\"\n").unwrap();
+        assert_eq!(
+            r[0].condition,
+            Condition::TcpReset {
+                ports: (10_000, 20_000)
+            }
+        );
+    }
+
+    #[test]
+    fn each_kind_takes_its_own_keys() {
+        let ok = [
+            "name = \"a\"\nkind = \"d_state\"\nmin_seconds = 3\nwindow = \"0\"",
+            "name = \"a\"\nkind = \"tcp_rto\"\nports = \"9500\"\nwindow = \"3s\"",
+            "name = \"a\"\nkind = \"listen_overflow\"\nthreshold_per_second = 5",
+            "name = \"a\"\nkind = \"retransmit_rate\"\nthreshold_per_second = 100\nmax_per_hour = 3\nmax_per_subject_per_hour = 1",
+            "name = \"a\"\nkind = \"longhorn_rebuild\"",
+        ];
+        for body in ok {
+            parse(&format!("[[watch]]\n{body}\n")).unwrap_or_else(|e| panic!("{body}: {e}"));
+        }
+    }
+
+    #[test]
+    fn bad_rules_are_refused_naming_the_rule_and_the_key() {
+        let table: &[(&str, &str)] = &[
+            ("name = \"x\"\nkind = \"cpu_hot\"", "unknown variant"),
+            (
+                "name = \"x\"\nkind = \"d_state\"\nports = \"1-2\"",
+                "`ports` does not apply",
+            ),
+            (
+                "name = \"x\"\nkind = \"d_state\"\nmin_seconds = 0",
+                "min_seconds",
+            ),
+            (
+                "name = \"x\"\nkind = \"tcp_reset\"\nports = \"20000-10000\"",
+                "empty",
+            ),
+            (
+                "name = \"x\"\nkind = \"tcp_reset\"\nports = \"0-5\"",
+                "not a port",
+            ),
+            (
+                "name = \"x\"\nkind = \"tcp_reset\"\nwindow = \"5s\"",
+                "`window` does not apply",
+            ),
+            (
+                "name = \"x\"\nkind = \"tcp_rto\"\nwindow = \"0\"",
+                "live window",
+            ),
+            (
+                "name = \"x\"\nkind = \"listen_overflow\"",
+                "needs threshold_per_second",
+            ),
+            (
+                "name = \"x\"\nkind = \"retransmit_rate\"\nthreshold_per_second = 0",
+                "at least 1",
+            ),
+            (
+                "name = \"x\"\nkind = \"d_state\"\nwindow = \"soon\"",
+                "window",
+            ),
+            (
+                "name = \"x\"\nkind = \"d_state\"\nwindow = \"5m\"",
+                "at most 60s",
+            ),
+            (
+                "name = \"x\"\nkind = \"d_state\"\nmax_per_hour = 0",
+                "between 1 and 3600",
+            ),
+            (
+                "name = \"x\"\nkind = \"d_state\"\nmax_per_subject_per_hour = 5\nmax_per_hour = 2",
+                "exceeds",
+            ),
+            ("name = \"Bad Name\"\nkind = \"d_state\"", "name must be"),
+            (
+                "name = \"x\"\nkind = \"d_state\"\ncolour = 1",
+                "unknown field",
+            ),
+        ];
+        for (body, want) in table {
+            let e = parse(&format!("[[watch]]\n{body}\n")).unwrap_err();
+            assert!(e.contains(want), "{body}: {e}");
+            if !want.starts_with("unknown") && !body.contains("Bad Name") {
+                assert!(e.contains("\"x\""), "the rule is named: {e}");
+            }
+        }
+        let e = parse("[[watch]]\nname = \"x\"\nkind = \"d_state\"\n[[watch]]\nname = \"x\"\nkind = \"d_state\"\n")
+            .unwrap_err();
+        assert!(e.contains("two rules"), "{e}");
+    }
+
+    #[test]
+    fn port_ranges() {
+        assert_eq!(parse_ports("10000-20000"), Ok((10_000, 20_000)));
+        assert_eq!(parse_ports(" 9500 "), Ok((9500, 9500)));
+        assert!(parse_ports("a-b").is_err());
+        assert!(parse_ports("70000").is_err());
+    }
+}

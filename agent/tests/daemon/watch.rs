@@ -1,0 +1,419 @@
+//! Watch rules end to end: the real pstackd samples real kernel state
+//! (tasks frozen by a cgroup-v1 freezer show `D`), captures on its own, and
+//! the sealed envelope reaches a real `pstack-store` carrying the rule in
+//! `collector.trigger`. Limits, suppression counters, reload refusal and an
+//! unavailable source are checked through `/v1/status`, `/metrics`
+//! (promtool) and `pstackctl watch`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::collector::Collector;
+use super::common::*;
+use super::store_e2e::{Store, http};
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// Processes in a FROZEN cgroup-v1 freezer cgroup (state `D`); thawed,
+/// killed and removed on drop.
+struct Frozen {
+    dir: PathBuf,
+    sleepers: Vec<Sleeper>,
+}
+
+impl Frozen {
+    fn new(n: usize) -> Option<Frozen> {
+        let root = Path::new(pstack_testkit::FREEZER);
+        if !pstack_testkit::precondition(
+            pstack_testkit::is_root() && pstack_testkit::freezer_mounted(),
+            "needs root and the cgroup-v1 freezer at /sys/fs/cgroup/freezer (scripts/setup.d mounts it)",
+        ) {
+            return None;
+        }
+        let dir = root.join(format!(
+            "pstack-watch-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir(&dir).unwrap();
+        let sleepers: Vec<Sleeper> = (0..n).map(|_| Sleeper::spawn()).collect();
+        for s in &sleepers {
+            std::fs::write(dir.join("cgroup.procs"), s.pid().to_string()).unwrap();
+        }
+        Some(Frozen { dir, sleepers })
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        self.sleepers.iter().map(Sleeper::pid).collect()
+    }
+
+    fn set(&self, state: &str) {
+        std::fs::write(self.dir.join("freezer.state"), state).unwrap();
+        wait_until(Duration::from_secs(5), state, || {
+            std::fs::read_to_string(self.dir.join("freezer.state")).is_ok_and(|s| s.trim() == state)
+        });
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("freezer.state"), "THAWED");
+        for s in &mut self.sleepers {
+            let _ = s.0.kill();
+            let _ = s.0.wait();
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+fn rule(d: &Daemon, name: &str) -> Value {
+    let s = d.status();
+    s["watch"]["rules"]
+        .as_array()
+        .and_then(|rs| rs.iter().find(|r| r["name"] == name).cloned())
+        .unwrap_or_else(|| panic!("rule {name} not in status: {:#}", s["watch"]))
+}
+
+fn events(d: &Daemon) -> Vec<Value> {
+    let mut out = Vec::new();
+    pstack_agent::client::follow_watch_events(&d.socket, Duration::from_millis(300), &mut |e| {
+        out.push(e.clone());
+        true
+    })
+    .expect("watch events");
+    out
+}
+
+fn d_state_rule(name: &str, min_seconds: u64, extra: &str) -> String {
+    format!(
+        "[[watch]]\nname = \"{name}\"\nkind = \"d_state\"\nmin_seconds = {min_seconds}\nwindow = \"0\"\n{extra}\n"
+    )
+}
+
+/// A store on a loopback port with one key; the key.
+fn start_store(dir: &Path) -> (Store, SocketAddr, String) {
+    let store_bin = sibling_bin("pstack-store", "pstack-store")
+        .expect("pstack-store could not be built (cargo build -p pstack-store)");
+    let db = dir.join("store.db");
+    let out = Command::new(&store_bin)
+        .arg("--db")
+        .arg(&db)
+        .args(["keys", "create", "--name", "watch-node"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let addr = Collector::reserve_port();
+    let store = Store(
+        Command::new(&store_bin)
+            .arg("--db")
+            .arg(&db)
+            .args(["serve", "--listen", &addr.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until(Duration::from_secs(20), "the store serves", || {
+        http(addr, "GET", "/v1/envelopes?limit=1", &key, b"").is_some()
+    });
+    (store, addr, key)
+}
+
+#[test]
+fn a_task_in_d_longer_than_t_is_captured_and_reaches_the_store_shorter_is_not() {
+    let Some(short) = Frozen::new(1) else { return };
+    let Some(long) = Frozen::new(1) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, addr, key) = start_store(dir.path());
+    let settings = Settings {
+        collector_url: Some(format!("http://{addr}")),
+        api_key: Some(key.clone()),
+        extra_capture: String::new(),
+        ..Settings::default()
+    };
+    let mut text = settings.toml(dir.path());
+    text.push_str(&d_state_rule("stuck-io", 3, ""));
+    let d = start_with_text(dir.path(), &settings, &text);
+    wait_until(Duration::from_secs(10), "the rule is armed", || {
+        rule(&d, "stuck-io")["state"] == "armed"
+    });
+
+    // Shorter than T: in D for about 1.5 s, then thawed.
+    let short_pid = short.pids()[0];
+    short.set("FROZEN");
+    std::thread::sleep(Duration::from_millis(1500));
+    short.set("THAWED");
+    // Longer than T.
+    let long_pid = long.pids()[0];
+    let frozen_at = Instant::now();
+    long.set("FROZEN");
+    let digest = {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let captured: Vec<Value> = events(&d)
+                .into_iter()
+                .filter(|e| e["event"] == "captured")
+                .filter(|e| {
+                    e["subject"]
+                        .as_str()
+                        .is_some_and(|s| s.starts_with(&format!("process:{long_pid}:")))
+                })
+                .collect();
+            if let Some(e) = captured.first() {
+                break e["envelopes"][0].as_str().unwrap().to_string();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no capture of {long_pid}; events: {:#?}\nlog:\n{}",
+                events(&d),
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let took = frozen_at.elapsed();
+    assert!(took >= Duration::from_secs(3), "fired before T: {took:?}");
+    // Nothing ever fired for the short episode.
+    let all = events(&d);
+    assert!(
+        !all.iter().any(|e| e["subject"]
+            .as_str()
+            .is_some_and(|s| s.starts_with(&format!("process:{short_pid}:")))),
+        "a D state shorter than T fired: {all:#?}"
+    );
+    // The envelope reaches the store with no operator action.
+    let body = {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some((200, body)) =
+                http(addr, "GET", &format!("/v1/envelopes/{digest}"), &key, b"")
+            {
+                break body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{digest} never reached the store; status {:#}",
+                d.status()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let env = pstack_testkit::verify(&body).expect("the stored envelope verifies");
+    let t = env
+        .collector
+        .trigger
+        .as_ref()
+        .expect("a triggered capture says so");
+    assert_eq!((t.rule.as_str(), t.kind.as_str()), ("stuck-io", "d_state"));
+    assert_eq!(t.condition["pid"], long_pid.to_string());
+    let d_ms: u64 = t.condition["d_state_ms"].parse().unwrap();
+    assert!(d_ms >= 3000, "{:?}", t.condition);
+    match &env.subject {
+        pstack_envelope::Subject::Process(p) => assert_eq!(p.pid, long_pid),
+        other => panic!("not a process envelope: {other:?}"),
+    }
+    // Kernel stacks of the frozen task are among its surfaces.
+    assert!(
+        env.surfaces.iter().any(|s| s.id.contains("stack")),
+        "{:?}",
+        env.surfaces.iter().map(|s| &s.id).collect::<Vec<_>>()
+    );
+    let r = rule(&d, "stuck-io");
+    assert!(r["captured_total"].as_u64().unwrap() >= 1, "{r:#}");
+    assert!(r["last_fired"].is_string(), "{r:#}");
+    // pstackctl watch lists it.
+    let out = Command::new(pstackctl_bin())
+        .args(["watch", "--socket"])
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("stuck-io") && text.contains("d_state armed"),
+        "{text}"
+    );
+}
+
+/// pstackd started with the config `text` (a [`Settings`] rendering plus rules).
+fn start_with_text(dir: &Path, settings: &Settings, text: &str) -> Daemon {
+    // Daemon::start writes settings.toml(dir); put the rules in after it by
+    // starting with a tweak that rewrites the file first.
+    let text = text.to_string();
+    let path = dir.join("pstackd.toml");
+    Daemon::start_with(dir, settings, move |_| {
+        std::fs::write(&path, &text).unwrap();
+    })
+}
+
+#[test]
+fn a_storm_is_bounded_by_the_limits_and_the_rest_counted() {
+    let Some(storm) = Frozen::new(12) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let settings = Settings::default();
+    let mut text = settings.toml(dir.path());
+    text.push_str(&d_state_rule(
+        "storm",
+        2,
+        "max_per_hour = 3\nmax_per_subject_per_hour = 1",
+    ));
+    let d = start_with_text(dir.path(), &settings, &text);
+    storm.set("FROZEN");
+    let pids = storm.pids();
+    let ours = |e: &Value| {
+        e["subject"]
+            .as_str()
+            .and_then(|s| s.split(':').nth(1))
+            .and_then(|p| p.parse::<u32>().ok())
+            .is_some_and(|p| pids.contains(&p))
+    };
+    wait_until(
+        Duration::from_secs(30),
+        "every frozen process fired",
+        || {
+            events(&d)
+                .iter()
+                .filter(|e| e["event"] == "fired" && ours(e))
+                .count()
+                >= pids.len()
+        },
+    );
+    wait_until(Duration::from_secs(30), "captures finish", || {
+        rule(&d, "storm")["captures_running"].is_null()
+            && d.status()["watch"]["captures_running"] == 0
+    });
+    let r = rule(&d, "storm");
+    let (captured, failed) = (
+        r["captured_total"].as_u64().unwrap(),
+        r["failed_total"].as_u64().unwrap(),
+    );
+    assert!(
+        captured + failed <= 3,
+        "more captures than max_per_hour: {r:#}"
+    );
+    let fired = r["fired_total"].as_u64().unwrap();
+    let suppressed = r["suppressed_total"].as_u64().unwrap();
+    assert_eq!(
+        fired,
+        captured + failed + suppressed,
+        "every firing accounted for: {r:#}"
+    );
+    assert!(suppressed >= pids.len() as u64 - 3, "{r:#}");
+    let metrics = d.metric_text();
+    pstack_testkit::promtool_check_metrics(&metrics).expect("promtool accepts /metrics");
+    let limited = d.metric("pstackd_watch_suppressed_total{rule=\"storm\",kind=\"d_state\",reason=\"rate_limit_rule\"}");
+    assert!(limited >= 1, "{metrics}");
+    // The counter agrees with the status (it can only have grown since).
+    assert!(d.metric("pstackd_watch_fired_total{rule=\"storm\",kind=\"d_state\"}") >= fired);
+}
+
+#[test]
+fn a_bad_rule_on_reload_is_refused_naming_it_and_the_running_set_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = Settings::default();
+    let base = settings.toml(dir.path());
+    let good = format!("{base}{}", d_state_rule("first", 5, ""));
+    let d = start_with_text(dir.path(), &settings, &good);
+    wait_until(Duration::from_secs(10), "first is listed", || {
+        d.status()["watch"]["rules"]
+            .as_array()
+            .is_some_and(|r| r.len() == 1)
+    });
+    let rejected = d.metric("pstackd_reloads_total{result=\"rejected\"}");
+    let bad = format!(
+        "{good}[[watch]]\nname = \"broken-rule\"\nkind = \"d_state\"\nports = \"10000-20000\"\n"
+    );
+    std::fs::write(dir.path().join("pstackd.toml"), bad).unwrap();
+    d.signal(libc::SIGHUP);
+    wait_until(Duration::from_secs(10), "the reload is rejected", || {
+        d.metric("pstackd_reloads_total{result=\"rejected\"}") > rejected
+    });
+    let log = d.log_text();
+    assert!(
+        log.contains("broken-rule") && log.contains("ports"),
+        "{log}"
+    );
+    std::thread::sleep(Duration::from_millis(1500)); // a tick or more
+    let names: Vec<Value> = d.status()["watch"]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].clone())
+        .collect();
+    assert_eq!(names, vec![Value::from("first")]);
+    // A good change applies.
+    let two = format!("{good}{}", d_state_rule("second", 7, ""));
+    std::fs::write(dir.path().join("pstackd.toml"), two).unwrap();
+    d.signal(libc::SIGHUP);
+    wait_until(Duration::from_secs(10), "second is listed", || {
+        d.status()["watch"]["rules"]
+            .as_array()
+            .is_some_and(|r| r.len() == 2)
+    });
+}
+
+#[test]
+fn tcp_rules_without_btf_are_unavailable_with_the_reason_and_d_state_still_fires() {
+    let Some(frozen) = Frozen::new(1) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let settings = Settings::default();
+    let mut text = settings.toml(dir.path());
+    text.push_str(&d_state_rule("stuck", 2, ""));
+    text.push_str("[[watch]]\nname = \"resets\"\nkind = \"tcp_reset\"\n");
+    text.push_str("[[watch]]\nname = \"rtos\"\nkind = \"tcp_rto\"\nports = \"9500-9510\"\n");
+    // No BTF: the TOML gets an [ebpf] table pointing at a file that is not there.
+    text.push_str(&format!(
+        "\n[ebpf]\nbtf_path = \"{}\"\n",
+        dir.path().join("no-btf").display()
+    ));
+    let d = start_with_text(dir.path(), &settings, &text);
+    wait_until(Duration::from_secs(15), "the tcp rules settle", || {
+        rule(&d, "resets")["state"] == "unavailable" && rule(&d, "resets")["reason"] != "starting"
+    });
+    for name in ["resets", "rtos"] {
+        let r = rule(&d, name);
+        assert_eq!(r["state"], "unavailable", "{r:#}");
+        assert!(r["reason"].as_str().unwrap().contains("BTF"), "{r:#}");
+    }
+    assert_eq!(
+        d.metric("pstackd_watch_rule_armed{rule=\"resets\",kind=\"tcp_reset\"}"),
+        0
+    );
+    assert_eq!(
+        d.metric("pstackd_watch_rule_armed{rule=\"stuck\",kind=\"d_state\"}"),
+        1
+    );
+    let out = Command::new(pstackctl_bin())
+        .args(["status", "--socket"])
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        status.contains("UNAVAILABLE") && status.contains("BTF"),
+        "{status}"
+    );
+    frozen.set("FROZEN");
+    let pid = frozen.pids()[0];
+    wait_until(
+        Duration::from_secs(20),
+        "the d_state rule still captures",
+        || {
+            events(&d).iter().any(|e| {
+                e["event"] == "captured"
+                    && e["subject"]
+                        .as_str()
+                        .is_some_and(|s| s.starts_with(&format!("process:{pid}:")))
+            })
+        },
+    );
+}
