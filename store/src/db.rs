@@ -80,7 +80,16 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../migrations/sqlite/0004_runs.sql"),
         include_str!("../migrations/postgres/0004_runs.sql"),
     ),
+    (
+        5,
+        "transfers",
+        include_str!("../migrations/sqlite/0005_transfers.sql"),
+        include_str!("../migrations/postgres/0005_transfers.sql"),
+    ),
 ];
+
+/// The migration that created the transfer join (`crate::transfers`).
+const TRANSFERS_MIGRATION: i64 = 5;
 
 /// Everything that can go wrong in the storage layer.
 #[derive(Debug, thiserror::Error)]
@@ -153,6 +162,12 @@ pub struct OpenOptions {
     /// commits since the last checkpoint (at most ~200 ms of ingest); in
     /// exchange ingest needs no fsync per batch.
     pub sqlite_durable: bool,
+    /// How far apart the capture windows of two mirrored stream ends may lie
+    /// and still be joined as one transfer (`crate::transfers`). Default
+    /// 120 s: wide enough for two nodes' captures of one fault fired by
+    /// rules seconds apart, narrow enough that a 4-tuple reused hours later
+    /// is not taken for the same connection.
+    pub transfer_join_window: Duration,
 }
 
 impl Default for OpenOptions {
@@ -162,6 +177,7 @@ impl Default for OpenOptions {
             pg_max_connections: 16,
             sqlite_readers: 4,
             sqlite_durable: false,
+            transfer_join_window: crate::transfers::DEFAULT_JOIN_WINDOW,
         }
     }
 }
@@ -180,6 +196,8 @@ enum Pools {
 #[derive(Debug, Clone)]
 pub struct Store {
     pools: std::sync::Arc<Pools>,
+    /// [`OpenOptions::transfer_join_window`], ns.
+    join_window_ns: i64,
 }
 
 /// Expand `$body` once per backend with `$p` bound to that backend's pool and
@@ -585,8 +603,17 @@ impl Store {
         };
         let store = Store {
             pools: std::sync::Arc::new(pools),
+            join_window_ns: i64::try_from(opts.transfer_join_window.as_nanos()).unwrap_or(i64::MAX),
         };
-        store.migrate().await?;
+        let applied = store.migrate().await?;
+        if applied.contains(&TRANSFERS_MIGRATION) {
+            // Envelopes stored before the join existed are offered to it once.
+            let n = store.backfill_transfers().await?;
+            tracing::info!(
+                envelopes = n,
+                "offered stored stream and storage-transfer envelopes to the transfer join"
+            );
+        }
         Ok(store)
     }
 
@@ -618,7 +645,8 @@ impl Store {
         }
     }
 
-    async fn migrate(&self) -> Result<(), StoreError> {
+    /// Apply pending migrations; the versions applied now.
+    async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
         with_pool!(self, write, |pool, pg| {
             let mut conn = pool.acquire().await?;
             if pg {
@@ -627,7 +655,8 @@ impl Store {
                     .execute(&mut *conn)
                     .await?;
             }
-            let result: Result<(), StoreError> = async {
+            let result: Result<Vec<i64>, StoreError> = async {
+                let mut now_applied = Vec::new();
                 sqlx::raw_sql(
                     "CREATE TABLE IF NOT EXISTS pstack_schema_migrations (
                         version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_ns BIGINT NOT NULL)",
@@ -662,8 +691,9 @@ impl Store {
                     .map_err(wrap)?;
                     tx.commit().await.map_err(wrap)?;
                     tracing::info!(version, name, "applied migration");
+                    now_applied.push(*version);
                 }
-                Ok(())
+                Ok(now_applied)
             }
             .await;
             if pg {
@@ -696,6 +726,20 @@ impl Store {
 
     /// Store verified envelopes atomically; one record per item, in order.
     pub async fn ingest(
+        &self,
+        items: &[&VerifiedItem],
+        key_id: &str,
+        now_ns: i64,
+    ) -> Result<Vec<StoredRecord>, StoreError> {
+        let records = self.ingest_with_retries(items, key_id, now_ns).await?;
+        // Transfers are linked after the envelopes are committed, for every
+        // item verified (a duplicate too): a link lost to a failure here is
+        // made when the shipper retries the batch. Linking is idempotent.
+        self.link_transfers(items, now_ns).await?;
+        Ok(records)
+    }
+
+    async fn ingest_with_retries(
         &self,
         items: &[&VerifiedItem],
         key_id: &str,
@@ -1762,3 +1806,4 @@ pub mod analysis;
 pub mod gate;
 pub mod operators;
 pub mod runs;
+pub mod transfers;

@@ -349,6 +349,7 @@ pub fn api_router(state: AppState) -> Router {
         .merge(crate::http_ui::routes())
         .merge(crate::http_runs::routes())
         .merge(crate::http_bundles::routes())
+        .merge(crate::http_transfers::routes())
         .fallback(no_such_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))

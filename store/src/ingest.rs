@@ -247,6 +247,9 @@ pub struct VerifiedItem {
     pub completeness: &'static str,
     /// Its unknowns.
     pub unknowns: Vec<Unknown>,
+    /// What finds the other end of its transfer (stream and storage
+    /// transfer envelopes only; `crate::transfers`).
+    pub join: Option<crate::transfers::JoinCandidate>,
 }
 
 /// An item refused.
@@ -300,6 +303,7 @@ pub fn verify_item(bytes: Bytes, limits: &IngestLimits) -> ItemVerdict {
                 });
             };
             ItemVerdict::Verified(Box::new(VerifiedItem {
+                join: crate::transfers::candidate(&env, wall_ns),
                 subject: SubjectIndex::of(&env.subject),
                 wall_ns,
                 completeness: completeness_name(env.completeness),

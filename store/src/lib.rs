@@ -37,6 +37,7 @@ pub mod http_analysis;
 pub mod http_bundles;
 pub mod http_gate;
 pub mod http_runs;
+pub mod http_transfers;
 pub mod http_ui;
 pub mod ident;
 pub mod ingest;
@@ -47,6 +48,8 @@ pub mod query;
 pub mod receipts;
 pub mod runs;
 pub mod synthetic;
+pub mod transfers;
+pub mod transfers_cli;
 
 /// Wall-clock now, ns since the Unix epoch.
 pub fn now_ns() -> i64 {

@@ -130,6 +130,13 @@ enum Command {
         /// larger than the whole budget still runs, alone.
         #[arg(long, value_parser = parse_bytes, default_value = "256M")]
         inflight_budget: u64,
+        /// Join two mirrored stream envelopes (one end's local endpoint is
+        /// the other's remote) into one transfer when their capture windows
+        /// overlap or lie at most this far apart. Wider joins captures fired
+        /// further apart; narrower keeps a reused 4-tuple from being taken
+        /// for the same connection.
+        #[arg(long, value_parser = parse_duration, default_value = "120s")]
+        transfer_join_window: Duration,
     },
     /// Manage API keys.
     Keys {
@@ -192,6 +199,14 @@ enum Command {
         conn: Connection,
         #[command(flatten)]
         args: ReceiptsArgs,
+    },
+    /// Both ends of a transfer joined by the store (`show ID`, `of-envelope
+    /// DIGEST`): who sent the RST, whose window was zero, each side's counters.
+    Transfer {
+        #[command(flatten)]
+        conn: Connection,
+        #[command(subcommand)]
+        command: pstack_store::transfers_cli::TransferCommand,
     },
 }
 
@@ -314,6 +329,7 @@ async fn main() -> std::process::ExitCode {
         Command::Subjects { conn, command } => (conn, Query::Subjects(command)),
         Command::Unknowns { conn, args } => (conn, Query::Unknowns(args)),
         Command::Receipts { conn, args } => (conn, Query::Receipts(args)),
+        Command::Transfer { conn, command } => (conn, Query::Transfer(command)),
         command => {
             let cli = Cli { command, ..cli };
             return match run(cli).await {
@@ -352,10 +368,17 @@ async fn run(cli: Cli) -> Result<()> {
         return pstack_store::changes_cli::run(command).await;
     }
     let durable = matches!(cli.command, Command::Serve { durable: true, .. });
-    let opts = OpenOptions {
+    let mut opts = OpenOptions {
         sqlite_durable: durable,
         ..OpenOptions::default()
     };
+    if let Command::Serve {
+        transfer_join_window,
+        ..
+    } = &cli.command
+    {
+        opts.transfer_join_window = *transfer_join_window;
+    }
     let db = match cli.db {
         Some(db) => db,
         None => default_db()?,
@@ -439,7 +462,8 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Envelopes { .. }
         | Command::Subjects { .. }
         | Command::Unknowns { .. }
-        | Command::Receipts { .. } => {
+        | Command::Receipts { .. }
+        | Command::Transfer { .. } => {
             bail!("internal: a query command reached the database path")
         }
         Command::Serve {
@@ -459,6 +483,7 @@ async fn run(cli: Cli) -> Result<()> {
             request_timeout,
             per_key_concurrency,
             inflight_budget,
+            transfer_join_window: _,
         } => {
             let limits = IngestLimits {
                 max_body_bytes,

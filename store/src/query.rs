@@ -1,5 +1,5 @@
 //! The query CLI: `pstack-store envelopes get|list`, `subjects history`,
-//! `unknowns`, `receipts` — what an operator asks the store from a shell,
+//! `unknowns`, `receipts`, `transfer show|of-envelope` ([`crate::transfers_cli`]) — what an operator asks the store from a shell,
 //! over its HTTP API ([`crate::client`]), never by opening its database.
 //!
 //! Text output is a table cut to the terminal (full values with `--json`,
@@ -137,6 +137,8 @@ pub enum Query {
     Unknowns(UnknownsArgs),
     /// `receipts`.
     Receipts(ReceiptsArgs),
+    /// `transfer ...`.
+    Transfer(crate::transfers_cli::TransferCommand),
 }
 
 /// Exit code of a failed query.
@@ -225,7 +227,7 @@ fn selector(s: &SubjectSelector) -> Vec<(String, String)> {
     }
 }
 
-fn text(v: &Value) -> String {
+pub(crate) fn text(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
         Value::String(s) => s.clone(),
@@ -248,7 +250,11 @@ fn identity_line(kind: &Value, identity: &Value) -> String {
 
 /// Print rows with column widths; the last column takes what is left of
 /// the terminal (and everything off a terminal).
-fn print_table(header: &[&str], widths: &[usize], rows: &[Vec<String>]) -> std::io::Result<()> {
+pub(crate) fn print_table(
+    header: &[&str],
+    widths: &[usize],
+    rows: &[Vec<String>],
+) -> std::io::Result<()> {
     use pstack_cli::output::{cell, fit_line, terminal_columns};
     let columns = terminal_columns();
     let line = |cells: &[String]| {
@@ -390,6 +396,7 @@ pub async fn run(conn: &Connection, query: Query) -> Result<(), QueryError> {
                 &rows,
             )?;
         }
+        Query::Transfer(cmd) => crate::transfers_cli::run(&c, conn.json, cmd).await?,
         Query::Receipts(a) => {
             let page = c.receipts(&a.subject).await?;
             if conn.json {

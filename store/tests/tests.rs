@@ -16,4 +16,5 @@ mod receipts;
 mod retention;
 mod runs;
 mod tls_proxy;
+mod transfers;
 mod ui;
