@@ -273,6 +273,10 @@ pub struct StreamEnd {
     pub local_zero_window: bool,
     /// The peer advertises a zero window to this end.
     pub peer_zero_window: bool,
+    /// Sealed from pstackd's flight recorder when a `tcp_reset` watch rule
+    /// fired (one `ebpf/flight_recorder` surface, `collector.trigger` set)
+    /// instead of a live transport window.
+    pub recorded: bool,
 }
 
 impl StreamEnd {
@@ -291,6 +295,7 @@ impl StreamEnd {
             rst_received: false,
             local_zero_window: false,
             peer_zero_window: false,
+            recorded: false,
         }
     }
 
@@ -316,9 +321,22 @@ impl StreamEnd {
                 net_ns: Some(self.net_ns.clone()),
             }),
             Collector {
-                name: "pstackctl capture transport".into(),
+                name: if self.recorded {
+                    "pstackd flight recorder"
+                } else {
+                    "pstackctl capture transport"
+                }
+                .into(),
                 version: "0.1.0".into(),
                 source_commit: "3b06cc7a1e8c5d2f4b6a8c0e2d4f6a8b0c2e4d6f".into(),
+                trigger: self.recorded.then(|| pstack_envelope::Trigger {
+                    condition: [("flow".to_string(), self.cookie.to_string())].into(),
+                    fired_at: crate::ident::format_ns(
+                        self.start_ns + i64::try_from(window_ns).unwrap_or(0),
+                    ),
+                    kind: "tcp_reset".into(),
+                    rule: "resets".into(),
+                }),
             },
             Clock {
                 wall_time: crate::ident::format_ns(self.start_ns),
@@ -383,30 +401,55 @@ impl StreamEnd {
             truncated: false,
             facts,
         };
-        b.surface(surf("tcp/start", auth.clone(), sock(7, false)))?;
-        let mut end = sock(7 + self.retrans, true);
-        end.insert(
-            "delta".into(),
-            json!({
-                "total_retrans": self.retrans,
-                "total_rto": self.rto,
-                "bytes_acked": 524_288,
-                "bytes_received": 4096,
-                "bytes_retrans": self.retrans * 1448,
-            }),
-        );
-        b.surface(surf("tcp/end", auth, end))?;
-        let resets = u64::from(self.rst_sent) + u64::from(self.rst_received);
-        let ebpf = json!({
-            "cookie": self.cookie.to_string(),
-            "retransmits": self.retrans,
-            "resets_sent": u64::from(self.rst_sent),
-            "resets_received": u64::from(self.rst_received),
-            "last_reset_reason": if self.rst_sent { Value::from("NOT_SPECIFIED") } else { Value::Null },
-            "transitions": resets,
-            "resets": [],
-        });
-        b.surface(surf(
+        if self.recorded {
+            let facts = json!({
+                "totals": {
+                    "retransmits": self.retrans,
+                    "rto_retransmits": self.rto,
+                    "resets_received": u64::from(self.rst_received),
+                    "resets_sent": u64::from(self.rst_sent),
+                    "state_changes": 2,
+                    "zero_window_events": u64::from(self.peer_zero_window),
+                    "last_state": "CLOSE",
+                },
+                "reached_back_before_last_ns": window_ns,
+                "sock_cookie": self.cookie.to_string(),
+                "horizon_seconds": 60,
+            });
+            b.surface(surf(
+                "ebpf/flight_recorder",
+                "ebpf:tracepoint/tcp/* (pstackd flight recorder)".into(),
+                match facts {
+                    Value::Object(m) => m,
+                    _ => Map::new(),
+                },
+            ))?;
+        }
+        if !self.recorded {
+            b.surface(surf("tcp/start", auth.clone(), sock(7, false)))?;
+            let mut end = sock(7 + self.retrans, true);
+            end.insert(
+                "delta".into(),
+                json!({
+                    "total_retrans": self.retrans,
+                    "total_rto": self.rto,
+                    "bytes_acked": 524_288,
+                    "bytes_received": 4096,
+                    "bytes_retrans": self.retrans * 1448,
+                }),
+            );
+            b.surface(surf("tcp/end", auth, end))?;
+            let resets = u64::from(self.rst_sent) + u64::from(self.rst_received);
+            let ebpf = json!({
+                "cookie": self.cookie.to_string(),
+                "retransmits": self.retrans,
+                "resets_sent": u64::from(self.rst_sent),
+                "resets_received": u64::from(self.rst_received),
+                "last_reset_reason": if self.rst_sent { Value::from("NOT_SPECIFIED") } else { Value::Null },
+                "transitions": resets,
+                "resets": [],
+            });
+            b.surface(surf(
             "ebpf/tcp",
             "ebpf:tracepoint/tcp/{tcp_retransmit_skb,tcp_receive_reset,tcp_send_reset},sock/inet_sock_set_state".into(),
             match ebpf {
@@ -414,6 +457,8 @@ impl StreamEnd {
                 _ => Map::new(),
             },
         ))?;
+        }
+        let recorded = self.recorded;
         let faulty = self.retrans > 0
             || self.rto > 0
             || self.peer_zero_window
@@ -428,7 +473,11 @@ impl StreamEnd {
                 kind: ClaimKind::Fact,
                 code: code.into(),
                 statement,
-                surfaces: on.iter().map(|s| s.to_string()).collect(),
+                surfaces: if recorded {
+                    vec!["ebpf/flight_recorder".to_string()]
+                } else {
+                    on.iter().map(|s| s.to_string()).collect()
+                },
                 scope: Scope::Existential,
                 falsifier: None,
             })
@@ -587,6 +636,7 @@ impl TransferEnd {
                 name: "pstackctl capture longhorn".into(),
                 version: "0.1.0".into(),
                 source_commit: "3b06cc7a1e8c5d2f4b6a8c0e2d4f6a8b0c2e4d6f".into(),
+                trigger: None,
             },
             Clock {
                 wall_time: crate::ident::format_ns(self.start_ns),

@@ -39,6 +39,8 @@ mod sid {
     pub const TCP_END: &str = "tcp/end";
     pub const TCP_START: &str = "tcp/start";
     pub const EBPF_TCP: &str = "ebpf/tcp";
+    /// pstackd's flight record of a flow a watch rule fired on.
+    pub const FLIGHT_RECORDER: &str = "ebpf/flight_recorder";
     /// A Longhorn `storage_transfer` envelope's links to its streams.
     pub const STREAMS: &str = "streams";
 }
@@ -229,6 +231,10 @@ pub struct EndView {
     pub counters: Map<String, Value>,
     /// The verdict-relevant claims it makes.
     pub stated: Vec<Stated>,
+    /// The watch rule that fired the capture (`collector.trigger`), absent
+    /// for an operator's capture.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fired_by: Option<Value>,
     /// Storage transfer only: its capture role, as it states it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
@@ -259,20 +265,24 @@ fn push_unique(v: &mut Vec<String>, s: &str) {
 
 /// The end view of one envelope.
 pub fn end_view(env: &Envelope, wall_time: String) -> EndView {
-    let mut view = EndView {
-        envelope: env.digest.clone(),
-        kind: env.subject.kind(),
-        wall_time,
-        completeness: env.completeness.as_str(),
-        netns: None,
-        local: Vec::new(),
-        remote: Vec::new(),
-        flow_ids: Vec::new(),
-        counters: Map::new(),
-        stated: Vec::new(),
-        role: None,
-        linked_streams: Vec::new(),
-    };
+    let mut view =
+        EndView {
+            envelope: env.digest.clone(),
+            kind: env.subject.kind(),
+            wall_time,
+            completeness: env.completeness.as_str(),
+            netns: None,
+            local: Vec::new(),
+            remote: Vec::new(),
+            flow_ids: Vec::new(),
+            counters: Map::new(),
+            stated: Vec::new(),
+            fired_by: env.collector.trigger.as_ref().map(
+                |t| serde_json::json!({"rule": t.rule, "kind": t.kind, "fired_at": t.fired_at}),
+            ),
+            role: None,
+            linked_streams: Vec::new(),
+        };
     for c in &env.claims {
         let kind = match c.kind {
             ClaimKind::Fact => "fact",
@@ -349,6 +359,28 @@ pub fn end_view(env: &Envelope, wall_time: String) -> EndView {
                         ],
                     )),
                 );
+            }
+            if let Some(r) = surface(env, sid::FLIGHT_RECORDER) {
+                let mut f = match r.get("totals") {
+                    Some(Value::Object(t)) => pick(
+                        t,
+                        &[
+                            "retransmits",
+                            "rto_retransmits",
+                            "resets_sent",
+                            "resets_received",
+                            "zero_window_events",
+                            "state_changes",
+                            "last_state",
+                        ],
+                    ),
+                    _ => Map::new(),
+                };
+                if let Some(v) = r.get("reached_back_before_last_ns") {
+                    f.insert("reached_back_before_last_ns".into(), v.clone());
+                }
+                view.counters
+                    .insert("flight_recorder".into(), Value::Object(f));
             }
             if let Some(e) = surface(env, sid::EBPF_TCP) {
                 let e = pick(e, &["retransmits", "resets_sent", "resets_received"]);
@@ -620,6 +652,7 @@ mod tests {
                     via_stream: None,
                 })
                 .collect(),
+            fired_by: None,
             role: None,
             linked_streams: vec![],
         }

@@ -20,6 +20,7 @@ on_both_backends!(
     non_mirrored_and_out_of_window_ends_are_not_joined,
     same_transfer_id_from_two_nodes_is_joined,
     reingest_is_idempotent,
+    a_flight_recorded_end_joins_a_live_one,
     a_long_side_is_cut_to_its_newest_ends_and_says_so,
     envelopes_stored_before_the_migration_are_joined_by_it,
     ends_arriving_at_once_are_joined,
@@ -566,6 +567,44 @@ async fn a_long_side_is_cut_to_its_newest_ends_and_says_so(db: Db) {
     let newest: Vec<&str> = a[5..].iter().map(|x| x.0.as_str()).collect();
     assert_eq!(shown, newest, "the newest 100, oldest first");
     assert_eq!(side(t, &side_of(t, &db_))["ends_total"], 1);
+    h.finish().await;
+}
+
+async fn a_flight_recorded_end_joins_a_live_one(db: Db) {
+    // A's pstackd sealed its flight record of the flow when the reset fired
+    // its tcp_reset rule; B's end is a live transport window.
+    let Some(h) = Harness::start(db).await else {
+        return;
+    };
+    let (na, nb) = (node(&h, "node-a").await, node(&h, "node-b").await);
+    let mut a = StreamEnd::new(A_EP, B_EP, NS_A, 4_001, T0);
+    a.recorded = true;
+    a.window_ms = 60_000;
+    a.retrans = 9;
+    a.rst_received = true;
+    let (da, ba) = sealed(&a);
+    let mut b = StreamEnd::new(B_EP, A_EP, NS_B, 4_002, T0 + 30 * S);
+    b.rst_sent = true;
+    let (db_, bb) = sealed(&b);
+    ship(&h, &nb, &bb).await;
+    ship(&h, &na, &ba).await;
+    let (status, of) = transfer_of(&h, &da).await;
+    assert_eq!(status, StatusCode::OK, "{of}");
+    let t = &of["transfer"];
+    let (sa, sb) = (side_of(t, &da), side_of(t, &db_));
+    let end_a = &side(t, &sa)["ends"][0];
+    assert_eq!(end_a["fired_by"]["rule"], "resets", "{end_a}");
+    assert_eq!(end_a["counters"]["flight_recorder"]["retransmits"], 9);
+    assert_eq!(end_a["counters"]["flight_recorder"]["resets_received"], 1);
+    assert!(side(t, &sb)["ends"][0].get("fired_by").is_none());
+    assert_eq!(t["verdicts"]["rst_sent_by"]["side"], sb.as_str());
+    assert_eq!(
+        t["verdicts"]["rst_sent_by"]["because"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
     h.finish().await;
 }
 
