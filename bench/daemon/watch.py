@@ -139,7 +139,7 @@ try:
     deadline = time.time() + 20
     while time.time() < deadline:
         st = json.loads(get(watch_sock, "/v1/watch"))
-        if all(r["state"] == "armed" for r in st["rules"]):
+        if st["rules"] and all(r["state"] == "armed" for r in st["rules"]):
             break
         time.sleep(0.2)
     print("rules:", ", ".join(f'{r["name"]}={r["state"]}' for r in st["rules"]))
@@ -181,7 +181,8 @@ try:
     watch, watch_sock = start("lat", RULES.replace("min_seconds = 10", "min_seconds = 1"))
     deadline = time.time() + 20
     while time.time() < deadline:
-        if all(r["state"] == "armed" for r in json.loads(get(watch_sock, "/v1/watch"))["rules"]):
+        rs = json.loads(get(watch_sock, "/v1/watch"))["rules"]
+        if rs and all(r["state"] == "armed" for r in rs):
             break
         time.sleep(0.2)
 

@@ -297,7 +297,7 @@ impl OffCpuSource for DaemonEbpf {
 /// Loading parses the kernel's BTF (several MiB, tens of MiB of short-lived
 /// allocations) on a blocking-pool thread; glibc keeps that thread's freed
 /// arena mapped, which would triple the idle daemon's RSS. Hand it back.
-fn release_freed_heap() {
+pub(crate) fn release_freed_heap() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases free heap pages; no pointer is touched.
     unsafe {

@@ -197,6 +197,56 @@ fn root_a_reset_after_loss_is_sealed_from_the_flight_recorder_and_reaches_the_st
         "reset -> sealed: {took_ms} ms from the reset event (observed {} ms after the test's reset)",
         reset_at.elapsed().as_millis()
     );
+
+    // The receiver's end (B, sent the RST) was sealed too; the store joins
+    // the two recorded ends as one transfer and names B as the RST's sender.
+    let b_end = format!("{B_V4}:{DATA_PORT}>");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let b_digest = loop {
+        if let Some(e) = events(&d).into_iter().find(|e| {
+            e["event"] == "captured" && e["subject"].as_str().is_some_and(|s| s.contains(&b_end))
+        }) {
+            break e["envelopes"][0].as_str().unwrap().to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no capture of the receiver's end: {:#?}",
+            events(&d)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let b_env = stored(&store, &b_digest);
+    assert!(
+        facts(&b_env).contains(&"rst_sent_by_local".to_string()),
+        "{:?}",
+        facts(&b_env)
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let transfer: Value = loop {
+        if let Some((200, body)) = store.get(&format!("/v1/envelopes/{digest}/transfer")) {
+            break serde_json::from_slice(&body).unwrap();
+        }
+        assert!(Instant::now() < deadline, "the two ends were never joined");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let t = &transfer["transfer"];
+    assert_eq!(t["basis"], "mirrored_4tuple", "{t:#}");
+    let sides = t["sides"].as_array().unwrap();
+    assert_eq!(sides.len(), 2, "{t:#}");
+    let b_side = sides
+        .iter()
+        .find(|s| {
+            s["local"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|l| l == &Value::from(format!("{B_V4}:{DATA_PORT}")))
+        })
+        .unwrap_or_else(|| panic!("no side local to B: {t:#}"));
+    assert_eq!(
+        t["verdicts"]["rst_sent_by"]["side"], b_side["side"],
+        "{t:#}"
+    );
 }
 
 /// A listener in B on `port` that accepts `n` connections and closes each

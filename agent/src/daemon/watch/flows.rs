@@ -141,6 +141,9 @@ impl FlowWatch {
             btf_path: ebpf.btf_path.clone(),
             ..FlightConfig::default()
         });
+        // The load parsed the kernel's BTF: hand the freed heap back (as
+        // pstackd's own eBPF load does), or idle RSS triples.
+        crate::daemon::ebpf::release_freed_heap();
         match started {
             Ok(r) => {
                 tracing::info!(

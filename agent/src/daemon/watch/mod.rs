@@ -354,9 +354,14 @@ impl WatchEngine {
                             kind: s.rule.kind,
                             subject: format!("process:{}:{}", f.task.tgid, f.task.start_ticks),
                             condition: c,
-                            // The condition became true T after the first
-                            // sample that saw the task in D.
-                            fault_at: at.checked_sub(f.d_for.saturating_sub(*min)).unwrap_or(at),
+                            // The condition became true T after the task
+                            // entered D, which was after the sample before
+                            // the first that saw it: the earliest that can
+                            // be (so fault -> sealed is an upper bound,
+                            // sampling included).
+                            fault_at: at
+                                .checked_sub(f.d_for.saturating_sub(*min) + d_every)
+                                .unwrap_or(at),
                             action: Action::Process {
                                 tgid: f.task.tgid,
                                 tid: f.task.tid,
