@@ -417,3 +417,119 @@ fn tcp_rules_without_btf_are_unavailable_with_the_reason_and_d_state_still_fires
         },
     );
 }
+
+/// A listener on loopback whose accept queue holds one connection and is
+/// never accepted from: every connection past it overflows
+/// (`TcpExt.ListenOverflows`).
+fn overflowing_listener() -> (std::os::fd::OwnedFd, SocketAddr) {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: socket(2) with constant arguments; checked below, then owned.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0);
+    // SAFETY: fd is a fresh socket nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as u16,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: valid fd, address pointer and length.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as u32,
+        )
+    };
+    assert_eq!(rc, 0);
+    // SAFETY: valid fd.
+    assert_eq!(unsafe { libc::listen(fd.as_raw_fd(), 0) }, 0);
+    let mut bound: libc::sockaddr_in = addr;
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as u32;
+    // SAFETY: valid fd, out pointer and length.
+    let rc = unsafe {
+        libc::getsockname(
+            fd.as_raw_fd(),
+            (&mut bound as *mut libc::sockaddr_in).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0);
+    let port = u16::from_be(bound.sin_port);
+    (fd, SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+#[test]
+fn a_listen_queue_overflow_faster_than_the_threshold_captures_the_host() {
+    if !pstack_testkit::precondition(pstack_testkit::is_root(), "needs root (host capture)") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let settings = Settings::default();
+    let mut text = settings.toml(dir.path());
+    text.push_str(
+        "[[watch]]\nname = \"backlog\"\nkind = \"listen_overflow\"\nthreshold_per_second = 5\n",
+    );
+    let d = start_with_text(dir.path(), &settings, &text);
+    wait_until(Duration::from_secs(10), "the rule is armed", || {
+        rule(&d, "backlog")["state"] == "armed"
+    });
+    std::thread::sleep(Duration::from_millis(1500)); // a first sample as the base
+    let (_listener, addr) = overflowing_listener();
+    // Connections the full queue cannot take: each completed handshake the
+    // kernel drops counts one overflow (and the client retries its ACK).
+    let clients: Vec<_> = (0..60)
+        .map(|_| {
+            std::thread::spawn(move || {
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+            })
+        })
+        .collect();
+    wait_until(
+        Duration::from_secs(20),
+        "the rule captures the host",
+        || {
+            events(&d)
+                .iter()
+                .any(|e| e["event"] == "captured" && e["rule"] == "backlog")
+        },
+    );
+    for c in clients {
+        let _ = c.join();
+    }
+    let e = events(&d)
+        .into_iter()
+        .find(|e| e["event"] == "fired" && e["rule"] == "backlog")
+        .unwrap();
+    assert_eq!(e["condition"]["counter"], "TcpExt.ListenOverflows", "{e:#}");
+    let per_s: f64 = e["condition"]["per_second"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(per_s >= 5.0, "{e:#}");
+    let digest = rule(&d, "backlog")["last_envelope"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let env = client_envelope(&d, &digest);
+    assert!(matches!(env.subject, pstack_envelope::Subject::Host(_)));
+    assert_eq!(env.collector.trigger.unwrap().kind, "listen_overflow");
+}
+
+/// An envelope pstackd spooled, by digest.
+fn client_envelope(d: &Daemon, digest: &str) -> pstack_envelope::Envelope {
+    let resp = pstack_agent::client::request(
+        &d.socket,
+        "GET",
+        &format!("/v1/envelopes/{digest}"),
+        None,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!(resp.status, 200);
+    pstack_testkit::verify(&resp.body).expect("spooled envelope verifies")
+}
