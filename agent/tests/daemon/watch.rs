@@ -478,6 +478,7 @@ fn a_listen_queue_overflow_faster_than_the_threshold_captures_the_host() {
         rule(&d, "backlog")["state"] == "armed"
     });
     std::thread::sleep(Duration::from_millis(1500)); // a first sample as the base
+    let before = listen_overflows();
     let (_listener, addr) = overflowing_listener();
     // Connections the full queue cannot take: each completed handshake the
     // kernel drops counts one overflow (and the client retries its ACK).
@@ -511,6 +512,13 @@ fn a_listen_queue_overflow_faster_than_the_threshold_captures_the_host() {
         .parse()
         .unwrap();
     assert!(per_s >= 5.0, "{e:#}");
+    // The reading is the kernel's ListenOverflows (read here independently).
+    let value: u64 = e["condition"]["value"].as_str().unwrap().parse().unwrap();
+    let after = listen_overflows();
+    assert!(
+        (before..=after).contains(&value),
+        "{before} <= {value} <= {after}: {e:#}"
+    );
     let digest = rule(&d, "backlog")["last_envelope"]
         .as_str()
         .unwrap()
@@ -532,4 +540,14 @@ fn client_envelope(d: &Daemon, digest: &str) -> pstack_envelope::Envelope {
     .unwrap();
     assert_eq!(resp.status, 200);
     pstack_testkit::verify(&resp.body).expect("spooled envelope verifies")
+}
+
+/// `TcpExt.ListenOverflows` of this netns, parsed here from /proc/net/netstat.
+fn listen_overflows() -> u64 {
+    let text = std::fs::read_to_string("/proc/net/netstat").unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("TcpExt:")).collect();
+    let names: Vec<&str> = lines[0].split_whitespace().collect();
+    let values: Vec<&str> = lines[1].split_whitespace().collect();
+    let i = names.iter().position(|n| *n == "ListenOverflows").unwrap();
+    values[i].parse().unwrap()
 }
