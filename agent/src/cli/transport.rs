@@ -38,8 +38,9 @@ pub struct FlowArgs {
     #[arg(long, default_value = "30s")]
     pub window: String,
     /// With no port pinned, match flows whose local or remote port is in this
-    /// range (Longhorn's instance-manager data ports by default).
-    #[arg(long, default_value = "10000-30000")]
+    /// range (Longhorn v1's instance-manager data ports by default; the v2
+    /// engine's 20001-30000 only when asked).
+    #[arg(long, default_value = "10000-20000")]
     pub ports: String,
     /// Most flows enveloped; more matching flows make every envelope `bounded`.
     #[arg(long, default_value_t = 64)]

@@ -146,7 +146,7 @@ fn ports_outside_range_are_refused_with_the_parameter_named() {
     ]);
     assert_eq!(code, 2);
     assert!(
-        err.contains("outside the Longhorn data port range 10000–30000"),
+        err.contains("outside the Longhorn data port range 10000–20000"),
         "{err}"
     );
     let (code, _, err) = pstackctl(&[

@@ -107,10 +107,14 @@ use pstack_envelope::{
 use pstack_helper::sockopt::SockoptTarget;
 use serde_json::{Map, Value, json};
 
-/// Longhorn's instance-manager data port range: the default port filter.
+/// Longhorn v1's instance-manager data port range, the default port filter:
+/// `--port-range 10000-20000` of longhorn-instance-manager
+/// (`app/cmd/start.go`, v1.9.0); each replica owns ten ports of it.
+/// 20001-30000 is the v2 data engine's `--spdk-port-range`, out of scope
+/// (a v2 volume is refused by the Longhorn capture), so it is not matched.
 pub const LONGHORN_PORTS: PortRange = PortRange {
     lo: 10000,
-    hi: 30000,
+    hi: 20000,
 };
 /// Per-surface budget recorded in the envelope (net reads do not block on a task).
 pub const SURFACE_DEADLINE_MS: u64 = 2000;
@@ -1795,7 +1799,7 @@ mod tests {
         for bad in [0, 99, 3_600_001] {
             assert!(w(bad).is_err(), "{bad:?}");
         }
-        assert_eq!(parse_port_range("10000-30000").unwrap(), LONGHORN_PORTS);
+        assert_eq!(parse_port_range("10000-20000").unwrap(), LONGHORN_PORTS);
         for bad in ["0-5", "5-1", "1-70000", "10000"] {
             assert!(parse_port_range(bad).is_err(), "{bad:?}");
         }
