@@ -522,27 +522,12 @@ pub fn follow_capture(
     timeout: Duration,
     on_event: &mut dyn FnMut(&CaptureEvent),
 ) -> Result<CaptureEvent, ClientError> {
-    let target = format!("/v1/captures/{id}/events");
-    let req = build_request("GET", &target, None, &[], "application/x-ndjson")?;
     // `on_event` runs between our waits, never inside the runtime, so it may
     // call this client itself.
     let rt = runtime()?;
     let deadline = tokio::time::Instant::now() + timeout;
-    let (head, body, seen) = within(&rt, deadline, timeout, send(socket, req))?;
-    if head.status != hyper::StatusCode::OK {
-        let resp = HttpResponse {
-            status: head.status.as_u16(),
-            headers: Vec::new(),
-            body: within(
-                &rt,
-                deadline,
-                timeout,
-                read_capped(body, MAX_RESPONSE_BYTES, &seen),
-            )?,
-        };
-        return Err(api_error(&resp));
-    }
-    let mut lines = NdjsonLines::new(body, seen, MAX_RESPONSE_BYTES);
+    let target = format!("/v1/captures/{id}/events");
+    let mut lines = open_ndjson(&rt, socket, &target, deadline, timeout)?;
     while let Some(line) = within(&rt, deadline, timeout, lines.next_line())? {
         let event: CaptureEvent = serde_json::from_slice(&line)
             .map_err(|e| ClientError::Protocol(format!("bad capture event: {e}")))?;
@@ -560,6 +545,32 @@ pub fn follow_capture(
     Err(ClientError::Protocol(
         "the event stream ended before the capture's outcome".into(),
     ))
+}
+
+/// `GET target` as NDJSON: its lines, or the API error it answered.
+fn open_ndjson(
+    rt: &tokio::runtime::Runtime,
+    socket: &Path,
+    target: &str,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+) -> Result<NdjsonLines, ClientError> {
+    let req = build_request("GET", target, None, &[], "application/x-ndjson")?;
+    let (head, body, seen) = within(rt, deadline, timeout, send(socket, req))?;
+    if head.status != hyper::StatusCode::OK {
+        let resp = HttpResponse {
+            status: head.status.as_u16(),
+            headers: Vec::new(),
+            body: within(
+                rt,
+                deadline,
+                timeout,
+                read_capped(body, MAX_RESPONSE_BYTES, &seen),
+            )?,
+        };
+        return Err(api_error(&resp));
+    }
+    Ok(NdjsonLines::new(body, seen, MAX_RESPONSE_BYTES))
 }
 
 /// Wait on `call` until `deadline` (the whole call's `timeout`).
@@ -660,27 +671,12 @@ pub fn follow_watch_events(
     follow: Duration,
     on_event: &mut dyn FnMut(&serde_json::Value) -> bool,
 ) -> Result<(), ClientError> {
-    let req = build_request("GET", "/v1/watch/events", None, &[], "application/x-ndjson")?;
     let rt = runtime()?;
     let deadline = tokio::time::Instant::now() + follow;
-    let (head, body, seen) = match within(&rt, deadline, follow, send(socket, req)) {
+    let mut lines = match open_ndjson(&rt, socket, "/v1/watch/events", deadline, follow) {
         Err(ClientError::Timeout(_)) => return Ok(()),
         other => other?,
     };
-    if head.status != hyper::StatusCode::OK {
-        let resp = HttpResponse {
-            status: head.status.as_u16(),
-            headers: Vec::new(),
-            body: within(
-                &rt,
-                deadline,
-                follow,
-                read_capped(body, MAX_RESPONSE_BYTES, &seen),
-            )?,
-        };
-        return Err(api_error(&resp));
-    }
-    let mut lines = NdjsonLines::new(body, seen, MAX_RESPONSE_BYTES);
     loop {
         let line = match within(&rt, deadline, follow, lines.next_line()) {
             Ok(Some(l)) => l,

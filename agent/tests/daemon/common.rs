@@ -313,6 +313,54 @@ impl Daemon {
             .unwrap_or_else(|| panic!("metric {name_and_labels} not in:\n{text}"))
     }
 
+    /// The watch rule `name` as `/v1/status` shows it.
+    pub fn watch_rule(&self, name: &str) -> serde_json::Value {
+        let s = self.status();
+        s["watch"]["rules"]
+            .as_array()
+            .and_then(|rs| rs.iter().find(|r| r["name"] == name).cloned())
+            .unwrap_or_else(|| panic!("rule {name} not in status: {:#}", s["watch"]))
+    }
+
+    /// The watch events pstackd still holds (the recent ones).
+    pub fn watch_events(&self) -> Vec<serde_json::Value> {
+        let mut out = Vec::new();
+        client::follow_watch_events(&self.socket, Duration::from_millis(300), &mut |e| {
+            out.push(e.clone());
+            true
+        })
+        .expect("watch events");
+        out
+    }
+
+    /// Wait until a `captured` watch event matches `want`; that event.
+    pub fn wait_captured(
+        &self,
+        within: Duration,
+        what: &str,
+        want: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(e) = self
+                .watch_events()
+                .into_iter()
+                .find(|e| e["event"] == "captured" && want(e))
+            {
+                return e;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "no capture of {what} within {within:?}; events {:#?}\nstatus {:#}\nlog:\n{}",
+                    self.watch_events(),
+                    self.status()["watch"],
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Wait until `f(status)` holds.
     pub fn wait_status(
         &self,
@@ -429,5 +477,92 @@ pub fn wait_until(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
             panic!("timed out after {within:?} waiting for {what}");
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `pstack-store serve` process on a loopback port with one API key;
+/// killed on drop.
+pub struct StoreProc {
+    child: Child,
+    pub addr: std::net::SocketAddr,
+    pub key: String,
+}
+
+impl StoreProc {
+    /// Create a key in `dir/store.db`, serve it, wait until it answers.
+    pub fn start(dir: &Path) -> StoreProc {
+        let bin = sibling_bin("pstack-store", "pstack-store")
+            .expect("pstack-store could not be built (cargo build -p pstack-store)");
+        let db = dir.join("store.db");
+        let out = Command::new(&bin)
+            .arg("--db")
+            .arg(&db)
+            .args(["keys", "create", "--name", "pstackd-test-node"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let child = Command::new(&bin)
+            .arg("--db")
+            .arg(&db)
+            .args(["serve", "--listen", &addr.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let store = StoreProc { child, addr, key };
+        wait_until(Duration::from_secs(20), "the store serves", || {
+            store.get("/v1/envelopes?limit=1").is_some()
+        });
+        store
+    }
+
+    /// `GET path` with the key; status and body, `None` when unreachable.
+    pub fn get(&self, path: &str) -> Option<(u16, Vec<u8>)> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        rt.block_on(async {
+            let r = reqwest::Client::new()
+                .get(format!("http://{}{path}", self.addr))
+                .bearer_auth(&self.key)
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await
+                .ok()?;
+            let status = r.status().as_u16();
+            Some((status, r.bytes().await.ok()?.to_vec()))
+        })
+    }
+
+    /// The stored envelope `digest`, once shipped (verified).
+    pub fn envelope(&self, digest: &str) -> Envelope {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some((200, body)) = self.get(&format!("/v1/envelopes/{digest}")) {
+                return pstack_testkit::verify(&body).expect("stored envelope verifies");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{digest} never reached the store"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for StoreProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::collector::Collector;
 use super::common::*;
 
-pub struct Store(pub Child);
+struct Store(Child);
 
 impl Drop for Store {
     fn drop(&mut self) {
@@ -20,7 +20,7 @@ impl Drop for Store {
     }
 }
 
-pub fn http(
+fn http(
     addr: SocketAddr,
     method: &str,
     path: &str,

@@ -7,15 +7,13 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::collector::Collector;
 use super::common::*;
-use super::store_e2e::{Store, http};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -71,62 +69,10 @@ impl Drop for Frozen {
     }
 }
 
-fn rule(d: &Daemon, name: &str) -> Value {
-    let s = d.status();
-    s["watch"]["rules"]
-        .as_array()
-        .and_then(|rs| rs.iter().find(|r| r["name"] == name).cloned())
-        .unwrap_or_else(|| panic!("rule {name} not in status: {:#}", s["watch"]))
-}
-
-fn events(d: &Daemon) -> Vec<Value> {
-    let mut out = Vec::new();
-    pstack_agent::client::follow_watch_events(&d.socket, Duration::from_millis(300), &mut |e| {
-        out.push(e.clone());
-        true
-    })
-    .expect("watch events");
-    out
-}
-
 fn d_state_rule(name: &str, min_seconds: u64, extra: &str) -> String {
     format!(
         "[[watch]]\nname = \"{name}\"\nkind = \"d_state\"\nmin_seconds = {min_seconds}\nwindow = \"0\"\n{extra}\n"
     )
-}
-
-/// A store on a loopback port with one key; the key.
-fn start_store(dir: &Path) -> (Store, SocketAddr, String) {
-    let store_bin = sibling_bin("pstack-store", "pstack-store")
-        .expect("pstack-store could not be built (cargo build -p pstack-store)");
-    let db = dir.join("store.db");
-    let out = Command::new(&store_bin)
-        .arg("--db")
-        .arg(&db)
-        .args(["keys", "create", "--name", "watch-node"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    let addr = Collector::reserve_port();
-    let store = Store(
-        Command::new(&store_bin)
-            .arg("--db")
-            .arg(&db)
-            .args(["serve", "--listen", &addr.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_until(Duration::from_secs(20), "the store serves", || {
-        http(addr, "GET", "/v1/envelopes?limit=1", &key, b"").is_some()
-    });
-    (store, addr, key)
 }
 
 #[test]
@@ -134,10 +80,10 @@ fn a_task_in_d_longer_than_t_is_captured_and_reaches_the_store_shorter_is_not() 
     let Some(short) = Frozen::new(1) else { return };
     let Some(long) = Frozen::new(1) else { return };
     let dir = tempfile::tempdir().unwrap();
-    let (_store, addr, key) = start_store(dir.path());
+    let store = StoreProc::start(dir.path());
     let settings = Settings {
-        collector_url: Some(format!("http://{addr}")),
-        api_key: Some(key.clone()),
+        collector_url: Some(format!("http://{}", store.addr)),
+        api_key: Some(store.key.clone()),
         extra_capture: String::new(),
         ..Settings::default()
     };
@@ -145,7 +91,7 @@ fn a_task_in_d_longer_than_t_is_captured_and_reaches_the_store_shorter_is_not() 
     text.push_str(&d_state_rule("stuck-io", 3, ""));
     let d = start_with_text(dir.path(), &settings, &text);
     wait_until(Duration::from_secs(10), "the rule is armed", || {
-        rule(&d, "stuck-io")["state"] == "armed"
+        d.watch_rule("stuck-io")["state"] == "armed"
     });
 
     // Shorter than T: in D for about 1.5 s, then thawed.
@@ -157,34 +103,16 @@ fn a_task_in_d_longer_than_t_is_captured_and_reaches_the_store_shorter_is_not() 
     let long_pid = long.pids()[0];
     let frozen_at = Instant::now();
     long.set("FROZEN");
-    let digest = {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let captured: Vec<Value> = events(&d)
-                .into_iter()
-                .filter(|e| e["event"] == "captured")
-                .filter(|e| {
-                    e["subject"]
-                        .as_str()
-                        .is_some_and(|s| s.starts_with(&format!("process:{long_pid}:")))
-                })
-                .collect();
-            if let Some(e) = captured.first() {
-                break e["envelopes"][0].as_str().unwrap().to_string();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no capture of {long_pid}; events: {:#?}\nlog:\n{}",
-                events(&d),
-                d.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
+    let captured = d.wait_captured(Duration::from_secs(30), "the long D task", |e| {
+        e["subject"]
+            .as_str()
+            .is_some_and(|s| s.starts_with(&format!("process:{long_pid}:")))
+    });
+    let digest = captured["envelopes"][0].as_str().unwrap().to_string();
     let took = frozen_at.elapsed();
     assert!(took >= Duration::from_secs(3), "fired before T: {took:?}");
     // Nothing ever fired for the short episode.
-    let all = events(&d);
+    let all = d.watch_events();
     assert!(
         !all.iter().any(|e| e["subject"]
             .as_str()
@@ -192,23 +120,7 @@ fn a_task_in_d_longer_than_t_is_captured_and_reaches_the_store_shorter_is_not() 
         "a D state shorter than T fired: {all:#?}"
     );
     // The envelope reaches the store with no operator action.
-    let body = {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some((200, body)) =
-                http(addr, "GET", &format!("/v1/envelopes/{digest}"), &key, b"")
-            {
-                break body;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{digest} never reached the store; status {:#}",
-                d.status()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
-    let env = pstack_testkit::verify(&body).expect("the stored envelope verifies");
+    let env = store.envelope(&digest);
     let t = env
         .collector
         .trigger
@@ -228,7 +140,7 @@ fn a_task_in_d_longer_than_t_is_captured_and_reaches_the_store_shorter_is_not() 
         "{:?}",
         env.surfaces.iter().map(|s| &s.id).collect::<Vec<_>>()
     );
-    let r = rule(&d, "stuck-io");
+    let r = d.watch_rule("stuck-io");
     assert!(r["captured_total"].as_u64().unwrap() >= 1, "{r:#}");
     assert!(r["last_fired"].is_string(), "{r:#}");
     // pstackctl watch lists it.
@@ -280,7 +192,7 @@ fn a_storm_is_bounded_by_the_limits_and_the_rest_counted() {
         Duration::from_secs(30),
         "every frozen process fired",
         || {
-            events(&d)
+            d.watch_events()
                 .iter()
                 .filter(|e| e["event"] == "fired" && ours(e))
                 .count()
@@ -288,10 +200,10 @@ fn a_storm_is_bounded_by_the_limits_and_the_rest_counted() {
         },
     );
     wait_until(Duration::from_secs(30), "captures finish", || {
-        rule(&d, "storm")["captures_running"].is_null()
+        d.watch_rule("storm")["captures_running"].is_null()
             && d.status()["watch"]["captures_running"] == 0
     });
-    let r = rule(&d, "storm");
+    let r = d.watch_rule("storm");
     let (captured, failed) = (
         r["captured_total"].as_u64().unwrap(),
         r["failed_total"].as_u64().unwrap(),
@@ -377,10 +289,11 @@ fn tcp_rules_without_btf_are_unavailable_with_the_reason_and_d_state_still_fires
     ));
     let d = start_with_text(dir.path(), &settings, &text);
     wait_until(Duration::from_secs(15), "the tcp rules settle", || {
-        rule(&d, "resets")["state"] == "unavailable" && rule(&d, "resets")["reason"] != "starting"
+        d.watch_rule("resets")["state"] == "unavailable"
+            && d.watch_rule("resets")["reason"] != "starting"
     });
     for name in ["resets", "rtos"] {
-        let r = rule(&d, name);
+        let r = d.watch_rule(name);
         assert_eq!(r["state"], "unavailable", "{r:#}");
         assert!(r["reason"].as_str().unwrap().contains("BTF"), "{r:#}");
     }
@@ -408,7 +321,7 @@ fn tcp_rules_without_btf_are_unavailable_with_the_reason_and_d_state_still_fires
         Duration::from_secs(20),
         "the d_state rule still captures",
         || {
-            events(&d).iter().any(|e| {
+            d.watch_events().iter().any(|e| {
                 e["event"] == "captured"
                     && e["subject"]
                         .as_str()
@@ -475,7 +388,7 @@ fn a_listen_queue_overflow_faster_than_the_threshold_captures_the_host() {
     );
     let d = start_with_text(dir.path(), &settings, &text);
     wait_until(Duration::from_secs(10), "the rule is armed", || {
-        rule(&d, "backlog")["state"] == "armed"
+        d.watch_rule("backlog")["state"] == "armed"
     });
     std::thread::sleep(Duration::from_millis(1500)); // a first sample as the base
     let before = listen_overflows();
@@ -493,7 +406,7 @@ fn a_listen_queue_overflow_faster_than_the_threshold_captures_the_host() {
         Duration::from_secs(20),
         "the rule captures the host",
         || {
-            events(&d)
+            d.watch_events()
                 .iter()
                 .any(|e| e["event"] == "captured" && e["rule"] == "backlog")
         },
@@ -501,7 +414,8 @@ fn a_listen_queue_overflow_faster_than_the_threshold_captures_the_host() {
     for c in clients {
         let _ = c.join();
     }
-    let e = events(&d)
+    let e = d
+        .watch_events()
         .into_iter()
         .find(|e| e["event"] == "fired" && e["rule"] == "backlog")
         .unwrap();
@@ -519,7 +433,7 @@ fn a_listen_queue_overflow_faster_than_the_threshold_captures_the_host() {
         (before..=after).contains(&value),
         "{before} <= {value} <= {after}: {e:#}"
     );
-    let digest = rule(&d, "backlog")["last_envelope"]
+    let digest = d.watch_rule("backlog")["last_envelope"]
         .as_str()
         .unwrap()
         .to_string();

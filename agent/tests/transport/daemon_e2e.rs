@@ -5,7 +5,7 @@
 //! nothing is captured. Root only (namespaces, nftables, eBPF).
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -13,73 +13,11 @@ use std::time::Duration;
 use pstack_agent::client;
 use pstack_envelope::{Subject, SurfaceStatus};
 
-use crate::daemon_common::{Daemon, Settings, sibling_bin};
+use crate::daemon_common::{Daemon, Settings};
 use crate::testbed::*;
 
-/// A `pstack-store serve` process on loopback; killed on drop.
-pub struct Store {
-    child: Child,
-    pub addr: SocketAddr,
-    pub key: String,
-}
-
-impl Store {
-    pub fn start(dir: &Path) -> Store {
-        let bin = sibling_bin("pstack-store", "pstack-store")
-            .expect("pstack-store could not be built (cargo build -p pstack-store)");
-        let db = dir.join("store.db");
-        let out = Command::new(&bin)
-            .arg("--db")
-            .arg(&db)
-            .args(["keys", "create", "--name", "pstackd-engine-test"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
-        let addr = {
-            let l = TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap()
-        };
-        let child = Command::new(&bin)
-            .arg("--db")
-            .arg(&db)
-            .args(["serve", "--listen", &addr.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        Store { child, addr, key }
-    }
-
-    pub fn get(&self, path: &str) -> Option<(u16, Vec<u8>)> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .ok()?;
-        rt.block_on(async {
-            let r = reqwest::Client::new()
-                .get(format!("http://{}{path}", self.addr))
-                .bearer_auth(&self.key)
-                .timeout(Duration::from_secs(10))
-                .send()
-                .await
-                .ok()?;
-            let status = r.status().as_u16();
-            Some((status, r.bytes().await.ok()?.to_vec()))
-        })
-    }
-}
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// The real store, as the daemon tests start it.
+pub use crate::daemon_common::StoreProc as Store;
 
 fn daemon_shipping_to(dir: &Path, store: &Store) -> Daemon {
     daemon_shipping_with(dir, store, String::new())

@@ -30,28 +30,10 @@ fn daemon_watching(dir: &std::path::Path, store: &Store, rules: &str) -> Daemon 
     Daemon::start(&dir.join("d"), &settings)
 }
 
-fn rule(d: &Daemon, name: &str) -> Value {
-    let s = d.status();
-    s["watch"]["rules"]
-        .as_array()
-        .and_then(|rs| rs.iter().find(|r| r["name"] == name).cloned())
-        .unwrap_or_else(|| panic!("rule {name} not in status: {:#}", s["watch"]))
-}
-
-fn events(d: &Daemon) -> Vec<Value> {
-    let mut out = Vec::new();
-    pstack_agent::client::follow_watch_events(&d.socket, Duration::from_millis(300), &mut |e| {
-        out.push(e.clone());
-        true
-    })
-    .expect("watch events");
-    out
-}
-
 fn wait_armed(d: &Daemon, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let r = rule(d, name);
+        let r = d.watch_rule(name);
         if r["state"] == "armed" {
             return;
         }
@@ -59,21 +41,6 @@ fn wait_armed(d: &Daemon, name: &str) {
             Instant::now() < deadline,
             "{name} never armed: {r:#}\n{}",
             d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The stored envelope `digest`, once shipped.
-fn stored(store: &Store, digest: &str) -> Envelope {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some((200, body)) = store.get(&format!("/v1/envelopes/{digest}")) {
-            return pstack_testkit::verify(&body).expect("stored envelope verifies");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{digest} never reached the store"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -118,32 +85,16 @@ fn root_a_reset_after_loss_is_sealed_from_the_flight_recorder_and_reaches_the_st
         .store(true, std::sync::atomic::Ordering::Relaxed);
     let reset_at = Instant::now();
     // The sender's end (A, received the RST) is sealed from the recorder.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (digest, took_ms) = loop {
-        let found = events(&d).into_iter().find(|e| {
-            e["event"] == "captured"
-                && e["rule"] == "rebuild-resets"
-                && e["subject"]
-                    .as_str()
-                    .is_some_and(|s| s.ends_with(&format!(">{B_V4}:{DATA_PORT}")))
-        });
-        if let Some(e) = found {
-            break (
-                e["envelopes"][0].as_str().unwrap().to_string(),
-                e["fault_to_sealed_ms"].as_u64().unwrap(),
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no capture of the sender's end; events {:#?}\nstatus {:#}\nlog:\n{}",
-            events(&d),
-            d.status()["watch"],
-            d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let e = d.wait_captured(Duration::from_secs(20), "the sender's end", |e| {
+        e["rule"] == "rebuild-resets"
+            && e["subject"]
+                .as_str()
+                .is_some_and(|s| s.ends_with(&format!(">{B_V4}:{DATA_PORT}")))
+    });
+    let digest = e["envelopes"][0].as_str().unwrap().to_string();
+    let took_ms = e["fault_to_sealed_ms"].as_u64().unwrap();
     drop(transfer);
-    let env = stored(&store, &digest);
+    let env = store.envelope(&digest);
     let t = env.collector.trigger.as_ref().expect("fired by the rule");
     assert_eq!(
         (t.rule.as_str(), t.kind.as_str()),
@@ -201,21 +152,13 @@ fn root_a_reset_after_loss_is_sealed_from_the_flight_recorder_and_reaches_the_st
     // The receiver's end (B, sent the RST) was sealed too; the store joins
     // the two recorded ends as one transfer and names B as the RST's sender.
     let b_end = format!("{B_V4}:{DATA_PORT}>");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let b_digest = loop {
-        if let Some(e) = events(&d).into_iter().find(|e| {
-            e["event"] == "captured" && e["subject"].as_str().is_some_and(|s| s.contains(&b_end))
-        }) {
-            break e["envelopes"][0].as_str().unwrap().to_string();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no capture of the receiver's end: {:#?}",
-            events(&d)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let b_env = stored(&store, &b_digest);
+    let b_digest = d.wait_captured(Duration::from_secs(20), "the receiver's end", |e| {
+        e["subject"].as_str().is_some_and(|s| s.contains(&b_end))
+    })["envelopes"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b_env = store.envelope(&b_digest);
     assert!(
         facts(&b_env).contains(&"rst_sent_by_local".to_string()),
         "{:?}",
@@ -316,7 +259,7 @@ fn root_a_reset_storm_is_bounded_by_the_rule_limit_and_the_rest_counted() {
     // Every reset is seen (each is sent by B and received by A: 400 firings).
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let r = rule(&d, "storm");
+        let r = d.watch_rule("storm");
         let fired = r["fired_total"].as_u64().unwrap();
         let done = r["captured_total"].as_u64().unwrap()
             + r["failed_total"].as_u64().unwrap()
@@ -327,7 +270,7 @@ fn root_a_reset_storm_is_bounded_by_the_rule_limit_and_the_rest_counted() {
         assert!(Instant::now() < deadline, "storm not settled: {r:#}");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let r = rule(&d, "storm");
+    let r = d.watch_rule("storm");
     let captured = r["captured_total"].as_u64().unwrap();
     assert!(
         (1..=5).contains(&(captured + r["failed_total"].as_u64().unwrap())),
@@ -378,28 +321,18 @@ fn root_an_rto_on_a_live_stream_starts_a_live_window_in_its_namespace() {
     bed.b.nft(&format!(
         "table inet hole {{ chain input {{ type filter hook input priority 0; policy accept; tcp dport {DATA_PORT} tcp flags & syn == 0 drop; }} }}"
     ));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let digests = loop {
-        let found = events(&d)
-            .into_iter()
-            .find(|e| e["event"] == "captured" && e["rule"] == "rto");
-        if let Some(e) = found {
-            break e["envelopes"].as_array().unwrap().clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no live capture; events {:#?}\nlog:\n{}",
-            events(&d),
-            d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let digests = d.wait_captured(Duration::from_secs(30), "a live window", |e| {
+        e["rule"] == "rto"
+    })["envelopes"]
+        .as_array()
+        .unwrap()
+        .clone();
     drop(transfer);
     // The live window's envelope of the flow, from A's namespace, with the
     // rule in its collector.
     let env = digests
         .iter()
-        .map(|v| stored(&store, v.as_str().unwrap()))
+        .map(|v| store.envelope(v.as_str().unwrap()))
         .find(|e| matches!(&e.subject, Subject::NetworkStream(s) if s.dst == format!("{B_V4}:{DATA_PORT}")))
         .expect("an envelope of the stream to B");
     let t = env.collector.trigger.as_ref().expect("fired by the rule");
