@@ -341,6 +341,25 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     }
 }
 
+/// SO_LINGER {1, 0}: closing `s` sends a RST instead of a FIN.
+pub fn reset_on_close(s: &impl AsRawFd) {
+    let lg = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: valid fd and option pointer/length.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&lg as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as u32,
+        )
+    };
+    assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+}
+
 /// Shared switches and counters of a running rebuild-like transfer.
 #[derive(Default)]
 pub struct Knobs {
@@ -388,20 +407,7 @@ impl Transfer {
             let mut buf = vec![0u8; 65536];
             while !k.stop.load(Ordering::Relaxed) {
                 if k.abort_data.load(Ordering::Relaxed) {
-                    let lg = libc::linger {
-                        l_onoff: 1,
-                        l_linger: 0,
-                    };
-                    // SAFETY: valid fd and option pointer/length.
-                    unsafe {
-                        libc::setsockopt(
-                            s.as_raw_fd(),
-                            libc::SOL_SOCKET,
-                            libc::SO_LINGER,
-                            (&lg as *const libc::linger).cast(),
-                            std::mem::size_of::<libc::linger>() as u32,
-                        );
-                    }
+                    reset_on_close(&s);
                     drop(s);
                     while !k.stop.load(Ordering::Relaxed) {
                         std::thread::sleep(Duration::from_millis(50));

@@ -8,7 +8,7 @@
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
 use pstack_envelope::{ClaimKind, Envelope, Subject};
@@ -17,6 +17,27 @@ use serde_json::Value;
 use crate::daemon_common::{Daemon, Settings};
 use crate::daemon_e2e::Store;
 use crate::testbed::*;
+
+/// Root, the serial lock, a store and a pstackd shipping to it with `rules`,
+/// every rule armed; `None` when not root (skipped, or failed under CI).
+fn watching(
+    test: &str,
+    rules: &str,
+) -> Option<(MutexGuard<'static, ()>, tempfile::TempDir, Store, Daemon)> {
+    if !root_or_skip(test) {
+        return None;
+    }
+    let serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::start(dir.path());
+    let d = daemon_watching(dir.path(), &store, rules);
+    for line in rules.lines() {
+        if let Some(name) = line.strip_prefix("name = ") {
+            wait_armed(&d, name.trim_matches('"'));
+        }
+    }
+    Some((serial, dir, store, d))
+}
 
 fn daemon_watching(dir: &std::path::Path, store: &Store, rules: &str) -> Daemon {
     let settings = Settings {
@@ -56,20 +77,12 @@ fn facts(e: &Envelope) -> Vec<String> {
 
 #[test]
 fn root_a_reset_after_loss_is_sealed_from_the_flight_recorder_and_reaches_the_store() {
-    if !root_or_skip(
+    let Some((_serial, _dir, store, d)) = watching(
         "root_a_reset_after_loss_is_sealed_from_the_flight_recorder_and_reaches_the_store",
-    ) {
-        return;
-    }
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::start(dir.path());
-    let d = daemon_watching(
-        dir.path(),
-        &store,
         "[[watch]]\nname = \"rebuild-resets\"\nkind = \"tcp_reset\"\nports = \"10000-10010\"\n",
-    );
-    wait_armed(&d, "rebuild-resets");
+    ) else {
+        return;
+    };
     let bed = Testbed::new("wrst");
     let transfer = Transfer::start_paced(&bed, false, None, 200);
     // 30 % of B's inbound data segments dropped for 10 s: A retransmits.
@@ -202,20 +215,7 @@ fn reset_storm(bed: &Testbed, port: u16, n: usize) {
         ready_tx.send(()).unwrap();
         for _ in 0..n {
             let (s, _) = l.accept().unwrap();
-            let lg = libc::linger {
-                l_onoff: 1,
-                l_linger: 0,
-            };
-            // SAFETY: valid fd and option pointer/length.
-            unsafe {
-                libc::setsockopt(
-                    s.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_LINGER,
-                    (&lg as *const libc::linger).cast(),
-                    std::mem::size_of::<libc::linger>() as u32,
-                );
-            }
+            reset_on_close(&s);
             drop(s);
         }
     });
@@ -236,18 +236,12 @@ fn reset_storm(bed: &Testbed, port: u16, n: usize) {
 
 #[test]
 fn root_a_reset_storm_is_bounded_by_the_rule_limit_and_the_rest_counted() {
-    if !root_or_skip("root_a_reset_storm_is_bounded_by_the_rule_limit_and_the_rest_counted") {
-        return;
-    }
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::start(dir.path());
-    let d = daemon_watching(
-        dir.path(),
-        &store,
+    let Some((_serial, _dir, _store, d)) = watching(
+        "root_a_reset_storm_is_bounded_by_the_rule_limit_and_the_rest_counted",
         "[[watch]]\nname = \"storm\"\nkind = \"tcp_reset\"\nports = \"10005\"\nmax_per_hour = 5\nmax_per_subject_per_hour = 1\n",
-    );
-    wait_armed(&d, "storm");
+    ) else {
+        return;
+    };
     let bed = Testbed::new("wstorm");
     let started = Instant::now();
     reset_storm(&bed, 10005, 200);
@@ -303,18 +297,12 @@ fn root_a_reset_storm_is_bounded_by_the_rule_limit_and_the_rest_counted() {
 
 #[test]
 fn root_an_rto_on_a_live_stream_starts_a_live_window_in_its_namespace() {
-    if !root_or_skip("root_an_rto_on_a_live_stream_starts_a_live_window_in_its_namespace") {
-        return;
-    }
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::start(dir.path());
-    let d = daemon_watching(
-        dir.path(),
-        &store,
+    let Some((_serial, _dir, store, d)) = watching(
+        "root_an_rto_on_a_live_stream_starts_a_live_window_in_its_namespace",
         "[[watch]]\nname = \"rto\"\nkind = \"tcp_rto\"\nports = \"10001\"\nwindow = \"2s\"\n",
-    );
-    wait_armed(&d, "rto");
+    ) else {
+        return;
+    };
     let bed = Testbed::new("wrto");
     let transfer = Transfer::start_paced(&bed, false, None, 500);
     // Every data segment into B dropped: A's retransmission timer fires.
