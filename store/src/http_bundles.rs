@@ -179,6 +179,26 @@ pub async fn assemble(
         };
         candidates.push(json!({"change": c, "blastRadius": radius}));
     }
+    // Contention candidates: the shared resources (database, queue) a
+    // candidate change's new version amplified calls into while the old
+    // version failed on them too — the blast radius's contention join
+    // (`sharedResourceAggressors`), each named with its change and verdict.
+    let mut contention = Vec::new();
+    for c in &candidates {
+        let radius = &c["blastRadius"];
+        for a in radius["sharedResourceAggressors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let mut item = a.clone();
+            if let Some(o) = item.as_object_mut() {
+                o.insert("changeId".into(), c["change"]["id"].clone());
+                o.insert("changeVerdict".into(), radius["verdict"].clone());
+            }
+            contention.push(item);
+        }
+    }
     // Prior findings, other incidents only: by each finding's recurrence
     // fingerprint first, then by fault locus entity (the incident's and its
     // findings'); a finding both match is listed once, as `fingerprint`.
@@ -234,10 +254,6 @@ pub async fn assemble(
     header.insert("intent".into(), json!("triage_incident"));
     header.insert("incident".into(), json!({"id": inc["id"], "title": inc["title"], "environment": inc["environment"], "status": inc["status"]}));
     header.insert("faultLocus".into(), inc["faultLocusEntityId"].clone());
-    header.insert(
-        "caveats".into(),
-        json!(["contentionCandidates are not assembled by this store yet (no contention surface is indexed)"]),
-    );
     let sections = vec![
         Section {
             name: "handoffs",
@@ -253,7 +269,7 @@ pub async fn assemble(
         },
         Section {
             name: "contentionCandidates",
-            items: Vec::new(),
+            items: contention,
         },
     ];
     fit(header, sections, budget).ok_or_else(|| {

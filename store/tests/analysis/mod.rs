@@ -459,6 +459,34 @@ async fn noisy_neighbour(db: Db) {
         tier_of(&h, &change, "k1", "induced_shared_resource_contention").await,
         "corroborated_candidate"
     );
+    // An incident's evidence bundle names the aggressor as a contention
+    // candidate, with the change that amplified it.
+    let (st, inc) = post_json(
+        &h,
+        "/internal/incidents",
+        &json!({"project": "p", "environment": "prod", "dedupKey": "orders-slow", "title": "orders slow", "faultLocusEntityId": "checkout-api"}),
+    )
+    .await;
+    assert!(st.is_success(), "{inc}");
+    let (st, bundle) = h
+        .get(&format!(
+            "/internal/bundles?intent=triage_incident&incident={}&budgetTokens=100000",
+            inc["incident"]["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{bundle}");
+    let cc = bundle["contentionCandidates"].as_array().unwrap();
+    assert_eq!(cc.len(), 1, "{bundle:#}");
+    assert_eq!(
+        cc[0]["resource"],
+        "db:prod:postgresql:orders-primary:5432/orders"
+    );
+    assert_eq!(cc[0]["changeId"], change.as_str());
+    assert_eq!(
+        cc[0]["changeVerdict"],
+        "shared_degradation_new_version_aggressor"
+    );
+    assert!(!bundle.to_string().contains("not assembled"), "{bundle}");
 
     // The twin: same failures, no amplification by the new version.
     let at = anchor(3);
