@@ -515,9 +515,9 @@ async fn get_eval_run(
 
 // ---- findings ----
 
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct Link {
+pub(crate) struct Link {
     subject: String,
     relation: String,
     object: String,
@@ -525,17 +525,19 @@ struct Link {
     relationship_certainty: Option<RelationshipCertainty>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct CounterfactualRequest {
+pub(crate) struct CounterfactualRequest {
     failing_run_id: String,
     passing_run_ids: Vec<String>,
     required_trials: usize,
 }
 
-#[derive(Debug, Deserialize)]
+/// The body of `POST /internal/findings` (also the input of the MCP tool
+/// `record_investigation_finding`, whose schema is generated from it).
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct FindingRequest {
+pub(crate) struct FindingRequest {
     environment: String,
     #[serde(default)]
     incident_id: Option<String>,

@@ -504,9 +504,11 @@ pub fn proposal_json(p: &ProposalRow) -> Value {
     })
 }
 
-#[derive(Debug, Deserialize)]
+/// The body of `POST /internal/remediations/propose` (also the input of the
+/// MCP tool `propose_remediation_action`, whose schema is generated from it).
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ProposeRequest {
+pub(crate) struct ProposeRequest {
     incident_id: String,
     finding_id: String,
     action: String,

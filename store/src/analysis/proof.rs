@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use super::verdict::Verdict;
 
 /// How sure the store is that two graph nodes are linked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RelationshipCertainty {
     /// Shared trace/span id or exact `code.filepath` match.
@@ -107,7 +107,7 @@ pub fn derive_tier(f: &ProofFacts) -> CausalProofTier {
 }
 
 /// The fields of a recurrence fingerprint.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FingerprintInput {
     /// The service (graph node) where the failure originated.

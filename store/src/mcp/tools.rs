@@ -16,7 +16,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::http_gate::IncidentRequest;
+use crate::http_analysis::FindingRequest;
+use crate::http_gate::{IncidentRequest, ProposeRequest};
 
 /// A tool's HTTP call: method, path with query, body.
 pub type Call = (Method, String, Option<Value>);
@@ -190,16 +191,6 @@ pub struct UnknownsArgs {
     /// At most this many.
     #[serde(default)]
     pub limit: Option<u32>,
-}
-
-/// `record_investigation_finding` and `propose_remediation_action`: the
-/// HTTP body as the route defines it (`FindingRequest`,
-/// `ProposeRequest` in openapi.json), validated by the route.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct BodyArgs {
-    /// The request body of the route.
-    pub body: serde_json::Map<String, Value>,
 }
 
 /// `claim_remediation_grant`.
@@ -443,31 +434,27 @@ pub fn all() -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "record_investigation_finding",
-            description: "Record a finding (body as POST /internal/findings).",
+            description: "Record a finding: the arguments are the body of POST /internal/findings.",
             write: true,
             mints: false,
-            schema: schema_of::<BodyArgs>,
+            schema: schema_of::<FindingRequest>,
             call: |a| {
-                let a: BodyArgs = parse(a)?;
-                Ok((
-                    Method::POST,
-                    "/internal/findings".into(),
-                    Some(Value::Object(a.body)),
-                ))
+                let _: FindingRequest = parse(a.clone())?;
+                Ok((Method::POST, "/internal/findings".into(), Some(a)))
             },
         },
         ToolSpec {
             name: "propose_remediation_action",
-            description: "Propose a remediation (body as POST /internal/remediations/propose); an autonomous grant's token is returned here and nowhere else.",
+            description: "Propose a remediation: the arguments are the body of POST /internal/remediations/propose; an autonomous grant's token is returned here and nowhere else.",
             write: true,
             mints: true,
-            schema: schema_of::<BodyArgs>,
+            schema: schema_of::<ProposeRequest>,
             call: |a| {
-                let a: BodyArgs = parse(a)?;
+                let _: ProposeRequest = parse(a.clone())?;
                 Ok((
                     Method::POST,
                     "/internal/remediations/propose".into(),
-                    Some(Value::Object(a.body)),
+                    Some(a),
                 ))
             },
         },

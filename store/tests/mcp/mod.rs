@@ -162,6 +162,59 @@ async fn mcp_over_streamable_http_reads_and_writes() {
                 format!("{e:?}").contains("environment") || format!("{e:?}").contains("field"),
                 "{e:?}"
             );
+            // The body tools' input schemas are the HTTP bodies' own types:
+            // the members of FindingRequest / ProposeRequest, required ones
+            // required, and a member the route does not know is refused
+            // before the route runs, named.
+            let tools = client.list_all_tools().await.expect("tools/list");
+            let schema = |name: &str| {
+                let t = tools.iter().find(|t| t.name == name).unwrap();
+                serde_json::to_value(&*t.input_schema).unwrap()
+            };
+            let finding = schema("record_investigation_finding");
+            for member in [
+                "environment",
+                "faultLocusEntityId",
+                "causalChain",
+                "citedEvidenceIds",
+                "idempotencyKey",
+            ] {
+                assert!(
+                    finding["properties"].get(member).is_some(),
+                    "{member}: {finding:#}"
+                );
+            }
+            let required: Vec<&str> = finding["required"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            assert!(
+                required.contains(&"causalChain") && !required.contains(&"citedEvidenceIds"),
+                "{finding:#}"
+            );
+            let propose = schema("propose_remediation_action");
+            for member in [
+                "incidentId",
+                "findingId",
+                "action",
+                "target",
+                "preMutationEnvelope",
+            ] {
+                assert!(
+                    propose["properties"].get(member).is_some(),
+                    "{member}: {propose:#}"
+                );
+            }
+            let e = call(
+                &client,
+                "record_investigation_finding",
+                json!({"environment": "prod", "faultLocusEntityId": "x", "causalChain": [], "idempotencyKey": "k", "surprise": 1}),
+            )
+            .await
+            .unwrap_err();
+            assert!(format!("{e:?}").contains("unknown argument"), "{e:?}");
         }
         client.cancel().await.ok();
         h.finish().await;
