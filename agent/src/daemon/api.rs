@@ -809,7 +809,7 @@ async fn get_watch(State(state): State<Arc<DaemonState>>) -> Response {
 
 /// NDJSON: the recent watch events, then each new one as it happens.
 async fn get_watch_events(State(state): State<Arc<DaemonState>>) -> Response {
-    let (recent, mut live) = state.watch.subscribe();
+    let (recent, mut live, mut closing) = state.watch.subscribe();
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let line = |v: &serde_json::Value| {
         let mut b = serde_json::to_vec(v).unwrap_or_default();
@@ -823,7 +823,19 @@ async fn get_watch_events(State(state): State<Arc<DaemonState>>) -> Response {
             }
         }
         loop {
-            let v = match live.recv().await {
+            if *closing.borrow_and_update() {
+                return; // draining: the stream ends, the connection closes
+            }
+            let received = tokio::select! {
+                r = live.recv() => r,
+                c = closing.changed() => {
+                    if c.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let v = match received {
                 Ok(v) => v,
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                     json!({"event": "lagged", "missed": n})

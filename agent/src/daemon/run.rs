@@ -334,6 +334,7 @@ pub async fn run(opts: RunOptions, prepared: Prepared) -> Result<(), DaemonError
     // Drain.
     let drain = Duration::from_millis(state.config().drain_timeout_ms);
     state.draining.store(true, Ordering::SeqCst);
+    state.watch.close();
     notifier.stopping("draining in-flight captures");
     tracing::info!(
         in_flight = state.in_flight.load(Ordering::SeqCst),

@@ -465,3 +465,46 @@ fn listen_overflows() -> u64 {
     let i = names.iter().position(|n| *n == "ListenOverflows").unwrap();
     values[i].parse().unwrap()
 }
+
+#[test]
+fn an_open_watch_follower_does_not_hold_the_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = Settings {
+        drain_timeout_ms: 10_000,
+        ..Settings::default()
+    };
+    let mut text = settings.toml(dir.path());
+    text.push_str(&d_state_rule("quiet", 30, ""));
+    let mut d = start_with_text(dir.path(), &settings, &text);
+    let mut follower = Command::new(pstackctl_bin())
+        .args(["watch", "--follow", "--socket"])
+        .arg(&d.socket)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500)); // the stream is open
+    let (status, took) = d.terminate(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(0), "{}", d.log_text());
+    assert!(
+        took < Duration::from_secs(3),
+        "the drain waited {took:?} for the event stream\n{}",
+        d.log_text()
+    );
+    assert!(
+        !d.log_text().contains("drain bound reached"),
+        "{}",
+        d.log_text()
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let st = loop {
+        if let Some(st) = follower.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pstackctl watch --follow did not end with the daemon"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(st.code(), Some(0), "the stream ended cleanly");
+}

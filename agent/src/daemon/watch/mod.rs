@@ -180,6 +180,9 @@ pub struct WatchEngine {
     flows: Mutex<flows::FlowWatch>,
     events: broadcast::Sender<Value>,
     recent: Mutex<VecDeque<Value>>,
+    /// Set when pstackd starts draining: event streams end, so an open
+    /// `pstackctl watch --follow` never holds the drain.
+    closing: tokio::sync::watch::Sender<bool>,
     proc_root: PathBuf,
     origin: Instant,
 }
@@ -206,6 +209,7 @@ impl WatchEngine {
             flows: Mutex::new(flows::FlowWatch::default()),
             events,
             recent: Mutex::new(VecDeque::with_capacity(RECENT_EVENTS)),
+            closing: tokio::sync::watch::Sender::new(false),
             proc_root: PathBuf::from("/proc"),
             origin: Instant::now(),
         }
@@ -222,12 +226,23 @@ impl WatchEngine {
         let _ = self.events.send(event);
     }
 
-    /// Recent events and a receiver of the ones to come (subscribed first,
-    /// so nothing falls between the two).
-    pub fn subscribe(&self) -> (Vec<Value>, broadcast::Receiver<Value>) {
+    /// Recent events, a receiver of the ones to come (subscribed first, so
+    /// nothing falls between the two), and the closing signal.
+    pub fn subscribe(
+        &self,
+    ) -> (
+        Vec<Value>,
+        broadcast::Receiver<Value>,
+        tokio::sync::watch::Receiver<bool>,
+    ) {
         let rx = self.events.subscribe();
         let recent = lock(&self.recent).iter().cloned().collect();
-        (recent, rx)
+        (recent, rx, self.closing.subscribe())
+    }
+
+    /// End every event stream (pstackd is draining).
+    pub fn close(&self) {
+        self.closing.send_replace(true);
     }
 
     /// Replace the rule set with `rules`, keeping the state of rules that did
