@@ -12,6 +12,7 @@
 //! - Logs: one structured event per request (route, status, latency, key id,
 //!   item counts). Never bodies, never keys, never envelope contents.
 
+use crate::query_params::{DiffQuery, QueryParams, UnknownsQuery};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -877,6 +878,15 @@ async fn get_diff(
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
     authenticate(&state, &headers).await?;
+    if let Some(k) = params
+        .keys()
+        .find(|k| !DiffQuery::PARAMS.contains(&k.as_str()))
+    {
+        return Err(bad_query(format!(
+            "unknown parameter {k:?} ({})",
+            DiffQuery::PARAMS.join(", ")
+        )));
+    }
     let (Some(b), Some(a)) = (params.get("before"), params.get("after")) else {
         return Err(bad_query("give before=<digest>&after=<digest>"));
     };
@@ -909,9 +919,10 @@ async fn get_unknowns(
 ) -> Result<Response, ApiError> {
     authenticate(&state, &headers).await?;
     for k in params.keys() {
-        if !matches!(k.as_str(), "open" | "owner" | "limit" | "offset") {
+        if !UnknownsQuery::PARAMS.contains(&k.as_str()) {
             return Err(bad_query(format!(
-                "unknown parameter {k:?} (open, owner, limit, offset)"
+                "unknown parameter {k:?} ({})",
+                UnknownsQuery::PARAMS.join(", ")
             )));
         }
     }

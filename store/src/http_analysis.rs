@@ -17,6 +17,7 @@
 // what the caller returns, once, so its size is not worth a box.
 #![allow(clippy::result_large_err)]
 
+use crate::query_params::{BlastQuery, ChangesQuery, FindingsQuery, QueryParams};
 use std::collections::BTreeMap;
 
 use axum::body::Body;
@@ -212,7 +213,7 @@ async fn get_changes(
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
     auth(&state, &headers).await?;
-    only_params(&params, &["environment", "service", "since", "limit"])?;
+    only_params(&params, ChangesQuery::PARAMS)?;
     let since = time_param(&params, "since")?;
     let limit = limit_param(&params, 100)?;
     let items = state
@@ -336,7 +337,7 @@ async fn get_blast_radius(
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
     auth(&state, &headers).await?;
-    only_params(&params, &["minSample", "window", "metric"])?;
+    only_params(&params, BlastQuery::PARAMS)?;
     let mut p = BlastParams::default();
     if let Some(s) = params.get("minSample") {
         p.min_sample = s.parse::<u64>().ok().filter(|n| *n >= 1).ok_or_else(|| {
@@ -883,7 +884,7 @@ async fn get_findings(
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
     auth(&state, &headers).await?;
-    only_params(&params, &["fingerprint", "faultLocusEntityId", "limit"])?;
+    only_params(&params, FindingsQuery::PARAMS)?;
     let limit = limit_param(&params, 50)?;
     let rows = match (params.get("fingerprint"), params.get("faultLocusEntityId")) {
         (Some(fp), None) => state.store.findings_by_fingerprint(fp, limit).await,

@@ -10,6 +10,7 @@
 
 #![allow(clippy::result_large_err)]
 
+use crate::query_params::{BundleQuery, QueryParams};
 use std::collections::{BTreeMap, BTreeSet};
 
 use axum::body::Body;
@@ -92,7 +93,7 @@ async fn get_bundle(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply {
     auth(&state, &headers).await?;
-    only_params(&q, &["intent", "incident", "budgetTokens"])?;
+    only_params(&q, BundleQuery::PARAMS)?;
     match q.get("intent").map(String::as_str) {
         Some("triage_incident") => {}
         _ => return Err(bad_query("intent", "intent is triage_incident")),

@@ -17,6 +17,7 @@
 
 #![allow(clippy::result_large_err)]
 
+use crate::query_params::{IncidentsQuery, QueryParams};
 use std::collections::BTreeMap;
 
 use axum::body::Body;
@@ -165,7 +166,7 @@ async fn get_incidents(
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
     auth(&state, &headers).await?;
-    only_params(&params, &["environment", "status", "limit"])?;
+    only_params(&params, IncidentsQuery::PARAMS)?;
     if let Some(s) = params.get("status")
         && !["open", "leased", "resolved"].contains(&s.as_str())
     {

@@ -45,6 +45,7 @@ pub mod keys;
 pub mod mcp;
 pub mod operators;
 pub mod query;
+pub mod query_params;
 pub mod receipts;
 pub mod runs;
 pub mod synthetic;

@@ -146,6 +146,45 @@ async fn mcp_over_streamable_http_reads_and_writes() {
         let client = ().serve(transport).await.expect("initialize over HTTP");
         let seen = exercise(&client, writes, Some(&id)).await;
         assert_clean("MCP responses", &seen);
+        // Read tools take their routes' query types: every parameter the
+        // route accepts, by the route's own names.
+        let tools = client.list_all_tools().await.expect("tools/list");
+        let props = |name: &str| -> Vec<String> {
+            let t = tools.iter().find(|t| t.name == name).unwrap();
+            let v = serde_json::to_value(&*t.input_schema).unwrap();
+            let mut p: Vec<String> = v["properties"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect();
+            p.sort();
+            p
+        };
+        assert_eq!(
+            props("get_change_blast_radius"),
+            ["changeId", "metric", "minSample", "window"]
+        );
+        assert_eq!(
+            props("search_similar_findings"),
+            ["faultLocusEntityId", "fingerprint", "limit"]
+        );
+        assert_eq!(
+            props("list_open_unknowns"),
+            ["limit", "offset", "open", "owner"]
+        );
+        let e = call(
+            &client,
+            "get_change_blast_radius",
+            json!({"changeId": "chg_x", "surprise": 1}),
+        )
+        .await
+        .unwrap_err();
+        assert!(format!("{e:?}").contains("surprise"), "{e:?}");
+        let e = call(&client, "list_open_unknowns", json!({"open": false}))
+            .await
+            .unwrap_err();
+        assert!(format!("{e:?}").contains("open"), "{e:?}");
         if writes {
             let r = call(
                 &client,
