@@ -56,7 +56,8 @@ enum Tweak {
     /// The k-th non-empty string's first character written as an escape
     /// RFC 8785 would not use (`\u0061`, `\u000a`, `\/`, a surrogate pair).
     Escape(usize),
-    /// The k-th integer spelled another way (`1.0`, `1e0`, `1E+0`, `-0`, `01`).
+    /// The k-th integer spelled another way (`1.0`, `1e0`, `1E+0`, `01`) or
+    /// replaced by `-0` (which JSON parsers read as a float).
     Number(usize, u8),
     /// The k-th object's first member written twice.
     Duplicate(usize),
@@ -212,7 +213,7 @@ impl Render<'_> {
                             0 => format!("{text}.0"),
                             1 => format!("{text}e0"),
                             2 => format!("{text}E+0"),
-                            3 if text == "0" => "-0".to_string(),
+                            3 => "-0".to_string(),
                             _ => format!("0{text}"),
                         });
                     }
