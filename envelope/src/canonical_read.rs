@@ -30,6 +30,7 @@
 //!   bounds-checked; hostile input costs at most this pass plus the general
 //!   path.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Number, Value};
@@ -56,6 +57,7 @@ pub(crate) fn read_canonical(bytes: &[u8]) -> R<(Envelope, String)> {
         pos: start,
         hasher: Sha256::new(),
         hashed: start,
+        stack: Vec::new(),
     };
     let env = r.envelope()?;
     if r.pos != r.b.len() {
@@ -78,9 +80,12 @@ struct Reader<'a> {
     hasher: Sha256,
     /// Bytes before this offset (minus the digest member) are hashed.
     hashed: usize,
+    /// Items of the arrays being read, so each array is allocated once at
+    /// its final length.
+    stack: Vec<Value>,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
     fn feed_to(&mut self, to: usize) {
         if to > self.hashed {
             self.hasher.update(&self.b[self.hashed..to]);
@@ -141,18 +146,24 @@ impl Reader<'_> {
         self.key(tag)
     }
 
-    fn string(&mut self) -> R<String> {
+    /// A string's text, borrowed from the input unless it holds escapes.
+    fn text(&mut self) -> R<Cow<'a, str>> {
         self.eat(b'"')?;
         let start = self.pos;
         let stop = find_special(self.b, start);
         match self.b.get(stop) {
             Some(b'"') => {
                 self.pos = stop + 1;
-                Some(std::str::from_utf8(&self.b[start..stop]).ok()?.to_owned())
+                let b: &'a [u8] = self.b;
+                Some(Cow::Borrowed(std::str::from_utf8(&b[start..stop]).ok()?))
             }
-            Some(b'\\') => self.escaped_string(start, stop),
+            Some(b'\\') => self.escaped_string(start, stop).map(Cow::Owned),
             _ => None,
         }
+    }
+
+    fn string(&mut self) -> R<String> {
+        self.text().map(Cow::into_owned)
     }
 
     /// A string holding escapes from `stop` on: each must be the one RFC 8785
@@ -316,7 +327,23 @@ impl Reader<'_> {
                 if depth >= MAX_DEPTH {
                     return None;
                 }
-                self.array(|r| r.value(depth + 1)).map(Value::Array)
+                self.pos += 1;
+                let base = self.stack.len();
+                if self.eat(b']').is_none() {
+                    loop {
+                        let item = self.value(depth + 1)?;
+                        self.stack.push(item);
+                        match self.peek()? {
+                            b',' => self.pos += 1,
+                            b']' => {
+                                self.pos += 1;
+                                break;
+                            }
+                            _ => return None,
+                        }
+                    }
+                }
+                Some(Value::Array(self.stack.split_off(base)))
             }
             b't' | b'f' => self.bool().map(Value::Bool),
             b'n' => self.key(b"null").map(|()| Value::Null),
@@ -325,12 +352,38 @@ impl Reader<'_> {
         }
     }
 
+    /// A free-form object at nesting `depth`: names strictly ascending in
+    /// RFC 8785 order (which also rules out duplicates).
     fn object(&mut self, depth: usize) -> R<Map<String, Value>> {
         if depth >= MAX_DEPTH {
             return None;
         }
-        // Names arrive sorted, so the map is built from a sorted run.
-        Some(self.members(|r| r.value(depth + 1))?.into_iter().collect())
+        self.eat(b'{')?;
+        let mut map = Map::new();
+        if self.eat(b'}').is_some() {
+            return Some(map);
+        }
+        let mut prev: Option<Cow<'a, str>> = None;
+        loop {
+            let name = self.text()?;
+            if let Some(p) = &prev
+                && !name_before(p.as_bytes(), name.as_bytes())
+            {
+                return None;
+            }
+            self.eat(b':')?;
+            let v = self.value(depth + 1)?;
+            map.insert(name.to_string(), v);
+            prev = Some(name);
+            match self.peek()? {
+                b',' => self.pos += 1,
+                b'}' => {
+                    self.pos += 1;
+                    return Some(map);
+                }
+                _ => return None,
+            }
+        }
     }
 
     fn envelope(&mut self) -> R<Envelope> {
@@ -430,14 +483,14 @@ impl Reader<'_> {
         self.next_key(b"\"id\":")?;
         let id = self.string()?;
         self.next_key(b"\"kind\":")?;
-        let kind = match self.string()?.as_str() {
+        let kind = match &*self.text()? {
             "fact" => ClaimKind::Fact,
             "inference" => ClaimKind::Inference,
             "hypothesis" => ClaimKind::Hypothesis,
             _ => return None,
         };
         self.next_key(b"\"scope\":")?;
-        let scope = match self.string()?.as_str() {
+        let scope = match &*self.text()? {
             "existential" => Scope::Existential,
             "universal" => Scope::Universal,
             _ => return None,
@@ -519,7 +572,7 @@ impl Reader<'_> {
     }
 
     fn completeness(&mut self) -> R<Completeness> {
-        Some(match self.string()?.as_str() {
+        Some(match &*self.text()? {
             "complete" => Completeness::Complete,
             "bounded" => Completeness::Bounded,
             "partial" => Completeness::Partial,
@@ -554,11 +607,11 @@ impl Reader<'_> {
         self.object(2)?;
         let identity_end = self.pos;
         self.next_key(b"\"kind\":")?;
-        let kind = self.string()?;
+        let kind = self.text()?;
         self.eat(b'}')?;
         let after = self.pos;
         self.pos = identity_at;
-        let subject = match kind.as_str() {
+        let subject = match &*kind {
             "process" => Subject::Process(self.process_identity()?),
             "thread" => {
                 self.eat(b'{')?;
@@ -696,7 +749,7 @@ impl Reader<'_> {
         self.next_key(b"\"id\":")?;
         let id = self.string()?;
         self.next_key(b"\"status\":")?;
-        let status = SurfaceStatus::parse(&self.string()?)?;
+        let status = SurfaceStatus::parse(&self.text()?)?;
         self.next_key(b"\"truncated\":")?;
         let truncated = self.bool()?;
         self.eat(b'}')?;
@@ -725,7 +778,7 @@ impl Reader<'_> {
         self.next_key(b"\"selector_digest\":")?;
         let selector_digest = self.string()?;
         self.next_key(b"\"termination\":")?;
-        let termination = match self.string()?.as_str() {
+        let termination = match &*self.text()? {
             "exhausted" => Termination::Exhausted,
             "cap" => Termination::Cap,
             "deadline" => Termination::Deadline,
