@@ -67,14 +67,14 @@ fn tweak() -> impl Strategy<Value = Tweak> {
     let idx = any::<usize>();
     prop_oneof![
         Just(Tweak::None),
-        idx.clone().prop_map(Tweak::Reverse),
+        idx.prop_map(Tweak::Reverse),
         (
-            idx.clone(),
+            idx,
             prop_oneof![Just(" "), Just("\n"), Just("\t"), Just("\r\n  ")]
         )
             .prop_map(|(i, s)| Tweak::Space(i, s)),
-        idx.clone().prop_map(Tweak::Escape),
-        (idx.clone(), 0u8..5).prop_map(|(i, n)| Tweak::Number(i, n)),
+        idx.prop_map(Tweak::Escape),
+        (idx, 0u8..5).prop_map(|(i, n)| Tweak::Number(i, n)),
         idx.prop_map(Tweak::Duplicate),
     ]
 }
