@@ -417,3 +417,23 @@ pub fn minify(bytes: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+#[test]
+fn member_names_sort_by_utf16_units_on_both_paths() {
+    // U+E000 sorts after U+1F600 in UTF-8 (serde's map order) but before it in
+    // UTF-16 (RFC 8785's): serde's compact output is then not canonical and
+    // goes to the general path; the canonical rendering takes the fast path.
+    let mut e = pstack_envelope::example::example_unsealed();
+    for (k, v) in [("\u{e000}", 1), ("\u{1f600}", 2), ("a\n", 3), ("\u{7f}", 4)] {
+        e.surfaces[0].facts.insert(k.into(), json!(v));
+    }
+    let e = e.seal().unwrap();
+    let serde_order = serde_json::to_vec(&e).unwrap();
+    assert_eq!(verify_canonical(&serde_order), None);
+    assert_eq!(pstack_envelope::verify(&serde_order), Ok(e.clone()));
+    let canonical = e.to_canonical_json().unwrap();
+    assert_ne!(canonical, serde_order);
+    assert_eq!(verify_canonical(&canonical), Some(Ok(e.clone())));
+    check_same_verdict(&canonical);
+    check_same_verdict(&serde_order);
+}

@@ -277,8 +277,17 @@ mod mutation_fuzz {
         /// Hostile bytes: the property is "never a panic". Round trips are proven from
         /// valid generated input in `valid_edits_round_trip_in_any_rendering`.
         #[test]
-        fn mutated_envelopes_never_panic(ms in prop::collection::vec(mutation(), 1..4)) {
-            let mut bytes = example_sealed().to_json_pretty();
+        fn mutated_envelopes_never_panic(
+            ms in prop::collection::vec(mutation(), 1..4),
+            compact in any::<bool>(),
+        ) {
+            // Pretty (the general path) or compact (canonical: verify's fast
+            // path); `verify` here also checks both paths agree.
+            let mut bytes = if compact {
+                serde_json::to_vec(&example_sealed()).unwrap()
+            } else {
+                example_sealed().to_json_pretty()
+            };
             for m in &ms {
                 if bytes.is_empty() { break; }
                 apply(&mut bytes, m);
