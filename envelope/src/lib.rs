@@ -21,6 +21,8 @@
 
 mod builder;
 mod canonical;
+mod canonical_read;
+mod canonical_write;
 mod diff;
 mod error;
 pub mod example;
@@ -30,6 +32,7 @@ mod keyed;
 mod model;
 mod redact;
 mod rules;
+mod scan;
 mod seal;
 mod secrets;
 mod strict;
@@ -45,7 +48,10 @@ pub use keyed::{BadDigestKey, DigestKey, HMAC_PREFIX, KEY_BYTES, is_hmac_digest}
 pub use model::*;
 pub use redact::{RedactedCommand, RedactedEnviron, redact_argv, redact_cmdline, redact_environ};
 pub use rules::{check_rules, from_value};
-pub use seal::{Rejection, canonical_without_digest, compute_digest, parse, sha256_digest, verify};
+pub use seal::{
+    Rejection, canonical_without_digest, compute_digest, parse, sha256_digest, verify,
+    verify_canonical, verify_general,
+};
 pub use secrets::{REDACTED, looks_secret, redact_text};
 pub use strict::{MAX_DEPTH, MAX_SAFE_INTEGER, parse_strict};
 

@@ -5,10 +5,12 @@
 //! the seal still refuses floats and unsafe integers inside them.
 //!
 //! Struct fields are declared in alphabetical order on purpose: serde writes
-//! fields in declaration order, so the compact serialization of the model is
-//! already the RFC 8785 member order and sealing can stream it straight into
-//! the hash (see `seal.rs`). A property test checks that this fast path and the
-//! general canonicalizer agree byte for byte.
+//! fields in declaration order, so the compact serialization of the model
+//! (`serde_json::to_vec`, what pstack writes to its spool and ships) is
+//! already the RFC 8785 form with the digest in place, and verify's fast path
+//! (`canonical_read.rs`) checks and hashes such bytes in one pass. Sealing
+//! writes the same order by hand (`canonical_write.rs`); property tests check
+//! both against the general canonicalizer byte for byte.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -376,8 +378,7 @@ impl Termination {
 pub struct Bounds {
     /// Whole-collection deadline, ms.
     pub bundle_deadline_ms: u64,
-    // Fields stay in name order: the fast canonical digest streams them as
-    // declared.
+    // Fields stay in name order: compact serde output must be canonical.
     /// Every further cap the collector enforced, by name (`max_fds`,
     /// `max_flows`, `reap_deadline_ms`...): a limit that can cut or skip what
     /// the envelope shows is listed here or above, never only in code.

@@ -1,13 +1,26 @@
 //! Sealing and verification.
 //!
-//! The digest is `sha256:<lowercase hex>` over the RFC 8785 canonical form of
-//! the envelope object with its `digest` member removed. Verification hashes the
-//! canonical form of the *parsed bytes* (not of a re-serialized model), so an
-//! envelope written by another implementation verifies as long as it is valid
-//! JSON with the same members. Sealing refuses an envelope that breaks a rule:
-//! a sealed envelope is a valid one.
+//! # Invariants
+//!
+//! - **What the digest covers.** `digest` is `sha256:<lowercase hex>` over the
+//!   RFC 8785 canonical form of the envelope object with its `digest` member
+//!   removed. Verification hashes the canonical form of the bytes as parsed,
+//!   never a re-rendering that could hide a difference, so an envelope written
+//!   by another implementation verifies as long as it is valid JSON with the
+//!   same members.
+//! - **Sealed means valid.** [`Envelope::seal`] checks every rule before it
+//!   fills in `digest`; it refuses an envelope that breaks one.
+//! - **One verdict, two paths.** [`verify`] first tries the single pass over
+//!   canonical bytes (`canonical_read.rs`: parse, canonical-form and strict
+//!   checks, hash of the bytes minus `digest`); bytes that are not canonical,
+//!   or not valid, go to [`verify_general`] (typed parse, strict parse to name
+//!   an error, digest of the model's canonical form). Where the fast path
+//!   decides, the general path decides the same; it is tested to.
+//! - **No `Value` tree on the way to a seal.** The canonical form of the typed
+//!   model is written straight to bytes (`canonical_write.rs`); only an
+//!   envelope the writer refuses (a float, an unsafe integer) is rendered as a
+//!   `serde_json::Value`, so the general canonicalizer can name what and where.
 
-use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -113,11 +126,11 @@ impl Envelope {
 
     /// `sha256:` of the canonical form minus `digest`.
     pub fn canonical_digest(&self) -> Result<String, EnvelopeError> {
-        match fast_canonical_digest(self) {
-            Some(d) => Ok(d),
-            None => {
-                // A float, an unsafe integer or a key beyond U+FFFF: take the
-                // general path, which names the problem and where it is.
+        match crate::canonical_write::body_digest(self) {
+            Ok(d) => Ok(d),
+            Err(crate::canonical_write::Refused) => {
+                // A float or an unsafe integer: take the general path, which
+                // names the problem and where it is.
                 let value =
                     serde_json::to_value(self).map_err(|e| EnvelopeError::InvalidField {
                         path: "$".into(),
@@ -137,23 +150,11 @@ impl Envelope {
         canonical_without_digest(&value)
     }
 
-    /// Canonical bytes through the fast path, `None` where it must defer to
-    /// the general canonicalizer. Exposed for the agreement test.
+    /// Canonical bytes through the typed writer, `None` where it must defer
+    /// to the general canonicalizer. Exposed for the agreement test.
     #[doc(hidden)]
     pub fn fast_canonical_body(&self) -> Option<Vec<u8>> {
-        // Size the buffer up front: regrowing a 1 MiB buffer by doubling copies
-        // about as many bytes again as the envelope holds.
-        let surfaces: usize = self
-            .surfaces
-            .iter()
-            .map(|s| 256 + s.id.len() + s.authority.len() + estimate_map_size(&s.facts))
-            .sum();
-        let mut out =
-            Vec::with_capacity(4096 + surfaces + 512 * (self.claims.len() + self.unknowns.len()));
-        let mut ser =
-            serde_json::Serializer::with_formatter(&mut out, CanonicalFormatter::default());
-        Body::of(self).serialize(&mut ser).ok()?;
-        Some(out)
+        crate::canonical_write::body_bytes(self).ok()
     }
 
     /// The JSON bytes to store or ship (pretty, newline-terminated). The digest
@@ -174,125 +175,6 @@ impl Envelope {
     }
 }
 
-/// The envelope minus `digest`, fields in canonical (alphabetical) order.
-#[derive(serde::Serialize)]
-struct Body<'a> {
-    bounds: &'a crate::model::Bounds,
-    claims: &'a [crate::model::Claim],
-    clock: &'a crate::model::Clock,
-    collector: &'a crate::model::Collector,
-    completeness: crate::model::Completeness,
-    next_transition: &'a crate::model::NextTransition,
-    schema: &'a str,
-    subject: &'a crate::model::Subject,
-    surfaces: &'a [crate::model::Surface],
-    universe: &'a crate::model::Universe,
-    unknowns: &'a [crate::model::Unknown],
-}
-
-impl<'a> Body<'a> {
-    fn of(e: &'a Envelope) -> Self {
-        Body {
-            bounds: &e.bounds,
-            claims: &e.claims,
-            clock: &e.clock,
-            collector: &e.collector,
-            completeness: e.completeness,
-            next_transition: &e.next_transition,
-            schema: &e.schema,
-            subject: &e.subject,
-            surfaces: &e.surfaces,
-            universe: &e.universe,
-            unknowns: &e.unknowns,
-        }
-    }
-}
-
-/// serde_json's compact output is RFC 8785 for our model (alphabetical fields,
-/// BTreeMap facts, JCS-identical string escapes) except for what this
-/// formatter refuses: floats, unsafe integers, and member names holding a
-/// character above U+FFFF (whose UTF-16 order can differ from UTF-8 order).
-#[derive(Default)]
-struct CanonicalFormatter {
-    in_key: bool,
-}
-
-fn refuse() -> std::io::Error {
-    std::io::Error::other("needs the general canonicalizer")
-}
-
-impl serde_json::ser::Formatter for CanonicalFormatter {
-    fn write_f32<W: ?Sized + std::io::Write>(&mut self, _: &mut W, _: f32) -> std::io::Result<()> {
-        Err(refuse())
-    }
-    fn write_f64<W: ?Sized + std::io::Write>(&mut self, _: &mut W, _: f64) -> std::io::Result<()> {
-        Err(refuse())
-    }
-    fn write_u64<W: ?Sized + std::io::Write>(&mut self, w: &mut W, v: u64) -> std::io::Result<()> {
-        if v > crate::strict::MAX_SAFE_INTEGER {
-            return Err(refuse());
-        }
-        w.write_all(itoa::Buffer::new().format(v).as_bytes())
-    }
-    fn write_i64<W: ?Sized + std::io::Write>(&mut self, w: &mut W, v: i64) -> std::io::Result<()> {
-        if v.unsigned_abs() > crate::strict::MAX_SAFE_INTEGER {
-            return Err(refuse());
-        }
-        w.write_all(itoa::Buffer::new().format(v).as_bytes())
-    }
-    fn write_u128<W: ?Sized + std::io::Write>(
-        &mut self,
-        _: &mut W,
-        _: u128,
-    ) -> std::io::Result<()> {
-        Err(refuse())
-    }
-    fn write_i128<W: ?Sized + std::io::Write>(
-        &mut self,
-        _: &mut W,
-        _: i128,
-    ) -> std::io::Result<()> {
-        Err(refuse())
-    }
-    fn write_number_str<W: ?Sized + std::io::Write>(
-        &mut self,
-        _: &mut W,
-        _: &str,
-    ) -> std::io::Result<()> {
-        Err(refuse())
-    }
-    fn begin_object_key<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        self.in_key = true;
-        if first { Ok(()) } else { w.write_all(b",") }
-    }
-    fn end_object_key<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
-        self.in_key = false;
-        Ok(())
-    }
-    fn write_string_fragment<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        fragment: &str,
-    ) -> std::io::Result<()> {
-        // 4-byte UTF-8 sequences start with 0xF0..=0xF4.
-        if self.in_key && fragment.bytes().any(|b| b >= 0xF0) {
-            return Err(refuse());
-        }
-        w.write_all(fragment.as_bytes())
-    }
-}
-
-/// Digest via the fast path, or `None` when the general path must decide.
-/// (Streaming into the hasher in blocks, and hashing on a second thread, were
-/// both measured slower here than one buffer hashed once: see BENCHMARKS.md.)
-fn fast_canonical_digest(e: &Envelope) -> Option<String> {
-    e.fast_canonical_body().map(|body| sha256_digest(&body))
-}
-
 /// Parse bytes into a typed envelope: strict JSON, schema id, closed world.
 /// Does not check semantic rules or the digest; see [`verify`].
 pub fn parse(bytes: &[u8]) -> Result<(Envelope, Value), EnvelopeError> {
@@ -303,7 +185,49 @@ pub fn parse(bytes: &[u8]) -> Result<(Envelope, Value), EnvelopeError> {
 
 /// Parse, check every rule, and check the digest against the canonical form of
 /// the bytes as given. This is what anything receiving an envelope calls.
+///
+/// Bytes that are already canonical (what pstack writes) are checked in one
+/// pass that parses, checks canonical form and strictness, and hashes them
+/// (`canonical_read.rs`); anything else — non-canonical but valid (pretty,
+/// members reordered), or invalid — takes the general path, which gives the
+/// same verdict the fast path would have and names what is wrong.
 pub fn verify(bytes: &[u8]) -> Result<Envelope, Rejection> {
+    match verify_canonical(bytes) {
+        Some(verdict) => verdict,
+        None => verify_general(bytes),
+    }
+}
+
+/// Verify's fast path alone: `None` where the bytes are not the canonical
+/// form of a well-formed envelope and the general path must decide. Exposed
+/// for the equivalence tests.
+#[doc(hidden)]
+pub fn verify_canonical(bytes: &[u8]) -> Option<Result<Envelope, Rejection>> {
+    let (envelope, computed) = crate::canonical_read::read_canonical(bytes)?;
+    Some(judge(envelope, computed))
+}
+
+/// The rules and the digest comparison, shared by both paths.
+fn judge(envelope: Envelope, computed: String) -> Result<Envelope, Rejection> {
+    let mut errors = check_rules(&envelope);
+    if computed != envelope.digest {
+        errors.push(EnvelopeError::BadDigest {
+            declared: envelope.digest.clone(),
+            computed,
+        });
+    }
+    if errors.is_empty() {
+        Ok(envelope)
+    } else {
+        Err(Rejection { errors })
+    }
+}
+
+/// Verify's general path alone (any rendering): typed parse, the strict
+/// two-stage parse to name an error, rules, and the digest of the model's
+/// canonical form. Exposed for the equivalence tests.
+#[doc(hidden)]
+pub fn verify_general(bytes: &[u8]) -> Result<Envelope, Rejection> {
     let envelope = match parse_typed(bytes) {
         Some(envelope) => envelope,
         // Something is wrong with the bytes: the strict two-stage parse names
@@ -319,22 +243,11 @@ pub fn verify(bytes: &[u8]) -> Result<Envelope, Rejection> {
         }
         .into());
     }
-    let mut errors = check_rules(&envelope);
     // The typed model is a lossless reading of the bytes (closed world, no
     // duplicate keys, no nulls outside facts, facts kept as parsed), so its
     // canonical form is the canonical form of the bytes.
     let computed = envelope.canonical_digest()?;
-    if computed != envelope.digest {
-        errors.push(EnvelopeError::BadDigest {
-            declared: envelope.digest.clone(),
-            computed,
-        });
-    }
-    if errors.is_empty() {
-        Ok(envelope)
-    } else {
-        Err(Rejection { errors })
-    }
+    judge(envelope, computed)
 }
 
 /// The fast single-pass typed parse; `None` on any problem (the caller then

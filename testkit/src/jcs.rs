@@ -2,7 +2,9 @@
 //! others) as the oracle for pstack's own: every envelope the suite seals or verifies goes
 //! through [`verify`] or [`check_envelope`], which recompute the digest from the oracle's
 //! canonical bytes and require it to equal the envelope's own digest. Equal SHA-256
-//! digests mean byte-identical canonical forms.
+//! digests mean byte-identical canonical forms. [`verify`] also requires the verdict of
+//! `pstack_envelope::verify` (single-pass fast path for canonical bytes) to equal the
+//! general path's on every input the suite feeds it, hostile or not.
 
 use pstack_envelope::{Envelope, Rejection};
 use serde_json::Value;
@@ -31,11 +33,20 @@ fn assert_digest_agrees(value: &Value) {
     );
 }
 
-/// `pstack_envelope::verify`, plus: an envelope that verifies has the digest the
-/// independent canonicalizer computes.
+/// `pstack_envelope::verify`, plus: its verdict is the general path's (so where
+/// verify's single-pass fast path decided, it decided as the general path does),
+/// and an envelope that verifies has the digest the independent canonicalizer
+/// computes.
 #[track_caller]
 pub fn verify(bytes: &[u8]) -> Result<Envelope, Rejection> {
     let verdict = pstack_envelope::verify(bytes);
+    let general = pstack_envelope::verify_general(bytes);
+    assert_eq!(
+        verdict,
+        general,
+        "verify (fast path: {}) and the general path disagree",
+        pstack_envelope::verify_canonical(bytes).is_some()
+    );
     if verdict.is_ok() {
         match serde_json::from_slice::<Value>(bytes) {
             Ok(value) => assert_digest_agrees(&value),

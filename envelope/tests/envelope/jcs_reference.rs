@@ -89,3 +89,44 @@ fn both_canonicalizers_agree_on_the_integer_only_reference_files() {
         );
     }
 }
+
+/// The integer-only reference files as a surface's facts: seal's typed writer
+/// must render them as the reference output byte for byte, and verify's fast
+/// path must take the canonical rendering (its member-order check sees the
+/// UTF-16 cases of `weird.json`) and agree with the general path.
+#[test]
+fn the_typed_writer_and_the_fast_verify_match_the_reference_output() {
+    for name in FILES.iter().filter(|n| !HAS_NON_INTEGER.contains(n)) {
+        let input: Value = serde_json::from_slice(&data("input", name)).unwrap();
+        let expected = data("output", name);
+        let mut e = pstack_envelope::example::example_unsealed();
+        e.surfaces[0].facts = [("jcs".to_string(), input)].into_iter().collect();
+        let sealed = e.clone().seal().unwrap();
+        let mut facts = b"\"facts\":{\"jcs\":".to_vec();
+        facts.extend_from_slice(&expected);
+        facts.push(b'}');
+        let contains = |hay: &[u8]| hay.windows(facts.len()).any(|w| w == facts.as_slice());
+
+        let body = e
+            .fast_canonical_body()
+            .expect("the writer takes integer-only JSON");
+        assert!(
+            contains(&body),
+            "{name}: the writer's facts differ from the reference"
+        );
+        assert_eq!(body, e.canonical_body().unwrap(), "{name}");
+
+        let canonical = sealed.to_canonical_json().unwrap();
+        assert!(contains(&canonical), "{name}");
+        assert_eq!(
+            pstack_envelope::verify_canonical(&canonical),
+            Some(Ok(sealed.clone())),
+            "{name}: the fast path must take the canonical rendering"
+        );
+        assert_eq!(
+            pstack_envelope::verify_general(&canonical),
+            Ok(sealed),
+            "{name}"
+        );
+    }
+}

@@ -1,5 +1,6 @@
 //! Integration tests of `pstack-envelope`, one binary of modules.
 
+mod fast_path;
 mod fixtures;
 mod jcs_reference;
 mod properties;

@@ -8,7 +8,7 @@ use pstack_envelope::{
 use pstack_testkit::verify;
 use serde_json::{Map, Value, json};
 
-fn fact_value() -> impl Strategy<Value = Value> {
+pub fn fact_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
@@ -24,7 +24,7 @@ fn fact_value() -> impl Strategy<Value = Value> {
     })
 }
 
-fn envelope() -> impl Strategy<Value = Envelope> {
+pub fn envelope() -> impl Strategy<Value = Envelope> {
     (
         prop::collection::btree_map("[a-z_]{1,8}", fact_value(), 0..6),
         1u32..4_000_000,
@@ -85,7 +85,7 @@ fn perturb(v: &Value) -> Value {
 }
 
 /// Re-render JSON with objects' members in reverse order and odd whitespace.
-fn scramble(v: &Value) -> String {
+pub fn scramble(v: &Value) -> String {
     match v {
         Value::Object(m) => {
             let members: Vec<String> = m
@@ -277,8 +277,17 @@ mod mutation_fuzz {
         /// Hostile bytes: the property is "never a panic". Round trips are proven from
         /// valid generated input in `valid_edits_round_trip_in_any_rendering`.
         #[test]
-        fn mutated_envelopes_never_panic(ms in prop::collection::vec(mutation(), 1..4)) {
-            let mut bytes = example_sealed().to_json_pretty();
+        fn mutated_envelopes_never_panic(
+            ms in prop::collection::vec(mutation(), 1..4),
+            compact in any::<bool>(),
+        ) {
+            // Pretty (the general path) or compact (canonical: verify's fast
+            // path); `verify` here also checks both paths agree.
+            let mut bytes = if compact {
+                serde_json::to_vec(&example_sealed()).unwrap()
+            } else {
+                example_sealed().to_json_pretty()
+            };
             for m in &ms {
                 if bytes.is_empty() { break; }
                 apply(&mut bytes, m);

@@ -393,3 +393,36 @@ fn a_watch_trigger_is_sealed_and_checked() {
     .unwrap_err();
     assert_eq!(err.errors[0].rule(), "unknown_field");
 }
+
+/// The fixtures that fail before there is a typed envelope to judge: the fast
+/// path leaves all of these to the general path, which names them.
+const STRUCTURAL: &[&str] = &[
+    "not_utf8",
+    "json",
+    "duplicate_key",
+    "float",
+    "number_out_of_range",
+    "too_deep",
+    "wrong_schema",
+    "unknown_field",
+    "missing_field",
+    "missing_identity_field",
+    "unmapped_status",
+];
+
+#[test]
+fn every_hostile_fixture_gets_the_same_verdict_from_both_paths() {
+    use crate::fast_path::{check_same_verdict, minify};
+    for (rule, make) in FIXTURES {
+        let bytes = make();
+        check_same_verdict(&bytes);
+        // Rendered compact, as pstack writes: canonical where the fixture
+        // allows, so the fast path decides every rule it can see.
+        let compact = minify(&bytes);
+        let decided = check_same_verdict(&compact);
+        assert_eq!(decided, !STRUCTURAL.contains(rule), "fixture {rule}");
+        let rejection = pstack_envelope::verify(&compact).expect_err(rule);
+        let fired: Vec<&str> = rejection.errors.iter().map(EnvelopeError::rule).collect();
+        assert_eq!(fired, vec![*rule], "compact fixture {rule}: {rejection}");
+    }
+}

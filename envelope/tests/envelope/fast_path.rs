@@ -1,0 +1,439 @@
+//! Verify's fast path (one pass over canonical bytes) against the general
+//! path (typed parse, strict parse, canonical re-rendering): the same verdict
+//! on every input — valid sealed envelopes, their non-canonical renderings,
+//! and hostile mutations of both.
+
+use proptest::prelude::*;
+use pstack_envelope::{
+    Envelope, Rejection, example::example_sealed, verify_canonical, verify_general,
+};
+use serde_json::{Value, json};
+
+use crate::properties::{envelope, scramble};
+
+/// Both paths on `bytes`: `verify` equals the general path, and where the fast
+/// path decides it decides the same. Returns whether the fast path decided.
+#[track_caller]
+pub fn check_same_verdict(bytes: &[u8]) -> bool {
+    let general = verify_general(bytes);
+    let combined = pstack_envelope::verify(bytes);
+    assert_eq!(
+        combined,
+        general,
+        "verify and the general path disagree on {}",
+        String::from_utf8_lossy(bytes)
+    );
+    match verify_canonical(bytes) {
+        Some(fast) => {
+            assert_eq!(
+                fast,
+                general,
+                "fast and general paths disagree on {}",
+                String::from_utf8_lossy(bytes)
+            );
+            true
+        }
+        None => false,
+    }
+}
+
+fn rules(r: &Result<Envelope, Rejection>) -> Vec<&'static str> {
+    match r {
+        Ok(_) => vec![],
+        Err(rej) => rej.errors.iter().map(|e| e.rule()).collect(),
+    }
+}
+
+/// One way to render a sealed envelope other than canonically.
+#[derive(Debug, Clone)]
+enum Tweak {
+    /// The canonical form itself.
+    None,
+    /// Members of the k-th object (preorder) in reverse order.
+    Reverse(usize),
+    /// Whitespace before the k-th value.
+    Space(usize, &'static str),
+    /// The k-th non-empty string's first character written as an escape
+    /// RFC 8785 would not use (`\u0061`, `\u000a`, `\/`, a surrogate pair).
+    Escape(usize),
+    /// The k-th integer spelled another way (`1.0`, `1e0`, `1E+0`, `01`) or
+    /// replaced by `-0` (which JSON parsers read as a float).
+    Number(usize, u8),
+    /// The k-th object's first member written twice.
+    Duplicate(usize),
+}
+
+fn tweak() -> impl Strategy<Value = Tweak> {
+    let idx = any::<usize>();
+    prop_oneof![
+        Just(Tweak::None),
+        idx.prop_map(Tweak::Reverse),
+        (
+            idx,
+            prop_oneof![Just(" "), Just("\n"), Just("\t"), Just("\r\n  ")]
+        )
+            .prop_map(|(i, s)| Tweak::Space(i, s)),
+        idx.prop_map(Tweak::Escape),
+        (idx, 0u8..5).prop_map(|(i, n)| Tweak::Number(i, n)),
+        idx.prop_map(Tweak::Duplicate),
+    ]
+}
+
+/// Preorder counters, to resolve a tweak's index against one value.
+#[derive(Default)]
+struct Counts {
+    objects: usize,
+    values: usize,
+    strings: usize,
+    numbers: usize,
+}
+
+struct Render<'t> {
+    tweak: &'t Tweak,
+    /// The tweak's index resolved against the counts (`None`: no target).
+    target: Option<usize>,
+    seen: Counts,
+    out: String,
+}
+
+fn count(v: &Value, c: &mut Counts) {
+    c.values += 1;
+    match v {
+        Value::Object(m) => {
+            c.objects += 1;
+            m.values().for_each(|x| count(x, c));
+        }
+        Value::Array(a) => a.iter().for_each(|x| count(x, c)),
+        Value::String(s) if !s.is_empty() => c.strings += 1,
+        Value::Number(_) => c.numbers += 1,
+        _ => {}
+    }
+}
+
+/// Render `v` canonically (serde_json's compact output is RFC 8785 for the
+/// envelope's ASCII member names) except for `tweak`.
+fn render(v: &Value, tweak: &Tweak) -> String {
+    let mut c = Counts::default();
+    count(v, &mut c);
+    let pick = |i: &usize, n: usize| (n > 0).then(|| i % n);
+    let target = match tweak {
+        Tweak::None => None,
+        Tweak::Reverse(i) | Tweak::Duplicate(i) => pick(i, c.objects),
+        // Not before the whole value: surrounding whitespace is not part of
+        // the value and stays canonical.
+        Tweak::Space(i, _) => pick(i, c.values - 1).map(|t| t + 1),
+        Tweak::Escape(i) => pick(i, c.strings),
+        Tweak::Number(i, _) => pick(i, c.numbers),
+    };
+    let mut r = Render {
+        tweak,
+        target,
+        seen: Counts::default(),
+        out: String::new(),
+    };
+    r.value(v);
+    r.out
+}
+
+impl Render<'_> {
+    fn value(&mut self, v: &Value) {
+        if let Tweak::Space(_, ws) = self.tweak
+            && self.target == Some(self.seen.values)
+        {
+            self.out.push_str(ws);
+        }
+        self.seen.values += 1;
+        match v {
+            Value::Object(m) => {
+                let me = self.seen.objects;
+                self.seen.objects += 1;
+                let mut members: Vec<(&String, &Value)> = m.iter().collect();
+                let hit = self.target == Some(me);
+                if hit && matches!(self.tweak, Tweak::Reverse(_)) {
+                    members.reverse();
+                }
+                if hit
+                    && matches!(self.tweak, Tweak::Duplicate(_))
+                    && let Some(first) = members.first().copied()
+                {
+                    members.push(first);
+                }
+                self.out.push('{');
+                for (i, (k, x)) in members.into_iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(',');
+                    }
+                    self.out.push_str(&serde_json::to_string(k).unwrap());
+                    self.out.push(':');
+                    self.value(x);
+                }
+                self.out.push('}');
+            }
+            Value::Array(a) => {
+                self.out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(',');
+                    }
+                    self.value(x);
+                }
+                self.out.push(']');
+            }
+            Value::String(s) if !s.is_empty() => {
+                let me = self.seen.strings;
+                self.seen.strings += 1;
+                if matches!(self.tweak, Tweak::Escape(_)) && self.target == Some(me) {
+                    let mut chars = s.chars();
+                    let first = chars.next().unwrap();
+                    let rest: String = chars.collect();
+                    let escaped = if first == '/' {
+                        "\\/".to_string()
+                    } else {
+                        first
+                            .encode_utf16(&mut [0; 2])
+                            .iter()
+                            .map(|u| format!("\\u{u:04X}"))
+                            .collect()
+                    };
+                    let tail = serde_json::to_string(&rest).unwrap();
+                    self.out.push('"');
+                    self.out.push_str(&escaped);
+                    self.out.push_str(&tail[1..]);
+                } else {
+                    self.out.push_str(&serde_json::to_string(s).unwrap());
+                }
+            }
+            Value::Number(n) => {
+                let me = self.seen.numbers;
+                self.seen.numbers += 1;
+                match self.tweak {
+                    Tweak::Number(_, how) if self.target == Some(me) => {
+                        let text = n.to_string();
+                        self.out.push_str(&match how {
+                            0 => format!("{text}.0"),
+                            1 => format!("{text}e0"),
+                            2 => format!("{text}E+0"),
+                            3 => "-0".to_string(),
+                            _ => format!("0{text}"),
+                        });
+                    }
+                    _ => self.out.push_str(&n.to_string()),
+                }
+            }
+            other => self.out.push_str(&other.to_string()),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Flip {
+    /// Xor one byte anywhere.
+    Any(prop::sample::Index, u8),
+    /// Replace one byte with another printable ASCII byte (mostly stays
+    /// canonical, so the fast path must decide it).
+    Printable(prop::sample::Index, u8),
+}
+
+fn flip() -> impl Strategy<Value = Flip> {
+    prop_oneof![
+        (any::<prop::sample::Index>(), 1u8..=255).prop_map(|(i, x)| Flip::Any(i, x)),
+        (any::<prop::sample::Index>(), b' '..=b'~').prop_map(|(i, c)| Flip::Printable(i, c)),
+    ]
+}
+
+fn apply(bytes: &mut [u8], f: &Flip) {
+    match f {
+        Flip::Any(i, x) => bytes[i.index(bytes.len())] ^= x,
+        Flip::Printable(i, c) => bytes[i.index(bytes.len())] = *c,
+    }
+}
+
+/// A sealed generated envelope, optionally holding a facts value nested
+/// `deep` arrays down (the strict limit falls inside the range generated).
+fn sealed(e: Envelope, deep: Option<usize>) -> Envelope {
+    let mut e = e;
+    if let Some(n) = deep {
+        let mut v = json!(1);
+        for _ in 0..n {
+            v = json!([v]);
+        }
+        e.surfaces[0].facts.insert("deep".into(), v);
+        e.digest.clear();
+        e = e.seal().unwrap();
+    }
+    e
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Mutations of valid sealed envelopes: byte flips, reordered members,
+    /// whitespace, escaped vs raw characters, number spellings, duplicate
+    /// keys, deep nesting. Fast and general paths give the same verdict.
+    #[test]
+    fn fast_and_general_paths_give_the_same_verdict(
+        e in envelope(),
+        deep in prop::option::weighted(0.3, 24usize..34),
+        tweak in tweak(),
+        flips in prop::collection::vec(flip(), 0..3),
+    ) {
+        let e = sealed(e, deep);
+        let v = serde_json::to_value(&e).unwrap();
+        let canonical = serde_json::to_vec(&e).unwrap();
+        let mut bytes = render(&v, &tweak).into_bytes();
+        let rendered_canonically = bytes == canonical;
+        for f in &flips {
+            apply(&mut bytes, f);
+        }
+        let decided = check_same_verdict(&bytes);
+        if flips.is_empty() {
+            let verdict = verify_general(&bytes);
+            match &tweak {
+                // Valid renderings of a valid envelope verify, whichever path.
+                Tweak::None | Tweak::Reverse(_) | Tweak::Space(..) | Tweak::Escape(_) => {
+                    let too_deep = deep.is_some_and(|n| n > 28);
+                    if too_deep {
+                        prop_assert_eq!(rules(&verdict), vec!["too_deep"]);
+                    } else {
+                        prop_assert_eq!(verdict.as_ref().map(|x| &x.digest), Ok(&e.digest));
+                    }
+                    // The fast path takes exactly the canonical renderings
+                    // (of envelopes within the nesting limit).
+                    prop_assert_eq!(decided, rendered_canonically && !too_deep);
+                }
+                Tweak::Number(..) | Tweak::Duplicate(_) => {
+                    if !rendered_canonically {
+                        prop_assert!(verdict.is_err());
+                        prop_assert!(!decided);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Flips inside a canonical envelope that keep it canonical are the fast
+    /// path's to decide (a bad digest, a broken rule), and it decides them as
+    /// the general path does.
+    #[test]
+    fn canonical_tampering_is_decided_by_the_fast_path(
+        e in envelope(),
+        at in any::<prop::sample::Index>(),
+        c in b'a'..=b'z',
+    ) {
+        let mut bytes = serde_json::to_vec(&e).unwrap();
+        // Change one letter inside a string value to another letter.
+        let letters: Vec<usize> = bytes.iter().enumerate()
+            .filter(|(_, b)| b.is_ascii_lowercase()).map(|(i, _)| i).collect();
+        let i = *at.get(&letters);
+        bytes[i] = c;
+        check_same_verdict(&bytes);
+    }
+}
+
+#[test]
+fn the_bytes_pstack_writes_take_the_fast_path() {
+    let e = example_sealed();
+    let bytes = serde_json::to_vec(&e).unwrap();
+    assert_eq!(verify_canonical(&bytes), Some(Ok(e.clone())));
+    // A trailing newline (a file) and leading whitespace are not the value.
+    let mut file = b"\n ".to_vec();
+    file.extend_from_slice(&bytes);
+    file.push(b'\n');
+    assert_eq!(verify_canonical(&file), Some(Ok(e)));
+}
+
+#[test]
+fn a_non_canonical_but_valid_envelope_verifies_through_the_fallback() {
+    let e = example_sealed();
+    let pretty = e.to_json_pretty();
+    assert_eq!(verify_canonical(&pretty), None, "pretty is not canonical");
+    assert_eq!(pstack_envelope::verify(&pretty), Ok(e.clone()));
+
+    let reordered = scramble(&serde_json::to_value(&e).unwrap());
+    assert_eq!(verify_canonical(reordered.as_bytes()), None);
+    assert_eq!(pstack_envelope::verify(reordered.as_bytes()), Ok(e.clone()));
+
+    // Members reordered without any whitespace, and a character escaped.
+    let v = serde_json::to_value(&e).unwrap();
+    for tweak in [Tweak::Reverse(0), Tweak::Escape(7)] {
+        let text = render(&v, &tweak);
+        assert_ne!(text.as_bytes(), serde_json::to_vec(&e).unwrap());
+        assert_eq!(verify_canonical(text.as_bytes()), None, "{tweak:?}");
+        assert_eq!(pstack_envelope::verify(text.as_bytes()), Ok(e.clone()));
+    }
+}
+
+#[test]
+fn what_the_model_would_not_render_back_is_left_to_the_general_path() {
+    // `"caps":{}` and an absent `probe` are valid JSON the model does not
+    // reproduce; the fast path must not decide them.
+    let e = example_sealed();
+    let text = String::from_utf8(serde_json::to_vec(&e).unwrap()).unwrap();
+    let caps = text.replacen(
+        "\"bundle_deadline_ms\":2000,",
+        "\"bundle_deadline_ms\":2000,\"caps\":{},",
+        1,
+    );
+    assert_ne!(caps, text);
+    assert_eq!(verify_canonical(caps.as_bytes()), None);
+    check_same_verdict(caps.as_bytes());
+    let probe = text.replacen(
+        "\"probe\":\"pstackctl capture --tid 4243 --surface-deadline 2s\",",
+        "",
+        1,
+    );
+    assert_ne!(probe, text);
+    assert_eq!(verify_canonical(probe.as_bytes()), None);
+    check_same_verdict(probe.as_bytes());
+    // An explicit null in an optional member.
+    let null = text.replacen("\"surface\":\"task/4243/stack\"", "\"surface\":null", 1);
+    assert_ne!(null, text);
+    assert_eq!(verify_canonical(null.as_bytes()), None);
+    check_same_verdict(null.as_bytes());
+}
+
+/// Remove whitespace outside strings: the pretty fixtures rendered compact,
+/// which for the envelope's ASCII member names is their canonical form (or
+/// as close as a hostile fixture allows).
+pub fn minify(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in bytes {
+        if in_string {
+            out.push(b);
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if !matches!(b, b' ' | b'\n' | b'\t' | b'\r') {
+            if b == b'"' {
+                in_string = true;
+            }
+            out.push(b);
+        }
+    }
+    out
+}
+
+#[test]
+fn member_names_sort_by_utf16_units_on_both_paths() {
+    // U+E000 sorts after U+1F600 in UTF-8 (serde's map order) but before it in
+    // UTF-16 (RFC 8785's): serde's compact output is then not canonical and
+    // goes to the general path; the canonical rendering takes the fast path.
+    let mut e = pstack_envelope::example::example_unsealed();
+    for (k, v) in [("\u{e000}", 1), ("\u{1f600}", 2), ("a\n", 3), ("\u{7f}", 4)] {
+        e.surfaces[0].facts.insert(k.into(), json!(v));
+    }
+    let e = e.seal().unwrap();
+    let serde_order = serde_json::to_vec(&e).unwrap();
+    assert_eq!(verify_canonical(&serde_order), None);
+    assert_eq!(pstack_envelope::verify(&serde_order), Ok(e.clone()));
+    let canonical = e.to_canonical_json().unwrap();
+    assert_ne!(canonical, serde_order);
+    assert_eq!(verify_canonical(&canonical), Some(Ok(e.clone())));
+    check_same_verdict(&canonical);
+    check_same_verdict(&serde_order);
+}
