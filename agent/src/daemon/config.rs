@@ -479,7 +479,26 @@ impl Config {
 
     /// Check every value.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        super::watch::rules::validate_all(&self.watch)?;
+        for rule in super::watch::rules::validate_all(&self.watch)? {
+            // A d_state capture's deadline is the capture default plus its
+            // off-CPU window; it must fit the largest a capture may have, or
+            // every firing of the rule would fail at run time.
+            let needed = self
+                .capture
+                .bundle_deadline_ms
+                .saturating_add(rule.window.as_millis() as u64);
+            if rule.kind == super::watch::rules::RuleKind::DState
+                && needed > self.max_bundle_deadline_ms
+            {
+                return Err(ConfigError::InvalidRule(super::watch::rules::RuleError {
+                    rule: rule.name,
+                    reason: format!(
+                        "window plus capture.bundle_deadline_ms is {needed} ms, more than max_bundle_deadline_ms ({} ms)",
+                        self.max_bundle_deadline_ms
+                    ),
+                }));
+            }
+        }
         if !(1..=3600).contains(&self.flight_recorder.seconds) {
             return Err(invalid("flight_recorder.seconds", "between 1 and 3600"));
         }
@@ -676,6 +695,21 @@ mod tests {
             .collect::<Vec<_>>()
             .join("\n");
         assert_eq!(Config::parse(&text).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn a_d_state_window_must_fit_the_largest_capture_deadline() {
+        let rule = |w: &str| {
+            format!("[[watch]]\nname = \"stuck\"\nkind = \"d_state\"\nwindow = \"{w}\"\n")
+        };
+        assert!(Config::parse(&rule("20s")).is_ok());
+        let e = Config::parse(&rule("29s")).unwrap_err().to_string();
+        assert!(
+            e.contains("\"stuck\"") && e.contains("max_bundle_deadline_ms"),
+            "{e}"
+        );
+        let e = Config::parse(&format!("max_bundle_deadline_ms = 60000\n{}", rule("29s")));
+        assert!(e.is_ok(), "{e:?}");
     }
 
     #[test]
