@@ -471,12 +471,6 @@ impl Config {
         u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8).unwrap_or(0o660)
     }
 
-    /// The validated watch rules (validated at load, so a running
-    /// configuration always has a valid set).
-    pub fn watch_rules(&self) -> Vec<super::watch::rules::WatchRule> {
-        super::watch::rules::validate_all(&self.watch).unwrap_or_default()
-    }
-
     /// Check every value.
     pub fn validate(&self) -> Result<(), ConfigError> {
         for rule in super::watch::rules::validate_all(&self.watch)? {

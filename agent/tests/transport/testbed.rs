@@ -798,21 +798,7 @@ impl Rebuild {
     /// `connection reset by peer`, as in #11006 / #13905.
     pub fn source_resets_control(&mut self) {
         if let Some(s) = self.control_s.take() {
-            let l = libc::linger {
-                l_onoff: 1,
-                l_linger: 0,
-            };
-            // SAFETY: setsockopt on an open socket with a linger struct.
-            let rc = unsafe {
-                libc::setsockopt(
-                    s.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_LINGER,
-                    (&l as *const libc::linger).cast(),
-                    std::mem::size_of::<libc::linger>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(rc, 0);
+            reset_on_close(&s);
             drop(s);
         }
     }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use pstack_capture::transport::Plan;
 use pstack_capture::transport::recorded::{self, RecordedFlow};
-use pstack_collectors::net::netns::NetnsTarget;
+use pstack_collectors::net::netns::{self, NetnsTarget};
 use pstack_collectors::net::sockdiag::FlowFilter;
 use pstack_ebpf::{FlightConfig, FlightRecorder, FlightStats, FlowIncident};
 use serde_json::{Value, json};
@@ -341,7 +341,7 @@ fn netns_inode(path: &str) -> Option<u64> {
 /// first process found in it.
 pub fn netns_target(ino: Option<u32>) -> Option<NetnsTarget> {
     let ino = u64::from(ino?);
-    if netns_inode("/proc/self/ns/net") == Some(ino) {
+    if netns::current_inode().ok() == Some(ino) {
         return Some(NetnsTarget::Current);
     }
     if let Ok(named) = std::fs::read_dir("/run/netns") {
@@ -418,7 +418,7 @@ mod tests {
 
     #[test]
     fn own_namespace_is_current_and_unknown_is_none() {
-        let ino = netns_inode("/proc/self/ns/net").unwrap() as u32;
+        let ino = netns::current_inode().unwrap() as u32;
         assert_eq!(netns_target(Some(ino)), Some(NetnsTarget::Current));
         assert_eq!(netns_target(None), None);
         assert_eq!(netns_target(Some(1)), None, "no process lives in inode 1");

@@ -53,9 +53,6 @@ use super::state::DaemonState;
 pub const TICK: Duration = Duration::from_secs(1);
 /// Events kept for late readers of `/v1/watch/events`.
 pub const RECENT_EVENTS: usize = 256;
-/// Extra time a watch capture gets past its deadline before it is counted
-/// failed (it still finishes in the background, holding its slot).
-pub const OVERRUN_GRACE: Duration = Duration::from_secs(2);
 
 /// A capture of this subject is already running.
 pub const SUPPRESS_RUNNING: &str = "capture_running";
@@ -189,6 +186,8 @@ pub struct WatchEngine {
 
 #[derive(Debug, Default)]
 struct Inner {
+    /// The `[[watch]]` tables the rules were built from.
+    configured: Vec<rules::WatchRuleConfig>,
     rules: Vec<RuleState>,
     running: BTreeSet<String>,
     next_d_scan: Option<Instant>,
@@ -245,15 +244,16 @@ impl WatchEngine {
         self.closing.send_replace(true);
     }
 
-    /// Replace the rule set with `rules`, keeping the state of rules that did
-    /// not change.
-    fn sync_rules(&self, rules: Vec<WatchRule>) {
+    /// Replace the rule set with the configuration's, keeping the state of
+    /// rules that did not change. The set was validated when the
+    /// configuration was loaded; it is validated again only when it changed.
+    fn sync_rules(&self, configured: &[rules::WatchRuleConfig]) {
         let mut inner = lock(&self.inner);
-        if inner.rules.len() == rules.len()
-            && inner.rules.iter().zip(&rules).all(|(s, r)| s.rule == *r)
-        {
+        if inner.configured == configured {
             return;
         }
+        inner.configured = configured.to_vec();
+        let rules = rules::validate_all(configured).unwrap_or_default();
         let mut old: BTreeMap<String, RuleState> = inner
             .rules
             .drain(..)
@@ -669,31 +669,28 @@ pub async fn run(state: Arc<DaemonState>, mut stop: tokio::sync::watch::Receiver
 
 async fn tick_once(state: &Arc<DaemonState>) {
     let engine = &state.watch;
-    let rules = state.config().watch_rules();
-    engine.sync_rules(rules);
+    engine.sync_rules(&state.config().watch);
     let flow_ports = engine.flow_ports();
+    // The recorder is touched (on the blocking pool: it loads programs and
+    // drains a ring) only while a TCP rule wants it, or to detach it when
+    // the last one went with a reload.
+    let flow_state = if flow_ports.is_empty() && !lock(&engine.flows).is_running() {
+        Ok(())
+    } else {
+        let st = state.clone();
+        tokio::task::spawn_blocking(move || {
+            let config = st.config();
+            let mut fw = lock(&st.watch.flows);
+            let r = fw.ensure(&flow_ports, &config.ebpf, &config.flight_recorder);
+            fw.poll();
+            r
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("the flight recorder task failed: {e}")))
+    };
     if lock(&engine.inner).rules.is_empty() {
-        if lock(&engine.flows).is_running() {
-            // The last rule went with a reload: detach the recorder.
-            let st = state.clone();
-            let _ = tokio::task::spawn_blocking(move || {
-                let config = st.config();
-                let _ = lock(&st.watch.flows).ensure(&[], &config.ebpf, &config.flight_recorder);
-            })
-            .await;
-        }
         return;
     }
-    let st = state.clone();
-    let flow_state = tokio::task::spawn_blocking(move || {
-        let config = st.config();
-        let mut fw = lock(&st.watch.flows);
-        let r = fw.ensure(&flow_ports, &config.ebpf, &config.flight_recorder);
-        fw.poll();
-        r
-    })
-    .await
-    .unwrap_or_else(|e| Err(format!("the flight recorder task failed: {e}")));
     engine.refresh_availability(state, &flow_state);
     let (needs_d, needs_rates) = {
         let inner = lock(&engine.inner);
@@ -714,7 +711,7 @@ async fn tick_once(state: &Arc<DaemonState>) {
         let started = Instant::now();
         let mut r = Readings {
             d_scan: needs_d.then(|| sample::d_state_tasks(&proc_root)),
-            tcp: needs_rates.then(|| sample::tcp_counters(&proc_root)),
+            tcp: needs_rates.then(sample::tcp_counters),
             sampled_in: Duration::ZERO,
         };
         r.sampled_in = started.elapsed();
@@ -921,7 +918,7 @@ async fn run_capture(
         let _slot = slot; // held until the engine really returns
         engines::run_and_spool(&request, &supervisor, &budget, &spool)
     });
-    match tokio::time::timeout(deadline + OVERRUN_GRACE, work).await {
+    match tokio::time::timeout(deadline + super::api::OVERRUN_GRACE, work).await {
         Ok(Ok(Ok(captured))) => Ok(captured.envelopes.into_iter().map(|e| e.digest).collect()),
         Ok(Ok(Err(e))) => Err(e.to_string()),
         Ok(Err(join)) => Err(format!("the capture task failed: {join}")),

@@ -11,7 +11,6 @@
 use std::io::Read;
 use std::path::Path;
 
-use pstack_collectors::net::snmp;
 use pstack_collectors::procfs::parse::{parse_schedstat, parse_stat};
 
 use super::conditions::DTask;
@@ -105,15 +104,10 @@ pub struct TcpCounters {
     pub listen_overflows: u64,
 }
 
-/// Read [`TcpCounters`] from `proc_root/net/{snmp,netstat}`.
-pub fn tcp_counters(proc_root: &Path) -> Result<TcpCounters, String> {
-    let mut all = snmp::Counters::new();
-    for f in ["net/snmp", "net/netstat"] {
-        let path = proc_root.join(f);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        snmp::parse_into(&text, &mut all).map_err(|e| format!("{}: {e}", path.display()))?;
-    }
+/// Read [`TcpCounters`] from pstackd's `/proc/net/{snmp,netstat}` (the
+/// collectors' one reader of them).
+pub fn tcp_counters() -> Result<TcpCounters, String> {
+    let (all, _raw) = pstack_collectors::net::read_counters().map_err(|e| e.to_string())?;
     let get = |k: &str| -> Result<u64, String> {
         all.get(k)
             .and_then(|v| u64::try_from(*v).ok())
@@ -140,7 +134,7 @@ mod tests {
     fn this_host_scans_and_reads_counters() {
         let scan = d_state_tasks(Path::new("/proc"));
         assert!(scan.scanned > 0 && !scan.truncated, "{scan:?}");
-        let c = tcp_counters(Path::new("/proc")).unwrap();
+        let c = tcp_counters().unwrap();
         // Both are real counters of this kernel; a failure would be an Err.
         let _ = (c.retrans_segs, c.listen_overflows);
     }
