@@ -12,6 +12,12 @@ use pstack_store::query::{
     Connection, EnvelopesCommand, Query, ReceiptsArgs, SubjectsCommand, UnknownsArgs,
 };
 
+/// mimalloc, not glibc malloc: verifying an envelope builds and drops tens of
+/// thousands of small heap objects (every fact string and map), where glibc's
+/// free lists cost about a third of the verify (BENCHMARKS.md, "Envelope").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Where `serve`, `keys`, `retention` and `migrate` keep the database when
 /// no --db is given: systemd's StateDirectory= (`$STATE_DIRECTORY`), else
 /// this directory. It must exist: the store never invents a database in the

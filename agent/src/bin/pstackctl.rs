@@ -2,6 +2,12 @@
 
 use pstack_agent::cli;
 
+/// mimalloc, not glibc malloc: verifying an envelope builds and drops tens of
+/// thousands of small heap objects (every fact string and map), where glibc's
+/// free lists cost about a third of the verify (BENCHMARKS.md, "Envelope").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     pstack_packaging::assets::write_if_requested(cli::command);
     let parsed = match cli::try_parse() {
