@@ -75,6 +75,14 @@ fn main() {
         snapshot_to_stdout();
         return;
     }
+    if let Some(n) = arg("--hold") {
+        let port = std::env::args().skip_while(|a| a != "--hold").nth(2);
+        hold(
+            n.parse().expect("--hold N"),
+            port.and_then(|p| p.parse().ok()).expect("--hold N PORT"),
+        );
+        return;
+    }
     let sockets: usize = arg("--sockets")
         .and_then(|s| s.parse().ok())
         .unwrap_or(10_000);
@@ -93,23 +101,35 @@ fn main() {
         .status()
         .expect("ip");
     assert!(st.success());
-    let want = libc::rlimit {
-        rlim_cur: 65_536,
-        rlim_max: 65_536,
-    };
-    // SAFETY: valid rlimit pointer.
-    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) };
 
-    let l = TcpListener::bind("127.0.0.1:10001").expect("bind");
+    // The sockets are held by child processes of at most HOLD_PAIRS pairs
+    // each: a process may not hold more than RLIMIT_NOFILE descriptors, and
+    // some machines (this VM: 20,000, not raisable) cap it below 50,000.
     let pairs = sockets / 2;
-    let mut keep = Vec::with_capacity(sockets);
-    for _ in 0..pairs {
-        let c = TcpStream::connect("127.0.0.1:10001").expect("connect");
-        let (s, _) = l.accept().expect("accept");
-        keep.push(c);
-        keep.push(s);
-    }
     let exe = std::env::current_exe().expect("exe");
+    let mut holders = Vec::new();
+    let mut left = pairs;
+    let mut port = 10_001u16;
+    while left > 0 {
+        let n = left.min(HOLD_PAIRS);
+        let mut child = Command::new(&exe)
+            .args(["--hold", &n.to_string(), &port.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn a socket holder");
+        let mut ready = [0u8; 6];
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut ready)
+            .expect("holder ready");
+        assert_eq!(&ready, b"ready\n");
+        holders.push(child);
+        left -= n;
+        port += 1;
+    }
     let check = dump_tcp(&|s| s.state == 1).expect("dump");
     println!(
         "established sockets in the bench netns: {}",
@@ -193,5 +213,30 @@ fn main() {
             total / lines.len().max(1)
         );
     }
+    for mut h in holders {
+        drop(h.stdin.take());
+        let _ = h.wait();
+    }
+}
+
+/// Most socket pairs one holder process opens (2 descriptors each).
+const HOLD_PAIRS: usize = 7_000;
+
+/// `--hold N PORT`: listen on 127.0.0.1:PORT, open N connected pairs, say
+/// `ready`, and keep them until stdin closes.
+fn hold(pairs: usize, port: u16) {
+    let l = TcpListener::bind(("127.0.0.1", port)).expect("bind");
+    let mut keep = Vec::with_capacity(pairs * 2);
+    for _ in 0..pairs {
+        let c = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let (s, _) = l.accept().expect("accept");
+        keep.push(c);
+        keep.push(s);
+    }
+    let mut out = std::io::stdout();
+    out.write_all(b"ready\n").expect("ready");
+    out.flush().expect("flush");
+    let mut rest = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut rest);
     drop(keep);
 }
