@@ -3,9 +3,8 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use pstack_envelope::{
-    Surface, canonical_without_digest, example::example_unsealed, sha256_digest, verify,
+    canonical_without_digest, example::example_with_threads, sha256_digest, verify,
 };
-use serde_json::json;
 use std::hint::black_box;
 
 // The allocator of pstackctl and pstack-store, which verify what they read.
@@ -13,28 +12,8 @@ use std::hint::black_box;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn one_mib_envelope() -> pstack_envelope::Envelope {
-    let mut e = example_unsealed();
-    let template = e.surfaces[0].clone();
     // ~1 MiB of realistic surfaces: 760 threads with stack text and counters.
-    for i in 0..760u32 {
-        let mut s: Surface = template.clone();
-        s.id = format!("task/{}/stack", 5000 + i);
-        s.authority = format!("procfs:/proc/4242/task/{}/stack", 5000 + i);
-        s.facts.insert(
-            "frames".into(),
-            json!(
-                (0..24)
-                    .map(|f| format!("[<0>] some_kernel_function_{f}+0x{:x}/0x200", f * 16))
-                    .collect::<Vec<_>>()
-            ),
-        );
-        s.facts.insert("state".into(), json!("S"));
-        s.facts
-            .insert("voluntary_ctxt_switches".into(), json!(i * 1000));
-        s.facts.insert("wchan".into(), json!("futex_wait_queue"));
-        e.surfaces.push(s);
-    }
-    e.seal().unwrap()
+    example_with_threads(760).seal().unwrap()
 }
 
 fn bench(c: &mut Criterion) {

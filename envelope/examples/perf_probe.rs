@@ -4,21 +4,7 @@
 
 use std::time::Instant;
 fn main() {
-    let mut e = pstack_envelope::example::example_unsealed();
-    let t = e.surfaces[0].clone();
-    for i in 0..760u32 {
-        let mut s = t.clone();
-        s.id = format!("task/{}/stack", 5000 + i);
-        s.facts.insert(
-            "frames".into(),
-            serde_json::json!(
-                (0..24)
-                    .map(|f| format!("[<0>] some_kernel_function_{f}+0x{:x}/0x200", f * 16))
-                    .collect::<Vec<_>>()
-            ),
-        );
-        e.surfaces.push(s);
-    }
+    let e = pstack_envelope::example::example_with_threads(760);
     if std::env::var("PROBE_SEAL_LOOP").is_ok() {
         let mut n = 0;
         for _ in 0..3000 {

@@ -145,3 +145,34 @@ pub fn example_sealed() -> Envelope {
         .seal()
         .expect("the built-in example envelope is valid")
 }
+
+/// The example grown by `threads` thread surfaces, each with 24 stack-frame
+/// strings, state, wchan and a counter (760 threads make about 1 MiB),
+/// unsealed: what the benchmarks, the perf probe and the large-input tests
+/// measure.
+pub fn example_with_threads(threads: u32) -> Envelope {
+    let mut e = example_unsealed();
+    let template = e.surfaces[0].clone();
+    for i in 0..threads {
+        let mut s = template.clone();
+        s.id = format!("task/{}/stack", 5000 + i);
+        s.authority = format!("procfs:/proc/4242/task/{}/stack", 5000 + i);
+        s.facts.insert(
+            "frames".into(),
+            serde_json::json!(
+                (0..24)
+                    .map(|f| format!("[<0>] some_kernel_function_{f}+0x{:x}/0x200", f * 16))
+                    .collect::<Vec<_>>()
+            ),
+        );
+        s.facts.insert("state".into(), serde_json::json!("S"));
+        s.facts.insert(
+            "voluntary_ctxt_switches".into(),
+            serde_json::json!(i * 1000),
+        );
+        s.facts
+            .insert("wchan".into(), serde_json::json!("futex_wait_queue"));
+        e.surfaces.push(s);
+    }
+    e
+}
