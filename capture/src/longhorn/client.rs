@@ -204,6 +204,17 @@ pub fn fetch_volume(base: &str, volume: &str) -> ApiRead {
     )
 }
 
+/// `GET {base}/v1/volumes`, the volume list (longhorn-manager `api/router.go`,
+/// the route registered beside `/v1/volumes/{name}`; a go-rancher collection).
+pub fn fetch_volumes(base: &str) -> ApiRead {
+    get(
+        base,
+        "/volumes",
+        API_DEADLINE,
+        "the manager has no volume list (is the base URL longhorn-backend:9500?)",
+    )
+}
+
 /// `GET {base}/v1/instancemanagers/{im}`.
 pub fn fetch_instance_manager(base: &str, im: &str) -> ApiRead {
     get(

@@ -32,6 +32,7 @@ pub mod model;
 pub mod topology;
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use pstack_envelope::{Clock, Envelope};
 
@@ -39,7 +40,7 @@ use crate::Progress;
 use crate::request::{LonghornRequest, RequestError, invalid};
 use crate::supervisor::clock::{monotonic_ns, wall_time_now};
 use crate::supervisor::{LeakBudget, SupervisorConfig};
-use crate::transport::{self, CaptureResult, LONGHORN_PORTS, Plan, TransportError};
+use crate::transport::{self, CaptureResult, LONGHORN_PORTS, Plan, TransportError, WindowStop};
 
 /// Most manager reads one capture makes (volume at start, the source's and
 /// target's instance managers, volume at end), each under [`API_DEADLINE`].
@@ -239,6 +240,31 @@ fn select(
     )
 }
 
+/// What a watcher of a Longhorn capture (pstackd's `longhorn_rebuild`
+/// rule) can do to it while it runs: end its window when the rebuild ends,
+/// and hand it the manager read that saw the end. Cloning shares both.
+#[derive(Debug, Clone, Default)]
+pub struct Watcher {
+    /// Ends the window.
+    pub stop: WindowStop,
+    /// The watcher's own manager read that saw the rebuild end (one
+    /// volume's document, with the time it was read). When set before the
+    /// window ends it is the transfer's end read: Longhorn drops a failed
+    /// rebuild's entry within seconds, so a fresh read after the window
+    /// would often show only `[]`.
+    pub terminal: Arc<Mutex<Option<ApiRead>>>,
+}
+
+impl Watcher {
+    /// Hand over the read that saw the end, and end the window.
+    pub fn end(&self, terminal: Option<ApiRead>) {
+        if let Some(t) = terminal {
+            *self.terminal.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+        }
+        self.stop.stop();
+    }
+}
+
 /// Run a Longhorn capture (see the module doc for the order) with the net
 /// helper of `config` under `budget`, Hubble through the CLI at `hubble_bin`.
 pub fn capture(
@@ -247,6 +273,26 @@ pub fn capture(
     budget: &LeakBudget,
     hubble_bin: &Path,
     progress: &dyn Fn(Progress<'_>),
+) -> Result<LonghornResult, TransportError> {
+    capture_watched(
+        plan,
+        config,
+        budget,
+        hubble_bin,
+        progress,
+        &Watcher::default(),
+    )
+}
+
+/// [`capture`] under a [`Watcher`]: the window ends when it says so, and
+/// the end read is its terminal read when it handed one over.
+pub fn capture_watched(
+    plan: &LonghornPlan,
+    config: &SupervisorConfig,
+    budget: &LeakBudget,
+    hubble_bin: &Path,
+    progress: &dyn Fn(Progress<'_>),
+    watcher: &Watcher,
 ) -> Result<LonghornResult, TransportError> {
     let r = &plan.request;
     let wall = wall_time_now();
@@ -264,12 +310,18 @@ pub fn capture(
         None => (None, None, Vec::new()),
     };
     let narrowed = narrow(&plan.transport, topo.as_ref());
-    let captured = transport::capture_with(&narrowed, config, budget, progress)?;
+    let captured = transport::capture_until(&narrowed, config, budget, progress, &watcher.stop)?;
     let (streams, excluded, by_ip) = select(captured, topo.as_ref());
-    let end = r
-        .longhorn_api
-        .as_ref()
-        .map(|api| client::fetch_volume(api, &r.volume));
+    let handed = watcher
+        .terminal
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    let end = handed.or_else(|| {
+        r.longhorn_api
+            .as_ref()
+            .map(|api| client::fetch_volume(api, &r.volume))
+    });
     let hubble = r.hubble_server.as_ref().map(|server| {
         progress(Progress::Phase {
             what: "reading Hubble flows",

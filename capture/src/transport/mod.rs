@@ -437,10 +437,62 @@ pub fn ebpf_start(peer: IpAddr) -> Result<pstack_ebpf::EbpfSession, EbpfWindow> 
     })
 }
 
+/// Ends a capture's window before its length: set by whoever watches what
+/// the window is about (pstackd's `longhorn_rebuild` rule ends a rebuild's
+/// window when the rebuild ends). Cloning shares the signal.
+#[derive(Debug, Clone, Default)]
+pub struct WindowStop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl WindowStop {
+    /// Slice in which a sleeping window notices the signal.
+    pub const SLICE: Duration = Duration::from_millis(50);
+
+    /// End the window now (or at once, when it has not started).
+    pub fn stop(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the window was ended.
+    pub fn is_stopped(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Sleep `window`, or until stopped; whether it was stopped.
+    pub fn sleep(&self, window: Duration) -> bool {
+        let until = Instant::now() + window;
+        loop {
+            if self.is_stopped() {
+                return true;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            std::thread::sleep(left.min(Self::SLICE));
+        }
+    }
+
+    /// Resolves when stopped (polled every [`Self::SLICE`]).
+    pub async fn stopped(self) {
+        while !self.is_stopped() {
+            tokio::time::sleep(Self::SLICE).await;
+        }
+    }
+}
+
 /// Run one eBPF window on a loaded session and join its flows by socket cookie.
-pub fn ebpf_window(mut session: pstack_ebpf::EbpfSession, window: Duration) -> EbpfWindow {
+pub fn ebpf_window(session: pstack_ebpf::EbpfSession, window: Duration) -> EbpfWindow {
+    ebpf_window_until(session, window, &WindowStop::default())
+}
+
+/// [`ebpf_window`], ended early by `stop`.
+pub fn ebpf_window_until(
+    mut session: pstack_ebpf::EbpfSession,
+    window: Duration,
+    stop: &WindowStop,
+) -> EbpfWindow {
     use pstack_ebpf::TcpSurface;
-    let report = match session.run_window_blocking(window, |_| {}) {
+    let report = match session.run_window_blocking_until(window, |_| {}, stop.clone().stopped()) {
         Ok(r) => r,
         Err(e) => {
             return EbpfWindow::Unavailable {
@@ -522,6 +574,19 @@ pub fn capture_with(
     budget: &LeakBudget,
     progress: &dyn Fn(Progress<'_>),
 ) -> Result<CaptureResult, TransportError> {
+    capture_until(plan, config, budget, progress, &WindowStop::default())
+}
+
+/// [`capture_with`], whose window (sock_diag and eBPF alike) ends early
+/// when `stop` is set; the envelopes then carry the shorter window they
+/// really covered (their clocks), and say nothing about the rest.
+pub fn capture_until(
+    plan: &Plan,
+    config: &SupervisorConfig,
+    budget: &LeakBudget,
+    progress: &dyn Fn(Progress<'_>),
+    stop: &WindowStop,
+) -> Result<CaptureResult, TransportError> {
     let host = pstack_collectors::procfs::read_host_facts()
         .map_err(|e| TransportError::Host(e.to_string()))?;
     let subject = format!(
@@ -538,8 +603,9 @@ pub fn capture_with(
     // Programs are loaded before the first sample so the window covers it.
     let ebpf = plan.ebpf.then(|| {
         let window = plan.window;
+        let stop = stop.clone();
         match ebpf_start(plan.filter.peer) {
-            Ok(session) => std::thread::spawn(move || ebpf_window(session, window)),
+            Ok(session) => std::thread::spawn(move || ebpf_window_until(session, window, &stop)),
             Err(unavailable) => std::thread::spawn(move || unavailable),
         }
     });
@@ -559,6 +625,7 @@ pub fn capture_with(
         && start
             .as_ref()
             .is_ok_and(|s| s.tcp.value.as_ref().is_ok_and(|d| d.sockets.is_empty()));
+    let mut covered = plan.window;
     if stopped_early {
         progress(Progress::Note(&format!(
             "no TCP flow matches {} in netns {}: stopping now instead of watching {} (--wait watches the whole window)",
@@ -571,7 +638,11 @@ pub fn capture_with(
             what: "sampling TCP flows",
             expected: plan.window,
         });
-        std::thread::sleep(plan.window);
+        let slept = Instant::now();
+        if stop.sleep(plan.window) {
+            covered = slept.elapsed().min(plan.window);
+            progress(Progress::Note("the window was ended early by its watcher"));
+        }
         progress(Progress::PhaseDone);
     }
     let end = net.sample(&plan.filter, deadline).map(|r| r.sample);
@@ -601,6 +672,17 @@ pub fn capture_with(
         sockopts,
         ebpf,
         stopped_early,
+    };
+    // A window ended early is described as the window it really was.
+    let shortened;
+    let plan = if covered < plan.window {
+        shortened = Plan {
+            window: covered,
+            ..plan.clone()
+        };
+        &shortened
+    } else {
+        plan
     };
     let ctx = Ctx {
         plan,
