@@ -267,9 +267,11 @@ fn root_only_supplementary_group_admits_and_outsiders_cannot_hold_connection_slo
     // The capture's connection closes on the server a moment after the
     // client has its answer; then only the metrics request itself is open
     // (the 10 outsiders hold none).
-    wait_until(Duration::from_secs(5), "only the metrics request open", || {
-        d.metric("pstackd_connections_open") == 1
-    });
+    wait_until(
+        Duration::from_secs(5),
+        "only the metrics request open",
+        || d.metric("pstackd_connections_open") == 1,
+    );
     assert!(
         d.metric("pstackd_connections_refused_total") == 0,
         "outsiders were counted against the limit"

@@ -20,11 +20,15 @@
 //!   time, still in D) right before its capture; the capture itself checks
 //!   identity before and after, as every process capture does.
 //! - **A rule that cannot run says why** (`unavailable` with the reason),
-//!   and the others keep running.
+//!   and the others keep running; a rule whose source answers badly (the
+//!   Longhorn manager down or answering garbage) is `degraded` with the
+//!   reason and fires nothing until it answers again.
 
 pub mod conditions;
 pub mod flows;
 pub mod limit;
+pub mod longhorn;
+pub mod rebuild;
 pub mod rules;
 pub mod sample;
 
@@ -83,9 +87,6 @@ pub const SUPPRESS_REASONS: &[&str] = &[
     SUPPRESS_GONE,
 ];
 
-/// Why `longhorn_rebuild` rules do not run yet.
-pub const LONGHORN_UNAVAILABLE: &str = "the longhorn_rebuild condition is specified by the Longhorn issue and not built yet; the rule is accepted and counted, never run";
-
 /// Whether a rule can run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Availability {
@@ -93,6 +94,9 @@ pub enum Availability {
     Armed,
     /// Its source is missing; the reason says which and why.
     Unavailable(String),
+    /// Its source is configured but its last reading failed; it fires
+    /// nothing until a reading succeeds.
+    Degraded(String),
 }
 
 #[derive(Debug)]
@@ -109,6 +113,7 @@ struct RuleState {
     limiter: Limiter,
     d_state: DStateTracker,
     rate: RateTracker,
+    longhorn: longhorn::LonghornWatch,
 }
 
 impl RuleState {
@@ -126,6 +131,7 @@ impl RuleState {
             limiter: Limiter::default(),
             d_state: DStateTracker::default(),
             rate: RateTracker::default(),
+            longhorn: longhorn::LonghornWatch::default(),
         }
     }
 
@@ -150,6 +156,8 @@ pub enum Action {
     Host,
     /// A flow's own capture, prepared by [`flows`].
     Flow(flows::FlowAction),
+    /// A Longhorn rebuild's windowed capture, prepared by [`longhorn`].
+    Longhorn(Box<longhorn::LonghornAction>),
 }
 
 /// A rule whose condition became true.
@@ -316,12 +324,13 @@ impl WatchEngine {
         for s in &mut inner.rules {
             let needs_helper = !matches!(s.rule.kind, RuleKind::TcpReset);
             s.availability = match (s.rule.kind, &helper, flow_state) {
-                (RuleKind::LonghornRebuild, _, _) => {
-                    Availability::Unavailable(LONGHORN_UNAVAILABLE.into())
-                }
                 (_, Some(reason), _) if needs_helper => {
                     Availability::Unavailable(format!("pstack-helper not found: {reason}"))
                 }
+                (RuleKind::LonghornRebuild, _, _) => match s.longhorn.health() {
+                    longhorn::Health::Degraded(r) => Availability::Degraded(r.clone()),
+                    _ => Availability::Armed,
+                },
                 (k, _, Err(reason)) if k.needs_flows() => Availability::Unavailable(reason.clone()),
                 _ => Availability::Armed,
             };
@@ -425,7 +434,8 @@ impl WatchEngine {
                     }
                 }
                 Condition::TcpReset { .. } | Condition::TcpRto { .. } => {}
-                Condition::LonghornRebuild => {}
+                // Fired from the manager's polls (`longhorn`), not the tick.
+                Condition::LonghornRebuild(_) => {}
             }
         }
         let flow_rules: Vec<(String, RuleKind, Condition, Duration)> = inner
@@ -528,8 +538,9 @@ impl WatchEngine {
                 let (state, reason) = match &s.availability {
                     Availability::Armed => ("armed", None),
                     Availability::Unavailable(r) => ("unavailable", Some(r.clone())),
+                    Availability::Degraded(r) => ("degraded", Some(r.clone())),
                 };
-                json!({
+                let mut rule = json!({
                     "name": s.rule.name,
                     "kind": s.rule.kind.as_str(),
                     "state": state,
@@ -546,7 +557,11 @@ impl WatchEngine {
                     "last_fired": s.last_fired,
                     "last_envelope": s.last_envelope,
                     "last_error": s.last_error,
-                })
+                });
+                if let Condition::LonghornRebuild(lh) = &s.rule.condition {
+                    rule["longhorn"] = s.longhorn.status_json(lh);
+                }
+                rule
             })
             .collect();
         json!({
@@ -643,7 +658,14 @@ fn condition_json(rule: &WatchRule) -> Value {
         | Condition::RetransmitRate {
             threshold_per_second,
         } => json!({"threshold_per_second": threshold_per_second}),
-        Condition::LonghornRebuild => json!({}),
+        Condition::LonghornRebuild(lh) => json!({
+            "manager_url": lh.manager_url,
+            "volumes": lh.volumes,
+            "poll_seconds": lh.poll.as_secs(),
+            "node": lh.node,
+            "netns": lh.netns,
+            "netns_pid": lh.netns_pid,
+        }),
     }
 }
 
@@ -691,6 +713,7 @@ async fn tick_once(state: &Arc<DaemonState>) {
     if lock(&engine.inner).rules.is_empty() {
         return;
     }
+    longhorn_polls(state);
     engine.refresh_availability(state, &flow_state);
     let (needs_d, needs_rates) = {
         let inner = lock(&engine.inner);
@@ -721,6 +744,72 @@ async fn tick_once(state: &Arc<DaemonState>) {
     .unwrap_or_default();
     for f in engine.evaluate(&readings) {
         consider(state, f);
+    }
+}
+
+/// Start the `longhorn_rebuild` polls that are due, each on its own task
+/// (a manager that takes its whole deadline never holds the tick); each
+/// poll's result is folded by its rule and its firings considered.
+fn longhorn_polls(state: &Arc<DaemonState>) {
+    let engine = &state.watch;
+    let due: Vec<(String, rules::LonghornRule)> = {
+        let mut inner = lock(&engine.inner);
+        let now = Instant::now();
+        inner
+            .rules
+            .iter_mut()
+            .filter_map(|s| match &s.rule.condition {
+                Condition::LonghornRebuild(lh) if s.longhorn.take_poll(lh, now) => {
+                    Some((s.rule.name.clone(), (**lh).clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    for (name, lh) in due {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let poll_lh = lh.clone();
+            let read = match tokio::task::spawn_blocking(move || longhorn::poll(&poll_lh)).await {
+                Ok(r) => r,
+                Err(e) => pstack_capture::longhorn::ApiRead {
+                    url: lh.manager_url.clone(),
+                    at: wall_time_now(),
+                    result: Err(pstack_capture::longhorn::ApiFailure {
+                        status: pstack_envelope::SurfaceStatus::Error,
+                        errno: None,
+                        message: format!("the poll task failed: {e}"),
+                    }),
+                    elapsed_us: 0,
+                },
+            };
+            let engine = &state.watch;
+            let (firings, events) = {
+                let mut inner = lock(&engine.inner);
+                let Some(s) = inner.rules.iter_mut().find(|s| {
+                    s.rule.name == name
+                        && s.rule.condition == Condition::LonghornRebuild(Box::new(lh.clone()))
+                }) else {
+                    return; // reloaded away meanwhile
+                };
+                let rule = s.rule.clone();
+                let out = s.longhorn.on_poll(&rule, &lh, read);
+                if let longhorn::Health::Degraded(r) = s.longhorn.health() {
+                    s.availability = Availability::Degraded(r.clone());
+                } else if matches!(s.availability, Availability::Degraded(_)) {
+                    s.availability = Availability::Armed;
+                }
+                out
+            };
+            for mut e in events {
+                e["at"] = json!(wall_time_now());
+                tracing::info!(event = %e, "longhorn rebuild watch");
+                engine.emit(e);
+            }
+            for f in firings {
+                consider(&state, f);
+            }
+        });
     }
 }
 
@@ -842,6 +931,49 @@ fn trigger_of(f: &Firing) -> Trigger {
     }
 }
 
+/// A rebuild's capture: its window ends when the rule's poll sees the
+/// rebuild end (or at the rule's window); `life` tells the rule when it
+/// started and when it returned.
+async fn run_longhorn(
+    state: &Arc<DaemonState>,
+    a: &longhorn::LonghornAction,
+    trigger: Trigger,
+    slot: Option<super::state::CaptureSlot>,
+    budget: Option<crate::supervisor::LeakBudget>,
+) -> Result<Vec<String>, String> {
+    let life = a.life.clone();
+    let result = async {
+        let mut plan = a.plan()?;
+        plan.transport.trigger = Some(trigger);
+        let supervisor = state
+            .engine
+            .supervisor
+            .clone()
+            .map_err(|e| format!("pstack-helper not found: {e}"))?;
+        let budget = budget.ok_or("no leak budget")?;
+        let spool = state.spool.clone();
+        let deadline = ValidRequest::Longhorn(Box::new(plan.clone())).run_deadline();
+        let watcher = a.watcher.clone();
+        a.life.started();
+        let work = tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            engines::run_longhorn_watched(&plan, &watcher, &supervisor, &budget, &spool)
+        });
+        match tokio::time::timeout(deadline + super::api::OVERRUN_GRACE, work).await {
+            Ok(Ok(Ok(captured))) => Ok(captured.envelopes.into_iter().map(|e| e.digest).collect()),
+            Ok(Ok(Err(e))) => Err(e.to_string()),
+            Ok(Err(join)) => Err(format!("the capture task failed: {join}")),
+            Err(_) => Err(format!(
+                "the capture overran its {} ms deadline",
+                deadline.as_millis()
+            )),
+        }
+    }
+    .await;
+    life.done();
+    result
+}
+
 /// Build the request of a firing, run it on the blocking pool holding
 /// `slot`, spool what it sealed; the digests or why not.
 async fn run_capture(
@@ -905,6 +1037,7 @@ async fn run_capture(
             plan.trigger = Some(trigger);
             ValidRequest::Transport(plan)
         }
+        Action::Longhorn(a) => return run_longhorn(state, a, trigger, slot, budget).await,
     };
     let supervisor = state
         .engine
