@@ -251,7 +251,7 @@ fn root_hubble_verdicts_are_read_when_reachable_else_unknown() {
 /// A v1.9.0 `api/model.go` volume document of the three-namespace bed:
 /// replica S on node-s, T (WO) on node-t, the engine on node-e; `rebuild`
 /// is the `rebuildStatus` array.
-fn lh_volume(rebuild: serde_json::Value) -> String {
+pub(crate) fn lh_volume(rebuild: serde_json::Value) -> String {
     let inst = |name: &str, node: &str, ip: &str, im: &str, mode: &str| {
         serde_json::json!({"name": name, "hostId": node, "address": ip, "running": true,
             "image": "longhornio/longhorn-engine:v1.9.0", "currentImage": "longhornio/longhorn-engine:v1.9.0",
@@ -271,7 +271,7 @@ fn lh_volume(rebuild: serde_json::Value) -> String {
 
 /// A v1.9.0 instance-manager document with `replica`'s block at `port`, plus
 /// another volume's replica next to it.
-fn lh_im(name: &str, replica: &str, port: u16) -> String {
+pub(crate) fn lh_im(name: &str, replica: &str, port: u16) -> String {
     let p = |start: u16| {
         serde_json::json!({"spec": {"name": "x", "dataEngine": "v1"},
         "status": {"endpoint": "", "errorMsg": "", "listen": "", "portStart": start, "portEnd": start + 9,
