@@ -285,7 +285,9 @@ mod tests {
                 mode: mode.into(),
             }))
         };
-        let table: Vec<(&str, Option<&Seen>, Option<Volume>, Option<Change>)> = vec![
+        /// (case, followed before, this reading, the change)
+        type Case<'a> = (&'a str, Option<&'a Seen>, Option<Volume>, Option<Change>);
+        let table: Vec<Case> = vec![
             // Not followed.
             ("no entry", None, Some(vol(None, "RW", "")), None),
             (
