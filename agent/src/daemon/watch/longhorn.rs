@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Instant;
 
 use pstack_capture::longhorn::client::{self, ApiRead};
+use pstack_capture::longhorn::kube::KubeApi;
 use pstack_capture::longhorn::model::{Volume, parse_error_addrs, parse_volume_list};
 use pstack_capture::longhorn::topology::{PartyRole, Topology, resolve};
 use pstack_capture::longhorn::{LonghornPlan, Watcher};
@@ -324,7 +325,7 @@ impl LonghornWatch {
                             // No window running: seal the terminal reading now.
                             let mut request = w.request.clone();
                             request.window_ms = TERMINAL_WINDOW_MS;
-                            let watcher = Watcher::default();
+                            let watcher = watcher_for(lh);
                             watcher.end(terminal);
                             self.terminal += 1;
                             firings.push(self.firing(
@@ -373,7 +374,7 @@ impl LonghornWatch {
             };
             let action = LonghornAction {
                 request,
-                watcher: Watcher::default(),
+                watcher: watcher_for(lh),
                 life: Arc::new(WindowLife::default()),
             };
             let (watcher, life) = (action.watcher.clone(), action.life.clone());
@@ -435,7 +436,7 @@ impl LonghornWatch {
             .map_err(|e| format!("building the capture: {e}"))?;
         let action = LonghornAction {
             request: request.clone(),
-            watcher: Watcher::default(),
+            watcher: watcher_for(lh),
             life: Arc::new(WindowLife::default()),
         };
         let w = Window {
@@ -500,6 +501,7 @@ impl LonghornWatch {
             "volumes": lh.volumes,
             "poll_ms": lh.poll.as_millis() as u64,
             "node": node_name(lh),
+            "kubernetes_api": kubernetes_api(lh).map(|k| k.base),
             "manager": {"state": health, "reason": reason, "polls": self.polls,
                         "failures": self.poll_failures, "last_poll": self.last_poll_at,
                         "last_poll_us": self.last_poll_us},
@@ -511,6 +513,19 @@ impl LonghornWatch {
             "terminal_captures": self.terminal,
             "recent": self.recent,
         })
+    }
+}
+
+/// The Kubernetes API a rule's captures read Events through: the
+/// configured one, else the in-cluster service account, else none.
+pub fn kubernetes_api(lh: &LonghornRule) -> Option<KubeApi> {
+    lh.kubernetes.clone().or_else(KubeApi::in_cluster)
+}
+
+fn watcher_for(lh: &LonghornRule) -> Watcher {
+    Watcher {
+        kube: kubernetes_api(lh),
+        ..Watcher::default()
     }
 }
 

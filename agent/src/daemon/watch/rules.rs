@@ -121,6 +121,19 @@ pub struct WatchRuleConfig {
     /// `longhorn_rebuild`: the instance-manager pod's netns by a PID in it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns_pid: Option<u32>,
+    /// `longhorn_rebuild`: the Kubernetes API for a failed rebuild's Events
+    /// (`https://…`; `http://` only on loopback). Default: the in-cluster
+    /// service account, when pstackd runs in a pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_api: Option<String>,
+    /// `longhorn_rebuild`: the bearer token's file (default: the service
+    /// account's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_token_file: Option<std::path::PathBuf>,
+    /// `longhorn_rebuild`: the API server's CA (default: the service
+    /// account's `ca.crt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_ca_file: Option<std::path::PathBuf>,
 }
 
 /// What a `longhorn_rebuild` rule reads and where it captures.
@@ -138,6 +151,9 @@ pub struct LonghornRule {
     pub netns: Option<String>,
     /// Capture netns by PID.
     pub netns_pid: Option<u32>,
+    /// The Kubernetes API as configured (None: the in-cluster one, if any,
+    /// at run time).
+    pub kubernetes: Option<pstack_capture::longhorn::kube::KubeApi>,
 }
 
 /// What a rule waits for.
@@ -269,6 +285,12 @@ impl WatchRuleConfig {
                 ("node", self.node.is_some()),
                 ("netns", self.netns.is_some()),
                 ("netns_pid", self.netns_pid.is_some()),
+                ("kubernetes_api", self.kubernetes_api.is_some()),
+                (
+                    "kubernetes_token_file",
+                    self.kubernetes_token_file.is_some(),
+                ),
+                ("kubernetes_ca_file", self.kubernetes_ca_file.is_some()),
             ] {
                 foreign(key, set)?;
             }
@@ -405,7 +427,40 @@ impl WatchRuleConfig {
         if self.netns_pid == Some(0) {
             return Err(err("netns_pid must be a PID".into()));
         }
+        let sa = std::path::Path::new(pstack_capture::longhorn::kube::SERVICE_ACCOUNT_DIR);
+        let kubernetes = match &self.kubernetes_api {
+            None => {
+                if self.kubernetes_token_file.is_some() || self.kubernetes_ca_file.is_some() {
+                    return Err(err(
+                        "kubernetes_token_file and kubernetes_ca_file need kubernetes_api".into(),
+                    ));
+                }
+                None
+            }
+            Some(api) => {
+                let loopback = ["http://127.0.0.1:", "http://localhost:", "http://[::1]:"]
+                    .iter()
+                    .any(|p| api.starts_with(p));
+                if !(api.starts_with("https://") || loopback) || api.contains('@') {
+                    return Err(err(format!(
+                        "kubernetes_api: {api:?} must be https://HOST[:PORT] (http:// only on loopback), without credentials"
+                    )));
+                }
+                Some(pstack_capture::longhorn::kube::KubeApi {
+                    base: api.trim_end_matches('/').to_string(),
+                    token_file: self
+                        .kubernetes_token_file
+                        .clone()
+                        .unwrap_or_else(|| sa.join("token")),
+                    ca_file: self
+                        .kubernetes_ca_file
+                        .clone()
+                        .or_else(|| api.starts_with("https://").then(|| sa.join("ca.crt"))),
+                })
+            }
+        };
         Ok(LonghornRule {
+            kubernetes,
             manager_url: url.to_string(),
             volumes,
             poll: Duration::from_secs(poll),
@@ -486,6 +541,7 @@ mod tests {
             "name = \"a\"\nkind = \"retransmit_rate\"\nthreshold_per_second = 100\nmax_per_hour = 3\nmax_per_subject_per_hour = 1",
             "name = \"a\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://10.43.0.20:9500/v1\"",
             "name = \"a\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://lh:9500\"\nvolumes = [\"pvc-1\"]\npoll_seconds = 2\nwindow = \"10m\"\nnode = \"node-t\"\nnetns = \"im-t\"",
+            "name = \"a\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://lh:9500\"\nkubernetes_api = \"https://10.43.0.1:443\"\nkubernetes_token_file = \"/etc/pstack/k8s-token\"",
         ];
         for body in ok {
             parse(&format!("[[watch]]\n{body}\n")).unwrap_or_else(|e| panic!("{body}: {e}"));
@@ -580,6 +636,14 @@ mod tests {
             (
                 "name = \"x\"\nkind = \"tcp_reset\"\nvolumes = [\"v\"]",
                 "`volumes` does not apply",
+            ),
+            (
+                "name = \"x\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://lh:9500\"\nkubernetes_api = \"http://10.0.0.1:6443\"",
+                "only on loopback",
+            ),
+            (
+                "name = \"x\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://lh:9500\"\nkubernetes_token_file = \"/t\"",
+                "need kubernetes_api",
             ),
             (
                 "name = \"x\"\nkind = \"d_state\"\ncolour = 1",
