@@ -125,10 +125,73 @@ impl Drop for FakeManager {
     }
 }
 
+/// A stand-in Kubernetes API on loopback: `GET
+/// /api/v1/namespaces/longhorn-system/events?fieldSelector=involvedObject.name%3D<name>`
+/// answered with a `v1.EventList` (k8s.io/api `core/v1/types.go`) holding a
+/// `FailedRebuilding` Warning on the engine, when the bearer token is
+/// `token`; 401 otherwise. Serves until the test process ends.
+fn kube_api(token: &'static str, message: String) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut buf = vec![0u8; 8192];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let head = String::from_utf8_lossy(&buf[..n]).to_string();
+            let authorized = head.to_ascii_lowercase().contains(&format!(
+                "authorization: bearer {}",
+                token.to_ascii_lowercase()
+            ));
+            let object = head
+                .split(' ')
+                .nth(1)
+                .and_then(|p| p.rsplit("involvedObject.name%3D").next())
+                .unwrap_or("")
+                .to_string();
+            let (code, body) = if !authorized {
+                (
+                    "401 Unauthorized",
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Unauthorized", "code": 401}),
+                )
+            } else {
+                let items = if object == "pvc-7-e-0" {
+                    vec![
+                        json!({"metadata": {"name": "pvc-7-e-0.18a0", "namespace": "longhorn-system"},
+                        "involvedObject": {"kind": "Engine", "namespace": "longhorn-system", "name": "pvc-7-e-0", "apiVersion": "longhorn.io/v1beta2"},
+                        "reason": "FailedRebuilding", "message": message, "type": "Warning", "count": 1,
+                        "source": {"component": "longhorn-engine-controller", "host": "node-e"},
+                        "firstTimestamp": "2026-12-04T18:00:00Z", "lastTimestamp": "2026-12-04T18:00:00Z",
+                        "reportingComponent": "", "reportingInstance": ""}),
+                    ]
+                } else {
+                    vec![]
+                };
+                (
+                    "200 OK",
+                    json!({"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items}),
+                )
+            };
+            let body = body.to_string();
+            let _ = write!(
+                s,
+                "HTTP/1.1 {code}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}
+
 fn entry(state: &str, is_rebuilding: bool, progress: i64, error: &str) -> Value {
     json!([{"id": "", "type": "rebuildStatus", "links": null, "actions": null,
         "replica": "pvc-7-r-t", "fromReplica": "pvc-7-r-s", "state": state, "progress": progress,
         "isRebuilding": is_rebuilding, "error": error}])
+}
+
+fn statement_of<'a>(e: &'a pstack_envelope::Envelope, code: &str) -> &'a str {
+    &e.claims.iter().find(|c| c.code == code).unwrap().statement
 }
 
 fn events_of(d: &Daemon, event: &str) -> Vec<Value> {
@@ -151,9 +214,21 @@ fn root_a_rebuild_that_fails_is_captured_on_the_target_until_it_ends_and_its_err
     let manager = FakeManager::start(lh_volume(json!([])));
     let dir = tempfile::tempdir().unwrap();
     let store = Store::start(dir.path());
+    const TOKEN: &str = "kube-token-for-the-watch-test";
+    let token_file = dir.path().join("k8s-token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let kube = kube_api(
+        TOKEN,
+        format!(
+            "Failed rebuilding replica with Address {LH_T}:{P_T}: failed to add replica tcp://{LH_T}:{P_T} for volume: rpc error: code = Unknown desc = read tcp {LH_T}:43999->{LH_S}:{}: read: connection reset by peer",
+            P_S + 2
+        ),
+    );
     let rule = format!(
-        "[[watch]]\nname = \"rebuilds\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://{}/v1\"\nnode = \"node-t\"\nnetns = \"{}\"\npoll_seconds = 1\nwindow = \"60s\"\n",
-        manager.addr, bed.t.name
+        "[[watch]]\nname = \"rebuilds\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://{}/v1\"\nnode = \"node-t\"\nnetns = \"{}\"\npoll_seconds = 1\nwindow = \"60s\"\nkubernetes_api = \"http://{kube}\"\nkubernetes_token_file = \"{}\"\n",
+        manager.addr,
+        bed.t.name,
+        token_file.display()
     );
     let settings = Settings {
         collector_url: Some(format!("http://{}", store.addr)),
@@ -303,6 +378,93 @@ fn root_a_rebuild_that_fails_is_captured_on_the_target_until_it_ends_and_its_err
         ended[0]["outcome"]["error_pairs"],
         format!("{}->{LH_S}:{}", rb.control_local, P_S + 2)
     );
+
+    // 2. Another rebuild of the same replica; this time Longhorn drops the
+    //    entry and marks the replica failed (`[]`, mode ERR, failedAt): the
+    //    window ends, the end read is that reading, and the Events are read
+    //    through the Kubernetes API.
+    manager.set(lh_volume(entry("in_progress", true, 3, "")));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while events_of(&d, "started")
+        .iter()
+        .filter(|e| e["subject"] == subject)
+        .count()
+        < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no second window: {:#?}",
+            d.watch_events()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut gone: Value = serde_json::from_str(&lh_volume(json!([]))).unwrap();
+    gone["replicas"][1]["mode"] = json!("ERR");
+    gone["replicas"][1]["failedAt"] = json!("2026-12-04T18:00:00Z");
+    manager.set(gone.to_string());
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let second = loop {
+        let caps: Vec<Value> = events_of(&d, "captured")
+            .into_iter()
+            .filter(|e| e["subject"] == subject)
+            .collect();
+        if caps.len() >= 2 {
+            break caps[1].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no second capture: {:#?}\n{}",
+            d.watch_events(),
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let last = second["envelopes"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .as_str()
+        .unwrap()
+        .to_string();
+    let transfer = store.envelope(&last);
+    let codes: Vec<&str> = transfer.claims.iter().map(|c| c.code.as_str()).collect();
+    assert!(codes.contains(&"longhorn_rebuild_entry_gone"), "{codes:?}");
+    let ev = transfer
+        .claims
+        .iter()
+        .find(|c| c.code == "longhorn_failed_rebuilding_event")
+        .unwrap_or_else(|| {
+            panic!(
+                "{codes:?} {:#?}",
+                transfer
+                    .surfaces
+                    .iter()
+                    .map(|s| (&s.id, s.status, &s.cause))
+                    .collect::<Vec<_>>()
+            )
+        });
+    assert!(
+        ev.statement.contains("Engine pvc-7-e-0"),
+        "{}",
+        ev.statement
+    );
+    assert_eq!(
+        surface(&transfer, "kubernetes/events/pvc-7-e-0").status,
+        SurfaceStatus::Ok
+    );
+    assert!(
+        statement_of(&transfer, "longhorn_rebuild_entry_gone")
+            .contains("failedAt 2026-12-04T18:00:00Z"),
+        "{codes:?}"
+    );
+    let ended = events_of(&d, "rebuild_ended");
+    assert_eq!(ended.len(), 2, "{ended:#?}");
+    assert_eq!(ended[1]["outcome"]["failure"], "replica_failed");
+    assert!(!d.log_text().contains(TOKEN), "the token is never logged");
+    assert!(!serde_json::to_string(&transfer).unwrap().contains(TOKEN));
+
     eprintln!(
         "BENCH longhorn_rebuild poll: last poll {} us over loopback ({} polls); failure → window sealed {:.2} s",
         r["longhorn"]["manager"]["last_poll_us"],
