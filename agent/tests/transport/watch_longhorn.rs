@@ -244,8 +244,12 @@ fn root_a_rebuild_that_fails_is_captured_on_the_target_until_it_ends_and_its_err
             && s["watch"]["rules"][0]["longhorn"]["manager"]["state"] == "ok"
     });
     // No rebuild: polls, nothing fires.
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(manager.list_reads() >= 2, "the rule polls the list");
+    let reads = manager.list_reads();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        manager.list_reads() >= reads + 2,
+        "the rule polls the list every second"
+    );
     assert!(events_of(&d, "fired").is_empty(), "{:#?}", d.watch_events());
 
     // The rebuild starts: a window starts on T.

@@ -198,7 +198,9 @@ impl LonghornWatch {
             return false;
         }
         self.in_flight = true;
-        self.next_poll = Some(now + rule.poll);
+        // A little early is fine: ticks are a second apart, and a poll due
+        // just after a tick would otherwise wait for the next one.
+        self.next_poll = Some(now + rule.poll.saturating_sub(super::TICK / 10));
         true
     }
 
