@@ -469,8 +469,9 @@ fn root_a_rebuild_that_fails_is_captured_on_the_target_until_it_ends_and_its_err
     assert!(!d.log_text().contains(TOKEN), "the token is never logged");
     assert!(!serde_json::to_string(&transfer).unwrap().contains(TOKEN));
 
+    let r = d.watch_rule("rebuilds");
     eprintln!(
-        "BENCH longhorn_rebuild poll: last poll {} us over loopback ({} polls); failure → window sealed {:.2} s",
+        "BENCH longhorn_rebuild poll: last poll {} us over loopback (GET /v1/volumes, one volume, {} polls); failure seen → window sealed {:.2} s",
         r["longhorn"]["manager"]["last_poll_us"],
         r["longhorn"]["manager"]["polls"],
         took.as_secs_f64()
