@@ -396,6 +396,54 @@ pub fn transfer_envelope(
         "excluded_sample".into(),
         json!(r.excluded.iter().take(10).collect::<Vec<_>>()),
     );
+    // Streams opened and closed inside the window, from eBPF (not linked:
+    // they have no envelope of their own; listed with their role).
+    let short_roles: Vec<(&transport::TransientFlow, FlowRole)> = streams
+        .short_lived
+        .iter()
+        .flatten()
+        .map(|f| {
+            let role = match topo {
+                Some(t)
+                    if t.source.as_ref().and_then(|p| p.block).is_some()
+                        || t.target.as_ref().and_then(|p| p.block).is_some() =>
+                {
+                    classify(t, f.local, f.remote, r.by_ip)
+                }
+                _ => FlowRole::InBlock,
+            };
+            (f, role)
+        })
+        .collect();
+    match &streams.short_lived {
+        None => {
+            sfacts.insert(
+                "short_lived_source".into(),
+                json!("eBPF did not run: streams opened and closed inside the window are not seen"),
+            );
+        }
+        Some(_) => {
+            sfacts.insert(
+                "short_lived_source".into(),
+                json!("eBPF inet_sock_set_state: flows that closed inside the window and were in neither sock_diag sample; identity is the socket cookie when the kernel had one, else the 4-tuple and first event time"),
+            );
+            sfacts.insert("short_lived_count".into(), json!(short_roles.len()));
+            sfacts.insert(
+                "short_lived".into(),
+                Value::Array(
+                    short_roles
+                        .iter()
+                        .take(plan.max_flows)
+                        .map(|(f, role)| {
+                            let mut v = json!(f);
+                            v["role"] = json!(role.as_str());
+                            v
+                        })
+                        .collect(),
+                ),
+            );
+        }
+    }
     o.surfaces.insert(
         0,
         Surface {
@@ -429,6 +477,32 @@ pub fn transfer_envelope(
             )
         })
         .collect();
+    if !short_roles.is_empty() {
+        let mut by_role: std::collections::BTreeMap<&str, usize> = Default::default();
+        for (_, role) in &short_roles {
+            *by_role.entry(role.as_str()).or_default() += 1;
+        }
+        let resets = short_roles
+            .iter()
+            .filter(|(f, _)| f.resets_sent + f.resets_received > 0)
+            .count();
+        o.claim(
+            ClaimKind::Fact,
+            "longhorn_short_lived_streams",
+            format!(
+                "eBPF saw {} stream(s) of the rebuild's port blocks close inside the window that neither sock_diag sample held ({}); {} of them carried a RST",
+                short_roles.len(),
+                by_role
+                    .iter()
+                    .map(|(r, n)| format!("{n} {r}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                resets
+            ),
+            &["streams"],
+            None,
+        );
+    }
     if streams.flows.is_empty() {
         o.claim(
             ClaimKind::Fact,

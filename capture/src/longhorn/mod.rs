@@ -208,6 +208,13 @@ fn select(
         .flows
         .iter()
         .filter_map(envelope::endpoints)
+        .chain(
+            streams
+                .short_lived
+                .iter()
+                .flatten()
+                .map(|f| (f.local, f.remote)),
+        )
         .any(|(l, r)| {
             t.parties()
                 .any(|p| p.address == Some(l.ip()) || p.address == Some(r.ip()))
@@ -230,11 +237,31 @@ fn select(
             kept.push(e);
         }
     }
+    // Short-lived flows (eBPF): the same roles, the same exclusions.
+    let short_lived = streams.short_lived.map(|all| {
+        let mut kept = Vec::new();
+        for f in all {
+            if flows::classify(t, f.local, f.remote, by_ip) == flows::FlowRole::Excluded {
+                excluded.push(Excluded {
+                    flow_id: format!(
+                        "short-lived {}>{} (eBPF, first event {} ns)",
+                        f.local, f.remote, f.first_ns
+                    ),
+                    src: f.local.to_string(),
+                    dst: f.remote.to_string(),
+                });
+            } else {
+                kept.push(f);
+            }
+        }
+        kept
+    });
     (
         CaptureResult {
             net_ns: streams.net_ns,
             flows: kept,
             no_match: streams.no_match,
+            short_lived,
         },
         excluded,
         by_ip,
@@ -480,6 +507,7 @@ mod tests {
                 net_ns: 4026531840,
                 flows,
                 no_match: None,
+                short_lived: None,
             },
             topo.as_ref(),
         );

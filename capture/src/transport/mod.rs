@@ -402,6 +402,38 @@ pub struct EbpfFlow {
     pub resets: Vec<(String, u64, String)>,
 }
 
+/// A flow eBPF saw close inside the window (a transition to CLOSE): the
+/// short-lived streams a sock_diag sample at each end cannot see, such as
+/// Longhorn's per-file bulk streams. Identity: the socket cookie when the
+/// kernel had generated one (`skc_cookie` is made lazily, by sock_diag or a
+/// BPF helper, so a socket nobody dumped has none), else the 4-tuple with
+/// its first and last event times.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TransientFlow {
+    /// Socket cookie, when the kernel had one.
+    pub cookie: Option<String>,
+    /// This host's end.
+    pub local: SocketAddr,
+    /// The other end.
+    pub remote: SocketAddr,
+    /// Netns inode of the socket, when the event carried it.
+    pub netns_ino: Option<u32>,
+    /// Whether its opening (a SYN state → ESTABLISHED) was seen too.
+    pub opened_in_window: bool,
+    /// First and last event, CLOCK_MONOTONIC ns (decimal strings).
+    pub first_ns: String,
+    /// Last event.
+    pub last_ns: String,
+    /// State transitions (`FROM>TO@ns`).
+    pub transitions: Vec<String>,
+    /// Retransmits.
+    pub retransmits: u64,
+    /// RSTs this host sent.
+    pub resets_sent: u64,
+    /// RSTs received.
+    pub resets_received: u64,
+}
+
 /// The eBPF side of a window.
 #[derive(Debug, Clone)]
 pub enum EbpfWindow {
@@ -424,6 +456,9 @@ pub enum EbpfWindow {
         bytes: u64,
         /// Whether a ring or cap dropped events.
         truncated: bool,
+        /// Flows that closed inside the window (sock_diag's cookies not yet
+        /// removed: see [`CaptureResult::short_lived`]).
+        transient: Vec<TransientFlow>,
     },
 }
 
@@ -436,6 +471,12 @@ pub fn ebpf_start(peer: IpAddr) -> Result<pstack_ebpf::EbpfSession, EbpfWindow> 
         message: e.to_string(),
     })
 }
+
+// Linux `TCP_*` states (include/net/tcp_states.h).
+const TCP_ESTABLISHED: u8 = 1;
+const TCP_SYN_SENT: u8 = 2;
+const TCP_SYN_RECV: u8 = 3;
+const TCP_CLOSE: u8 = 7;
 
 /// Ends a capture's window before its length: set by whoever watches what
 /// the window is about (pstackd's `longhorn_rebuild` rule ends a rebuild's
@@ -547,11 +588,38 @@ pub fn ebpf_window_until(
     let bytes: u64 = TcpSurface::ALL.iter().map(|s| agg.raw(*s).bytes).sum();
     let truncated = TcpSurface::ALL.iter().any(|s| agg.truncated(*s))
         || report.tcp_ctx.lost.iter().any(|l| *l > 0);
+    let transient = agg
+        .flows()
+        .iter()
+        .filter(|f| f.transitions.iter().any(|t| t.to.0 == TCP_CLOSE))
+        .filter(|f| !f.local.addr.is_unspecified() && f.local.port != 0 && f.remote.port != 0)
+        .map(|f| TransientFlow {
+            cookie: f.sock_cookie.map(|c| c.to_string()),
+            local: SocketAddr::new(f.local.addr, f.local.port),
+            remote: SocketAddr::new(f.remote.addr, f.remote.port),
+            netns_ino: f.netns_ino,
+            opened_in_window: f
+                .transitions
+                .iter()
+                .any(|t| t.to.0 == TCP_ESTABLISHED && matches!(t.from.0, TCP_SYN_SENT | TCP_SYN_RECV)),
+            first_ns: f.first_ns.to_string(),
+            last_ns: f.last_ns.to_string(),
+            transitions: f
+                .transitions
+                .iter()
+                .map(|t| format!("{}>{}@{}", t.from.name(), t.to.name(), t.ts_ns))
+                .collect(),
+            retransmits: f.retransmits,
+            resets_sent: f.resets_sent,
+            resets_received: f.resets_received,
+        })
+        .collect();
     EbpfWindow::Flows {
         flows,
         digest: (!digests.is_empty()).then(|| sha256_digest(digests.join("\n").as_bytes())),
         bytes,
         truncated,
+        transient,
     }
 }
 
@@ -564,6 +632,10 @@ pub struct CaptureResult {
     pub flows: Vec<Envelope>,
     /// When no flow matched: a sealed `host` envelope saying so.
     pub no_match: Option<Envelope>,
+    /// Flows of the selection that eBPF saw close inside the window and that
+    /// neither sock_diag sample held (in this netns); None when eBPF did not
+    /// run, so their absence is unknown rather than none.
+    pub short_lived: Option<Vec<TransientFlow>>,
 }
 
 /// Run a capture with the net helper of `config` (its reap deadline and
@@ -1356,11 +1428,13 @@ impl Ctx<'_> {
             }
         }
         let tcp_failed = s.is_err() || e.is_err();
+        let short_lived = self.short_lived(&order);
         if order.is_empty() {
             return Ok(CaptureResult {
                 net_ns: self.net_ns,
                 flows: Vec::new(),
                 no_match: Some(self.no_match_envelope(&selector, tcp_failed)?),
+                short_lived,
             });
         }
         let expected = order.len() as u64;
@@ -1389,7 +1463,34 @@ impl Ctx<'_> {
             net_ns: self.net_ns,
             flows,
             no_match: None,
+            short_lived,
         })
+    }
+
+    /// eBPF's flows that closed inside the window, match the selection,
+    /// belong to this netns (by inode; without one, by this end not being
+    /// the peer) and are none of the sock_diag sockets `seen`.
+    fn short_lived(&self, seen: &[u64]) -> Option<Vec<TransientFlow>> {
+        let EbpfWindow::Flows { transient, .. } = &self.raw.ebpf else {
+            return None;
+        };
+        Some(
+            transient
+                .iter()
+                .filter(|f| {
+                    f.cookie
+                        .as_ref()
+                        .and_then(|c| c.parse::<u64>().ok())
+                        .is_none_or(|c| !seen.contains(&c))
+                })
+                .filter(|f| match f.netns_ino {
+                    Some(ino) => u64::from(ino) == self.net_ns,
+                    None => f.local.ip() != self.plan.filter.peer,
+                })
+                .filter(|f| self.plan.filter.matches_endpoints(f.local, f.remote))
+                .cloned()
+                .collect(),
+        )
     }
 
     /// Wall time of a CLOCK_MONOTONIC instant inside the capture.
@@ -1658,6 +1759,7 @@ impl Ctx<'_> {
                 digest,
                 bytes,
                 truncated,
+                ..
             } => {
                 let f = flows
                     .iter()
