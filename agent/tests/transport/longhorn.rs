@@ -553,7 +553,9 @@ fn root_target_capture_names_the_control_channel_reset_by_the_source_by_role() {
 /// role (and another volume's short-lived flows are excluded and counted).
 #[test]
 fn root_short_lived_bulk_streams_inside_the_window_come_from_ebpf_with_their_role() {
-    if !root_or_skip("root_short_lived_bulk_streams_inside_the_window_come_from_ebpf_with_their_role") {
+    if !root_or_skip(
+        "root_short_lived_bulk_streams_inside_the_window_come_from_ebpf_with_their_role",
+    ) {
         return;
     }
     let _s = serial();
@@ -574,7 +576,10 @@ fn root_short_lived_bulk_streams_inside_the_window_come_from_ebpf_with_their_rol
     let other_port = OTHER_FIRST + 7;
     let listeners: Vec<TcpListener> = [file_port, other_port]
         .into_iter()
-        .map(|p| bed.t.within(move || TcpListener::bind(format!("{LH_T}:{p}")).unwrap()))
+        .map(|p| {
+            bed.t
+                .within(move || TcpListener::bind(format!("{LH_T}:{p}")).unwrap())
+        })
         .collect();
     let accepting: Vec<_> = listeners
         .into_iter()
@@ -630,10 +635,18 @@ fn root_short_lived_bulk_streams_inside_the_window_come_from_ebpf_with_their_rol
     for f in &files {
         assert_eq!(f["role"], "ssync_data", "{f:#}");
         assert!(f["remote"].as_str().unwrap().starts_with(LH_S), "{f:#}");
-        assert!(f["transitions"].as_array().unwrap().iter().any(|t| t.as_str().unwrap().contains("CLOSE")));
+        assert!(
+            f["transitions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t.as_str().unwrap().contains("CLOSE"))
+        );
     }
     assert!(
-        !short.iter().any(|f| f["local"] == format!("{LH_T}:{other_port}")),
+        !short
+            .iter()
+            .any(|f| f["local"] == format!("{LH_T}:{other_port}")),
         "another volume's short-lived flows are not the rebuild's: {short:#?}"
     );
     let excluded_short = streams.facts["excluded_sample"]
@@ -642,9 +655,14 @@ fn root_short_lived_bulk_streams_inside_the_window_come_from_ebpf_with_their_rol
         .iter()
         .filter(|x| x["flow_id"].as_str().unwrap().starts_with("short-lived"))
         .count();
-    assert!(excluded_short >= 1, "{:#}", streams.facts["excluded_sample"]);
+    assert!(
+        excluded_short >= 1,
+        "{:#}",
+        streams.facts["excluded_sample"]
+    );
     assert_eq!(
-        streams.facts["excluded_count"], 2 + 4,
+        streams.facts["excluded_count"],
+        2 + 4,
         "two other volumes' live flows and four short-lived ones"
     );
     let fact = transfer
@@ -652,5 +670,9 @@ fn root_short_lived_bulk_streams_inside_the_window_come_from_ebpf_with_their_rol
         .iter()
         .find(|c| c.code == "longhorn_short_lived_streams")
         .unwrap_or_else(|| panic!("{:?}", codes(transfer)));
-    assert!(fact.statement.contains("4 ssync_data"), "{}", fact.statement);
+    assert!(
+        fact.statement.contains("4 ssync_data"),
+        "{}",
+        fact.statement
+    );
 }
