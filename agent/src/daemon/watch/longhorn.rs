@@ -17,6 +17,7 @@
 //!   stops it) or the rule's `window`, whichever is first; a rebuild that
 //!   outlasts the window gets another window when the last one has sealed
 //!   (counted in `continued`). A window that was suppressed is not retried.
+//!   pstackd draining ends every window (sealed with what it saw).
 //! - **The end is evidence.** A failure hands the capture the poll's own
 //!   reading of that volume (the `error` text, `failedAt`, mode) as its end
 //!   read; a failure seen with no window running fires a terminal capture
@@ -202,6 +203,13 @@ impl LonghornWatch {
         // just after a tick would otherwise wait for the next one.
         self.next_poll = Some(now + rule.poll.saturating_sub(super::TICK / 10));
         true
+    }
+
+    /// End every running window now (pstackd is draining).
+    pub fn end_windows(&self) {
+        for w in self.windows.values() {
+            w.watcher.end(None);
+        }
     }
 
     /// The rule's health.

@@ -247,9 +247,14 @@ impl WatchEngine {
         (recent, rx, self.closing.subscribe())
     }
 
-    /// End every event stream (pstackd is draining).
+    /// End every event stream and every Longhorn rebuild window (pstackd
+    /// is draining: a window that follows a rebuild may have up to an hour
+    /// left, and is sealed with what it saw so far).
     pub fn close(&self) {
         self.closing.send_replace(true);
+        for s in lock(&self.inner).rules.iter() {
+            s.longhorn.end_windows();
+        }
     }
 
     /// Replace the rule set with the configuration's, keeping the state of
