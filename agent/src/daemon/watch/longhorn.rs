@@ -588,3 +588,145 @@ fn ended_event(rule: &WatchRule, ev: &RebuildEvent, o: &Outcome) -> Value {
 pub fn poll(lh: &LonghornRule) -> ApiRead {
     client::fetch_volumes(&lh.manager_url)
 }
+
+#[cfg(test)]
+mod tests {
+    //! The rule's orchestration over synthetic manager reads (the capture
+    //! itself is exercised on the testbed, `tests/transport/watch_longhorn.rs`).
+    use super::*;
+    use crate::daemon::watch::rules::WatchRuleConfig;
+
+    fn rule(node: &str) -> (WatchRule, LonghornRule) {
+        let cfg: WatchRuleConfig = toml::from_str(&format!(
+            "name = \"rebuilds\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://127.0.0.1:9500\"\nnode = \"{node}\"\nwindow = \"30s\""
+        ))
+        .unwrap();
+        let r = cfg.validate().unwrap();
+        let super::super::rules::Condition::LonghornRebuild(lh) = &r.condition else {
+            panic!()
+        };
+        let lh = (**lh).clone();
+        (r, lh)
+    }
+
+    /// A `GET /v1/volumes` answer: volume `pvc-7` (replica S on node-s
+    /// 10.0.0.2, T on node-t 10.0.0.3 in `mode`, engine on node-e) with
+    /// `rebuild` as its `rebuildStatus`.
+    fn list(rebuild: serde_json::Value, mode: &str) -> ApiRead {
+        let v = json!({"name": "pvc-7", "state": "attached", "robustness": "degraded", "dataEngine": "v1",
+            "replicas": [{"name": "r-s", "hostId": "node-s", "address": "10.0.0.2", "instanceManagerName": "im-s", "mode": "RW", "failedAt": ""},
+                         {"name": "r-t", "hostId": "node-t", "address": "10.0.0.3", "instanceManagerName": "im-t", "mode": mode, "failedAt": ""}],
+            "controllers": [{"name": "pvc-7-e-0", "hostId": "node-e", "address": "10.0.0.1"}],
+            "rebuildStatus": rebuild});
+        ApiRead {
+            url: "http://127.0.0.1:9500/v1/volumes".into(),
+            at: "2026-12-04T18:00:00.000Z".into(),
+            result: Ok(json!({"type": "collection", "data": [v]})
+                .to_string()
+                .into_bytes()),
+            elapsed_us: 10,
+        }
+    }
+
+    fn running(state: &str, error: &str) -> serde_json::Value {
+        json!([{"replica": "r-t", "fromReplica": "r-s", "state": state, "progress": 5,
+                "isRebuilding": state == "in_progress", "error": error}])
+    }
+
+    fn action(f: &Firing) -> &LonghornAction {
+        match &f.action {
+            Action::Longhorn(a) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_rebuild_gets_a_window_a_continuation_and_a_terminal_capture() {
+        let (r, lh) = rule("node-t");
+        let mut w = LonghornWatch::default();
+        assert!(w.take_poll(&lh, Instant::now()));
+        assert!(!w.take_poll(&lh, Instant::now()), "one poll in flight");
+        let (f, ev) = w.on_poll(&r, &lh, list(json!([]), "WO"));
+        assert!(f.is_empty() && ev.is_empty());
+        // Started: a window on the target towards the source.
+        let (f, ev) = w.on_poll(&r, &lh, list(running("in_progress", ""), "WO"));
+        assert_eq!(ev[0]["event"], "rebuild_started");
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].subject, "longhorn:pvc-7/r-t");
+        assert_eq!(f[0].condition["role"], "target");
+        assert_eq!(f[0].condition["phase"], "started");
+        let a = action(&f[0]);
+        assert_eq!(a.request.peer, "10.0.0.2");
+        assert_eq!(a.request.engine, "pvc-7-e-0");
+        assert_eq!(a.request.window_ms, 30_000);
+        // While it runs, polls fire nothing.
+        a.life.started();
+        let (f2, _) = w.on_poll(&r, &lh, list(running("in_progress", ""), "WO"));
+        assert!(f2.is_empty());
+        // It sealed at its bound while the rebuild goes on: the next window.
+        a.life.done();
+        let (f3, _) = w.on_poll(&r, &lh, list(running("in_progress", ""), "WO"));
+        assert_eq!(f3.len(), 1);
+        assert_eq!(f3[0].condition["phase"], "continued");
+        assert_eq!(f3[0].condition["window_seq"], "2");
+        assert_eq!(w.continued, 1);
+        // That one is running when the rebuild fails: it is ended, and handed
+        // the poll's reading.
+        let b = action(&f3[0]);
+        b.life.started();
+        let text = "read tcp 10.0.0.3:43126->10.0.0.2:10002: read: connection reset by peer";
+        let (f4, ev) = w.on_poll(&r, &lh, list(running("error", text), "WO"));
+        assert!(f4.is_empty(), "the running window takes the end");
+        assert!(b.watcher.stop.is_stopped());
+        let handed = b.watcher.terminal.lock().unwrap().clone().unwrap();
+        assert!(
+            String::from_utf8_lossy(handed.result.as_ref().unwrap()).contains("connection reset")
+        );
+        assert_eq!(ev[0]["event"], "rebuild_ended");
+        assert_eq!(ev[0]["outcome"]["failure"], "state_error");
+        assert_eq!(
+            ev[0]["outcome"]["error_pairs"],
+            "10.0.0.3:43126->10.0.0.2:10002"
+        );
+
+        // A failure seen when no window runs: a terminal capture, already ended.
+        let (f, _) = w.on_poll(&r, &lh, list(running("in_progress", ""), "WO"));
+        let c = action(&f[0]);
+        c.life.started();
+        c.life.done();
+        let (f5, _) = w.on_poll(&r, &lh, list(json!([]), "ERR"));
+        assert_eq!(f5.len(), 1, "{f5:?}");
+        assert_eq!(f5[0].condition["phase"], "failed");
+        assert_eq!(f5[0].condition["failure"], "replica_failed");
+        let t = action(&f5[0]);
+        assert!(t.watcher.stop.is_stopped());
+        assert!(t.watcher.terminal.lock().unwrap().is_some());
+        assert_eq!(w.terminal, 1);
+    }
+
+    #[test]
+    fn a_node_that_takes_no_part_captures_nothing_and_a_bad_read_degrades() {
+        let (r, lh) = rule("node-x");
+        let mut w = LonghornWatch::default();
+        let (f, ev) = w.on_poll(&r, &lh, list(running("in_progress", ""), "WO"));
+        assert!(f.is_empty());
+        assert_eq!(ev[0]["role"], serde_json::Value::Null);
+        assert_eq!(w.not_a_party, 1);
+        // The engine's node captures towards the target.
+        let (r, lh) = rule("node-e");
+        let mut w = LonghornWatch::default();
+        let (f, _) = w.on_poll(&r, &lh, list(running("in_progress", ""), "WO"));
+        assert_eq!(f[0].condition["role"], "engine");
+        assert_eq!(action(&f[0]).request.peer, "10.0.0.3");
+        // A bad read: degraded, the rebuild still followed, nothing ends.
+        let mut bad = list(json!([]), "WO");
+        bad.result = Ok(b"<html><body>UI</body></html>".to_vec());
+        let (f, ev) = w.on_poll(&r, &lh, bad.clone());
+        assert!(f.is_empty());
+        assert_eq!(ev[0]["event"], "degraded");
+        assert!(matches!(w.health(), Health::Degraded(m) if m.contains("HTML")));
+        assert_eq!(w.book.followed().count(), 1);
+        let (_, ev) = w.on_poll(&r, &lh, bad);
+        assert!(ev.is_empty(), "degraded is said once");
+    }
+}
