@@ -28,6 +28,7 @@ pub mod conditions;
 pub mod flows;
 pub mod limit;
 pub mod longhorn;
+mod longhorn_run;
 pub mod rebuild;
 pub mod rules;
 pub mod sample;
@@ -718,7 +719,7 @@ async fn tick_once(state: &Arc<DaemonState>) {
     if lock(&engine.inner).rules.is_empty() {
         return;
     }
-    longhorn_polls(state);
+    longhorn_run::polls(state);
     engine.refresh_availability(state, &flow_state);
     let (needs_d, needs_rates) = {
         let inner = lock(&engine.inner);
@@ -749,72 +750,6 @@ async fn tick_once(state: &Arc<DaemonState>) {
     .unwrap_or_default();
     for f in engine.evaluate(&readings) {
         consider(state, f);
-    }
-}
-
-/// Start the `longhorn_rebuild` polls that are due, each on its own task
-/// (a manager that takes its whole deadline never holds the tick); each
-/// poll's result is folded by its rule and its firings considered.
-fn longhorn_polls(state: &Arc<DaemonState>) {
-    let engine = &state.watch;
-    let due: Vec<(String, rules::LonghornRule)> = {
-        let mut inner = lock(&engine.inner);
-        let now = Instant::now();
-        inner
-            .rules
-            .iter_mut()
-            .filter_map(|s| match &s.rule.condition {
-                Condition::LonghornRebuild(lh) if s.longhorn.take_poll(lh, now) => {
-                    Some((s.rule.name.clone(), (**lh).clone()))
-                }
-                _ => None,
-            })
-            .collect()
-    };
-    for (name, lh) in due {
-        let state = state.clone();
-        tokio::spawn(async move {
-            let poll_lh = lh.clone();
-            let read = match tokio::task::spawn_blocking(move || longhorn::poll(&poll_lh)).await {
-                Ok(r) => r,
-                Err(e) => pstack_capture::longhorn::ApiRead {
-                    url: lh.manager_url.clone(),
-                    at: wall_time_now(),
-                    result: Err(pstack_capture::longhorn::ApiFailure {
-                        status: pstack_envelope::SurfaceStatus::Error,
-                        errno: None,
-                        message: format!("the poll task failed: {e}"),
-                    }),
-                    elapsed_us: 0,
-                },
-            };
-            let engine = &state.watch;
-            let (firings, events) = {
-                let mut inner = lock(&engine.inner);
-                let Some(s) = inner.rules.iter_mut().find(|s| {
-                    s.rule.name == name
-                        && s.rule.condition == Condition::LonghornRebuild(Box::new(lh.clone()))
-                }) else {
-                    return; // reloaded away meanwhile
-                };
-                let rule = s.rule.clone();
-                let out = s.longhorn.on_poll(&rule, &lh, read);
-                if let longhorn::Health::Degraded(r) = s.longhorn.health() {
-                    s.availability = Availability::Degraded(r.clone());
-                } else if matches!(s.availability, Availability::Degraded(_)) {
-                    s.availability = Availability::Armed;
-                }
-                out
-            };
-            for mut e in events {
-                e["at"] = json!(wall_time_now());
-                tracing::info!(event = %e, "longhorn rebuild watch");
-                engine.emit(e);
-            }
-            for f in firings {
-                consider(&state, f);
-            }
-        });
     }
 }
 
@@ -936,49 +871,6 @@ fn trigger_of(f: &Firing) -> Trigger {
     }
 }
 
-/// A rebuild's capture: its window ends when the rule's poll sees the
-/// rebuild end (or at the rule's window); `life` tells the rule when it
-/// started and when it returned.
-async fn run_longhorn(
-    state: &Arc<DaemonState>,
-    a: &longhorn::LonghornAction,
-    trigger: Trigger,
-    slot: Option<super::state::CaptureSlot>,
-    budget: Option<crate::supervisor::LeakBudget>,
-) -> Result<Vec<String>, String> {
-    let life = a.life.clone();
-    let result = async {
-        let mut plan = a.plan()?;
-        plan.transport.trigger = Some(trigger);
-        let supervisor = state
-            .engine
-            .supervisor
-            .clone()
-            .map_err(|e| format!("pstack-helper not found: {e}"))?;
-        let budget = budget.ok_or("no leak budget")?;
-        let spool = state.spool.clone();
-        let deadline = ValidRequest::Longhorn(Box::new(plan.clone())).run_deadline();
-        let watcher = a.watcher.clone();
-        a.life.started();
-        let work = tokio::task::spawn_blocking(move || {
-            let _slot = slot;
-            engines::run_longhorn_watched(&plan, &watcher, &supervisor, &budget, &spool)
-        });
-        match tokio::time::timeout(deadline + super::api::OVERRUN_GRACE, work).await {
-            Ok(Ok(Ok(captured))) => Ok(captured.envelopes.into_iter().map(|e| e.digest).collect()),
-            Ok(Ok(Err(e))) => Err(e.to_string()),
-            Ok(Err(join)) => Err(format!("the capture task failed: {join}")),
-            Err(_) => Err(format!(
-                "the capture overran its {} ms deadline",
-                deadline.as_millis()
-            )),
-        }
-    }
-    .await;
-    life.done();
-    result
-}
-
 /// Build the request of a firing, run it on the blocking pool holding
 /// `slot`, spool what it sealed; the digests or why not.
 async fn run_capture(
@@ -1042,7 +934,7 @@ async fn run_capture(
             plan.trigger = Some(trigger);
             ValidRequest::Transport(plan)
         }
-        Action::Longhorn(a) => return run_longhorn(state, a, trigger, slot, budget).await,
+        Action::Longhorn(a) => return longhorn_run::capture(state, a, trigger, slot, budget).await,
     };
     let supervisor = state
         .engine
