@@ -574,7 +574,11 @@ fn a_longhorn_manager_that_is_down_or_answers_garbage_degrades_the_rule_without_
         "{reason}"
     );
     // Still degraded after more polls, and never an event or an envelope.
-    std::thread::sleep(Duration::from_millis(2500));
+    wait_until(Duration::from_secs(30), "three polls of each rule", || {
+        ["lh-down", "lh-ui"]
+            .iter()
+            .all(|n| d.watch_rule(n)["longhorn"]["manager"]["polls"].as_u64() >= Some(3))
+    });
     for name in ["lh-down", "lh-ui"] {
         let r = d.watch_rule(name);
         assert_eq!(r["state"], "degraded", "{r:#}");

@@ -620,12 +620,10 @@ fn root_short_lived_bulk_streams_inside_the_window_come_from_ebpf_with_their_rol
     let transfer = envs.last().unwrap();
     let streams = surface(transfer, "streams");
     let source = streams.facts["short_lived_source"].as_str().unwrap_or("");
-    if !pstack_testkit::precondition(
+    pstack_testkit::require!(
         !source.starts_with("eBPF did not run"),
-        "needs the eBPF TCP programs (BTF, CAP_BPF)",
-    ) {
-        return;
-    }
+        "needs the eBPF TCP programs (BTF, CAP_BPF)"
+    );
     let short = streams.facts["short_lived"].as_array().unwrap();
     let files: Vec<&serde_json::Value> = short
         .iter()
