@@ -598,10 +598,9 @@ pub fn ebpf_window_until(
             local: SocketAddr::new(f.local.addr, f.local.port),
             remote: SocketAddr::new(f.remote.addr, f.remote.port),
             netns_ino: f.netns_ino,
-            opened_in_window: f
-                .transitions
-                .iter()
-                .any(|t| t.to.0 == TCP_ESTABLISHED && matches!(t.from.0, TCP_SYN_SENT | TCP_SYN_RECV)),
+            opened_in_window: f.transitions.iter().any(|t| {
+                t.to.0 == TCP_ESTABLISHED && matches!(t.from.0, TCP_SYN_SENT | TCP_SYN_RECV)
+            }),
             first_ns: f.first_ns.to_string(),
             last_ns: f.last_ns.to_string(),
             transitions: f
