@@ -325,6 +325,8 @@ impl ValidRequest {
                     // Volume at start, two instance managers, volume at end.
                     + longhorn::API_DEADLINE * longhorn::MAX_API_READS
                     + longhorn::HUBBLE_DEADLINE
+                    // The volume's, engine's and replica's Events (a watched capture).
+                    + longhorn::kube::EVENTS_DEADLINE * 3
             }
             ValidRequest::TcpTrace(p) => p.window + tcp_trace::RUN_OVERHEAD,
         }

@@ -12,7 +12,9 @@
 //! client socket has port 0 in its first `CLOSE -> SYN_SENT` transition) and,
 //! for events without a socket (a RST answering a SYN to a closed port), by
 //! `(netns, local, remote)`. A socket whose flow closed and then starts again
-//! from `CLOSE` (the kernel reused it) opens a new flow.
+//! from `CLOSE` (the kernel reused it for a client) or from `LISTEN` (for a
+//! connection a listener accepted: the child is cloned from the listener, so
+//! its first transition is `LISTEN -> SYN_RECV`) opens a new flow.
 
 use std::collections::HashMap;
 
@@ -387,7 +389,11 @@ impl TcpAggregate {
     }
 
     fn flow_index(&mut self, e: &TcpEvent) -> Option<usize> {
-        let reopening = e.kind == TcpEventKind::StateChange && e.state == TcpState(7);
+        // CLOSE (a client socket starting again) or LISTEN (an accepted
+        // child, cloned from its listener) on a flow that closed: the kernel
+        // reused the socket's memory for a new connection.
+        let reopening = e.kind == TcpEventKind::StateChange
+            && (e.state == TcpState(7) || e.state == TcpState(10));
         let existing = if e.sk_key != 0 {
             self.by_sock.get(&e.sk_key).copied()
         } else {
@@ -493,6 +499,23 @@ mod tests {
         assert_eq!(a.flows()[0].resets_sent, 1);
         a.add(&ev(TcpEventKind::StateChange, 0xa, 0, 81, 7, 2)); // the socket memory reused
         assert_eq!(a.flows().len(), 2);
+    }
+
+    #[test]
+    fn an_accepted_child_in_reused_memory_is_a_new_flow() {
+        let mut a = TcpAggregate::new(Limits::default(), None);
+        // Two short accepted connections whose sockets land at the same address.
+        for rport in [40001, 40002] {
+            a.add(&ev(TcpEventKind::StateChange, 0xb, 10505, rport, 10, 3)); // LISTEN -> SYN_RECV
+            a.add(&ev(TcpEventKind::StateChange, 0xb, 10505, rport, 3, 1));
+            a.add(&ev(TcpEventKind::StateChange, 0xb, 10505, rport, 1, 8)); // CLOSE_WAIT
+            a.add(&ev(TcpEventKind::StateChange, 0xb, 10505, rport, 8, 9)); // LAST_ACK
+            a.add(&ev(TcpEventKind::StateChange, 0xb, 10505, rport, 9, 7)); // CLOSE
+        }
+        assert_eq!(a.flows().len(), 2, "{:?}", a.flows());
+        assert_eq!(a.flows()[0].remote.port, 40001);
+        assert_eq!(a.flows()[1].remote.port, 40002);
+        assert_eq!(a.flows()[1].transitions.len(), 5);
     }
 
     #[test]

@@ -180,10 +180,10 @@ pub fn render(s: &Value) -> String {
 /// One line on a watch rule: kind, armed or why not, and what it did.
 pub fn rule_line(r: &Value) -> String {
     let mut text = format!("{} ", n(&r["kind"]));
-    if r["state"] == "armed" {
-        text.push_str("armed");
-    } else {
-        text.push_str(&format!("UNAVAILABLE ({}) !!", n(&r["reason"])));
+    match r["state"].as_str() {
+        Some("armed") => text.push_str("armed"),
+        Some("degraded") => text.push_str(&format!("DEGRADED ({}) !!", n(&r["reason"]))),
+        _ => text.push_str(&format!("UNAVAILABLE ({}) !!", n(&r["reason"]))),
     }
     let suppressed = r["suppressed_total"].as_u64().unwrap_or(0);
     text.push_str(&format!(

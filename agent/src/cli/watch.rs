@@ -146,6 +146,32 @@ pub fn event_line(e: &Value) -> String {
             s(&e["fault_to_sealed_ms"])
         ),
         Some("failed") => format!("{head}: {}", s(&e["error"])),
+        Some("degraded") => format!("{head}: {}", s(&e["reason"])),
+        Some("rebuild_started") => format!(
+            "{head}: {}/{} from {}, this node {}",
+            s(&e["volume"]),
+            s(&e["replica"]),
+            e["from"]
+                .as_array()
+                .map(|a| a.iter().map(s).collect::<Vec<_>>().join("+"))
+                .unwrap_or_default(),
+            e["role"]
+                .as_str()
+                .map(|r| format!("is the {r}"))
+                .unwrap_or_else(|| "takes no part".into())
+        ),
+        Some("rebuild_ended") => {
+            let how: Vec<String> = e["outcome"]
+                .as_object()
+                .map(|m| m.iter().map(|(k, v)| format!("{k}={}", s(v))).collect())
+                .unwrap_or_default();
+            format!(
+                "{head}: {}/{} {}",
+                s(&e["volume"]),
+                s(&e["replica"]),
+                how.join(" ")
+            )
+        }
         Some("lagged") => format!(
             "(missed {} events: the reader was too slow)",
             s(&e["missed"])
@@ -158,6 +184,31 @@ pub fn event_line(e: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn longhorn_rebuild_events_read_as_lines() {
+        let started = json!({"at": "T", "event": "rebuild_started", "rule": "rebuilds",
+            "volume": "pvc-7", "replica": "pvc-7-r-t", "from": ["pvc-7-r-s"], "role": "target"});
+        assert!(
+            event_line(&started)
+                .ends_with("pvc-7/pvc-7-r-t from pvc-7-r-s, this node is the target")
+        );
+        let ended = json!({"at": "T", "event": "rebuild_ended", "rule": "rebuilds", "volume": "pvc-7",
+            "replica": "pvc-7-r-t", "outcome": {"outcome": "failed", "failure": "state_error"}});
+        assert!(
+            event_line(&ended).ends_with("pvc-7/pvc-7-r-t failure=state_error outcome=failed"),
+            "{}",
+            event_line(&ended)
+        );
+        let degraded =
+            json!({"at": "T", "event": "degraded", "rule": "rebuilds", "reason": "down"});
+        assert!(event_line(&degraded).ends_with(": down"));
+        let rule = json!({"kind": "longhorn_rebuild", "state": "degraded", "reason": "the manager did not answer"});
+        assert!(
+            crate::cli::status::rule_line(&rule)
+                .contains("DEGRADED (the manager did not answer) !!")
+        );
+    }
 
     #[test]
     fn events_read_as_lines() {

@@ -175,6 +175,44 @@ pub fn run_and_spool_with(
             ("tcp_trace", vec![r.envelope], r.refused)
         }
     };
+    spool_all(kind, envelopes, trace_refused, spool)
+}
+
+/// A Longhorn capture under a watcher (pstackd's `longhorn_rebuild` rule:
+/// the window ends when the rebuild does), spooled like [`run_and_spool`].
+pub fn run_longhorn_watched(
+    plan: &longhorn::LonghornPlan,
+    watcher: &longhorn::Watcher,
+    config: &SupervisorConfig,
+    budget: &LeakBudget,
+    spool: &Spool,
+) -> Result<Captured, EngineFailure> {
+    budget.refresh_from_journal();
+    let progress = log_progress("longhorn", None);
+    let r = longhorn::capture_watched(
+        plan,
+        config,
+        budget,
+        Path::new(HUBBLE_BIN),
+        &progress,
+        watcher,
+    )?;
+    let mut all: Vec<Envelope> = r
+        .streams
+        .flows
+        .into_iter()
+        .chain(r.streams.no_match)
+        .collect();
+    all.push(r.transfer);
+    spool_all("longhorn", all, None, spool)
+}
+
+fn spool_all(
+    kind: &'static str,
+    envelopes: Vec<Envelope>,
+    trace_refused: Option<SurfaceStatus>,
+    spool: &Spool,
+) -> Result<Captured, EngineFailure> {
     let mut spooled = Vec::with_capacity(envelopes.len());
     for env in envelopes {
         let bytes = serde_json::to_vec(&env).map_err(|e| EngineFailure::Encode(e.to_string()))?;

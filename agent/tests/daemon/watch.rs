@@ -508,3 +508,118 @@ fn an_open_watch_follower_does_not_hold_the_drain() {
     };
     assert_eq!(st.code(), Some(0), "the stream ended cleanly");
 }
+
+/// A loopback server answering every request with `body` (shared, so the
+/// test can turn it into a real answer), `Connection: close`.
+fn canned_server(body: std::sync::Arc<std::sync::Mutex<(String, String)>>) -> SocketAddr {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let (ctype, b) = body.lock().unwrap().clone();
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+                b.len()
+            );
+        }
+    });
+    addr
+}
+
+/// A Longhorn manager that is down, or answers an HTML page, makes the
+/// `longhorn_rebuild` rule `degraded` with the reason: nothing fires and
+/// no envelope is made. A manager that answers the list again re-arms it.
+#[test]
+fn a_longhorn_manager_that_is_down_or_answers_garbage_degrades_the_rule_without_an_event() {
+    let dir = tempfile::tempdir().unwrap();
+    // A loopback port nothing listens on (bound, then released).
+    let down = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let html = std::sync::Arc::new(std::sync::Mutex::new((
+        "text/html".to_string(),
+        "<!DOCTYPE html><html><body>Longhorn UI</body></html>".to_string(),
+    )));
+    let ui = canned_server(html.clone());
+    let settings = Settings::default();
+    let mut text = settings.toml(dir.path());
+    for (name, addr) in [("lh-down", down), ("lh-ui", ui)] {
+        text.push_str(&format!(
+            "[[watch]]\nname = \"{name}\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://{addr}\"\npoll_seconds = 1\nnode = \"node-t\"\n"
+        ));
+    }
+    let d = start_with_text(dir.path(), &settings, &text);
+    wait_until(Duration::from_secs(15), "both rules degraded", || {
+        d.watch_rule("lh-down")["state"] == "degraded"
+            && d.watch_rule("lh-ui")["state"] == "degraded"
+    });
+    let r = d.watch_rule("lh-down");
+    let reason = r["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("did not answer the volume list") && reason.contains(&down.to_string()),
+        "{reason}"
+    );
+    assert_eq!(r["longhorn"]["manager"]["state"], "degraded", "{r:#}");
+    let r = d.watch_rule("lh-ui");
+    let reason = r["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("garbage") && reason.contains("HTML page"),
+        "{reason}"
+    );
+    // Still degraded after more polls, and never an event or an envelope.
+    wait_until(Duration::from_secs(30), "three polls of each rule", || {
+        ["lh-down", "lh-ui"]
+            .iter()
+            .all(|n| d.watch_rule(n)["longhorn"]["manager"]["polls"].as_u64() >= Some(3))
+    });
+    for name in ["lh-down", "lh-ui"] {
+        let r = d.watch_rule(name);
+        assert_eq!(r["state"], "degraded", "{r:#}");
+        assert!(
+            r["longhorn"]["manager"]["polls"].as_u64().unwrap() >= 2,
+            "{r:#}"
+        );
+        assert_eq!(r["fired_total"], 0, "{r:#}");
+        assert_eq!(r["captured_total"], 0, "{r:#}");
+    }
+    let events = d.watch_events();
+    assert!(
+        !events.iter().any(|e| [
+            "fired",
+            "started",
+            "captured",
+            "rebuild_started",
+            "rebuild_ended"
+        ]
+        .contains(&e["event"].as_str().unwrap_or(""))),
+        "{events:#?}"
+    );
+    assert_eq!(
+        events.iter().filter(|e| e["event"] == "degraded").count(),
+        2,
+        "degraded is said once per rule, not every poll: {events:#?}"
+    );
+    let spooled = std::fs::read_dir(dir.path().join("spool"))
+        .map(|r| {
+            r.filter_map(Result::ok)
+                .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(spooled, 0, "no envelope from a bad manager");
+    // The manager answers the list again: armed.
+    *html.lock().unwrap() = (
+        "application/json".into(),
+        r#"{"type":"collection","resourceType":"volume","data":[]}"#.into(),
+    );
+    wait_until(Duration::from_secs(10), "lh-ui re-armed", || {
+        d.watch_rule("lh-ui")["state"] == "armed"
+    });
+}

@@ -2,7 +2,7 @@
 //! envelopes by digest; the manager API is read when configured, else unknown.
 
 use std::io::{Read, Write};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
 use pstack_envelope::{Completeness, Subject, SurfaceStatus};
@@ -251,7 +251,7 @@ fn root_hubble_verdicts_are_read_when_reachable_else_unknown() {
 /// A v1.9.0 `api/model.go` volume document of the three-namespace bed:
 /// replica S on node-s, T (WO) on node-t, the engine on node-e; `rebuild`
 /// is the `rebuildStatus` array.
-fn lh_volume(rebuild: serde_json::Value) -> String {
+pub(crate) fn lh_volume(rebuild: serde_json::Value) -> String {
     let inst = |name: &str, node: &str, ip: &str, im: &str, mode: &str| {
         serde_json::json!({"name": name, "hostId": node, "address": ip, "running": true,
             "image": "longhornio/longhorn-engine:v1.9.0", "currentImage": "longhornio/longhorn-engine:v1.9.0",
@@ -271,7 +271,7 @@ fn lh_volume(rebuild: serde_json::Value) -> String {
 
 /// A v1.9.0 instance-manager document with `replica`'s block at `port`, plus
 /// another volume's replica next to it.
-fn lh_im(name: &str, replica: &str, port: u16) -> String {
+pub(crate) fn lh_im(name: &str, replica: &str, port: u16) -> String {
     let p = |start: u16| {
         serde_json::json!({"spec": {"name": "x", "dataEngine": "v1"},
         "status": {"endpoint": "", "errorMsg": "", "listen": "", "portStart": start, "portEnd": start + 9,
@@ -544,5 +544,133 @@ fn root_target_capture_names_the_control_channel_reset_by_the_source_by_role() {
         codes(stream).iter().any(|c| c == "reset_by_peer_inferred"),
         "the control stream records the reset itself: {:?}",
         codes(stream)
+    );
+}
+
+/// Issue 20 item 3: S's per-file bulk streams to T:P_T+3…+9 that open and
+/// close inside the window are in neither sock_diag sample; the capture's
+/// eBPF session sees them close and the transfer lists them with their
+/// role (and another volume's short-lived flows are excluded and counted).
+#[test]
+fn root_short_lived_bulk_streams_inside_the_window_come_from_ebpf_with_their_role() {
+    if !root_or_skip(
+        "root_short_lived_bulk_streams_inside_the_window_come_from_ebpf_with_their_role",
+    ) {
+        return;
+    }
+    let _s = serial();
+    let bed = LonghornBed::new("lhsl");
+    let _rb = bed.start_rebuild(2, None);
+    let in_progress = serde_json::json!([{"id": "", "type": "rebuildStatus", "links": null, "actions": null,
+        "replica": "pvc-7-r-t", "fromReplica": "pvc-7-r-s", "state": "in_progress", "progress": 12,
+        "isRebuilding": true, "error": ""}]);
+    let (api, h) = lh_manager(
+        vec![lh_volume(in_progress.clone()), lh_volume(in_progress)],
+        vec![
+            ("im-s".to_string(), lh_im("im-s", "pvc-7-r-s", P_S)),
+            ("im-t".to_string(), lh_im("im-t", "pvc-7-r-t", P_T)),
+        ],
+    );
+    // Receivers in T: one file port of the rebuild, one of another volume.
+    let file_port = P_T + 5;
+    let other_port = OTHER_FIRST + 7;
+    let listeners: Vec<TcpListener> = [file_port, other_port]
+        .into_iter()
+        .map(|p| {
+            bed.t
+                .within(move || TcpListener::bind(format!("{LH_T}:{p}")).unwrap())
+        })
+        .collect();
+    let accepting: Vec<_> = listeners
+        .into_iter()
+        .map(|l| {
+            std::thread::spawn(move || {
+                for s in l.incoming().take(4) {
+                    let mut s = s.unwrap();
+                    let mut buf = vec![0u8; 64 << 10];
+                    while let Ok(n) = s.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut args = lh3_args(&bed.t.name, &api, "4s");
+    args.retain(|a| *a != "--no-ebpf");
+    let child = pstackctl_bg(&args);
+    // Inside the window: four files to the rebuild's port, four to the other volume's.
+    std::thread::sleep(Duration::from_millis(1500));
+    let sender = bed.s.spawn(move || {
+        for i in 0..8 {
+            let port = if i % 2 == 0 { file_port } else { other_port };
+            let mut c = TcpStream::connect(format!("{LH_T}:{port}")).unwrap();
+            c.write_all(&vec![0x42u8; 256 << 10]).unwrap();
+            drop(c);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    sender.join().unwrap();
+    for a in accepting {
+        a.join().unwrap();
+    }
+    let envs = finish(child);
+    h.join().unwrap();
+    let transfer = envs.last().unwrap();
+    let streams = surface(transfer, "streams");
+    let source = streams.facts["short_lived_source"].as_str().unwrap_or("");
+    pstack_testkit::require!(
+        !source.starts_with("eBPF did not run"),
+        "needs the eBPF TCP programs (BTF, CAP_BPF)"
+    );
+    let short = streams.facts["short_lived"].as_array().unwrap();
+    let files: Vec<&serde_json::Value> = short
+        .iter()
+        .filter(|f| f["local"] == format!("{LH_T}:{file_port}"))
+        .collect();
+    assert_eq!(files.len(), 4, "{short:#?}");
+    for f in &files {
+        assert_eq!(f["role"], "ssync_data", "{f:#}");
+        assert!(f["remote"].as_str().unwrap().starts_with(LH_S), "{f:#}");
+        assert!(
+            f["transitions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t.as_str().unwrap().contains("CLOSE"))
+        );
+    }
+    assert!(
+        !short
+            .iter()
+            .any(|f| f["local"] == format!("{LH_T}:{other_port}")),
+        "another volume's short-lived flows are not the rebuild's: {short:#?}"
+    );
+    let excluded_short = streams.facts["excluded_sample"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["flow_id"].as_str().unwrap().starts_with("short-lived"))
+        .count();
+    assert!(
+        excluded_short >= 1,
+        "{:#}",
+        streams.facts["excluded_sample"]
+    );
+    assert_eq!(
+        streams.facts["excluded_count"],
+        2 + 4,
+        "two other volumes' live flows and four short-lived ones"
+    );
+    let fact = transfer
+        .claims
+        .iter()
+        .find(|c| c.code == "longhorn_short_lived_streams")
+        .unwrap_or_else(|| panic!("{:?}", codes(transfer)));
+    assert!(
+        fact.statement.contains("4 ssync_data"),
+        "{}",
+        fact.statement
     );
 }

@@ -18,3 +18,4 @@ mod ss_oracle;
 mod testbed;
 mod trace_daemon;
 mod watch_flows;
+mod watch_longhorn;

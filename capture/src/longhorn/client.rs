@@ -134,64 +134,117 @@ pub fn get(base: &str, rest: &str, deadline: Duration, not_found: &str) -> ApiRe
         .as_ref()
         .map(|b| b.url(rest))
         .unwrap_or_else(|_| format!("{base}{rest}"));
-    let result = (|| {
-        let _ = parsed
-            .as_ref()
-            .map_err(|m| fail(SurfaceStatus::Error, None, m.clone()))?;
-        // Captures run on blocking threads, never inside an async task: the
-        // read gets a runtime of its own (as the kubelet read does).
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| fail(SurfaceStatus::Error, None, format!("runtime: {e}")))?;
-        rt.block_on(async {
-            let client = reqwest::Client::builder()
-                .connect_timeout(deadline)
-                .timeout(deadline)
-                // The manager is an in-cluster call: no proxy from the environment.
-                .no_proxy()
-                .build()
-                .map_err(|e| fail(SurfaceStatus::Error, None, e.to_string()))?;
-            let mut resp = client
-                .get(&url)
-                .header(reqwest::header::ACCEPT, "application/json")
-                .send()
-                .await
-                .map_err(|e| http_failure(&e, &url))?;
-            let code = resp.status().as_u16();
-            let mut body = Vec::new();
-            while let Some(chunk) = resp.chunk().await.map_err(|e| http_failure(&e, &url))? {
-                body.extend_from_slice(&chunk);
-                if body.len() > MAX_API_BYTES {
-                    return Err(fail(
-                        SurfaceStatus::Truncated,
-                        None,
-                        format!("answer exceeds {MAX_API_BYTES} bytes"),
-                    ));
-                }
-            }
-            match code {
-                200 => Ok(body),
-                401 | 403 => Err(fail(
-                    SurfaceStatus::PermissionDenied,
-                    None,
-                    format!("HTTP {code}"),
-                )),
-                404 => Err(fail(
-                    SurfaceStatus::Vanished,
-                    None,
-                    format!("HTTP 404: {not_found}"),
-                )),
-                c => Err(fail(SurfaceStatus::Error, None, format!("HTTP {c}"))),
-            }
-        })
-    })();
+    let result = match &parsed {
+        Err(m) => Err(fail(SurfaceStatus::Error, None, m.clone())),
+        Ok(_) => fetch(&url, deadline, &Auth::default(), not_found),
+    };
     ApiRead {
         url,
         at,
         result,
         elapsed_us: t.elapsed().as_micros() as u64,
     }
+}
+
+/// What a request presents to a server that asks (the Kubernetes API; the
+/// Longhorn manager asks nothing). The token is never logged or put in an
+/// error: it goes into one header marked sensitive.
+#[derive(Default)]
+pub struct Auth {
+    /// `Authorization: Bearer …`.
+    pub bearer: Option<String>,
+    /// PEM of the CA that signs the server's certificate (`https://`).
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("bearer", &self.bearer.as_ref().map(|_| "<redacted>"))
+            .field("ca_pem", &self.ca_pem.as_ref().map(Vec::len))
+            .finish()
+    }
+}
+
+/// One GET of `url` through the project's HTTP client (`reqwest`, no proxy
+/// from the environment) under `deadline`, capped at [`MAX_API_BYTES`]:
+/// the body of a 200, or the failure as a surface status.
+pub fn fetch(
+    url: &str,
+    deadline: Duration,
+    auth: &Auth,
+    not_found: &str,
+) -> Result<Vec<u8>, ApiFailure> {
+    // Captures run on blocking threads, never inside an async task: the
+    // read gets a runtime of its own (as the kubelet read does).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| fail(SurfaceStatus::Error, None, format!("runtime: {e}")))?;
+    rt.block_on(async {
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(deadline)
+            .timeout(deadline)
+            // In-cluster calls: no proxy from the environment.
+            .no_proxy();
+        if let Some(pem) = &auth.ca_pem {
+            let ca = reqwest::Certificate::from_pem(pem).map_err(|e| {
+                fail(
+                    SurfaceStatus::Error,
+                    None,
+                    format!("the CA certificate is not PEM: {e}"),
+                )
+            })?;
+            builder = builder
+                .tls_built_in_root_certs(false)
+                .add_root_certificate(ca);
+        }
+        let client = builder
+            .build()
+            .map_err(|e| fail(SurfaceStatus::Error, None, e.to_string()))?;
+        let mut req = client
+            .get(url)
+            .header(reqwest::header::ACCEPT, "application/json");
+        if let Some(token) = &auth.bearer {
+            let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| {
+                    fail(
+                        SurfaceStatus::Error,
+                        None,
+                        "the token has characters a header cannot carry".into(),
+                    )
+                })?;
+            v.set_sensitive(true);
+            req = req.header(reqwest::header::AUTHORIZATION, v);
+        }
+        let mut resp = req.send().await.map_err(|e| http_failure(&e, url))?;
+        let code = resp.status().as_u16();
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| http_failure(&e, url))? {
+            body.extend_from_slice(&chunk);
+            if body.len() > MAX_API_BYTES {
+                return Err(fail(
+                    SurfaceStatus::Truncated,
+                    None,
+                    format!("answer exceeds {MAX_API_BYTES} bytes"),
+                ));
+            }
+        }
+        match code {
+            200 => Ok(body),
+            401 | 403 => Err(fail(
+                SurfaceStatus::PermissionDenied,
+                None,
+                format!("HTTP {code}"),
+            )),
+            404 => Err(fail(
+                SurfaceStatus::Vanished,
+                None,
+                format!("HTTP 404: {not_found}"),
+            )),
+            c => Err(fail(SurfaceStatus::Error, None, format!("HTTP {c}"))),
+        }
+    })
 }
 
 /// `GET {base}/v1/volumes/{volume}`.
@@ -201,6 +254,17 @@ pub fn fetch_volume(base: &str, volume: &str) -> ApiRead {
         &format!("/volumes/{volume}"),
         API_DEADLINE,
         &format!("the manager has no volume {volume}"),
+    )
+}
+
+/// `GET {base}/v1/volumes`, the volume list (longhorn-manager `api/router.go`,
+/// the route registered beside `/v1/volumes/{name}`; a go-rancher collection).
+pub fn fetch_volumes(base: &str) -> ApiRead {
+    get(
+        base,
+        "/volumes",
+        API_DEADLINE,
+        "the manager has no volume list (is the base URL longhorn-backend:9500?)",
     )
 }
 

@@ -33,6 +33,7 @@ use serde_json::{Map, Value, json};
 use super::client::{API_DEADLINE, ApiRead, MAX_API_BYTES};
 use super::flows::{FlowRole, classify};
 use super::hubble::{HUBBLE_DEADLINE, HubbleRead, hubble_facts};
+use super::kube::{EVENTS_DEADLINE, EventsRead, kubectl_events};
 use super::model::{ModelError, Volume, parse_error_addrs, parse_volume};
 use super::topology::{Topology, capture_role, check_flags, resolve};
 use crate::request::LonghornRequest;
@@ -68,6 +69,10 @@ pub struct Readings {
     pub by_ip: bool,
     /// Hubble.
     pub hubble: Option<HubbleRead>,
+    /// Kubernetes Events of the volume, the engine and the target replica, read when
+    /// the rebuild's entry was gone at the end and a Kubernetes API is
+    /// configured (None: not read).
+    pub events: Option<Vec<EventsRead>>,
     /// The capture's own clock.
     pub clock: Clock,
 }
@@ -82,6 +87,21 @@ pub fn endpoints(e: &Envelope) -> Option<(SocketAddr, SocketAddr)> {
 
 /// Why a read is not a usable document: status, errno, message.
 type Unread = (SurfaceStatus, Option<i32>, String);
+
+/// The target replica whose `rebuildStatus` entry was read at window start
+/// and is gone from a good end read (`[]` after the rebuild was seen).
+pub fn entry_gone(
+    topo: Option<&Topology>,
+    start: Option<&ApiRead>,
+    end: Option<&ApiRead>,
+) -> Option<String> {
+    let t = topo?.target.as_ref()?.name.clone();
+    let has = |r: Option<&ApiRead>| -> Option<bool> {
+        let (v, _) = volume_of(r?).ok()?;
+        Some(v.rebuild.iter().any(|e| e.replica == t))
+    };
+    (has(start)? && !has(end)?).then_some(t)
+}
 
 /// A read manager document, or why not (v2 volumes are `unsupported`).
 fn volume_of(r: &ApiRead) -> Result<(Volume, &[u8]), Unread> {
@@ -376,6 +396,54 @@ pub fn transfer_envelope(
         "excluded_sample".into(),
         json!(r.excluded.iter().take(10).collect::<Vec<_>>()),
     );
+    // Streams opened and closed inside the window, from eBPF (not linked:
+    // they have no envelope of their own; listed with their role).
+    let short_roles: Vec<(&transport::TransientFlow, FlowRole)> = streams
+        .short_lived
+        .iter()
+        .flatten()
+        .map(|f| {
+            let role = match topo {
+                Some(t)
+                    if t.source.as_ref().and_then(|p| p.block).is_some()
+                        || t.target.as_ref().and_then(|p| p.block).is_some() =>
+                {
+                    classify(t, f.local, f.remote, r.by_ip)
+                }
+                _ => FlowRole::InBlock,
+            };
+            (f, role)
+        })
+        .collect();
+    match &streams.short_lived {
+        None => {
+            sfacts.insert(
+                "short_lived_source".into(),
+                json!("eBPF did not run: streams opened and closed inside the window are not seen"),
+            );
+        }
+        Some(_) => {
+            sfacts.insert(
+                "short_lived_source".into(),
+                json!("eBPF inet_sock_set_state: flows that closed inside the window and were in neither sock_diag sample; identity is the socket cookie when the kernel had one, else the 4-tuple and first event time"),
+            );
+            sfacts.insert("short_lived_count".into(), json!(short_roles.len()));
+            sfacts.insert(
+                "short_lived".into(),
+                Value::Array(
+                    short_roles
+                        .iter()
+                        .take(plan.max_flows)
+                        .map(|(f, role)| {
+                            let mut v = json!(f);
+                            v["role"] = json!(role.as_str());
+                            v
+                        })
+                        .collect(),
+                ),
+            );
+        }
+    }
     o.surfaces.insert(
         0,
         Surface {
@@ -409,6 +477,32 @@ pub fn transfer_envelope(
             )
         })
         .collect();
+    if !short_roles.is_empty() {
+        let mut by_role: std::collections::BTreeMap<&str, usize> = Default::default();
+        for (_, role) in &short_roles {
+            *by_role.entry(role.as_str()).or_default() += 1;
+        }
+        let resets = short_roles
+            .iter()
+            .filter(|(f, _)| f.resets_sent + f.resets_received > 0)
+            .count();
+        o.claim(
+            ClaimKind::Fact,
+            "longhorn_short_lived_streams",
+            format!(
+                "eBPF saw {} stream(s) of the rebuild's port blocks close inside the window that neither sock_diag sample held ({}); {} of them carried a RST",
+                short_roles.len(),
+                by_role
+                    .iter()
+                    .map(|(r, n)| format!("{n} {r}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                resets
+            ),
+            &["streams"],
+            None,
+        );
+    }
     if streams.flows.is_empty() {
         o.claim(
             ClaimKind::Fact,
@@ -738,12 +832,118 @@ pub fn transfer_envelope(
             &["longhorn/manager/start", "longhorn/manager/end"],
             None,
         );
+        // The Events, read through the Kubernetes API, or the command to read them.
+        let mut events_read = false;
+        for read in r.events.iter().flatten() {
+            let id = format!("kubernetes/events/{}", read.object);
+            let auth = format!("k8s:GET {}", read.url);
+            match &read.result {
+                Ok((events, body)) => {
+                    events_read = true;
+                    let failed_rebuilding: Vec<_> = events
+                        .iter()
+                        .filter(|e| e.reason == "FailedRebuilding")
+                        .collect();
+                    let mut facts = Map::new();
+                    facts.insert("read_at".into(), json!(read.at));
+                    facts.insert("object".into(), json!(read.object));
+                    facts.insert("events".into(), json!(events));
+                    o.surfaces.push(Surface {
+                        id: id.clone(),
+                        authority: auth,
+                        status: SurfaceStatus::Ok,
+                        cause: None,
+                        deadline_ms: EVENTS_DEADLINE.as_millis() as u64,
+                        elapsed_us: read.elapsed_us,
+                        digest: Some(sha256_digest(body)),
+                        bytes: body.len() as u64,
+                        truncated: false,
+                        facts,
+                    });
+                    for e in &failed_rebuilding {
+                        let pairs: Vec<String> = parse_error_addrs(&e.message)
+                            .pairs
+                            .iter()
+                            .map(|(x, y)| format!("{x}→{y}"))
+                            .collect();
+                        o.claim(
+                            ClaimKind::Fact,
+                            "longhorn_failed_rebuilding_event",
+                            format!(
+                                "Kubernetes Event FailedRebuilding ({}) on {} {} at {} (count {}, from {}): {:?}{}",
+                                e.event_type,
+                                e.kind,
+                                e.name,
+                                e.last,
+                                e.count,
+                                e.component,
+                                e.message,
+                                if pairs.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!("; it names {}", pairs.join(", "))
+                                }
+                            ),
+                            &[id.as_str(), "longhorn/manager/end"],
+                            None,
+                        );
+                    }
+                    if failed_rebuilding.is_empty() {
+                        o.claim(
+                            ClaimKind::Fact,
+                            "kubernetes_events_without_failed_rebuilding",
+                            format!(
+                                "the Kubernetes API lists {} Event(s) for {} in {} at {} and none is FailedRebuilding (Events expire, by default after an hour)",
+                                events.len(),
+                                read.object,
+                                super::kube::NAMESPACE,
+                                read.at
+                            ),
+                            &[id.as_str()],
+                            None,
+                        );
+                    }
+                }
+                Err(f) => o.surfaces.push(Surface {
+                    id,
+                    authority: auth,
+                    status: f.status,
+                    cause: Some(StatusCause {
+                        errno: f.errno,
+                        message: f.message.clone(),
+                    }),
+                    deadline_ms: EVENTS_DEADLINE.as_millis() as u64,
+                    elapsed_us: read.elapsed_us,
+                    digest: None,
+                    bytes: 0,
+                    truncated: false,
+                    facts: {
+                        let mut m = Map::new();
+                        m.insert("read_at".into(), json!(read.at));
+                        m.insert("object".into(), json!(read.object));
+                        m
+                    },
+                }),
+            }
+        }
+        let all_events_read = events_read && r.events.iter().flatten().all(|x| x.result.is_ok());
+        let probe = if all_events_read {
+            replica_probe(&t)
+        } else {
+            format!(
+                "{}; {}; {}; {}",
+                replica_probe(&t),
+                kubectl_events(&a.volume),
+                kubectl_events(&a.engine),
+                kubectl_events(&t)
+            )
+        };
         o.unknown(
             format!(
                 "did the rebuild of replica {t} complete or fail, and with what error? (its rebuildStatus entry is gone)"
             ),
             "CLASSIFY_TRANSFER_TERMINAL",
-            replica_probe(&t),
+            probe,
             Some("longhorn/manager/end"),
         );
     } else if !terminal {

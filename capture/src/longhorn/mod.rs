@@ -28,10 +28,12 @@ pub mod client;
 pub mod envelope;
 pub mod flows;
 pub mod hubble;
+pub mod kube;
 pub mod model;
 pub mod topology;
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use pstack_envelope::{Clock, Envelope};
 
@@ -39,7 +41,7 @@ use crate::Progress;
 use crate::request::{LonghornRequest, RequestError, invalid};
 use crate::supervisor::clock::{monotonic_ns, wall_time_now};
 use crate::supervisor::{LeakBudget, SupervisorConfig};
-use crate::transport::{self, CaptureResult, LONGHORN_PORTS, Plan, TransportError};
+use crate::transport::{self, CaptureResult, LONGHORN_PORTS, Plan, TransportError, WindowStop};
 
 /// Most manager reads one capture makes (volume at start, the source's and
 /// target's instance managers, volume at end), each under [`API_DEADLINE`].
@@ -206,6 +208,13 @@ fn select(
         .flows
         .iter()
         .filter_map(envelope::endpoints)
+        .chain(
+            streams
+                .short_lived
+                .iter()
+                .flatten()
+                .map(|f| (f.local, f.remote)),
+        )
         .any(|(l, r)| {
             t.parties()
                 .any(|p| p.address == Some(l.ip()) || p.address == Some(r.ip()))
@@ -228,15 +237,63 @@ fn select(
             kept.push(e);
         }
     }
+    // Short-lived flows (eBPF): the same roles, the same exclusions.
+    let short_lived = streams.short_lived.map(|all| {
+        let mut kept = Vec::new();
+        for f in all {
+            if flows::classify(t, f.local, f.remote, by_ip) == flows::FlowRole::Excluded {
+                excluded.push(Excluded {
+                    flow_id: format!(
+                        "short-lived {}>{} (eBPF, first event {} ns)",
+                        f.local, f.remote, f.first_ns
+                    ),
+                    src: f.local.to_string(),
+                    dst: f.remote.to_string(),
+                });
+            } else {
+                kept.push(f);
+            }
+        }
+        kept
+    });
     (
         CaptureResult {
             net_ns: streams.net_ns,
             flows: kept,
             no_match: streams.no_match,
+            short_lived,
         },
         excluded,
         by_ip,
     )
+}
+
+/// What a watcher of a Longhorn capture (pstackd's `longhorn_rebuild`
+/// rule) can do to it while it runs: end its window when the rebuild ends,
+/// and hand it the manager read that saw the end. Cloning shares both.
+#[derive(Debug, Clone, Default)]
+pub struct Watcher {
+    /// Ends the window.
+    pub stop: WindowStop,
+    /// The watcher's own manager read that saw the rebuild end (one
+    /// volume's document, with the time it was read). When set before the
+    /// window ends it is the transfer's end read: Longhorn drops a failed
+    /// rebuild's entry within seconds, so a fresh read after the window
+    /// would often show only `[]`.
+    pub terminal: Arc<Mutex<Option<ApiRead>>>,
+    /// The Kubernetes API, for the Events of a rebuild whose entry is gone
+    /// at the end (None: the probe names the `kubectl` command instead).
+    pub kube: Option<kube::KubeApi>,
+}
+
+impl Watcher {
+    /// Hand over the read that saw the end, and end the window.
+    pub fn end(&self, terminal: Option<ApiRead>) {
+        if let Some(t) = terminal {
+            *self.terminal.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+        }
+        self.stop.stop();
+    }
 }
 
 /// Run a Longhorn capture (see the module doc for the order) with the net
@@ -247,6 +304,26 @@ pub fn capture(
     budget: &LeakBudget,
     hubble_bin: &Path,
     progress: &dyn Fn(Progress<'_>),
+) -> Result<LonghornResult, TransportError> {
+    capture_watched(
+        plan,
+        config,
+        budget,
+        hubble_bin,
+        progress,
+        &Watcher::default(),
+    )
+}
+
+/// [`capture`] under a [`Watcher`]: the window ends when it says so, and
+/// the end read is its terminal read when it handed one over.
+pub fn capture_watched(
+    plan: &LonghornPlan,
+    config: &SupervisorConfig,
+    budget: &LeakBudget,
+    hubble_bin: &Path,
+    progress: &dyn Fn(Progress<'_>),
+    watcher: &Watcher,
 ) -> Result<LonghornResult, TransportError> {
     let r = &plan.request;
     let wall = wall_time_now();
@@ -264,12 +341,34 @@ pub fn capture(
         None => (None, None, Vec::new()),
     };
     let narrowed = narrow(&plan.transport, topo.as_ref());
-    let captured = transport::capture_with(&narrowed, config, budget, progress)?;
+    let captured = transport::capture_until(&narrowed, config, budget, progress, &watcher.stop)?;
     let (streams, excluded, by_ip) = select(captured, topo.as_ref());
-    let end = r
-        .longhorn_api
-        .as_ref()
-        .map(|api| client::fetch_volume(api, &r.volume));
+    let handed = watcher
+        .terminal
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    let end = handed.or_else(|| {
+        r.longhorn_api
+            .as_ref()
+            .map(|api| client::fetch_volume(api, &r.volume))
+    });
+    // `[]` after the rebuild was seen: its Events, when the API is reachable.
+    let events = watcher.kube.as_ref().and_then(|api| {
+        let target = envelope::entry_gone(topo.as_ref(), start.as_ref(), end.as_ref())?;
+        progress(Progress::Phase {
+            what: "reading the rebuild's Kubernetes Events",
+            expected: kube::EVENTS_DEADLINE * 3,
+        });
+        // The volume's, the engine's (Longhorn records FailedRebuilding on
+        // the Engine object) and the target replica's.
+        let reads = [r.volume.as_str(), r.engine.as_str(), target.as_str()]
+            .iter()
+            .map(|o| kube::fetch_events(api, o))
+            .collect();
+        progress(Progress::PhaseDone);
+        Some(reads)
+    });
     let hubble = r.hubble_server.as_ref().map(|server| {
         progress(Progress::Phase {
             what: "reading Hubble flows",
@@ -296,6 +395,7 @@ pub fn capture(
         topology: topo,
         by_ip,
         hubble,
+        events,
         clock,
     };
     let transfer = transfer_envelope(r, &narrowed, &readings)?;
@@ -407,6 +507,7 @@ mod tests {
                 net_ns: 4026531840,
                 flows,
                 no_match: None,
+                short_lived: None,
             },
             topo.as_ref(),
         );
@@ -439,6 +540,7 @@ mod tests {
             topology: topo,
             by_ip,
             hubble: None,
+            events: None,
             clock: Clock {
                 wall_time: "2026-12-03T19:39:58.000Z".into(),
                 monotonic_start_ns: "1".into(),
@@ -862,6 +964,207 @@ mod tests {
             seen
         });
         (format!("http://127.0.0.1:{port}"), h)
+    }
+
+    /// A loopback Kubernetes API answering `GET …/events?fieldSelector=
+    /// involvedObject.name%3D<name>` with `v1.EventList` documents built to
+    /// k8s.io/api `core/v1/types.go` (`EventList`, `Event`,
+    /// `ObjectReference`, `EventSource`), or 401 for every request when
+    /// `refuse`. Returns the base URL and the request heads seen.
+    fn kube_api(refuse: bool, n: usize) -> (String, std::thread::JoinHandle<Vec<String>>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let h = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            for _ in 0..n {
+                let (mut s, _) = l.accept().unwrap();
+                let mut req = vec![0u8; 8192];
+                let k = s.read(&mut req).unwrap();
+                let head = String::from_utf8_lossy(&req[..k]).to_string();
+                let path = head.split(' ').nth(1).unwrap_or("").to_string();
+                seen.push(head);
+                let (code, body) = if refuse {
+                    (
+                        "401 Unauthorized",
+                        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                               "message": "Unauthorized", "reason": "Unauthorized", "code": 401}),
+                    )
+                } else {
+                    let object = path.rsplit("involvedObject.name%3D").next().unwrap_or("");
+                    let ev = |kind: &str, name: &str, reason: &str, ty: &str, msg: &str| {
+                        json!({"metadata": {"name": format!("{name}.17f1c2a3b4c5d6e7"), "namespace": "longhorn-system",
+                                            "uid": "0b6f", "resourceVersion": "9911", "creationTimestamp": "2026-12-03T19:40:12Z"},
+                               "involvedObject": {"kind": kind, "namespace": "longhorn-system", "name": name,
+                                                  "uid": "77aa", "apiVersion": "longhorn.io/v1beta2", "resourceVersion": "812"},
+                               "reason": reason, "message": msg,
+                               "source": {"component": "longhorn-engine-controller", "host": "node-e"},
+                               "firstTimestamp": "2026-12-03T19:40:12Z", "lastTimestamp": "2026-12-03T19:40:12Z",
+                               "count": 1, "type": ty, "eventTime": null,
+                               "reportingComponent": "", "reportingInstance": ""})
+                    };
+                    let items = match object {
+                        "pvc-7" => vec![ev(
+                            "Volume",
+                            "pvc-7",
+                            "Degraded",
+                            "Normal",
+                            "volume pvc-7 became degraded",
+                        )],
+                        "pvc-7-e-0" => vec![ev(
+                            "Engine",
+                            "pvc-7-e-0",
+                            "FailedRebuilding",
+                            "Warning",
+                            "Failed rebuilding replica with Address 10.78.0.3:10020: proxyServer=10.78.0.1:8501 destination=10.78.0.1:10010: failed to add replica tcp://10.78.0.3:10020 for volume: rpc error: code = Unknown desc = failed to sync files: read tcp 10.78.0.3:43126->10.78.0.2:10002: read: connection reset by peer",
+                        )],
+                        _ => vec![],
+                    };
+                    (
+                        "200 OK",
+                        json!({"kind": "EventList", "apiVersion": "v1",
+                                      "metadata": {"resourceVersion": "9912"}, "items": items}),
+                    )
+                };
+                let body = body.to_string();
+                write!(s, "HTTP/1.1 {code}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+            }
+            seen
+        });
+        (format!("http://127.0.0.1:{port}"), h)
+    }
+
+    #[test]
+    fn an_entry_gone_reads_the_events_through_the_kubernetes_api_or_names_the_kubectl_command() {
+        const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.secret-test-token.sig";
+        let dir = tempfile::tempdir().unwrap();
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+        let objects = ["pvc-7", "pvc-7-e-0", "pvc-7-r-t"];
+        let mut r = readings(IN_PROGRESS, AFTER_FAILURE, three());
+        assert_eq!(
+            envelope::entry_gone(r.topology.as_ref(), r.start.as_ref(), r.end.as_ref()).as_deref(),
+            Some("pvc-7-r-t")
+        );
+        let probe = |e: &Envelope| {
+            e.unknowns
+                .iter()
+                .find(|u| u.blocks == "CLASSIFY_TRANSFER_TERMINAL")
+                .unwrap()
+                .probe
+                .clone()
+        };
+        let exact =
+            "kubectl get events -n longhorn-system --field-selector involvedObject.name=pvc-7";
+
+        // No Kubernetes API: the probe is the exact command.
+        let e = build(&request(""), &r);
+        assert!(probe(&e).contains(exact), "{}", probe(&e));
+
+        // A good token: the Events are read, FailedRebuilding is a fact.
+        let (base, h) = kube_api(false, 3);
+        let api = kube::KubeApi {
+            base,
+            token_file: token_file.clone(),
+            ca_file: None,
+        };
+        r.events = Some(
+            objects
+                .iter()
+                .map(|o| kube::fetch_events(&api, o))
+                .collect(),
+        );
+        let seen = h.join().unwrap();
+        for (head, o) in seen.iter().zip(objects) {
+            assert!(
+                head.starts_with(&format!(
+                    "GET /api/v1/namespaces/longhorn-system/events?fieldSelector=involvedObject.name%3D{o} "
+                )),
+                "{head}"
+            );
+            assert!(
+                head.to_ascii_lowercase().contains(&format!(
+                    "authorization: bearer {}",
+                    TOKEN.to_ascii_lowercase()
+                )),
+                "{head}"
+            );
+        }
+        let e = build(&request(""), &r);
+        let s = statement(&e, "longhorn_failed_rebuilding_event");
+        assert!(
+            s.contains("Engine pvc-7-e-0") && s.contains("connection reset by peer"),
+            "{s}"
+        );
+        assert!(s.contains("10.78.0.3:43126→10.78.0.2:10002"), "{s}");
+        let sf = e
+            .surfaces
+            .iter()
+            .find(|x| x.id == "kubernetes/events/pvc-7-e-0")
+            .unwrap();
+        assert_eq!(sf.status, SurfaceStatus::Ok);
+        assert_eq!(sf.facts["events"][0]["reason"], "FailedRebuilding");
+        assert!(
+            statement(&e, "kubernetes_events_without_failed_rebuilding").contains("pvc-7"),
+            "the volume's own Events were read and say no FailedRebuilding"
+        );
+        assert!(
+            !probe(&e).contains(exact),
+            "read, so no command: {}",
+            probe(&e)
+        );
+        assert!(blocks(&e).contains(&"CLASSIFY_TRANSFER_TERMINAL"));
+        assert!(
+            !serde_json::to_string(&e)
+                .unwrap()
+                .contains("secret-test-token")
+        );
+
+        // A bad token: 401 is permission_denied on each Events surface, never "no events".
+        let (base, h) = kube_api(true, 3);
+        let api = kube::KubeApi {
+            base,
+            token_file,
+            ca_file: None,
+        };
+        r.events = Some(
+            objects
+                .iter()
+                .map(|o| kube::fetch_events(&api, o))
+                .collect(),
+        );
+        h.join().unwrap();
+        let e = build(&request(""), &r);
+        for o in objects {
+            let sf = e
+                .surfaces
+                .iter()
+                .find(|x| x.id == format!("kubernetes/events/{o}"))
+                .unwrap();
+            assert_eq!(sf.status, SurfaceStatus::PermissionDenied, "{sf:?}");
+            let why = &sf.cause.as_ref().unwrap().message;
+            assert!(why.contains("HTTP 401") && why.contains("token"), "{why}");
+        }
+        let c = codes(&e);
+        assert!(
+            !c.contains(&"longhorn_failed_rebuilding_event")
+                && !c.contains(&"kubernetes_events_without_failed_rebuilding"),
+            "{c:?}"
+        );
+        assert!(probe(&e).contains(exact), "{}", probe(&e));
+        assert_ne!(e.completeness, Completeness::Complete);
+        assert!(
+            !serde_json::to_string(&e)
+                .unwrap()
+                .contains("secret-test-token")
+        );
+        // A missing token file is typed too.
+        let api = kube::KubeApi {
+            base: "http://127.0.0.1:9".into(),
+            token_file: dir.path().join("absent"),
+            ca_file: None,
+        };
+        let read = kube::fetch_events(&api, "pvc-7");
+        assert_eq!(read.result.unwrap_err().status, SurfaceStatus::Error);
     }
 
     #[test]

@@ -307,6 +307,39 @@ pub fn parse_volume(body: &[u8]) -> Result<Volume, ModelError> {
     })
 }
 
+/// Parse a `GET /v1/volumes` body: a go-rancher collection
+/// `{"type":"collection","data":[…]}` (no pagination on the manager), each
+/// volume with its own bytes (re-encoded from the list, so one volume's
+/// reading can be sealed on its own).
+pub fn parse_volume_list(body: &[u8]) -> Result<Vec<(Volume, Vec<u8>)>, ModelError> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ModelError::NotJson {
+        what: sniff(body),
+        detail: e.to_string(),
+    })?;
+    if v.get("type").and_then(|t| t.as_str()) != Some("collection") {
+        return Err(ModelError::Field {
+            field: "type",
+            detail: "not a collection: the URL does not name the volume list".into(),
+        });
+    }
+    let data = v
+        .get("data")
+        .and_then(|d| d.as_array())
+        .ok_or(ModelError::Field {
+            field: "data",
+            detail: "a collection without a data array".into(),
+        })?;
+    data.iter()
+        .map(|item| {
+            let bytes = serde_json::to_vec(item).map_err(|e| ModelError::Field {
+                field: "data",
+                detail: e.to_string(),
+            })?;
+            Ok((parse_volume(&bytes)?, bytes))
+        })
+        .collect()
+}
+
 /// A replica's (or engine's) port block `portStart..=portEnd`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct PortBlock {
@@ -474,6 +507,24 @@ mod tests {
                 "{none}: {e:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_volume_list_is_a_collection_of_volumes() {
+        let one = include_str!("fixtures/v1.9-in-progress.json");
+        let list = format!(
+            r#"{{"type":"collection","resourceType":"volume","links":{{}},"data":[{one}]}}"#
+        );
+        let vs = parse_volume_list(list.as_bytes()).unwrap();
+        assert_eq!(vs.len(), 1);
+        assert_eq!(vs[0].0.name, "pvc-7");
+        assert_eq!(parse_volume(&vs[0].1).unwrap(), vs[0].0);
+        assert!(
+            parse_volume_list(one.as_bytes()).is_err(),
+            "one volume is not the list"
+        );
+        let e = parse_volume_list(b"<html><body>UI</body></html>").unwrap_err();
+        assert!(e.to_string().contains("HTML"), "{e}");
     }
 
     #[test]

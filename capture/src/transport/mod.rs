@@ -402,6 +402,38 @@ pub struct EbpfFlow {
     pub resets: Vec<(String, u64, String)>,
 }
 
+/// A flow eBPF saw close inside the window (a transition to CLOSE): the
+/// short-lived streams a sock_diag sample at each end cannot see, such as
+/// Longhorn's per-file bulk streams. Identity: the socket cookie when the
+/// kernel had generated one (`skc_cookie` is made lazily, by sock_diag or a
+/// BPF helper, so a socket nobody dumped has none), else the 4-tuple with
+/// its first and last event times.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TransientFlow {
+    /// Socket cookie, when the kernel had one.
+    pub cookie: Option<String>,
+    /// This host's end.
+    pub local: SocketAddr,
+    /// The other end.
+    pub remote: SocketAddr,
+    /// Netns inode of the socket, when the event carried it.
+    pub netns_ino: Option<u32>,
+    /// Whether its opening (a SYN state → ESTABLISHED) was seen too.
+    pub opened_in_window: bool,
+    /// First and last event, CLOCK_MONOTONIC ns (decimal strings).
+    pub first_ns: String,
+    /// Last event.
+    pub last_ns: String,
+    /// State transitions (`FROM>TO@ns`).
+    pub transitions: Vec<String>,
+    /// Retransmits.
+    pub retransmits: u64,
+    /// RSTs this host sent.
+    pub resets_sent: u64,
+    /// RSTs received.
+    pub resets_received: u64,
+}
+
 /// The eBPF side of a window.
 #[derive(Debug, Clone)]
 pub enum EbpfWindow {
@@ -424,6 +456,9 @@ pub enum EbpfWindow {
         bytes: u64,
         /// Whether a ring or cap dropped events.
         truncated: bool,
+        /// Flows that closed inside the window (sock_diag's cookies not yet
+        /// removed: see [`CaptureResult::short_lived`]).
+        transient: Vec<TransientFlow>,
     },
 }
 
@@ -437,10 +472,68 @@ pub fn ebpf_start(peer: IpAddr) -> Result<pstack_ebpf::EbpfSession, EbpfWindow> 
     })
 }
 
+// Linux `TCP_*` states (include/net/tcp_states.h).
+const TCP_ESTABLISHED: u8 = 1;
+const TCP_SYN_SENT: u8 = 2;
+const TCP_SYN_RECV: u8 = 3;
+const TCP_CLOSE: u8 = 7;
+
+/// Ends a capture's window before its length: set by whoever watches what
+/// the window is about (pstackd's `longhorn_rebuild` rule ends a rebuild's
+/// window when the rebuild ends). Cloning shares the signal.
+#[derive(Debug, Clone, Default)]
+pub struct WindowStop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl WindowStop {
+    /// Slice in which a sleeping window notices the signal.
+    pub const SLICE: Duration = Duration::from_millis(50);
+
+    /// End the window now (or at once, when it has not started).
+    pub fn stop(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the window was ended.
+    pub fn is_stopped(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Sleep `window`, or until stopped; whether it was stopped.
+    pub fn sleep(&self, window: Duration) -> bool {
+        let until = Instant::now() + window;
+        loop {
+            if self.is_stopped() {
+                return true;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            std::thread::sleep(left.min(Self::SLICE));
+        }
+    }
+
+    /// Resolves when stopped (polled every [`Self::SLICE`]).
+    pub async fn stopped(self) {
+        while !self.is_stopped() {
+            tokio::time::sleep(Self::SLICE).await;
+        }
+    }
+}
+
 /// Run one eBPF window on a loaded session and join its flows by socket cookie.
-pub fn ebpf_window(mut session: pstack_ebpf::EbpfSession, window: Duration) -> EbpfWindow {
+pub fn ebpf_window(session: pstack_ebpf::EbpfSession, window: Duration) -> EbpfWindow {
+    ebpf_window_until(session, window, &WindowStop::default())
+}
+
+/// [`ebpf_window`], ended early by `stop`.
+pub fn ebpf_window_until(
+    mut session: pstack_ebpf::EbpfSession,
+    window: Duration,
+    stop: &WindowStop,
+) -> EbpfWindow {
     use pstack_ebpf::TcpSurface;
-    let report = match session.run_window_blocking(window, |_| {}) {
+    let report = match session.run_window_blocking_until(window, |_| {}, stop.clone().stopped()) {
         Ok(r) => r,
         Err(e) => {
             return EbpfWindow::Unavailable {
@@ -495,11 +588,37 @@ pub fn ebpf_window(mut session: pstack_ebpf::EbpfSession, window: Duration) -> E
     let bytes: u64 = TcpSurface::ALL.iter().map(|s| agg.raw(*s).bytes).sum();
     let truncated = TcpSurface::ALL.iter().any(|s| agg.truncated(*s))
         || report.tcp_ctx.lost.iter().any(|l| *l > 0);
+    let transient = agg
+        .flows()
+        .iter()
+        .filter(|f| f.transitions.iter().any(|t| t.to.0 == TCP_CLOSE))
+        .filter(|f| !f.local.addr.is_unspecified() && f.local.port != 0 && f.remote.port != 0)
+        .map(|f| TransientFlow {
+            cookie: f.sock_cookie.map(|c| c.to_string()),
+            local: SocketAddr::new(f.local.addr, f.local.port),
+            remote: SocketAddr::new(f.remote.addr, f.remote.port),
+            netns_ino: f.netns_ino,
+            opened_in_window: f.transitions.iter().any(|t| {
+                t.to.0 == TCP_ESTABLISHED && matches!(t.from.0, TCP_SYN_SENT | TCP_SYN_RECV)
+            }),
+            first_ns: f.first_ns.to_string(),
+            last_ns: f.last_ns.to_string(),
+            transitions: f
+                .transitions
+                .iter()
+                .map(|t| format!("{}>{}@{}", t.from.name(), t.to.name(), t.ts_ns))
+                .collect(),
+            retransmits: f.retransmits,
+            resets_sent: f.resets_sent,
+            resets_received: f.resets_received,
+        })
+        .collect();
     EbpfWindow::Flows {
         flows,
         digest: (!digests.is_empty()).then(|| sha256_digest(digests.join("\n").as_bytes())),
         bytes,
         truncated,
+        transient,
     }
 }
 
@@ -512,6 +631,10 @@ pub struct CaptureResult {
     pub flows: Vec<Envelope>,
     /// When no flow matched: a sealed `host` envelope saying so.
     pub no_match: Option<Envelope>,
+    /// Flows of the selection that eBPF saw close inside the window and that
+    /// neither sock_diag sample held (in this netns); None when eBPF did not
+    /// run, so their absence is unknown rather than none.
+    pub short_lived: Option<Vec<TransientFlow>>,
 }
 
 /// Run a capture with the net helper of `config` (its reap deadline and
@@ -521,6 +644,19 @@ pub fn capture_with(
     config: &SupervisorConfig,
     budget: &LeakBudget,
     progress: &dyn Fn(Progress<'_>),
+) -> Result<CaptureResult, TransportError> {
+    capture_until(plan, config, budget, progress, &WindowStop::default())
+}
+
+/// [`capture_with`], whose window (sock_diag and eBPF alike) ends early
+/// when `stop` is set; the envelopes then carry the shorter window they
+/// really covered (their clocks), and say nothing about the rest.
+pub fn capture_until(
+    plan: &Plan,
+    config: &SupervisorConfig,
+    budget: &LeakBudget,
+    progress: &dyn Fn(Progress<'_>),
+    stop: &WindowStop,
 ) -> Result<CaptureResult, TransportError> {
     let host = pstack_collectors::procfs::read_host_facts()
         .map_err(|e| TransportError::Host(e.to_string()))?;
@@ -538,8 +674,9 @@ pub fn capture_with(
     // Programs are loaded before the first sample so the window covers it.
     let ebpf = plan.ebpf.then(|| {
         let window = plan.window;
+        let stop = stop.clone();
         match ebpf_start(plan.filter.peer) {
-            Ok(session) => std::thread::spawn(move || ebpf_window(session, window)),
+            Ok(session) => std::thread::spawn(move || ebpf_window_until(session, window, &stop)),
             Err(unavailable) => std::thread::spawn(move || unavailable),
         }
     });
@@ -559,6 +696,7 @@ pub fn capture_with(
         && start
             .as_ref()
             .is_ok_and(|s| s.tcp.value.as_ref().is_ok_and(|d| d.sockets.is_empty()));
+    let mut covered = plan.window;
     if stopped_early {
         progress(Progress::Note(&format!(
             "no TCP flow matches {} in netns {}: stopping now instead of watching {} (--wait watches the whole window)",
@@ -571,7 +709,11 @@ pub fn capture_with(
             what: "sampling TCP flows",
             expected: plan.window,
         });
-        std::thread::sleep(plan.window);
+        let slept = Instant::now();
+        if stop.sleep(plan.window) {
+            covered = slept.elapsed().min(plan.window);
+            progress(Progress::Note("the window was ended early by its watcher"));
+        }
         progress(Progress::PhaseDone);
     }
     let end = net.sample(&plan.filter, deadline).map(|r| r.sample);
@@ -601,6 +743,17 @@ pub fn capture_with(
         sockopts,
         ebpf,
         stopped_early,
+    };
+    // A window ended early is described as the window it really was.
+    let shortened;
+    let plan = if covered < plan.window {
+        shortened = Plan {
+            window: covered,
+            ..plan.clone()
+        };
+        &shortened
+    } else {
+        plan
     };
     let ctx = Ctx {
         plan,
@@ -1274,11 +1427,13 @@ impl Ctx<'_> {
             }
         }
         let tcp_failed = s.is_err() || e.is_err();
+        let short_lived = self.short_lived(&order);
         if order.is_empty() {
             return Ok(CaptureResult {
                 net_ns: self.net_ns,
                 flows: Vec::new(),
                 no_match: Some(self.no_match_envelope(&selector, tcp_failed)?),
+                short_lived,
             });
         }
         let expected = order.len() as u64;
@@ -1307,7 +1462,34 @@ impl Ctx<'_> {
             net_ns: self.net_ns,
             flows,
             no_match: None,
+            short_lived,
         })
+    }
+
+    /// eBPF's flows that closed inside the window, match the selection,
+    /// belong to this netns (by inode; without one, by this end not being
+    /// the peer) and are none of the sock_diag sockets `seen`.
+    fn short_lived(&self, seen: &[u64]) -> Option<Vec<TransientFlow>> {
+        let EbpfWindow::Flows { transient, .. } = &self.raw.ebpf else {
+            return None;
+        };
+        Some(
+            transient
+                .iter()
+                .filter(|f| {
+                    f.cookie
+                        .as_ref()
+                        .and_then(|c| c.parse::<u64>().ok())
+                        .is_none_or(|c| !seen.contains(&c))
+                })
+                .filter(|f| match f.netns_ino {
+                    Some(ino) => u64::from(ino) == self.net_ns,
+                    None => f.local.ip() != self.plan.filter.peer,
+                })
+                .filter(|f| self.plan.filter.matches_endpoints(f.local, f.remote))
+                .cloned()
+                .collect(),
+        )
     }
 
     /// Wall time of a CLOCK_MONOTONIC instant inside the capture.
@@ -1576,6 +1758,7 @@ impl Ctx<'_> {
                 digest,
                 bytes,
                 truncated,
+                ..
             } => {
                 let f = flows
                     .iter()

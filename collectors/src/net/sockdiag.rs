@@ -203,26 +203,32 @@ impl FlowFilter {
         if s.state == 10 {
             return false;
         }
-        if normalize(s.remote.ip()) != normalize(self.peer) {
+        self.matches_endpoints(s.local, s.remote)
+    }
+
+    /// Whether a flow between `local` and `remote` (seen by this host's end)
+    /// is one of the flows meant, whatever its state.
+    pub fn matches_endpoints(&self, local: SocketAddr, remote: SocketAddr) -> bool {
+        if normalize(remote.ip()) != normalize(self.peer) {
             return false;
         }
-        if self.peer_port.is_some_and(|p| p != s.remote.port()) {
+        if self.peer_port.is_some_and(|p| p != remote.port()) {
             return false;
         }
         if self
             .local
-            .is_some_and(|a| normalize(a) != normalize(s.local.ip()))
+            .is_some_and(|a| normalize(a) != normalize(local.ip()))
         {
             return false;
         }
-        if self.local_port.is_some_and(|p| p != s.local.port()) {
+        if self.local_port.is_some_and(|p| p != local.port()) {
             return false;
         }
         if self.peer_port.is_none()
             && self.local_port.is_none()
             && let Some(r) = self.either_port_in
         {
-            return r.contains(s.remote.port()) || r.contains(s.local.port());
+            return r.contains(remote.port()) || r.contains(local.port());
         }
         true
     }

@@ -20,11 +20,16 @@
 //!   time, still in D) right before its capture; the capture itself checks
 //!   identity before and after, as every process capture does.
 //! - **A rule that cannot run says why** (`unavailable` with the reason),
-//!   and the others keep running.
+//!   and the others keep running; a rule whose source answers badly (the
+//!   Longhorn manager down or answering garbage) is `degraded` with the
+//!   reason and fires nothing until it answers again.
 
 pub mod conditions;
 pub mod flows;
 pub mod limit;
+pub mod longhorn;
+mod longhorn_run;
+pub mod rebuild;
 pub mod rules;
 pub mod sample;
 
@@ -83,9 +88,6 @@ pub const SUPPRESS_REASONS: &[&str] = &[
     SUPPRESS_GONE,
 ];
 
-/// Why `longhorn_rebuild` rules do not run yet.
-pub const LONGHORN_UNAVAILABLE: &str = "the longhorn_rebuild condition is specified by the Longhorn issue and not built yet; the rule is accepted and counted, never run";
-
 /// Whether a rule can run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Availability {
@@ -93,6 +95,9 @@ pub enum Availability {
     Armed,
     /// Its source is missing; the reason says which and why.
     Unavailable(String),
+    /// Its source is configured but its last reading failed; it fires
+    /// nothing until a reading succeeds.
+    Degraded(String),
 }
 
 #[derive(Debug)]
@@ -109,6 +114,7 @@ struct RuleState {
     limiter: Limiter,
     d_state: DStateTracker,
     rate: RateTracker,
+    longhorn: longhorn::LonghornWatch,
 }
 
 impl RuleState {
@@ -126,6 +132,7 @@ impl RuleState {
             limiter: Limiter::default(),
             d_state: DStateTracker::default(),
             rate: RateTracker::default(),
+            longhorn: longhorn::LonghornWatch::default(),
         }
     }
 
@@ -150,6 +157,8 @@ pub enum Action {
     Host,
     /// A flow's own capture, prepared by [`flows`].
     Flow(flows::FlowAction),
+    /// A Longhorn rebuild's windowed capture, prepared by [`longhorn`].
+    Longhorn(Box<longhorn::LonghornAction>),
 }
 
 /// A rule whose condition became true.
@@ -239,9 +248,14 @@ impl WatchEngine {
         (recent, rx, self.closing.subscribe())
     }
 
-    /// End every event stream (pstackd is draining).
+    /// End every event stream and every Longhorn rebuild window (pstackd
+    /// is draining: a window that follows a rebuild may have up to an hour
+    /// left, and is sealed with what it saw so far).
     pub fn close(&self) {
         self.closing.send_replace(true);
+        for s in lock(&self.inner).rules.iter() {
+            s.longhorn.end_windows();
+        }
     }
 
     /// Replace the rule set with the configuration's, keeping the state of
@@ -316,12 +330,13 @@ impl WatchEngine {
         for s in &mut inner.rules {
             let needs_helper = !matches!(s.rule.kind, RuleKind::TcpReset);
             s.availability = match (s.rule.kind, &helper, flow_state) {
-                (RuleKind::LonghornRebuild, _, _) => {
-                    Availability::Unavailable(LONGHORN_UNAVAILABLE.into())
-                }
                 (_, Some(reason), _) if needs_helper => {
                     Availability::Unavailable(format!("pstack-helper not found: {reason}"))
                 }
+                (RuleKind::LonghornRebuild, _, _) => match s.longhorn.health() {
+                    longhorn::Health::Degraded(r) => Availability::Degraded(r.clone()),
+                    _ => Availability::Armed,
+                },
                 (k, _, Err(reason)) if k.needs_flows() => Availability::Unavailable(reason.clone()),
                 _ => Availability::Armed,
             };
@@ -425,7 +440,8 @@ impl WatchEngine {
                     }
                 }
                 Condition::TcpReset { .. } | Condition::TcpRto { .. } => {}
-                Condition::LonghornRebuild => {}
+                // Fired from the manager's polls (`longhorn`), not the tick.
+                Condition::LonghornRebuild(_) => {}
             }
         }
         let flow_rules: Vec<(String, RuleKind, Condition, Duration)> = inner
@@ -528,8 +544,9 @@ impl WatchEngine {
                 let (state, reason) = match &s.availability {
                     Availability::Armed => ("armed", None),
                     Availability::Unavailable(r) => ("unavailable", Some(r.clone())),
+                    Availability::Degraded(r) => ("degraded", Some(r.clone())),
                 };
-                json!({
+                let mut rule = json!({
                     "name": s.rule.name,
                     "kind": s.rule.kind.as_str(),
                     "state": state,
@@ -546,7 +563,11 @@ impl WatchEngine {
                     "last_fired": s.last_fired,
                     "last_envelope": s.last_envelope,
                     "last_error": s.last_error,
-                })
+                });
+                if let Condition::LonghornRebuild(lh) = &s.rule.condition {
+                    rule["longhorn"] = s.longhorn.status_json(lh);
+                }
+                rule
             })
             .collect();
         json!({
@@ -643,7 +664,14 @@ fn condition_json(rule: &WatchRule) -> Value {
         | Condition::RetransmitRate {
             threshold_per_second,
         } => json!({"threshold_per_second": threshold_per_second}),
-        Condition::LonghornRebuild => json!({}),
+        Condition::LonghornRebuild(lh) => json!({
+            "manager_url": lh.manager_url,
+            "volumes": lh.volumes,
+            "poll_seconds": lh.poll.as_secs(),
+            "node": lh.node,
+            "netns": lh.netns,
+            "netns_pid": lh.netns_pid,
+        }),
     }
 }
 
@@ -691,6 +719,7 @@ async fn tick_once(state: &Arc<DaemonState>) {
     if lock(&engine.inner).rules.is_empty() {
         return;
     }
+    longhorn_run::polls(state);
     engine.refresh_availability(state, &flow_state);
     let (needs_d, needs_rates) = {
         let inner = lock(&engine.inner);
@@ -905,6 +934,7 @@ async fn run_capture(
             plan.trigger = Some(trigger);
             ValidRequest::Transport(plan)
         }
+        Action::Longhorn(a) => return longhorn_run::capture(state, a, trigger, slot, budget).await,
     };
     let supervisor = state
         .engine

@@ -21,6 +21,15 @@ pub const DEFAULT_PER_HOUR: u32 = 12;
 pub const DEFAULT_D_STATE_SECONDS: u64 = 10;
 /// Default watched ports of the TCP kinds: Longhorn v1's instance-manager range.
 pub const DEFAULT_PORTS: (u16, u16) = (10_000, 20_000);
+/// Default `poll_seconds` of a `longhorn_rebuild` rule (the manager's own
+/// engine poll interval, `EnginePollInterval`).
+pub const DEFAULT_LONGHORN_POLL_SECONDS: u64 = 5;
+/// Default longest window of one `longhorn_rebuild` capture.
+pub const DEFAULT_LONGHORN_WINDOW: Duration = Duration::from_secs(120);
+/// Longest window a `longhorn_rebuild` rule may set.
+pub const MAX_LONGHORN_WINDOW: Duration = Duration::from_secs(3600);
+/// Longest window the other kinds may set.
+pub const MAX_WINDOW: Duration = Duration::from_secs(60);
 /// Most rules a configuration may hold.
 pub const MAX_RULES: usize = 64;
 
@@ -38,7 +47,8 @@ pub enum RuleKind {
     ListenOverflow,
     /// `RetransSegs` growing faster than the threshold.
     RetransmitRate,
-    /// A Longhorn rebuild (the Longhorn issue specifies its condition).
+    /// A Longhorn replica rebuild that starts, ends or fails, read from the
+    /// manager.
     LonghornRebuild,
 }
 
@@ -90,6 +100,60 @@ pub struct WatchRuleConfig {
     /// Captures by this rule per hour (default 12).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_per_hour: Option<u32>,
+    /// `longhorn_rebuild`: the manager's base URL (`http://…:9500`, with or
+    /// without `/v1`). Required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manager_url: Option<String>,
+    /// `longhorn_rebuild`: only these volumes (default: every volume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<Vec<String>>,
+    /// `longhorn_rebuild`: seconds between manager reads (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_seconds: Option<u64>,
+    /// `longhorn_rebuild`: this node's Longhorn node name, matched against
+    /// `hostId` (default: `$NODE_NAME`, else the hostname).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// `longhorn_rebuild`: the instance-manager pod's netns by name
+    /// (`/run/netns/NAME`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<String>,
+    /// `longhorn_rebuild`: the instance-manager pod's netns by a PID in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_pid: Option<u32>,
+    /// `longhorn_rebuild`: the Kubernetes API for a failed rebuild's Events
+    /// (`https://…`; `http://` only on loopback). Default: the in-cluster
+    /// service account, when pstackd runs in a pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_api: Option<String>,
+    /// `longhorn_rebuild`: the bearer token's file (default: the service
+    /// account's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_token_file: Option<std::path::PathBuf>,
+    /// `longhorn_rebuild`: the API server's CA (default: the service
+    /// account's `ca.crt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_ca_file: Option<std::path::PathBuf>,
+}
+
+/// What a `longhorn_rebuild` rule reads and where it captures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LonghornRule {
+    /// Manager base URL (validated).
+    pub manager_url: String,
+    /// Volume filter (empty: every volume).
+    pub volumes: Vec<String>,
+    /// Between manager reads.
+    pub poll: Duration,
+    /// This node's Longhorn name (None: `$NODE_NAME`, else the hostname, at run time).
+    pub node: Option<String>,
+    /// Capture netns by name.
+    pub netns: Option<String>,
+    /// Capture netns by PID.
+    pub netns_pid: Option<u32>,
+    /// The Kubernetes API as configured (None: the in-cluster one, if any,
+    /// at run time).
+    pub kubernetes: Option<pstack_capture::longhorn::kube::KubeApi>,
 }
 
 /// What a rule waits for.
@@ -120,8 +184,8 @@ pub enum Condition {
         /// Per second.
         threshold_per_second: u64,
     },
-    /// Not runnable yet (see [`super::unavailable_reason`]).
-    LonghornRebuild,
+    /// A rebuild started, ended or failed (see [`super::rebuild`]).
+    LonghornRebuild(Box<LonghornRule>),
 }
 
 /// A validated rule.
@@ -213,6 +277,24 @@ impl WatchRuleConfig {
         if !is_rate {
             foreign("threshold_per_second", self.threshold_per_second.is_some())?;
         }
+        if kind != RuleKind::LonghornRebuild {
+            for (key, set) in [
+                ("manager_url", self.manager_url.is_some()),
+                ("volumes", self.volumes.is_some()),
+                ("poll_seconds", self.poll_seconds.is_some()),
+                ("node", self.node.is_some()),
+                ("netns", self.netns.is_some()),
+                ("netns_pid", self.netns_pid.is_some()),
+                ("kubernetes_api", self.kubernetes_api.is_some()),
+                (
+                    "kubernetes_token_file",
+                    self.kubernetes_token_file.is_some(),
+                ),
+                ("kubernetes_ca_file", self.kubernetes_ca_file.is_some()),
+            ] {
+                foreign(key, set)?;
+            }
+        }
         if matches!(kind, RuleKind::TcpReset) {
             // A reset ends its stream: its capture is what the recorder held,
             // there is no live window to size.
@@ -250,11 +332,12 @@ impl WatchRuleConfig {
             RuleKind::RetransmitRate => Condition::RetransmitRate {
                 threshold_per_second: threshold()?,
             },
-            RuleKind::LonghornRebuild => Condition::LonghornRebuild,
+            RuleKind::LonghornRebuild => Condition::LonghornRebuild(Box::new(self.longhorn(&err)?)),
         };
         let default_window = match kind {
             RuleKind::DState => Duration::from_secs(2),
             RuleKind::TcpRto => Duration::from_secs(5),
+            RuleKind::LonghornRebuild => DEFAULT_LONGHORN_WINDOW,
             _ => Duration::ZERO,
         };
         let window = match &self.window {
@@ -264,7 +347,14 @@ impl WatchRuleConfig {
                 pstack_cli::duration::parse_duration(w).map_err(|e| err(format!("window: {e}")))?
             }
         };
-        if window > Duration::from_secs(60) {
+        if kind == RuleKind::LonghornRebuild {
+            if window < Duration::from_secs(1) || window > MAX_LONGHORN_WINDOW {
+                return Err(err(
+                    "window (the longest one rebuild capture runs) must be between 1s and 3600s"
+                        .into(),
+                ));
+            }
+        } else if window > MAX_WINDOW {
             return Err(err("window must be at most 60s".into()));
         }
         if kind == RuleKind::TcpRto && window.is_zero() {
@@ -293,6 +383,90 @@ impl WatchRuleConfig {
             window,
             max_per_subject_per_hour: per_subject,
             max_per_hour: per_hour,
+        })
+    }
+}
+
+impl WatchRuleConfig {
+    fn longhorn(&self, err: &dyn Fn(String) -> RuleError) -> Result<LonghornRule, RuleError> {
+        let url = self.manager_url.as_deref().ok_or_else(|| {
+            err(
+                "a longhorn_rebuild rule needs manager_url (e.g. \"http://10.43.0.20:9500\")"
+                    .into(),
+            )
+        })?;
+        pstack_capture::longhorn::parse_base_url(url)
+            .map_err(|e| err(format!("manager_url: {e}")))?;
+        let k8s_name = |v: &str| {
+            !v.is_empty()
+                && v.len() <= 253
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+        };
+        let volumes = self.volumes.clone().unwrap_or_default();
+        if let Some(bad) = volumes.iter().find(|v| !k8s_name(v)) {
+            return Err(err(format!("volumes: {bad:?} is not a volume name")));
+        }
+        let poll = self.poll_seconds.unwrap_or(DEFAULT_LONGHORN_POLL_SECONDS);
+        if !(1..=300).contains(&poll) {
+            return Err(err("poll_seconds must be between 1 and 300".into()));
+        }
+        if let Some(n) = &self.node
+            && !k8s_name(n)
+        {
+            return Err(err(format!("node: {n:?} is not a node name")));
+        }
+        if self.netns.is_some() && self.netns_pid.is_some() {
+            return Err(err("set netns or netns_pid, not both".into()));
+        }
+        if let Some(n) = &self.netns
+            && (n.is_empty() || n.contains('/') || n.starts_with('.'))
+        {
+            return Err(err(format!("netns: {n:?} is not a name under /run/netns")));
+        }
+        if self.netns_pid == Some(0) {
+            return Err(err("netns_pid must be a PID".into()));
+        }
+        let sa = std::path::Path::new(pstack_capture::longhorn::kube::SERVICE_ACCOUNT_DIR);
+        let kubernetes = match &self.kubernetes_api {
+            None => {
+                if self.kubernetes_token_file.is_some() || self.kubernetes_ca_file.is_some() {
+                    return Err(err(
+                        "kubernetes_token_file and kubernetes_ca_file need kubernetes_api".into(),
+                    ));
+                }
+                None
+            }
+            Some(api) => {
+                let loopback = ["http://127.0.0.1:", "http://localhost:", "http://[::1]:"]
+                    .iter()
+                    .any(|p| api.starts_with(p));
+                if !(api.starts_with("https://") || loopback) || api.contains('@') {
+                    return Err(err(format!(
+                        "kubernetes_api: {api:?} must be https://HOST[:PORT] (http:// only on loopback), without credentials"
+                    )));
+                }
+                Some(pstack_capture::longhorn::kube::KubeApi {
+                    base: api.trim_end_matches('/').to_string(),
+                    token_file: self
+                        .kubernetes_token_file
+                        .clone()
+                        .unwrap_or_else(|| sa.join("token")),
+                    ca_file: self
+                        .kubernetes_ca_file
+                        .clone()
+                        .or_else(|| api.starts_with("https://").then(|| sa.join("ca.crt"))),
+                })
+            }
+        };
+        Ok(LonghornRule {
+            kubernetes,
+            manager_url: url.to_string(),
+            volumes,
+            poll: Duration::from_secs(poll),
+            node: self.node.clone(),
+            netns: self.netns.clone(),
+            netns_pid: self.netns_pid,
         })
     }
 }
@@ -365,7 +539,9 @@ mod tests {
             "name = \"a\"\nkind = \"tcp_rto\"\nports = \"9500\"\nwindow = \"3s\"",
             "name = \"a\"\nkind = \"listen_overflow\"\nthreshold_per_second = 5",
             "name = \"a\"\nkind = \"retransmit_rate\"\nthreshold_per_second = 100\nmax_per_hour = 3\nmax_per_subject_per_hour = 1",
-            "name = \"a\"\nkind = \"longhorn_rebuild\"",
+            "name = \"a\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://10.43.0.20:9500/v1\"",
+            "name = \"a\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://lh:9500\"\nvolumes = [\"pvc-1\"]\npoll_seconds = 2\nwindow = \"10m\"\nnode = \"node-t\"\nnetns = \"im-t\"",
+            "name = \"a\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://lh:9500\"\nkubernetes_api = \"https://10.43.0.1:443\"\nkubernetes_token_file = \"/etc/pstack/k8s-token\"",
         ];
         for body in ok {
             parse(&format!("[[watch]]\n{body}\n")).unwrap_or_else(|e| panic!("{body}: {e}"));
@@ -425,6 +601,50 @@ mod tests {
                 "exceeds",
             ),
             ("name = \"Bad Name\"\nkind = \"d_state\"", "name must be"),
+            (
+                "name = \"x\"\nkind = \"longhorn_rebuild\"",
+                "needs manager_url",
+            ),
+            (
+                "name = \"x\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"https://lh:9500\"",
+                "manager_url",
+            ),
+            (
+                "name = \"x\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://lh:9500\"\nports = \"1-2\"",
+                "`ports` does not apply",
+            ),
+            (
+                "name = \"x\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://lh:9500\"\npoll_seconds = 0",
+                "poll_seconds",
+            ),
+            (
+                "name = \"x\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://lh:9500\"\nwindow = \"2h\"",
+                "between 1s and 3600s",
+            ),
+            (
+                "name = \"x\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://lh:9500\"\nvolumes = [\"a b\"]",
+                "not a volume name",
+            ),
+            (
+                "name = \"x\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://lh:9500\"\nnetns = \"a\"\nnetns_pid = 1",
+                "not both",
+            ),
+            (
+                "name = \"x\"\nkind = \"d_state\"\nmanager_url = \"http://lh:9500\"",
+                "`manager_url` does not apply",
+            ),
+            (
+                "name = \"x\"\nkind = \"tcp_reset\"\nvolumes = [\"v\"]",
+                "`volumes` does not apply",
+            ),
+            (
+                "name = \"x\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://lh:9500\"\nkubernetes_api = \"http://10.0.0.1:6443\"",
+                "only on loopback",
+            ),
+            (
+                "name = \"x\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://lh:9500\"\nkubernetes_token_file = \"/t\"",
+                "need kubernetes_api",
+            ),
             (
                 "name = \"x\"\nkind = \"d_state\"\ncolour = 1",
                 "unknown field",

@@ -1,0 +1,732 @@
+//! pstackd's `longhorn_rebuild` rule: polls the Longhorn manager's volume
+//! list, folds each reading into the [`RebuildBook`] (the pure condition of
+//! [`super::rebuild`]) and turns its changes into firings of windowed
+//! Longhorn captures on this node.
+//!
+//! Invariants:
+//! - **Only real readings are folded.** A manager that is down, times out
+//!   or answers something that is not the volume list makes the rule
+//!   `degraded` with the reason; the book is left as it was, so no rebuild
+//!   starts or ends because the manager could not be read, and no envelope
+//!   is made from it.
+//! - **One poll in flight per rule**, each bounded by the client's deadline
+//!   ([`pstack_capture::longhorn::API_DEADLINE`]) through the project's one
+//!   HTTP client, off the tick (a slow manager never delays other rules).
+//! - **A window per rebuild at a time, bounded.** A start fires a capture
+//!   whose window lasts until the rebuild ends (the poll that sees the end
+//!   stops it) or the rule's `window`, whichever is first; a rebuild that
+//!   outlasts the window gets another window when the last one has sealed
+//!   (counted in `continued`). A window that was suppressed is not retried.
+//!   pstackd draining ends every window (sealed with what it saw).
+//! - **The end is evidence.** A failure hands the capture the poll's own
+//!   reading of that volume (the `error` text, `failedAt`, mode) as its end
+//!   read; a failure seen with no window running fires a terminal capture
+//!   that seals that reading at once. Either goes through the same limits
+//!   and counters as every firing.
+//! - **Only parties capture.** This node's role (engine, source, target) is
+//!   the party whose `hostId` is this node's name; a rebuild this node takes
+//!   no part in is followed and counted (`not_a_party`), never captured.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Instant;
+
+use pstack_capture::longhorn::client::{self, ApiRead};
+use pstack_capture::longhorn::kube::KubeApi;
+use pstack_capture::longhorn::model::{Volume, parse_error_addrs, parse_volume_list};
+use pstack_capture::longhorn::topology::{PartyRole, Topology, resolve};
+use pstack_capture::longhorn::{LonghornPlan, Watcher};
+use pstack_capture::request::{DEFAULT_MAX_FLOWS, LonghornRequest};
+use serde_json::{Value, json};
+
+use super::rebuild::{Change, Outcome, RebuildBook, RebuildEvent};
+use super::rules::{LonghornRule, RuleKind, WatchRule};
+use super::{Action, Firing};
+
+/// Window of a terminal capture (it is stopped before it starts: the
+/// samples are taken back to back).
+const TERMINAL_WINDOW_MS: u64 = 1000;
+/// Rebuild changes kept for status.
+const RECENT_CHANGES: usize = 32;
+
+/// A capture window's lifecycle, shared with the task that runs it.
+#[derive(Debug, Default)]
+pub struct WindowLife(AtomicU8);
+
+impl WindowLife {
+    const RUNNING: u8 = 1;
+    const DONE: u8 = 2;
+    /// The capture started.
+    pub fn started(&self) {
+        self.0.store(Self::RUNNING, Ordering::SeqCst);
+    }
+    /// The capture returned (sealed or failed).
+    pub fn done(&self) {
+        self.0.store(Self::DONE, Ordering::SeqCst);
+    }
+    fn is_running(&self) -> bool {
+        self.0.load(Ordering::SeqCst) == Self::RUNNING
+    }
+    fn is_done(&self) -> bool {
+        self.0.load(Ordering::SeqCst) == Self::DONE
+    }
+}
+
+/// What a `longhorn_rebuild` firing captures.
+#[derive(Debug, Clone)]
+pub struct LonghornAction {
+    /// The capture request (volume, engine, peer, netns, window, manager).
+    pub request: LonghornRequest,
+    /// Ends the window and hands over the terminal read.
+    pub watcher: Watcher,
+    /// Started / done, read by the rule's next polls.
+    pub life: Arc<WindowLife>,
+}
+
+impl LonghornAction {
+    /// The validated plan.
+    pub fn plan(&self) -> Result<LonghornPlan, String> {
+        self.request
+            .plan()
+            .map_err(|e| format!("building the capture: {e}"))
+    }
+}
+
+#[derive(Debug)]
+struct Window {
+    seq: u32,
+    watcher: Watcher,
+    life: Arc<WindowLife>,
+    role: PartyRole,
+    request: LonghornRequest,
+}
+
+/// Manager health as the last poll left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// No poll has finished yet.
+    Starting,
+    /// The last poll read the volume list.
+    Ok,
+    /// The last poll failed; why.
+    Degraded(String),
+}
+
+/// One `longhorn_rebuild` rule's state between polls.
+#[derive(Debug)]
+pub struct LonghornWatch {
+    book: RebuildBook,
+    health: Health,
+    in_flight: bool,
+    next_poll: Option<Instant>,
+    polls: u64,
+    poll_failures: u64,
+    last_poll_at: Option<String>,
+    last_poll_us: u64,
+    windows: BTreeMap<(String, String), Window>,
+    not_a_party: u64,
+    continued: u64,
+    terminal: u64,
+    started: u64,
+    ended: BTreeMap<String, u64>,
+    recent: VecDeque<Value>,
+}
+
+impl Default for LonghornWatch {
+    fn default() -> Self {
+        LonghornWatch {
+            book: RebuildBook::default(),
+            health: Health::Starting,
+            in_flight: false,
+            next_poll: None,
+            polls: 0,
+            poll_failures: 0,
+            last_poll_at: None,
+            last_poll_us: 0,
+            windows: BTreeMap::new(),
+            not_a_party: 0,
+            continued: 0,
+            terminal: 0,
+            started: 0,
+            ended: BTreeMap::new(),
+            recent: VecDeque::new(),
+        }
+    }
+}
+
+/// This node's Longhorn name: the rule's `node`, else `$NODE_NAME` (the
+/// downward API's usual name), else the hostname.
+pub fn node_name(rule: &LonghornRule) -> String {
+    rule.node
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
+        .or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+        })
+        .unwrap_or_default()
+}
+
+/// This node's role in a rebuild and the peer its capture selects: the
+/// target captures towards the source (the control channel it opened, the
+/// bulk streams it receives); the source and the engine towards the target.
+/// Target first when one node plays two parts (E = T is common).
+pub fn local_role(t: &Topology, node: &str) -> Option<(PartyRole, Option<IpAddr>)> {
+    let on_node = |p: &Option<pstack_capture::longhorn::topology::Party>| {
+        p.as_ref()
+            .is_some_and(|p| !p.node.is_empty() && p.node == node)
+    };
+    let addr =
+        |p: &Option<pstack_capture::longhorn::topology::Party>| p.as_ref().and_then(|p| p.address);
+    if on_node(&t.target) {
+        Some((PartyRole::Target, addr(&t.source)))
+    } else if on_node(&t.source) {
+        Some((PartyRole::Source, addr(&t.target)))
+    } else if on_node(&t.engine) {
+        Some((PartyRole::Engine, addr(&t.target)))
+    } else {
+        None
+    }
+}
+
+impl LonghornWatch {
+    /// Whether a poll is due now; if so it is marked in flight.
+    pub fn take_poll(&mut self, rule: &LonghornRule, now: Instant) -> bool {
+        if self.in_flight || self.next_poll.is_some_and(|t| now < t) {
+            return false;
+        }
+        self.in_flight = true;
+        // A little early is fine: ticks are a second apart, and a poll due
+        // just after a tick would otherwise wait for the next one.
+        self.next_poll = Some(now + rule.poll.saturating_sub(super::TICK / 10));
+        true
+    }
+
+    /// End every running window now (pstackd is draining).
+    pub fn end_windows(&self) {
+        for w in self.windows.values() {
+            w.watcher.end(None);
+        }
+    }
+
+    /// The rule's health.
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    fn remember(&mut self, v: Value) {
+        if self.recent.len() == RECENT_CHANGES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(v);
+    }
+
+    /// Fold a poll's result; the firings it makes and the events to emit.
+    pub fn on_poll(
+        &mut self,
+        rule: &WatchRule,
+        lh: &LonghornRule,
+        read: ApiRead,
+    ) -> (Vec<Firing>, Vec<Value>) {
+        self.in_flight = false;
+        self.polls += 1;
+        self.last_poll_at = Some(read.at.clone());
+        self.last_poll_us = read.elapsed_us;
+        let list = match &read.result {
+            Err(f) => Err(format!(
+                "the manager at {} did not answer the volume list: {} ({})",
+                read.url,
+                f.message,
+                serde_json::to_value(f.status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            )),
+            Ok(body) => parse_volume_list(body)
+                .map_err(|e| format!("the manager at {} answered garbage: {e}", read.url)),
+        };
+        let list = match list {
+            Ok(l) => l,
+            Err(reason) => {
+                self.poll_failures += 1;
+                let was = std::mem::replace(&mut self.health, Health::Degraded(reason.clone()));
+                let events = if matches!(was, Health::Degraded(_)) {
+                    Vec::new()
+                } else {
+                    vec![
+                        json!({"event": "degraded", "rule": rule.name, "kind": rule.kind.as_str(), "reason": reason}),
+                    ]
+                };
+                return (Vec::new(), events);
+            }
+        };
+        self.health = Health::Ok;
+        let list: Vec<(Volume, Vec<u8>)> = list
+            .into_iter()
+            .filter(|(v, _)| lh.volumes.is_empty() || lh.volumes.contains(&v.name))
+            .collect();
+        let volumes: Vec<Volume> = list.iter().map(|(v, _)| v.clone()).collect();
+        let bytes: BTreeMap<&str, &[u8]> = list
+            .iter()
+            .map(|(v, b)| (v.name.as_str(), b.as_slice()))
+            .collect();
+        let node = node_name(lh);
+        let changes = self.book.observe(&volumes);
+        let mut firings = Vec::new();
+        let mut events = Vec::new();
+        let at = Instant::now();
+        for ev in changes {
+            let key = (ev.volume.clone(), ev.replica.clone());
+            let vol = volumes.iter().find(|v| v.name == ev.volume);
+            match &ev.change {
+                Change::Started => {
+                    self.started += 1;
+                    let Some(v) = vol else { continue };
+                    let topo = resolve(v, Some(&ev.replica));
+                    let role = local_role(&topo, &node);
+                    let e = json!({"event": "rebuild_started", "rule": rule.name, "kind": rule.kind.as_str(),
+                        "volume": ev.volume, "replica": ev.replica, "from": ev.seen.from,
+                        "node": node, "role": role.map(|r| r.0.as_str())});
+                    self.remember(e.clone());
+                    events.push(e);
+                    let Some((role, peer)) = role else {
+                        self.not_a_party += 1;
+                        continue;
+                    };
+                    match self.window(rule, lh, &ev, &topo, role, peer, 1) {
+                        Ok((f, w)) => {
+                            self.windows.insert(key, w);
+                            firings.push(f);
+                        }
+                        Err(reason) => events.push(json!({"event": "failed", "rule": rule.name,
+                            "kind": rule.kind.as_str(), "subject": subject(&ev.volume, &ev.replica),
+                            "error": reason})),
+                    }
+                }
+                Change::Continuing => {}
+                Change::Ended(outcome) => {
+                    let (label, failed) = match outcome {
+                        Outcome::Complete { .. } => ("complete".to_string(), false),
+                        Outcome::Failed { how, .. } => (format!("failed_{}", how.as_str()), true),
+                    };
+                    *self.ended.entry(label.clone()).or_default() += 1;
+                    let e = ended_event(rule, &ev, outcome);
+                    self.remember(e.clone());
+                    events.push(e);
+                    // The poll's own reading of the volume, as the end read.
+                    let terminal = failed.then(|| ApiRead {
+                        url: format!("{} (volume {})", read.url, ev.volume),
+                        at: read.at.clone(),
+                        result: Ok(bytes
+                            .get(ev.volume.as_str())
+                            .map(|b| b.to_vec())
+                            .unwrap_or_else(|| b"{\"rebuildStatus\":[]}".to_vec())),
+                        elapsed_us: read.elapsed_us,
+                    });
+                    let w = self.windows.remove(&key);
+                    match w {
+                        Some(w) if !w.life.is_done() && w.life.is_running() => {
+                            w.watcher.end(terminal);
+                        }
+                        Some(w) if failed => {
+                            // No window running: seal the terminal reading now.
+                            let mut request = w.request.clone();
+                            request.window_ms = TERMINAL_WINDOW_MS;
+                            let watcher = watcher_for(lh);
+                            watcher.end(terminal);
+                            self.terminal += 1;
+                            firings.push(self.firing(
+                                rule,
+                                &ev,
+                                w.role,
+                                "failed",
+                                w.seq + 1,
+                                Some(outcome),
+                                LonghornAction {
+                                    request,
+                                    watcher,
+                                    life: Arc::new(WindowLife::default()),
+                                },
+                                at,
+                            ));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        // Rebuilds that outlast their window: the next window once the last sealed.
+        let followed: Vec<(String, String)> =
+            self.book.followed().map(|(k, _)| k.clone()).collect();
+        for key in followed {
+            let Some(w) = self.windows.get(&key) else {
+                continue;
+            };
+            if !w.life.is_done() {
+                continue;
+            }
+            let seq = w.seq + 1;
+            let (role, request) = (w.role, w.request.clone());
+            let seen = self
+                .book
+                .followed()
+                .find(|(k, _)| **k == key)
+                .map(|(_, s)| s.clone())
+                .unwrap_or_default();
+            let ev = RebuildEvent {
+                volume: key.0.clone(),
+                replica: key.1.clone(),
+                change: Change::Continuing,
+                seen,
+            };
+            let action = LonghornAction {
+                request,
+                watcher: watcher_for(lh),
+                life: Arc::new(WindowLife::default()),
+            };
+            let (watcher, life) = (action.watcher.clone(), action.life.clone());
+            let f = self.firing(rule, &ev, role, "continued", seq, None, action, at);
+            if let Some(w) = self.windows.get_mut(&key) {
+                w.seq = seq;
+                w.watcher = watcher;
+                w.life = life;
+            }
+            self.continued += 1;
+            firings.push(f);
+        }
+        (firings, events)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn window(
+        &self,
+        rule: &WatchRule,
+        lh: &LonghornRule,
+        ev: &RebuildEvent,
+        topo: &Topology,
+        role: PartyRole,
+        peer: Option<IpAddr>,
+        seq: u32,
+    ) -> Result<(Firing, Window), String> {
+        let peer = peer.ok_or_else(|| {
+            format!(
+                "the manager gives no address for the {} party of {}'s rebuild: no peer to capture towards",
+                if role == PartyRole::Target { "source" } else { "target" },
+                ev.replica
+            )
+        })?;
+        let engine = topo
+            .engine
+            .as_ref()
+            .map(|p| p.name.clone())
+            .ok_or_else(|| format!("volume {} lists no engine (controllers[])", ev.volume))?;
+        let request = LonghornRequest {
+            volume: ev.volume.clone(),
+            engine,
+            source_node: String::new(),
+            target_node: String::new(),
+            transfer: None,
+            peer: peer.to_string(),
+            local: None,
+            netns_pid: lh.netns_pid,
+            netns: lh.netns.clone(),
+            window_ms: rule.window.as_millis() as u64,
+            ports: None,
+            max_flows: DEFAULT_MAX_FLOWS,
+            wait: true,
+            ebpf: true,
+            longhorn_api: Some(lh.manager_url.clone()),
+            hubble_server: None,
+        };
+        request
+            .plan()
+            .map_err(|e| format!("building the capture: {e}"))?;
+        let action = LonghornAction {
+            request: request.clone(),
+            watcher: watcher_for(lh),
+            life: Arc::new(WindowLife::default()),
+        };
+        let w = Window {
+            seq,
+            watcher: action.watcher.clone(),
+            life: action.life.clone(),
+            role,
+            request,
+        };
+        Ok((
+            self.firing(rule, ev, role, "started", seq, None, action, Instant::now()),
+            w,
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn firing(
+        &self,
+        rule: &WatchRule,
+        ev: &RebuildEvent,
+        role: PartyRole,
+        phase: &str,
+        seq: u32,
+        outcome: Option<&Outcome>,
+        action: LonghornAction,
+        at: Instant,
+    ) -> Firing {
+        let mut c = BTreeMap::new();
+        c.insert("volume".into(), ev.volume.clone());
+        c.insert("replica".into(), ev.replica.clone());
+        c.insert("from".into(), ev.seen.from.join(","));
+        c.insert("role".into(), role.as_str().into());
+        c.insert("phase".into(), phase.into());
+        c.insert("window_seq".into(), seq.to_string());
+        c.insert("peer".into(), action.request.peer.clone());
+        c.insert("window_ms".into(), action.request.window_ms.to_string());
+        if let Some(p) = ev.seen.progress {
+            c.insert("progress".into(), p.to_string());
+        }
+        if let Some(o) = outcome {
+            outcome_into(o, &mut c);
+        }
+        Firing {
+            rule: rule.name.clone(),
+            kind: RuleKind::LonghornRebuild,
+            subject: subject(&ev.volume, &ev.replica),
+            condition: c,
+            fault_at: at,
+            action: Action::Longhorn(Box::new(action)),
+        }
+    }
+
+    /// The `longhorn` member of the rule's status.
+    pub fn status_json(&self, lh: &LonghornRule) -> Value {
+        let (health, reason) = match &self.health {
+            Health::Starting => ("starting", None),
+            Health::Ok => ("ok", None),
+            Health::Degraded(r) => ("degraded", Some(r.clone())),
+        };
+        json!({
+            "manager_url": lh.manager_url,
+            "volumes": lh.volumes,
+            "poll_ms": lh.poll.as_millis() as u64,
+            "node": node_name(lh),
+            "kubernetes_api": kubernetes_api(lh).map(|k| k.base),
+            "manager": {"state": health, "reason": reason, "polls": self.polls,
+                        "failures": self.poll_failures, "last_poll": self.last_poll_at,
+                        "last_poll_us": self.last_poll_us},
+            "following": self.book.followed().map(|((v, r), s)| json!({"volume": v, "replica": r, "from": s.from, "progress": s.progress})).collect::<Vec<_>>(),
+            "rebuilds_started": self.started,
+            "rebuilds_ended": self.ended,
+            "not_a_party": self.not_a_party,
+            "windows_continued": self.continued,
+            "terminal_captures": self.terminal,
+            "recent": self.recent,
+        })
+    }
+}
+
+/// The Kubernetes API a rule's captures read Events through: the
+/// configured one, else the in-cluster service account, else none.
+pub fn kubernetes_api(lh: &LonghornRule) -> Option<KubeApi> {
+    lh.kubernetes.clone().or_else(KubeApi::in_cluster)
+}
+
+fn watcher_for(lh: &LonghornRule) -> Watcher {
+    Watcher {
+        kube: kubernetes_api(lh),
+        ..Watcher::default()
+    }
+}
+
+/// Rate-limit and concurrency key of a rebuild.
+pub fn subject(volume: &str, replica: &str) -> String {
+    format!("longhorn:{volume}/{replica}")
+}
+
+fn outcome_into(o: &Outcome, c: &mut BTreeMap<String, String>) {
+    match o {
+        Outcome::Complete { basis } => {
+            c.insert("outcome".into(), "complete".into());
+            c.insert("basis".into(), (*basis).into());
+        }
+        Outcome::Failed {
+            how,
+            error,
+            failed_at,
+            mode,
+        } => {
+            c.insert("outcome".into(), "failed".into());
+            c.insert("failure".into(), how.as_str().into());
+            if !error.is_empty() {
+                c.insert("error".into(), error.clone());
+                let pairs: Vec<String> = parse_error_addrs(error)
+                    .pairs
+                    .iter()
+                    .map(|(a, b)| format!("{a}->{b}"))
+                    .collect();
+                if !pairs.is_empty() {
+                    c.insert("error_pairs".into(), pairs.join(","));
+                }
+            }
+            if !failed_at.is_empty() {
+                c.insert("failed_at".into(), failed_at.clone());
+            }
+            c.insert("mode".into(), mode.clone());
+        }
+    }
+}
+
+fn ended_event(rule: &WatchRule, ev: &RebuildEvent, o: &Outcome) -> Value {
+    let mut c = BTreeMap::new();
+    outcome_into(o, &mut c);
+    json!({"event": "rebuild_ended", "rule": rule.name, "kind": rule.kind.as_str(),
+        "volume": ev.volume, "replica": ev.replica, "outcome": c})
+}
+
+/// Read the manager's volume list (blocking; run it off the runtime).
+pub fn poll(lh: &LonghornRule) -> ApiRead {
+    client::fetch_volumes(&lh.manager_url)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The rule's orchestration over synthetic manager reads (the capture
+    //! itself is exercised on the testbed, `tests/transport/watch_longhorn.rs`).
+    use super::*;
+    use crate::daemon::watch::rules::WatchRuleConfig;
+
+    fn rule(node: &str) -> (WatchRule, LonghornRule) {
+        let cfg: WatchRuleConfig = toml::from_str(&format!(
+            "name = \"rebuilds\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://127.0.0.1:9500\"\nnode = \"{node}\"\nwindow = \"30s\""
+        ))
+        .unwrap();
+        let r = cfg.validate().unwrap();
+        let super::super::rules::Condition::LonghornRebuild(lh) = &r.condition else {
+            panic!()
+        };
+        let lh = (**lh).clone();
+        (r, lh)
+    }
+
+    /// A `GET /v1/volumes` answer: volume `pvc-7` (replica S on node-s
+    /// 10.0.0.2, T on node-t 10.0.0.3 in `mode`, engine on node-e) with
+    /// `rebuild` as its `rebuildStatus`.
+    fn list(rebuild: serde_json::Value, mode: &str) -> ApiRead {
+        let v = json!({"name": "pvc-7", "state": "attached", "robustness": "degraded", "dataEngine": "v1",
+            "replicas": [{"name": "r-s", "hostId": "node-s", "address": "10.0.0.2", "instanceManagerName": "im-s", "mode": "RW", "failedAt": ""},
+                         {"name": "r-t", "hostId": "node-t", "address": "10.0.0.3", "instanceManagerName": "im-t", "mode": mode, "failedAt": ""}],
+            "controllers": [{"name": "pvc-7-e-0", "hostId": "node-e", "address": "10.0.0.1"}],
+            "rebuildStatus": rebuild});
+        ApiRead {
+            url: "http://127.0.0.1:9500/v1/volumes".into(),
+            at: "2026-12-04T18:00:00.000Z".into(),
+            result: Ok(json!({"type": "collection", "data": [v]})
+                .to_string()
+                .into_bytes()),
+            elapsed_us: 10,
+        }
+    }
+
+    fn running(state: &str, error: &str) -> serde_json::Value {
+        json!([{"replica": "r-t", "fromReplica": "r-s", "state": state, "progress": 5,
+                "isRebuilding": state == "in_progress", "error": error}])
+    }
+
+    fn action(f: &Firing) -> &LonghornAction {
+        match &f.action {
+            Action::Longhorn(a) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_rebuild_gets_a_window_a_continuation_and_a_terminal_capture() {
+        let (r, lh) = rule("node-t");
+        let mut w = LonghornWatch::default();
+        assert!(w.take_poll(&lh, Instant::now()));
+        assert!(!w.take_poll(&lh, Instant::now()), "one poll in flight");
+        let (f, ev) = w.on_poll(&r, &lh, list(json!([]), "WO"));
+        assert!(f.is_empty() && ev.is_empty());
+        // Started: a window on the target towards the source.
+        let (f, ev) = w.on_poll(&r, &lh, list(running("in_progress", ""), "WO"));
+        assert_eq!(ev[0]["event"], "rebuild_started");
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].subject, "longhorn:pvc-7/r-t");
+        assert_eq!(f[0].condition["role"], "target");
+        assert_eq!(f[0].condition["phase"], "started");
+        let a = action(&f[0]);
+        assert_eq!(a.request.peer, "10.0.0.2");
+        assert_eq!(a.request.engine, "pvc-7-e-0");
+        assert_eq!(a.request.window_ms, 30_000);
+        // While it runs, polls fire nothing.
+        a.life.started();
+        let (f2, _) = w.on_poll(&r, &lh, list(running("in_progress", ""), "WO"));
+        assert!(f2.is_empty());
+        // It sealed at its bound while the rebuild goes on: the next window.
+        a.life.done();
+        let (f3, _) = w.on_poll(&r, &lh, list(running("in_progress", ""), "WO"));
+        assert_eq!(f3.len(), 1);
+        assert_eq!(f3[0].condition["phase"], "continued");
+        assert_eq!(f3[0].condition["window_seq"], "2");
+        assert_eq!(w.continued, 1);
+        // That one is running when the rebuild fails: it is ended, and handed
+        // the poll's reading.
+        let b = action(&f3[0]);
+        b.life.started();
+        let text = "read tcp 10.0.0.3:43126->10.0.0.2:10002: read: connection reset by peer";
+        let (f4, ev) = w.on_poll(&r, &lh, list(running("error", text), "WO"));
+        assert!(f4.is_empty(), "the running window takes the end");
+        assert!(b.watcher.stop.is_stopped());
+        let handed = b.watcher.terminal.lock().unwrap().clone().unwrap();
+        assert!(
+            String::from_utf8_lossy(handed.result.as_ref().unwrap()).contains("connection reset")
+        );
+        assert_eq!(ev[0]["event"], "rebuild_ended");
+        assert_eq!(ev[0]["outcome"]["failure"], "state_error");
+        assert_eq!(
+            ev[0]["outcome"]["error_pairs"],
+            "10.0.0.3:43126->10.0.0.2:10002"
+        );
+
+        // A failure seen when no window runs: a terminal capture, already ended.
+        let (f, _) = w.on_poll(&r, &lh, list(running("in_progress", ""), "WO"));
+        let c = action(&f[0]);
+        c.life.started();
+        c.life.done();
+        let (f5, _) = w.on_poll(&r, &lh, list(json!([]), "ERR"));
+        assert_eq!(f5.len(), 1, "{f5:?}");
+        assert_eq!(f5[0].condition["phase"], "failed");
+        assert_eq!(f5[0].condition["failure"], "replica_failed");
+        let t = action(&f5[0]);
+        assert!(t.watcher.stop.is_stopped());
+        assert!(t.watcher.terminal.lock().unwrap().is_some());
+        assert_eq!(w.terminal, 1);
+    }
+
+    #[test]
+    fn a_node_that_takes_no_part_captures_nothing_and_a_bad_read_degrades() {
+        let (r, lh) = rule("node-x");
+        let mut w = LonghornWatch::default();
+        let (f, ev) = w.on_poll(&r, &lh, list(running("in_progress", ""), "WO"));
+        assert!(f.is_empty());
+        assert_eq!(ev[0]["role"], serde_json::Value::Null);
+        assert_eq!(w.not_a_party, 1);
+        // The engine's node captures towards the target.
+        let (r, lh) = rule("node-e");
+        let mut w = LonghornWatch::default();
+        let (f, _) = w.on_poll(&r, &lh, list(running("in_progress", ""), "WO"));
+        assert_eq!(f[0].condition["role"], "engine");
+        assert_eq!(action(&f[0]).request.peer, "10.0.0.3");
+        // A bad read: degraded, the rebuild still followed, nothing ends.
+        let mut bad = list(json!([]), "WO");
+        bad.result = Ok(b"<html><body>UI</body></html>".to_vec());
+        let (f, ev) = w.on_poll(&r, &lh, bad.clone());
+        assert!(f.is_empty());
+        assert_eq!(ev[0]["event"], "degraded");
+        assert!(matches!(w.health(), Health::Degraded(m) if m.contains("HTML")));
+        assert_eq!(w.book.followed().count(), 1);
+        let (_, ev) = w.on_poll(&r, &lh, bad);
+        assert!(ev.is_empty(), "degraded is said once");
+    }
+}

@@ -1,0 +1,135 @@
+//! How pstackd runs its `longhorn_rebuild` rules (the rule's state and
+//! firings are [`super::longhorn`]): each due poll on a task of its own, its
+//! result folded by the rule under the engine's lock and its firings
+//! considered like any other; each capture on the blocking pool under the
+//! rule's watcher.
+//!
+//! Invariants:
+//! - **Polls never hold the tick**: a poll is spawned and the tick goes on;
+//!   a rule has at most one in flight ([`super::longhorn::LonghornWatch::take_poll`]).
+//! - **A rule reloaded away drops its poll's result**: it is folded only
+//!   into the rule of the same name and definition.
+//! - **A capture's life is reported** (`started`, then `done` whatever the
+//!   outcome, a deadline overrun included), so the rule never continues a
+//!   window that is still running nor waits for one that is gone.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use pstack_capture::clock::wall_time_now;
+use pstack_capture::request::ValidRequest;
+use pstack_envelope::Trigger;
+use serde_json::json;
+
+use super::rules::{self, Condition};
+use super::{Availability, consider, engines, lock, longhorn};
+use crate::daemon::state::DaemonState;
+
+/// Start the `longhorn_rebuild` polls that are due, each on its own task
+/// (a manager that takes its whole deadline never holds the tick); each
+/// poll's result is folded by its rule and its firings considered.
+pub(super) fn polls(state: &Arc<DaemonState>) {
+    let engine = &state.watch;
+    let due: Vec<(String, rules::LonghornRule)> = {
+        let mut inner = lock(&engine.inner);
+        let now = Instant::now();
+        inner
+            .rules
+            .iter_mut()
+            .filter_map(|s| match &s.rule.condition {
+                Condition::LonghornRebuild(lh) if s.longhorn.take_poll(lh, now) => {
+                    Some((s.rule.name.clone(), (**lh).clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    for (name, lh) in due {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let poll_lh = lh.clone();
+            let read = match tokio::task::spawn_blocking(move || longhorn::poll(&poll_lh)).await {
+                Ok(r) => r,
+                Err(e) => pstack_capture::longhorn::ApiRead {
+                    url: lh.manager_url.clone(),
+                    at: wall_time_now(),
+                    result: Err(pstack_capture::longhorn::ApiFailure {
+                        status: pstack_envelope::SurfaceStatus::Error,
+                        errno: None,
+                        message: format!("the poll task failed: {e}"),
+                    }),
+                    elapsed_us: 0,
+                },
+            };
+            let engine = &state.watch;
+            let (firings, events) = {
+                let mut inner = lock(&engine.inner);
+                let Some(s) = inner.rules.iter_mut().find(|s| {
+                    s.rule.name == name
+                        && s.rule.condition == Condition::LonghornRebuild(Box::new(lh.clone()))
+                }) else {
+                    return; // reloaded away meanwhile
+                };
+                let rule = s.rule.clone();
+                let out = s.longhorn.on_poll(&rule, &lh, read);
+                if let longhorn::Health::Degraded(r) = s.longhorn.health() {
+                    s.availability = Availability::Degraded(r.clone());
+                } else if matches!(s.availability, Availability::Degraded(_)) {
+                    s.availability = Availability::Armed;
+                }
+                out
+            };
+            for mut e in events {
+                e["at"] = json!(wall_time_now());
+                tracing::info!(event = %e, "longhorn rebuild watch");
+                engine.emit(e);
+            }
+            for f in firings {
+                consider(&state, f);
+            }
+        });
+    }
+}
+
+/// A rebuild's capture: its window ends when the rule's poll sees the
+/// rebuild end (or at the rule's window); `life` tells the rule when it
+/// started and when it returned.
+pub(super) async fn capture(
+    state: &Arc<DaemonState>,
+    a: &longhorn::LonghornAction,
+    trigger: Trigger,
+    slot: Option<crate::daemon::state::CaptureSlot>,
+    budget: Option<crate::supervisor::LeakBudget>,
+) -> Result<Vec<String>, String> {
+    let life = a.life.clone();
+    let result = async {
+        let mut plan = a.plan()?;
+        plan.transport.trigger = Some(trigger);
+        let supervisor = state
+            .engine
+            .supervisor
+            .clone()
+            .map_err(|e| format!("pstack-helper not found: {e}"))?;
+        let budget = budget.ok_or("no leak budget")?;
+        let spool = state.spool.clone();
+        let deadline = ValidRequest::Longhorn(Box::new(plan.clone())).run_deadline();
+        let watcher = a.watcher.clone();
+        a.life.started();
+        let work = tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            engines::run_longhorn_watched(&plan, &watcher, &supervisor, &budget, &spool)
+        });
+        match tokio::time::timeout(deadline + crate::daemon::api::OVERRUN_GRACE, work).await {
+            Ok(Ok(Ok(captured))) => Ok(captured.envelopes.into_iter().map(|e| e.digest).collect()),
+            Ok(Ok(Err(e))) => Err(e.to_string()),
+            Ok(Err(join)) => Err(format!("the capture task failed: {join}")),
+            Err(_) => Err(format!(
+                "the capture overran its {} ms deadline",
+                deadline.as_millis()
+            )),
+        }
+    }
+    .await;
+    life.done();
+    result
+}
