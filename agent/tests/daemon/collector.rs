@@ -64,7 +64,10 @@ impl Collector {
         for _ in 0..1000 {
             let n = seed.wrapping_add(NEXT.fetch_add(7919, Ordering::Relaxed));
             let addr = SocketAddr::from(([127, 0, 0, 1], 20_000 + (n % 12_000) as u16));
-            if TcpListener::bind(addr).is_ok() {
+            // Never the same port twice in this process: two tests that
+            // reserved one port before either listened would ship to each
+            // other's collector (seen once: 9,800 of 10,000 arrived).
+            if TcpListener::bind(addr).is_ok() && handed_out().lock().unwrap().insert(addr.port()) {
                 return addr;
             }
         }
@@ -407,4 +410,11 @@ fn linger_zero(s: &TcpStream) {
             std::mem::size_of::<libc::linger>() as libc::socklen_t,
         );
     }
+}
+
+/// Ports `Collector::reserve_port` has handed out in this test process.
+fn handed_out() -> &'static std::sync::Mutex<std::collections::HashSet<u16>> {
+    static PORTS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<u16>>> =
+        std::sync::OnceLock::new();
+    PORTS.get_or_init(Default::default)
 }
