@@ -93,6 +93,7 @@
 pub mod aggregate;
 pub mod error;
 pub mod flight;
+pub mod flow_record;
 pub mod host;
 pub mod objects;
 pub mod offcpu;
@@ -101,7 +102,7 @@ pub mod session;
 pub mod surface;
 pub mod symbols;
 
-pub use aggregate::{Limits, TcpAggregate, TcpSurface};
+pub use aggregate::{Limits, Sampling, TcpAggregate, TcpSurface};
 pub use error::EbpfError;
 pub use flight::{
     FlightConfig, FlightRecorder, FlightStats, FlowBook, FlowBucket, FlowHistory, FlowIncident,
