@@ -227,9 +227,11 @@ static __always_inline void flow_ids(struct pstack_tcp_flow *f, const struct soc
 		bpf_core_read(&f->sock_cookie, sizeof(f->sock_cookie), &sk->__sk_common.skc_cookie);
 }
 
+/* The flow's endpoints from this event until both ports are known (a client's
+ * first transition has no local port yet; a listener never has a remote one). */
 #define flow_tuple(f, tp, sport_, dport_)                                        \
 	do {                                                                    \
-		if (!((f)->flags & PSTACK_FLOW_TUPLE) && (sport_) && (dport_)) {  \
+		if (!((f)->flags & PSTACK_FLOW_TUPLE)) {                        \
 			(f)->sport = (sport_);                                  \
 			(f)->dport = (dport_);                                  \
 			(f)->family = (tp)->family;                             \
@@ -244,7 +246,8 @@ static __always_inline void flow_ids(struct pstack_tcp_flow *f, const struct soc
 				__builtin_memcpy((f)->saddr, both_, 4);         \
 				__builtin_memcpy((f)->daddr, both_ + 4, 4);     \
 			}                                                       \
-			(f)->flags |= PSTACK_FLOW_TUPLE;                        \
+			(f)->flags |= ((sport_) && (dport_)) ? PSTACK_FLOW_TUPLE \
+							     : PSTACK_FLOW_PARTIAL; \
 		}                                                               \
 	} while (0)
 

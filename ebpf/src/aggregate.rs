@@ -25,8 +25,9 @@
 //! Flows are joined by the socket (an opaque in-host key from the kernel; a
 //! client socket has port 0 in its first `CLOSE -> SYN_SENT` transition) and,
 //! for events without a socket (a RST answering a SYN to a closed port), by
-//! `(netns, local, remote)`. A socket whose flow closed and then starts again
-//! from `CLOSE` (the kernel reused it) opens a new flow.
+//! `(netns, local, remote)`. A state change on a socket whose flow reached
+//! `CLOSE` opens a new flow (the socket reconnected, or its memory now holds
+//! another socket); a reset after `CLOSE` stays on the flow.
 
 use std::collections::HashMap;
 
@@ -420,7 +421,7 @@ impl TcpAggregate {
             addr: std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             port: 0,
         };
-        let (local, remote) = tuple.unwrap_or((unknown, unknown));
+        let (local, remote) = tuple.or(r.partial_tuple).unwrap_or((unknown, unknown));
         if !self.accepts(&local, &remote) {
             self.filtered_out += 1;
             return Ok(());
@@ -652,7 +653,11 @@ impl TcpAggregate {
     }
 
     fn flow_index(&mut self, e: &TcpEvent) -> Option<usize> {
-        let reopening = e.kind == TcpEventKind::StateChange && e.state == TcpState(7);
+        // A state change on a socket whose flow reached CLOSE is a new socket
+        // at the same address: a client reconnecting from CLOSE, or the slab
+        // handing the freed memory to another socket (a server's child starts
+        // in SYN_RECV). Only a reset can follow CLOSE on the same flow.
+        let reopening = e.kind == TcpEventKind::StateChange;
         let existing = if e.sk_key != 0 {
             self.by_sock.get(&e.sk_key).copied()
         } else {
@@ -758,6 +763,16 @@ mod tests {
         assert_eq!(a.flows()[0].resets_sent, 1);
         a.add(&ev(TcpEventKind::StateChange, 0xa, 0, 81, 7, 2)); // the socket memory reused
         assert_eq!(a.flows().len(), 2);
+    }
+
+    #[test]
+    fn a_closed_sockets_memory_reused_by_a_server_child_is_a_new_flow() {
+        let mut a = TcpAggregate::new(Limits::default(), None);
+        a.add(&ev(TcpEventKind::StateChange, 0xa, 5555, 80, 4, 7)); // client done
+        a.add(&ev(TcpEventKind::StateChange, 0xa, 80, 6000, 3, 1)); // a child at that address
+        assert_eq!(a.flows().len(), 2, "not merged into the closed client flow");
+        assert_eq!(a.flows()[0].local.port, 5555);
+        assert_eq!(a.flows()[1].local.port, 80);
     }
 
     #[test]

@@ -21,6 +21,9 @@ pub const FLOW_REASON: u8 = 0x01;
 pub const FLOW_BYTES: u8 = 0x02;
 /// `flags`: ports and addresses are known.
 pub const FLOW_TUPLE: u8 = 0x04;
+/// `flags`: the tuple fields hold a pair with a port 0 (a listener; a client
+/// before its first complete event).
+pub const FLOW_PARTIAL: u8 = 0x08;
 
 /// One flow's kernel aggregate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,8 +60,10 @@ pub struct TcpFlowRecord {
     pub last_reset_reason: Option<i32>,
     /// State changes (all).
     pub state_changes: u64,
-    /// Local and remote endpoints, when known.
+    /// Local and remote endpoints, when known (both ports set).
     pub tuple: Option<(Endpoint, Endpoint)>,
+    /// Endpoints with a port 0, when that is all the flow's events carried.
+    pub partial_tuple: Option<(Endpoint, Endpoint)>,
     /// Last state seen.
     pub state: TcpState,
     /// The first transitions: (ns, from, to).
@@ -131,22 +136,26 @@ impl TcpFlowRecord {
             resets_received: u64::from(u32_at(b, 80)),
             last_reset_reason: (flags & FLOW_REASON != 0).then(|| u32_at(b, 84) as i32),
             state_changes,
-            tuple: (flags & FLOW_TUPLE != 0).then(|| {
-                (
-                    Endpoint {
-                        addr: addr(family, &b[104..120]),
-                        port: u16_at(b, 92),
-                    },
-                    Endpoint {
-                        addr: addr(family, &b[120..136]),
-                        port: u16_at(b, 94),
-                    },
-                )
-            }),
+            tuple: (flags & FLOW_TUPLE != 0).then(|| endpoints(family, b)),
+            partial_tuple: (flags & (FLOW_TUPLE | FLOW_PARTIAL) == FLOW_PARTIAL)
+                .then(|| endpoints(family, b)),
             state: TcpState(b[98]),
             transitions,
         })
     }
+}
+
+fn endpoints(family: u8, b: &[u8]) -> (Endpoint, Endpoint) {
+    (
+        Endpoint {
+            addr: addr(family, &b[104..120]),
+            port: u16_at(b, 92),
+        },
+        Endpoint {
+            addr: addr(family, &b[120..136]),
+            port: u16_at(b, 94),
+        },
+    )
 }
 
 #[cfg(test)]
