@@ -68,8 +68,10 @@ struct {
 	__type(value, __u64);
 } COUNTERS SEC(".maps");
 
+/* Per-CPU LRU lists (BPF_F_NO_COMMON_LRU): creating an entry takes no global lock. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__uint(max_entries, 16384);
 	__type(key, __u64);
 	__type(value, struct pstack_tcp_flow);
@@ -194,14 +196,27 @@ static __always_inline __u8 rare(__u8 kind, __u8 more)
 	return EMIT_RARE | more;
 }
 
-/* The socket's entry, created when absent and `create`. NULL: no entry (and,
- * when one was wanted, the refusal is counted). */
+/* The socket's live entry, created when absent and `create`. NULL: no entry
+ * (and, when one was wanted, the refusal is counted). A DEAD entry (its flow
+ * was sent at CLOSE) is no entry; a new socket at that address takes it over
+ * in place, which spares a map update and a delete per flow (freed socket
+ * memory is reused at once under short-connection floods). */
 static __always_inline struct pstack_tcp_flow *flow_of(const void *sk, __u64 now, int create)
 {
 	__u64 key = (__u64)sk;
 	struct pstack_tcp_flow *f = bpf_map_lookup_elem(&FLOWS, &key);
-	if (f || !create)
+	if (f) {
+		if (!(f->flags & PSTACK_FLOW_DEAD))
+			return f;
+		if (!create)
+			return 0;
+		__builtin_memset(f, 0, sizeof(*f));
+		f->first_ns = now;
+		f->sk_key = key;
 		return f;
+	}
+	if (!create)
+		return 0;
 	struct pstack_tcp_flow init = {};
 	init.first_ns = now;
 	init.sk_key = key;
@@ -212,7 +227,7 @@ static __always_inline struct pstack_tcp_flow *flow_of(const void *sk, __u64 now
 	return f;
 }
 
-/* Identity of a new entry: read once (the cookie until the kernel has one). */
+/* Namespace of a new entry: read once. */
 static __always_inline void flow_ids(struct pstack_tcp_flow *f, const struct sock *sk)
 {
 	if (!f->netns_ino) {
@@ -223,6 +238,13 @@ static __always_inline void flow_ids(struct pstack_tcp_flow *f, const struct soc
 				bpf_core_read(&f->netns_cookie, sizeof(f->netns_cookie), &net->net_cookie);
 		}
 	}
+}
+
+/* The socket cookie, until the kernel has generated one (sock_diag, SO_COOKIE):
+ * read at the flow's rare moments (resets, retransmits, leaving ESTABLISHED,
+ * CLOSE), not on every state change. */
+static __always_inline void flow_cookie(struct pstack_tcp_flow *f, const struct sock *sk)
+{
 	if (!f->sock_cookie)
 		bpf_core_read(&f->sock_cookie, sizeof(f->sock_cookie), &sk->__sk_common.skc_cookie);
 }
@@ -259,20 +281,21 @@ static __always_inline void flow_bytes(struct pstack_tcp_flow *f, const void *sk
 	f->flags |= PSTACK_FLOW_BYTES;
 }
 
-/* A flow reached CLOSE: send its aggregate and forget it. */
+/* A flow reached CLOSE: send its aggregate and mark the entry DEAD (user
+ * space skips it when reading the map; the next socket at the address reuses it). */
 static __always_inline void flow_end(struct pstack_tcp_flow *f, const void *sk)
 {
-	__u64 key = (__u64)sk;
+	flow_cookie(f, sk);
 	if (bpf_ringbuf_output(&EVENTS, f, sizeof(*f), wake_flag()) == 0)
 		count(PSTACK_TCP_SLOT_FLOW_EMITTED);
 	else
 		count(PSTACK_TCP_SLOT_FLOW_LOST);
-	bpf_map_delete_elem(&FLOWS, &key);
+	f->flags |= PSTACK_FLOW_DEAD;
 }
 
 /* Fold a state change; what to send. */
 static __always_inline __u8 agg_state(struct trace_event_raw_inet_sock_set_state *tp, const void *sk,
-				      __u16 sport, __u16 dport)
+				      __u16 sport, __u16 dport, struct pstack_tcp_flow **out)
 {
 	__u8 oldstate = tp->oldstate, newstate = tp->newstate;
 	if (!sk)
@@ -281,6 +304,7 @@ static __always_inline __u8 agg_state(struct trace_event_raw_inet_sock_set_state
 	struct pstack_tcp_flow *f = flow_of(sk, now, 1);
 	if (!f)
 		return rare(PSTACK_TCP_STATE, EMIT_UNAGG);
+	*out = f;
 	f->last_ns = now;
 	flow_tuple(f, tp, sport, dport);
 	flow_ids(f, sk);
@@ -300,6 +324,7 @@ static __always_inline __u8 agg_state(struct trace_event_raw_inet_sock_set_state
 	if (oldstate == 1 /* ESTABLISHED */) {
 		if (full)
 			flow_bytes(f, sk);
+		flow_cookie(f, sk);
 		emit = rare(PSTACK_TCP_STATE, 0);
 	}
 	if (newstate == 7 /* CLOSE */) {
@@ -345,6 +370,7 @@ static __always_inline __u8 agg_reset(__u8 kind, const void *sk, __u8 state, int
 		return rare(kind, EMIT_UNAGG);
 	f->last_ns = now;
 	flow_ids(f, sk);
+	flow_cookie(f, sk);
 	if (kind == PSTACK_TCP_SEND_RESET) {
 		__sync_fetch_and_add(&f->resets_sent, 1);
 		if (reason_set) {
@@ -462,6 +488,7 @@ static __always_inline __u8 ca_of(const void *skaddr)
 			} else {                                                \
 				flow_tuple(f_, tp, sport, dport);               \
 				flow_ids(f_, (sk));                             \
+				flow_cookie(f_, (sk));                          \
 				flags_ = agg_retransmit(f_, ca_of(sk), now_);   \
 			}                                                       \
 		}                                                               \
@@ -670,8 +697,9 @@ int pstack_inet_sock_set_state(struct trace_event_raw_inet_sock_set_state *tp)
 		return 0;
 	const void *sk = tp->skaddr;
 	__u8 flags = 0;
+	struct pstack_tcp_flow *f = 0;
 	if (!per_event) {
-		flags = agg_state(tp, sk, sport, dport);
+		flags = agg_state(tp, sk, sport, dport, &f);
 		if (!flags)
 			return 0;
 	}
@@ -682,6 +710,19 @@ int pstack_inet_sock_set_state(struct trace_event_raw_inet_sock_set_state *tp)
 	e->dport = dport;
 	e->state = tp->oldstate;
 	e->newstate = tp->newstate;
+	if (f && (f->flags & PSTACK_FLOW_TUPLE)) {
+		/* Aggregated mode: the flow already holds what the probe reads
+		 * below would fetch again (no windows in this record). */
+		e->family = f->family;
+		__builtin_memcpy(e->saddr, f->saddr, 16);
+		__builtin_memcpy(e->daddr, f->daddr, 16);
+		e->netns_ino = f->netns_ino;
+		e->sock_cookie = f->sock_cookie;
+		e->sk_key = f->sk_key;
+		e->flags |= PSTACK_TCP_HAS_SOCK;
+		bpf_ringbuf_submit(e, wake_flag());
+		return 0;
+	}
 	copy_addrs(e, tp);
 	sock_ids(e, sk, 1, 0);
 	/* The socket still has its old state here (set after the tracepoint). */

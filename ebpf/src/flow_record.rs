@@ -24,6 +24,9 @@ pub const FLOW_TUPLE: u8 = 0x04;
 /// `flags`: the tuple fields hold a pair with a port 0 (a listener; a client
 /// before its first complete event).
 pub const FLOW_PARTIAL: u8 = 0x08;
+/// `flags` (map entries only): the flow was already sent at CLOSE; the entry
+/// waits to be reused by the next socket at that address.
+pub const FLOW_DEAD: u8 = 0x10;
 
 /// One flow's kernel aggregate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +69,8 @@ pub struct TcpFlowRecord {
     pub partial_tuple: Option<(Endpoint, Endpoint)>,
     /// Last state seen.
     pub state: TcpState,
+    /// A map entry whose flow was already sent at CLOSE (skip it).
+    pub dead: bool,
     /// The first transitions: (ns, from, to).
     pub transitions: Vec<(u64, TcpState, TcpState)>,
 }
@@ -140,6 +145,7 @@ impl TcpFlowRecord {
             partial_tuple: (flags & (FLOW_TUPLE | FLOW_PARTIAL) == FLOW_PARTIAL)
                 .then(|| endpoints(family, b)),
             state: TcpState(b[98]),
+            dead: flags & FLOW_DEAD != 0,
             transitions,
         })
     }

@@ -998,6 +998,13 @@ impl EbpfSession {
             {
                 let mut read = 0u64;
                 for (_, raw) in t.flows.iter().flatten() {
+                    // A DEAD entry's flow came as a record at CLOSE.
+                    if raw
+                        .get(97)
+                        .is_some_and(|f| f & crate::flow_record::FLOW_DEAD != 0)
+                    {
+                        continue;
+                    }
                     if a.add_flow_raw(&raw).is_ok() {
                         read += 1;
                     }
