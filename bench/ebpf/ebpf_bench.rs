@@ -305,6 +305,31 @@ fn lossy_stream(port: u16, writes: usize) {
     r.join().expect("reader");
 }
 
+/// One stream to `port` for 5 s: 512-byte writes every 200 us (one segment
+/// each), through the storm's drop rule.
+fn paced_stream(port: u16) {
+    let l = TcpListener::bind(("127.0.0.1", port)).expect("bind storm");
+    let a = l.local_addr().expect("addr");
+    let mut c = TcpStream::connect(a).expect("connect");
+    c.set_nodelay(true).expect("nodelay");
+    let (mut s, _) = l.accept().expect("accept");
+    let r = std::thread::spawn(move || {
+        let mut b = [0u8; 4096];
+        while let Ok(k) = s.read(&mut b) {
+            if k == 0 {
+                break;
+            }
+        }
+    });
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        c.write_all(&[5u8; 512]).expect("write");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    drop(c);
+    r.join().expect("reader");
+}
+
 fn sh(cmd: &str, args: &[&str], stdin: Option<&str>) {
     let mut c = Command::new(cmd)
         .args(args)
@@ -683,7 +708,11 @@ fn main() {
                 true,
             );
         }
-        Some("peers") => peers(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20_000)),
+        Some("peers") => peers(
+            args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20_000),
+            0,
+        ),
+        Some("peers-storm") => peers(0, args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8)),
         Some("consumer") if args.get(3).map(String::as_str) == Some("count") => {
             consumer_count(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(30));
         }
@@ -711,7 +740,7 @@ fn main() {
         Some("run") | None => run(),
         Some(other) => {
             eprintln!(
-                "unknown subcommand {other}: run | cost | peers [CONNS] | consumer SECS [PID|all|count|port1|per-event] | flight SECS | blast SECS | flood CONNS"
+                "unknown subcommand {other}: run | cost | peers [CONNS] | peers-storm [STREAMS] | consumer SECS [PID|all|count|port1|per-event] | flight SECS | blast SECS | flood CONNS"
             );
             std::process::exit(2);
         }
@@ -819,8 +848,11 @@ fn attach_peer(
     })
 }
 
-/// Every mode of pstack and every peer tool, attached at once, one flood.
-fn peers(conns: usize) {
+/// Every mode of pstack and every peer tool, attached at once, one flood:
+/// `storm` = 0: `conns` short connections (half RST-closed) + a lossy stream;
+/// `storm` > 0: that many paced streams through a 30% input-drop rule for
+/// 5 s (retransmits dominate: where per-flow aggregation pays most).
+fn peers(conns: usize, storm: usize) {
     let exe = std::env::current_exe().expect("exe");
     sh("sysctl", &["-q", "-w", "kernel.bpf_stats_enabled=1"], None);
     let writes = conns;
@@ -829,7 +861,9 @@ fn peers(conns: usize) {
     sh("ip", &["-n", &ns.0, "link", "set", "lo", "up"], None);
     let lossy_port = 47_999u16;
     let rules = format!(
-        "table inet pstack_bench {{\n chain input {{\n  type filter hook input priority 0;\n  tcp dport {lossy_port} tcp flags & syn == 0 numgen random mod 100 < 10 drop\n }}\n}}\n"
+        "table inet pstack_bench {{\n chain input {{\n  type filter hook input priority 0;\n  tcp dport {lossy_port} tcp flags & syn == 0 numgen random mod 100 < 10 drop\n  tcp dport {}-{} tcp flags & syn == 0 numgen random mod 100 < 30 drop\n }}\n}}\n",
+        lossy_port + 1,
+        lossy_port + 64
     );
     sh(
         "ip",
@@ -838,10 +872,14 @@ fn peers(conns: usize) {
     );
     let bt_count = "tracepoint:tcp:tcp_retransmit_skb, tracepoint:tcp:tcp_receive_reset, \
                     tracepoint:tcp:tcp_send_reset, tracepoint:sock:inet_sock_set_state { @[probe] = count(); }";
-    // Like bcc's tcpstates: every TCP state change, one line each.
+    // Like tcpstates / tcpretrans: every event, one line each (this kernel
+    // has no kprobes, so bpftrace's shipped tcpretrans.bt / tcplife.bt cannot
+    // attach: they are tried and reported, and these tracepoint versions run).
     let bt_states = "tracepoint:sock:inet_sock_set_state /args->protocol == 6/ { \
-                     printf(\"%llu %d %s %d -> %d %d %s\\n\", nsecs, pid, comm, args->sport, args->dport, \
-                     args->oldstate, args->newstate); }";
+                     printf(\"%llu %d %s %s:%d %s:%d %d -> %d\\n\", nsecs, pid, comm, ntop(args->saddr), \
+                     args->sport, ntop(args->daddr), args->dport, args->oldstate, args->newstate); }";
+    let bt_retrans = "tracepoint:tcp:tcp_retransmit_skb { printf(\"%llu %d %s:%d %s:%d %d\\n\", nsecs, pid, \
+                      ntop(args->saddr), args->sport, ntop(args->daddr), args->dport, args->state); }";
     let pstack = |mode: &str| {
         let mut c = Command::new(&exe);
         c.args(["consumer", "600"]);
@@ -896,6 +934,12 @@ fn peers(conns: usize) {
             1,
         ),
         (
+            "bpftrace tcpretrans script (prints)",
+            cmd("bpftrace", &["-e", bt_retrans]),
+            Box::new(not_pstack),
+            1,
+        ),
+        (
             "bpftrace tcplife.bt (prints)",
             cmd("bpftrace", &["/usr/sbin/tcplife.bt"]),
             Box::new(not_pstack),
@@ -938,9 +982,18 @@ fn peers(conns: usize) {
     let ns_file = std::fs::File::open(format!("/run/netns/{}", ns.0)).expect("netns");
     std::thread::spawn(move || {
         nix::sched::setns(ns_file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-        let l = std::thread::spawn(move || lossy_stream(lossy_port, writes));
-        flood(conns);
-        l.join().expect("lossy");
+        if storm > 0 {
+            let streams: Vec<_> = (0..storm)
+                .map(|i| std::thread::spawn(move || paced_stream(lossy_port + 1 + i as u16)))
+                .collect();
+            for s in streams {
+                s.join().expect("storm stream");
+            }
+        } else {
+            let l = std::thread::spawn(move || lossy_stream(lossy_port, writes));
+            flood(conns);
+            l.join().expect("lossy");
+        }
     })
     .join()
     .expect("flood");
@@ -950,8 +1003,15 @@ fn peers(conns: usize) {
     let k1 = prog_table();
     let cpu1: Vec<u64> = attached.iter().map(|p| cpu_ns(p.child.0.id())).collect();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let what = if storm > 0 {
+        format!("{storm} paced streams through 30% input drops (retransmit storm)")
+    } else {
+        format!(
+            "{conns} short connections (half RST-closed) + a {writes}-write stream with 10% input drops"
+        )
+    };
     println!(
-        "== peers: {conns} short connections (half RST-closed) + a {writes}-write stream with 10% input drops, in {secs:.1}s, every tool attached at once; load {}",
+        "== peers: {what}, in {secs:.1}s, every tool attached at once; load {}",
         load.split_whitespace()
             .take(3)
             .collect::<Vec<_>>()
@@ -1001,7 +1061,7 @@ fn peers(conns: usize) {
             "bcc tcplife",
             "bcc tcpretrans",
             "bpftrace tcpstates",
-            "bpftrace tcpretrans.bt",
+            "bpftrace tcpretrans script",
             "pstack per-event",
         ] {
             if let Some((pk, pt)) = find(peer) {
