@@ -964,6 +964,13 @@ fn peers(conns: usize, storm: usize) {
             1,
         ),
     ];
+    // Programs on one tracepoint run newest first, and the first to run takes
+    // the cache misses on the socket: PEERS_REVERSE=1 attaches in the
+    // opposite order, to see how much the order moves each row.
+    let mut plan = plan;
+    if std::env::var_os("PEERS_REVERSE").is_some() {
+        plan.reverse();
+    }
     let mut claimed = std::collections::BTreeSet::new();
     let mut attached = Vec::new();
     for (label, c, ok, want) in plan {

@@ -89,8 +89,8 @@ struct pstack_tcp_flow {
 	__u64 sock_cookie;     /*  16: 0 = not generated yet */
 	__u64 netns_cookie;    /*  24 */
 	__u64 sk_key;          /*  32: the socket's address (joins events; never leaves the host) */
-	__u64 bytes_acked;     /*  40: tcp_sock.bytes_acked at the last read (leaving ESTABLISHED, CLOSE) */
-	__u64 bytes_received;  /*  48: tcp_sock.bytes_received at the last read */
+	__u64 bytes_acked;     /*  40: tcp_sock.bytes_acked at CLOSE (valid with PSTACK_FLOW_BYTES) */
+	__u64 bytes_received;  /*  48: tcp_sock.bytes_received at CLOSE */
 	__u32 netns_ino;       /*  56 */
 	__u32 retransmits;     /*  60: all retransmits */
 	__u32 rtos;            /*  64: ... in TCP_CA_Loss (the RTO timer fired) */

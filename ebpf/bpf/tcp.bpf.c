@@ -241,8 +241,7 @@ static __always_inline void flow_ids(struct pstack_tcp_flow *f, const struct soc
 }
 
 /* The socket cookie, until the kernel has generated one (sock_diag, SO_COOKIE):
- * read at the flow's rare moments (resets, retransmits, leaving ESTABLISHED,
- * CLOSE), not on every state change. */
+ * read at resets, retransmits and CLOSE, not on every state change. */
 static __always_inline void flow_cookie(struct pstack_tcp_flow *f, const struct sock *sk)
 {
 	if (!f->sock_cookie)
@@ -308,10 +307,9 @@ static __always_inline __u8 agg_state(struct trace_event_raw_inet_sock_set_state
 	f->last_ns = now;
 	flow_tuple(f, tp, sport, dport);
 	flow_ids(f, sk);
-	/* clang 14 (default -mcpu) cannot use an atomic add's result: read, then add.
-	 * State changes run under the socket lock, so the slot is this event's. */
+	/* State changes run under the socket lock: a plain add, and the slot is this event's. */
 	__u32 i = f->state_changes;
-	__sync_fetch_and_add(&f->state_changes, 1);
+	f->state_changes = i + 1;
 	if (i < PSTACK_TCP_FLOW_TRANSITIONS) {
 		f->trans_ns[i] = now;
 		f->trans_from[i] = oldstate;
@@ -321,14 +319,11 @@ static __always_inline __u8 agg_state(struct trace_event_raw_inet_sock_set_state
 	/* The socket still has its old state: a full tcp_sock unless TIME_WAIT / NEW_SYN_RECV. */
 	int full = oldstate != 6 && oldstate != 12 && oldstate != 0;
 	__u8 emit = EMIT_NONE;
-	if (oldstate == 1 /* ESTABLISHED */) {
-		if (full)
-			flow_bytes(f, sk);
-		flow_cookie(f, sk);
+	if (oldstate == 1 /* ESTABLISHED */)
 		emit = rare(PSTACK_TCP_STATE, 0);
-	}
 	if (newstate == 7 /* CLOSE */) {
-		if (full && oldstate != 1)
+		/* Bytes once per flow, at its end (the counters are final by then). */
+		if (full)
 			flow_bytes(f, sk);
 		flow_end(f, sk);
 	}

@@ -186,10 +186,10 @@ pub struct Flow {
     pub fast_retransmits: u64,
     /// Retransmits in Open/Disorder/CWR (tail loss probes among them).
     pub other_retransmits: u64,
-    /// `tcp_sock.bytes_acked` when it was last read (aggregated mode: leaving
-    /// ESTABLISHED or at CLOSE), if it was.
+    /// `tcp_sock.bytes_acked` at CLOSE (aggregated mode; a flow still open
+    /// at window end has none).
     pub bytes_acked: Option<u64>,
-    /// `tcp_sock.bytes_received` when it was last read.
+    /// `tcp_sock.bytes_received` at CLOSE.
     pub bytes_received: Option<u64>,
     /// The counts come from the kernel's aggregate (aggregated mode).
     pub kernel_aggregate: bool,

@@ -41,9 +41,9 @@ pub struct TcpFlowRecord {
     pub netns_cookie: Option<u64>,
     /// The socket's address (an in-host join key, never emitted).
     pub sk_key: u64,
-    /// `tcp_sock.bytes_acked` at the last read (leaving ESTABLISHED or at CLOSE).
+    /// `tcp_sock.bytes_acked` at CLOSE (a flow still open has none).
     pub bytes_acked: Option<u64>,
-    /// `tcp_sock.bytes_received` at the last read.
+    /// `tcp_sock.bytes_received` at CLOSE.
     pub bytes_received: Option<u64>,
     /// Netns inode.
     pub netns_ino: Option<u32>,
