@@ -355,7 +355,7 @@ static __always_inline __u8 agg_retransmit(struct pstack_tcp_flow *f, __u8 ca_st
  * CLOSE has no entry (its aggregate was sent at CLOSE): the record carries
  * the count (UNAGG). */
 static __always_inline __u8 agg_reset(__u8 kind, const void *sk, __u8 state, int reason_set,
-				      __s32 reason)
+				      __s32 reason, struct pstack_tcp_flow **out)
 {
 	if (!sk)
 		return rare(kind, EMIT_UNAGG);
@@ -363,6 +363,7 @@ static __always_inline __u8 agg_reset(__u8 kind, const void *sk, __u8 state, int
 	struct pstack_tcp_flow *f = flow_of(sk, now, state != 7);
 	if (!f)
 		return rare(kind, EMIT_UNAGG);
+	*out = f;
 	f->last_ns = now;
 	flow_ids(f, sk);
 	flow_cookie(f, sk);
@@ -376,6 +377,17 @@ static __always_inline __u8 agg_reset(__u8 kind, const void *sk, __u8 state, int
 		__sync_fetch_and_add(&f->resets_received, 1);
 	}
 	return rare(kind, 0);
+}
+
+/* Aggregated mode: a record's socket ids from its flow (already read once),
+ * instead of three or four probe reads; such records carry no windows. */
+static __always_inline void ids_from_flow(struct pstack_tcp_event *e, const struct pstack_tcp_flow *f)
+{
+	e->flags |= PSTACK_TCP_HAS_SOCK;
+	e->sk_key = f->sk_key;
+	e->netns_ino = f->netns_ino;
+	e->netns_cookie = f->netns_cookie;
+	e->sock_cookie = f->sock_cookie;
 }
 
 /* Namespace and cookie of a socket (kernel pointer from the tracepoint).
@@ -566,9 +578,12 @@ int pstack_tcp_receive_reset(struct trace_event_raw_tcp_event_sk *tp)
 		return 0;
 	const struct sock *sk = tp->skaddr;
 	__u8 flags = 0;
-	if (!per_event)
-		flags = agg_reset(PSTACK_TCP_RECV_RESET, sk, sk ? BPF_CORE_READ(sk, __sk_common.skc_state) : 0,
-				  0, 0);
+	struct pstack_tcp_flow *f = 0;
+	__u8 state = 0;
+	if (!per_event) {
+		state = sk ? BPF_CORE_READ(sk, __sk_common.skc_state) : 0;
+		flags = agg_reset(PSTACK_TCP_RECV_RESET, sk, state, 0, 0, &f);
+	}
 	struct pstack_tcp_event *e = reserve(PSTACK_TCP_RECV_RESET, flags);
 	if (!e)
 		return 0;
@@ -576,6 +591,12 @@ int pstack_tcp_receive_reset(struct trace_event_raw_tcp_event_sk *tp)
 	e->sport = sport;
 	e->dport = dport;
 	copy_addrs(e, tp);
+	if (f) {
+		ids_from_flow(e, f);
+		e->state = state;
+		bpf_ringbuf_submit(e, wake_flag());
+		return 0;
+	}
 	if (bpf_core_field_exists(tp->sock_cookie)) {
 		e->sock_cookie = BPF_CORE_READ(tp, sock_cookie);
 		e->layout |= PSTACK_LAYOUT_RECV_RESET_COOKIE;
@@ -613,6 +634,7 @@ SEC("tracepoint/tcp/tcp_send_reset")
 int pstack_tcp_send_reset(void *ctx)
 {
 	struct pstack_tcp_event *e;
+	struct pstack_tcp_flow *f = 0;
 
 	if (counted_only(PSTACK_TCP_SEND_RESET))
 		return 0;
@@ -633,7 +655,7 @@ int pstack_tcp_send_reset(void *ctx)
 		__s32 reason = tp->reason;
 		__u8 flags = 0;
 		if (!per_event)
-			flags = agg_reset(PSTACK_TCP_SEND_RESET, sk, state, 1, reason);
+			flags = agg_reset(PSTACK_TCP_SEND_RESET, sk, state, 1, reason, &f);
 		e = reserve(PSTACK_TCP_SEND_RESET, flags);
 		if (!e)
 			return 0;
@@ -643,7 +665,9 @@ int pstack_tcp_send_reset(void *ctx)
 		e->state = state;
 		e->detail = reason;
 		e->layout |= PSTACK_LAYOUT_SEND_RESET_SOCKADDR;
-		if (sk) {
+		if (f)
+			ids_from_flow(e, f);
+		else if (sk) {
 			sock_ids(e, sk, 1, 1);
 			sock_windows(e, sk, e->state);
 		} else
@@ -659,7 +683,7 @@ int pstack_tcp_send_reset(void *ctx)
 		__u8 state = tp->state;
 		__u8 flags = 0;
 		if (!per_event)
-			flags = agg_reset(PSTACK_TCP_SEND_RESET, sk, state, 0, 0);
+			flags = agg_reset(PSTACK_TCP_SEND_RESET, sk, state, 0, 0, &f);
 		e = reserve(PSTACK_TCP_SEND_RESET, flags);
 		if (!e)
 			return 0;
@@ -668,7 +692,9 @@ int pstack_tcp_send_reset(void *ctx)
 		e->state = state;
 		copy_addrs(e, tp);
 		e->layout |= PSTACK_LAYOUT_SEND_RESET_SK_SKB;
-		if (sk) {
+		if (f)
+			ids_from_flow(e, f);
+		else if (sk) {
 			sock_ids(e, sk, 1, 1);
 			sock_windows(e, sk, e->state);
 		} else
