@@ -775,6 +775,42 @@ mod tests {
         assert_eq!(a.flows()[1].local.port, 80);
     }
 
+    /// A `struct pstack_tcp_flow` image: one socket at `sk` with ports
+    /// `lport -> 80`, `state_changes` transitions, `retransmits` retransmits.
+    fn flow_raw(sk: u64, lport: u16, state_changes: u32, retransmits: u32) -> Vec<u8> {
+        let mut b = vec![0u8; TCP_FLOW_SIZE];
+        b[32..40].copy_from_slice(&sk.to_le_bytes());
+        b[60..64].copy_from_slice(&retransmits.to_le_bytes());
+        b[68..72].copy_from_slice(&retransmits.to_le_bytes()); // all fast
+        b[88..92].copy_from_slice(&state_changes.to_le_bytes());
+        b[92..94].copy_from_slice(&lport.to_le_bytes());
+        b[94..96].copy_from_slice(&80u16.to_le_bytes());
+        b[96] = 2;
+        b[97] = crate::flow_record::FLOW_TUPLE;
+        b[98] = 7;
+        b[104..108].copy_from_slice(&[127, 0, 0, 1]);
+        b[120..124].copy_from_slice(&[127, 0, 0, 1]);
+        b
+    }
+
+    #[test]
+    fn aggregated_counts_come_from_kernel_flows_and_what_no_flow_took_is_untracked() {
+        let mut a = TcpAggregate::aggregated(Limits::default(), None);
+        a.add_raw(&flow_raw(0xa, 5000, 5, 2)).expect("flow");
+        a.add_raw(&flow_raw(0xb, 5001, 4, 0)).expect("flow");
+        assert_eq!(a.flows().len(), 2);
+        assert_eq!(a.flows()[0].retransmits, 2);
+        assert_eq!(a.flows()[0].fast_retransmits, 2);
+        assert!(a.flows()[0].kernel_aggregate);
+        assert_eq!(a.seen(TcpEventKind::StateChange), 9);
+        // The kernel saw 12 state changes and 2 retransmits: 3 state changes
+        // are in no flow (an evicted entry, a lost flow record).
+        a.finish_kernel([2, 0, 0, 12], Sampling::default());
+        assert_eq!(a.untracked(TcpSurface::Lifecycle), 3);
+        assert!(a.truncated(TcpSurface::Lifecycle));
+        assert!(!a.truncated(TcpSurface::Retransmits));
+    }
+
     #[test]
     fn flow_cap_bounds_memory_and_counts_untracked() {
         let limits = Limits {
