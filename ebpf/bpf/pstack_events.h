@@ -119,6 +119,8 @@ struct pstack_tcp_flow {
 #define PSTACK_FLOW_TUPLE 0x04  /* both ports and the addresses are known */
 #define PSTACK_FLOW_PARTIAL 0x08 /* the tuple fields hold an endpoint pair with a port 0 */
 #define PSTACK_FLOW_DEAD 0x10    /* map entry only: its flow was sent at CLOSE; not live */
+#define PSTACK_FLOW_LEFT_EST 0x20 /* flow record only: its last transition, ESTABLISHED -> CLOSE,
+				   * is a rare event this record stands for (counted as rare) */
 
 /* Off-CPU state classes (index into pstack_offcpu_totals arrays). */
 #define PSTACK_OFF_RUNNABLE 0 /* preempted: waiting on a runqueue */

@@ -325,7 +325,14 @@ static __always_inline __u8 agg_state(struct trace_event_raw_inet_sock_set_state
 		/* Bytes once per flow, at its end (the counters are final by then). */
 		if (full)
 			flow_bytes(f, sk);
+		/* Straight from ESTABLISHED to CLOSE (an abort, a RST either way):
+		 * the flow record is also that rare event's record (its last kept
+		 * transition), so no second record is sent. */
+		if (emit == EMIT_RARE)
+			f->flags |= PSTACK_FLOW_LEFT_EST;
 		flow_end(f, sk);
+		if (emit == EMIT_RARE)
+			return EMIT_NONE;
 	}
 	if (emit == EMIT_NONE)
 		emit = sample_or_none(PSTACK_TCP_STATE);

@@ -429,6 +429,39 @@ impl TcpAggregate {
         for (j, c) in counts.into_iter().enumerate() {
             self.seen[j] += c;
         }
+        if r.left_established_at_end {
+            // The rare "left ESTABLISHED" event this flow record stands for
+            // (the kernel sent no separate record): no on-CPU task is known.
+            let surface = TcpSurface::Lifecycle.index();
+            let ts_ns = r
+                .transitions
+                .last()
+                .filter(|_| r.state_changes as usize <= r.transitions.len())
+                .map_or(r.last_ns, |t| t.0);
+            let e = TcpEvent {
+                ts_ns,
+                kind: TcpEventKind::StateChange,
+                sock_cookie: r.sock_cookie,
+                netns_cookie: r.netns_cookie,
+                netns_ino: r.netns_ino,
+                local,
+                remote,
+                family: if local.addr.is_ipv6() { 10 } else { 2 },
+                state: TcpState(1),
+                new_state: Some(TcpState(7)),
+                detail: None,
+                layout: 0,
+                has_sock: true,
+                pid: 0,
+                comm: crate::record::Comm::default(),
+                sk_key: r.sk_key,
+            };
+            if self.rare[surface].len() < self.limits.max_rare {
+                self.rare[surface].push(e);
+            } else {
+                self.rare_dropped[surface] += 1;
+            }
+        }
         let surfaces = [
             (TcpSurface::Retransmits, r.retransmits),
             (TcpSurface::Resets, r.resets_sent + r.resets_received),

@@ -27,6 +27,9 @@ pub const FLOW_PARTIAL: u8 = 0x08;
 /// `flags` (map entries only): the flow was already sent at CLOSE; the entry
 /// waits to be reused by the next socket at that address.
 pub const FLOW_DEAD: u8 = 0x10;
+/// `flags` (flow records only): the flow's last transition, ESTABLISHED ->
+/// CLOSE, is a rare event this record stands for (no separate record sent).
+pub const FLOW_LEFT_EST: u8 = 0x20;
 
 /// One flow's kernel aggregate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +74,8 @@ pub struct TcpFlowRecord {
     pub state: TcpState,
     /// A map entry whose flow was already sent at CLOSE (skip it).
     pub dead: bool,
+    /// The record also stands for the flow leaving ESTABLISHED straight to CLOSE.
+    pub left_established_at_end: bool,
     /// The first transitions: (ns, from, to).
     pub transitions: Vec<(u64, TcpState, TcpState)>,
 }
@@ -146,6 +151,7 @@ impl TcpFlowRecord {
                 .then(|| endpoints(family, b)),
             state: TcpState(b[98]),
             dead: flags & FLOW_DEAD != 0,
+            left_established_at_end: flags & FLOW_LEFT_EST != 0,
             transitions,
         })
     }
