@@ -533,12 +533,13 @@ fn run() {
     let exe = std::env::current_exe().expect("exe");
     sh("sysctl", &["-q", "-w", "kernel.bpf_stats_enabled=1"], None);
 
-    // ---- 1. per-event CPU, side by side: a record per event (captures,
-    // `trace tcp`), then count-only (pstackd's always-attached session) ----
+    // ---- 1. per-event CPU, side by side: the recording mode (captures:
+    // aggregated in the kernel), then count-only (pstackd's always-attached
+    // session). `peers` compares every mode and the other tools at once. ----
     per_event(
         &exe,
         &["consumer", "60"],
-        "pstack recording (a record per event)",
+        "pstack recording (aggregated in the kernel)",
     );
     per_event(
         &exe,
