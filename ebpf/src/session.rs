@@ -14,6 +14,11 @@
 //!   the reader only past `wakeup_bytes` of backlog) and on every
 //!   `poll_interval` tick, until the window ends. Kernel counters are read at
 //!   both ends, so lost events are per window.
+//! - Aggregated TCP mode (the default): the window starts by emptying the
+//!   kernel's `FLOWS` map (flows before the window belong to none), and ends,
+//!   after the final drain, by reading its live entries (DEAD ones were
+//!   already sent at CLOSE) and checking every event the programs counted
+//!   against the flows ([`TcpAggregate::finish_kernel`]).
 //! - Memory: ring buffers are `ring_bytes` each; maps have fixed
 //!   `max_entries`; user-space aggregation is bounded by [`Limits`]. Nothing
 //!   grows with the event rate.

@@ -1,8 +1,12 @@
 //! Typed surfaces (`pstack_envelope::Surface`) from one window's aggregates.
 //!
 //! Invariants: a surface is `truncated` (status and flag) exactly when the
-//! kernel lost events for it (ring buffer or map full) or a cap cut its
-//! per-flow / per-task summaries; counts stay exact either way. A capped raw
+//! kernel lost records for it (ring buffer or map full), a flow record was
+//! lost or the flow map refused an event (aggregated mode), or a cap cut its
+//! per-flow / per-task summaries; counts stay exact either way. In the
+//! aggregated mode every TCP surface states its `sampling` (rate, records
+//! sent / kept / dropped / lost) and lists its `rare_events` apart from the
+//! `sample`. A capped raw
 //! sample alone does not truncate (it is reported as `sample_truncated`).
 //! Facts carry integers and strings only: cookies and absolute monotonic
 //! times are decimal strings, offsets are signed ns from the window start.
