@@ -18,6 +18,18 @@
 //!    flood (no bpftrace): count-only, a recording window, the flight
 //!    recorder watching every port; kernel and consumer ns per event.
 //!
+//! 4. `peers`: every mode of pstack's TCP programs and the tools a user would
+//!    otherwise run, all attached at once to one flood: pstack aggregated
+//!    (the recording mode), per-event (debug) and count-only; bpftrace
+//!    counting, bpftrace's own `tcpretrans.bt` and `tcplife.bt` and a short
+//!    tcpstates-like script (each prints every event); bcc's `tcpstates` and
+//!    `tcplife` (libbpf-tools, CO-RE) and bcc's Python `tcpretrans-bpfcc`
+//!    (reported as unavailable when it cannot compile on this kernel). Each
+//!    tool's programs are told apart by the BPF program ids that appeared
+//!    when it attached; kernel ns/event = their run_time_ns / run_cnt, consumer
+//!    ns/event = the tool's process CPU over the flood / its run_cnt. Printing
+//!    tools write to /dev/null.
+//!
 //! Subcommands used internally: `consumer SECS [offcpu-pid]`, `flight SECS`, `blast SECS`, `flood CONNS`.
 
 use std::io::{Read, Write};
@@ -92,7 +104,12 @@ fn consumer_filtered(secs: u64) {
 }
 
 fn consumer(secs: u64, offcpu_pid: Option<u32>) {
+    consumer_mode(secs, offcpu_pid, false)
+}
+
+fn consumer_mode(secs: u64, offcpu_pid: Option<u32>, per_event: bool) {
     let mut cfg = EbpfConfig::tcp();
+    cfg.tcp_per_event = per_event;
     if let Some(p) = offcpu_pid {
         cfg.offcpu = true;
         cfg.watch_pids = vec![p];
@@ -283,6 +300,31 @@ fn lossy_stream(port: u16, writes: usize) {
     });
     for _ in 0..writes {
         c.write_all(&[3u8; 256]).expect("write");
+    }
+    drop(c);
+    r.join().expect("reader");
+}
+
+/// One stream to `port` for 5 s: 512-byte writes every 200 us (one segment
+/// each), through the storm's drop rule.
+fn paced_stream(port: u16) {
+    let l = TcpListener::bind(("127.0.0.1", port)).expect("bind storm");
+    let a = l.local_addr().expect("addr");
+    let mut c = TcpStream::connect(a).expect("connect");
+    c.set_nodelay(true).expect("nodelay");
+    let (mut s, _) = l.accept().expect("accept");
+    let r = std::thread::spawn(move || {
+        let mut b = [0u8; 4096];
+        while let Ok(k) = s.read(&mut b) {
+            if k == 0 {
+                break;
+            }
+        }
+    });
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        c.write_all(&[5u8; 512]).expect("write");
+        std::thread::sleep(Duration::from_micros(200));
     }
     drop(c);
     r.join().expect("reader");
@@ -491,12 +533,13 @@ fn run() {
     let exe = std::env::current_exe().expect("exe");
     sh("sysctl", &["-q", "-w", "kernel.bpf_stats_enabled=1"], None);
 
-    // ---- 1. per-event CPU, side by side: a record per event (captures,
-    // `trace tcp`), then count-only (pstackd's always-attached session) ----
+    // ---- 1. per-event CPU, side by side: the recording mode (captures:
+    // aggregated in the kernel), then count-only (pstackd's always-attached
+    // session). `peers` compares every mode and the other tools at once. ----
     per_event(
         &exe,
         &["consumer", "60"],
-        "pstack recording (a record per event)",
+        "pstack recording (aggregated in the kernel)",
     );
     per_event(
         &exe,
@@ -659,6 +702,18 @@ fn main() {
         Some("consumer") if args.get(3).map(String::as_str) == Some("port1") => {
             consumer_filtered(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(30));
         }
+        Some("consumer") if args.get(3).map(String::as_str) == Some("per-event") => {
+            consumer_mode(
+                args.get(2).and_then(|s| s.parse().ok()).unwrap_or(30),
+                None,
+                true,
+            );
+        }
+        Some("peers") => peers(
+            args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20_000),
+            0,
+        ),
+        Some("peers-storm") => peers(0, args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8)),
         Some("consumer") if args.get(3).map(String::as_str) == Some("count") => {
             consumer_count(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(30));
         }
@@ -686,7 +741,7 @@ fn main() {
         Some("run") | None => run(),
         Some(other) => {
             eprintln!(
-                "unknown subcommand {other}: run | cost | consumer SECS [PID|all|count|port1] | flight SECS | blast SECS | flood CONNS"
+                "unknown subcommand {other}: run | cost | peers [CONNS] | peers-storm [STREAMS] | consumer SECS [PID|all|count|port1|per-event] | flight SECS | blast SECS | flood CONNS"
             );
             std::process::exit(2);
         }
@@ -703,4 +758,337 @@ fn consumer_with(secs: u64, off: Option<u32>) {
         return;
     }
     consumer(secs, off)
+}
+
+/// id -> (name, run_time_ns, run_cnt) of every loaded BPF program.
+fn prog_table() -> std::collections::BTreeMap<u64, (String, u64, u64)> {
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "-j"])
+        .output()
+        .expect("bpftool");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool json");
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            Some((
+                p["id"].as_u64()?,
+                (
+                    p["name"].as_str().unwrap_or("").to_string(),
+                    p["run_time_ns"].as_u64().unwrap_or(0),
+                    p["run_cnt"].as_u64().unwrap_or(0),
+                ),
+            ))
+        })
+        .collect()
+}
+
+/// One tool attached to the flood: its process and its programs.
+struct Peer {
+    label: String,
+    child: Kill,
+    ids: Vec<u64>,
+}
+
+/// Start `cmd`, then claim the programs that appear (stable for 1 s). A
+/// tool that loads nothing within `limit` is reported unavailable with the
+/// last line of its stderr.
+fn attach_peer(
+    label: &str,
+    mut cmd: Command,
+    name_ok: impl Fn(&str) -> bool,
+    want: usize,
+    claimed: &mut std::collections::BTreeSet<u64>,
+) -> Result<Peer, String> {
+    let before: std::collections::BTreeSet<u64> = prog_table().keys().copied().collect();
+    let err_path = std::env::temp_dir().join(format!("pstack-peer-{}.err", std::process::id()));
+    let err = std::fs::File::create(&err_path).map_err(|e| format!("stderr file: {e}"))?;
+    let mut child = Kill(
+        cmd.stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("spawn: {e}"))?,
+    );
+    let t = Instant::now();
+    let mut last: Vec<u64> = Vec::new();
+    let mut stable_since = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let now: Vec<u64> = prog_table()
+            .into_iter()
+            .filter(|(id, (name, _, _))| {
+                !before.contains(id) && !claimed.contains(id) && !name.is_empty() && name_ok(name)
+            })
+            .map(|(id, _)| id)
+            .collect();
+        if now != last {
+            last = now;
+            stable_since = Instant::now();
+        } else if last.len() >= want && stable_since.elapsed() > Duration::from_secs(1) {
+            break;
+        }
+        if let Ok(Some(st)) = child.0.try_wait() {
+            let text = std::fs::read_to_string(&err_path).unwrap_or_default();
+            let why = text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .to_string();
+            return Err(format!("exited ({st}) before attaching: {why}"));
+        }
+        if t.elapsed() > Duration::from_secs(90) {
+            return Err(format!("{} programs after 90 s", last.len()));
+        }
+    }
+    claimed.extend(last.iter().copied());
+    Ok(Peer {
+        label: label.to_string(),
+        child,
+        ids: last,
+    })
+}
+
+/// Every mode of pstack and every peer tool, attached at once, one flood:
+/// `storm` = 0: `conns` short connections (half RST-closed) + a lossy stream;
+/// `storm` > 0: that many paced streams through a 30% input-drop rule for
+/// 5 s (retransmits dominate: where per-flow aggregation pays most).
+fn peers(conns: usize, storm: usize) {
+    let exe = std::env::current_exe().expect("exe");
+    sh("sysctl", &["-q", "-w", "kernel.bpf_stats_enabled=1"], None);
+    let writes = conns;
+    let ns = Netns(format!("pstk-bench-{}", std::process::id()));
+    sh("ip", &["netns", "add", &ns.0], None);
+    sh("ip", &["-n", &ns.0, "link", "set", "lo", "up"], None);
+    let lossy_port = 47_999u16;
+    let rules = format!(
+        "table inet pstack_bench {{\n chain input {{\n  type filter hook input priority 0;\n  tcp dport {lossy_port} tcp flags & syn == 0 numgen random mod 100 < 10 drop\n  tcp dport {}-{} tcp flags & syn == 0 numgen random mod 100 < 30 drop\n }}\n}}\n",
+        lossy_port + 1,
+        lossy_port + 64
+    );
+    sh(
+        "ip",
+        &["netns", "exec", &ns.0, "nft", "-f", "-"],
+        Some(&rules),
+    );
+    let bt_count = "tracepoint:tcp:tcp_retransmit_skb, tracepoint:tcp:tcp_receive_reset, \
+                    tracepoint:tcp:tcp_send_reset, tracepoint:sock:inet_sock_set_state { @[probe] = count(); }";
+    // Like tcpstates / tcpretrans: every event, one line each (this kernel
+    // has no kprobes, so bpftrace's shipped tcpretrans.bt / tcplife.bt cannot
+    // attach: they are tried and reported, and these tracepoint versions run).
+    let bt_states = "tracepoint:sock:inet_sock_set_state /args->protocol == 6/ { \
+                     printf(\"%llu %d %s %s:%d %s:%d %d -> %d\\n\", nsecs, pid, comm, ntop(args->saddr), \
+                     args->sport, ntop(args->daddr), args->dport, args->oldstate, args->newstate); }";
+    let bt_retrans = "tracepoint:tcp:tcp_retransmit_skb { printf(\"%llu %d %s:%d %s:%d %d\\n\", nsecs, pid, \
+                      ntop(args->saddr), args->sport, ntop(args->daddr), args->dport, args->state); }";
+    let pstack = |mode: &str| {
+        let mut c = Command::new(&exe);
+        c.args(["consumer", "600"]);
+        if !mode.is_empty() {
+            c.arg(mode);
+        }
+        c
+    };
+    let cmd = |prog: &str, args: &[&str]| {
+        let mut c = Command::new(prog);
+        c.args(args);
+        c
+    };
+    let is_pstack = |n: &str| n.starts_with("pstack_");
+    let not_pstack = |n: &str| !n.starts_with("pstack_");
+    type NameOk = Box<dyn Fn(&str) -> bool>;
+    let plan: Vec<(&str, Command, NameOk, usize)> = vec![
+        (
+            "pstack aggregated (recording)",
+            pstack(""),
+            Box::new(is_pstack),
+            4,
+        ),
+        (
+            "pstack per-event (debug)",
+            pstack("per-event"),
+            Box::new(is_pstack),
+            4,
+        ),
+        (
+            "pstack count-only (pstackd)",
+            pstack("count"),
+            Box::new(is_pstack),
+            4,
+        ),
+        (
+            "bpftrace count()",
+            cmd("bpftrace", &["-e", bt_count]),
+            Box::new(not_pstack),
+            4,
+        ),
+        (
+            "bpftrace tcpretrans.bt (prints)",
+            cmd("bpftrace", &["/usr/sbin/tcpretrans.bt"]),
+            Box::new(not_pstack),
+            1,
+        ),
+        (
+            "bpftrace tcpstates script (prints)",
+            cmd("bpftrace", &["-e", bt_states]),
+            Box::new(not_pstack),
+            1,
+        ),
+        (
+            "bpftrace tcpretrans script (prints)",
+            cmd("bpftrace", &["-e", bt_retrans]),
+            Box::new(not_pstack),
+            1,
+        ),
+        (
+            "bpftrace tcplife.bt (prints)",
+            cmd("bpftrace", &["/usr/sbin/tcplife.bt"]),
+            Box::new(not_pstack),
+            1,
+        ),
+        (
+            "bcc tcpstates (libbpf-tools)",
+            cmd("/usr/sbin/tcpstates", &[]),
+            Box::new(not_pstack),
+            1,
+        ),
+        (
+            "bcc tcplife (libbpf-tools)",
+            cmd("/usr/sbin/tcplife", &[]),
+            Box::new(not_pstack),
+            1,
+        ),
+        (
+            "bcc tcpretrans-bpfcc (Python)",
+            cmd("/usr/sbin/tcpretrans-bpfcc", &[]),
+            Box::new(not_pstack),
+            1,
+        ),
+    ];
+    // Programs on one tracepoint run newest first, and the first to run takes
+    // the cache misses on the socket: PEERS_REVERSE=1 attaches in the
+    // opposite order, to see how much the order moves each row.
+    let mut plan = plan;
+    if std::env::var_os("PEERS_REVERSE").is_some() {
+        plan.reverse();
+    }
+    let mut claimed = std::collections::BTreeSet::new();
+    let mut attached = Vec::new();
+    for (label, c, ok, want) in plan {
+        match attach_peer(label, c, ok, want, &mut claimed) {
+            Ok(p) => {
+                eprintln!("attached {label}: programs {:?}", p.ids);
+                attached.push(p);
+            }
+            Err(why) => println!("{label:<36} unavailable: {why}"),
+        }
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let cpu0: Vec<u64> = attached.iter().map(|p| cpu_ns(p.child.0.id())).collect();
+    let k0 = prog_table();
+    let t = Instant::now();
+    let ns_file = std::fs::File::open(format!("/run/netns/{}", ns.0)).expect("netns");
+    std::thread::spawn(move || {
+        nix::sched::setns(ns_file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        if storm > 0 {
+            let streams: Vec<_> = (0..storm)
+                .map(|i| std::thread::spawn(move || paced_stream(lossy_port + 1 + i as u16)))
+                .collect();
+            for s in streams {
+                s.join().expect("storm stream");
+            }
+        } else {
+            let l = std::thread::spawn(move || lossy_stream(lossy_port, writes));
+            flood(conns);
+            l.join().expect("lossy");
+        }
+    })
+    .join()
+    .expect("flood");
+    let secs = t.elapsed().as_secs_f64();
+    // Let the printers drain what they were sent.
+    std::thread::sleep(Duration::from_secs(2));
+    let k1 = prog_table();
+    let cpu1: Vec<u64> = attached.iter().map(|p| cpu_ns(p.child.0.id())).collect();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let what = if storm > 0 {
+        format!("{storm} paced streams through 30% input drops (retransmit storm)")
+    } else {
+        format!(
+            "{conns} short connections (half RST-closed) + a {writes}-write stream with 10% input drops"
+        )
+    };
+    println!(
+        "== peers: {what}, in {secs:.1}s, every tool attached at once; load {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    println!(
+        "{:<36} {:>9} {:>12} {:>12} {:>12}",
+        "tool", "events", "kernel ns/ev", "consumer ns/ev", "total ns/ev"
+    );
+    let mut rows = Vec::new();
+    for (i, p) in attached.iter().enumerate() {
+        let (mut ns, mut cnt) = (0u64, 0u64);
+        let mut per = Vec::new();
+        for id in &p.ids {
+            let (name, n1, c1) = k1.get(id).cloned().unwrap_or_default();
+            let (_, n0, c0) = k0.get(id).cloned().unwrap_or_default();
+            ns += n1 - n0;
+            cnt += c1 - c0;
+            if c1 > c0 {
+                per.push(format!(
+                    "{name} {} runs {:.1} ns/run",
+                    c1 - c0,
+                    (n1 - n0) as f64 / (c1 - c0) as f64
+                ));
+            }
+        }
+        let user = cpu1[i].saturating_sub(cpu0[i]) as f64;
+        let (k, u) = (ns as f64 / cnt.max(1) as f64, user / cnt.max(1) as f64);
+        println!(
+            "{:<36} {:>9} {:>12.1} {:>12.1} {:>12.1}",
+            p.label,
+            cnt,
+            k,
+            u,
+            k + u
+        );
+        for line in per {
+            println!("      {line}");
+        }
+        rows.push((p.label.clone(), k, k + u));
+    }
+    let find = |l: &str| rows.iter().find(|r| r.0.starts_with(l)).map(|r| (r.1, r.2));
+    if let Some((ak, at)) = find("pstack aggregated") {
+        for peer in [
+            "bpftrace count()",
+            "bcc tcpstates",
+            "bcc tcplife",
+            "bcc tcpretrans",
+            "bpftrace tcpstates",
+            "bpftrace tcpretrans script",
+            "pstack per-event",
+        ] {
+            if let Some((pk, pt)) = find(peer) {
+                println!(
+                    "ratio pstack aggregated / {peer}: kernel {:.2}x  total {:.2}x",
+                    ak / pk,
+                    at / pt
+                );
+            }
+        }
+    }
+    if let (Some((ck, ct)), Some((bk, bt))) = (find("pstack count-only"), find("bpftrace count()"))
+    {
+        println!(
+            "ratio pstack count-only / bpftrace count(): kernel {:.2}x  total {:.2}x",
+            ck / bk,
+            ct / bt
+        );
+    }
+    drop(attached);
+    drop(ns);
 }

@@ -52,6 +52,8 @@ impl TracePlan {
             addr: self.addr,
             ring_bytes: self.ring_bytes,
             wakeup_bytes: u64::from(self.ring_bytes / 8),
+            // `trace tcp` prints every event as it happens: the per-event mode.
+            tcp_per_event: true,
             ..EbpfConfig::tcp()
         };
         if live {

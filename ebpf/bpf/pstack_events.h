@@ -28,12 +28,28 @@
 #define PSTACK_TCP_RTO 0x02      /* retransmit with icsk_ca_state == TCP_CA_Loss: the RTO
 				  * timer fired (or loss recovery after it), not fast retransmit */
 #define PSTACK_TCP_HAS_WND 0x04  /* snd_wnd / rcv_wnd were read from a full socket */
+/* Aggregated mode only (per-event records carry none of these): */
+#define PSTACK_TCP_RARE 0x08     /* emitted for being decisive: a reset, a flow leaving
+				  * ESTABLISHED, the first retransmit of a flow */
+#define PSTACK_TCP_SAMPLED 0x10  /* an ordinary event, chosen with probability 1/sample_one_in */
+#define PSTACK_TCP_UNAGG 0x20    /* not folded into any FLOWS entry (no socket, a socket
+				  * already closed, or the map refused it): user space counts it */
 
 /* icsk_ca_state value of TCP_CA_Loss (include/net/tcp.h). */
 #define PSTACK_TCP_CA_LOSS 4
 
-/* Counter slots (COUNTERS per-CPU array), TCP object: 2*kind = seen, 2*kind+1 = lost. */
-#define PSTACK_TCP_COUNTER_SLOTS 10
+/* Counter slots (COUNTERS per-CPU array), TCP object: 2*kind = seen, 2*kind+1 = lost
+ * (event record refused: ring buffer full). Aggregated mode also counts, per kind,
+ * the records chosen for being rare and for the sample, and the flow records. */
+#define PSTACK_TCP_SLOT_RARE(kind) (10 + (kind))    /* 11..14 */
+#define PSTACK_TCP_SLOT_SAMPLED(kind) (14 + (kind)) /* 15..18 */
+#define PSTACK_TCP_SLOT_FLOW_EMITTED 19             /* flow records sent at CLOSE */
+#define PSTACK_TCP_SLOT_FLOW_LOST 20                /* flow records refused: ring full */
+#define PSTACK_TCP_SLOT_FLOW_MAP_FULL 21            /* events FLOWS could not take */
+#define PSTACK_TCP_COUNTER_SLOTS 22
+
+/* Transitions kept per flow in the kernel (the rest are counted). */
+#define PSTACK_TCP_FLOW_TRANSITIONS 8
 
 struct pstack_tcp_event {
 	__u64 ts_ns;        /*  0: CLOCK_MONOTONIC ns (bpf_ktime_get_ns) */
@@ -61,6 +77,50 @@ struct pstack_tcp_event {
 			     * valid only with PSTACK_TCP_HAS_WND */
 	__u32 rcv_wnd;      /* 108: tcp_sock.rcv_wnd (window this end advertises, bytes) */
 };                          /* 112 */
+
+/* One flow's aggregate (aggregated mode): the value of FLOWS (key: the
+ * socket's address) and, when the flow reaches CLOSE, a ring record of its
+ * own (told apart from pstack_tcp_event by its size). Counters are updated
+ * with atomic adds: a socket's events can run on two CPUs at once (softirq
+ * retransmit timers beside the owner's syscalls). */
+struct pstack_tcp_flow {
+	__u64 first_ns;        /*   0: first event folded, CLOCK_MONOTONIC ns */
+	__u64 last_ns;         /*   8: last event folded */
+	__u64 sock_cookie;     /*  16: 0 = not generated yet */
+	__u64 netns_cookie;    /*  24 */
+	__u64 sk_key;          /*  32: the socket's address (joins events; never leaves the host) */
+	__u64 bytes_acked;     /*  40: tcp_sock.bytes_acked at CLOSE (valid with PSTACK_FLOW_BYTES) */
+	__u64 bytes_received;  /*  48: tcp_sock.bytes_received at CLOSE */
+	__u32 netns_ino;       /*  56 */
+	__u32 retransmits;     /*  60: all retransmits */
+	__u32 rtos;            /*  64: ... in TCP_CA_Loss (the RTO timer fired) */
+	__u32 recovery;        /*  68: ... in TCP_CA_Recovery (fast retransmit) */
+	__u32 other_retrans;   /*  72: ... in Open/Disorder/CWR (tail loss probes among them) */
+	__u32 resets_sent;     /*  76 */
+	__u32 resets_received; /*  80 */
+	__s32 last_reset_reason; /* 84: valid with PSTACK_FLOW_REASON */
+	__u32 state_changes;   /*  88: all of them; the first 8 are kept below */
+	__u16 sport;           /*  92: local port */
+	__u16 dport;           /*  94 */
+	__u8 family;           /*  96 */
+	__u8 flags;            /*  97: PSTACK_FLOW_* */
+	__u8 state;            /*  98: last state seen */
+	__u8 _pad0;            /*  99 */
+	__u32 _pad1;           /* 100 */
+	__u8 saddr[16];        /* 104 */
+	__u8 daddr[16];        /* 120 */
+	__u64 trans_ns[PSTACK_TCP_FLOW_TRANSITIONS];  /* 136 */
+	__u8 trans_from[PSTACK_TCP_FLOW_TRANSITIONS]; /* 200 */
+	__u8 trans_to[PSTACK_TCP_FLOW_TRANSITIONS];   /* 208 */
+};                             /* 216 */
+
+#define PSTACK_FLOW_REASON 0x01 /* last_reset_reason is set */
+#define PSTACK_FLOW_BYTES 0x02  /* bytes_* were read from a full socket */
+#define PSTACK_FLOW_TUPLE 0x04  /* both ports and the addresses are known */
+#define PSTACK_FLOW_PARTIAL 0x08 /* the tuple fields hold an endpoint pair with a port 0 */
+#define PSTACK_FLOW_DEAD 0x10    /* map entry only: its flow was sent at CLOSE; not live */
+#define PSTACK_FLOW_LEFT_EST 0x20 /* flow record only: its last transition, ESTABLISHED -> CLOSE,
+				   * is a rare event this record stands for (counted as rare) */
 
 /* Off-CPU state classes (index into pstack_offcpu_totals arrays). */
 #define PSTACK_OFF_RUNNABLE 0 /* preempted: waiting on a runqueue */
@@ -125,6 +185,7 @@ struct pstack_offcpu_start {
 
 /* The Rust decoder (ebpf/src/record.rs) pins these sizes too. */
 _Static_assert(sizeof(struct pstack_tcp_event) == 112, "pstack_tcp_event ABI");
+_Static_assert(sizeof(struct pstack_tcp_flow) == 216, "pstack_tcp_flow ABI");
 _Static_assert(sizeof(struct pstack_dstate_event) == 184, "pstack_dstate_event ABI");
 _Static_assert(sizeof(struct pstack_offcpu_totals) == 168, "pstack_offcpu_totals ABI");
 _Static_assert(sizeof(struct pstack_offcpu_start) == 160, "pstack_offcpu_start ABI");

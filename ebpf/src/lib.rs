@@ -7,10 +7,25 @@
 //! - `ebpf/bpf/*.bpf.c` + `pstack_events.h`: the programs and the record ABI.
 //!   Compiled objects are committed and embedded ([`objects`]); `ebpf/build.sh`
 //!   rebuilds them, `ebpf/build.sh --check` proves the committed bytes match.
-//! - [`record`] decodes records (pure), [`aggregate`] and [`offcpu`] fold them
+//! - [`record`] and [`flow_record`] decode records (pure), [`aggregate`] and [`offcpu`] fold them
 //!   into bounded per-flow / per-task summaries (pure), [`flight`] keeps the
 //!   last minute of per-flow TCP aggregates on watched ports, [`surface`] turns a
 //!   window into `pstack_envelope::Surface`s, [`session`] owns the kernel side.
+//!
+//! # Three TCP modes (one object, read-only flags set at load)
+//! - **aggregated** (default; capture windows): the kernel folds each event
+//!   into its socket's entry of an LRU hash (`FLOWS`: retransmits split into
+//!   RTO / fast / other, resets each way with the last reason, bytes, first
+//!   and last time, the first 8 transitions). Ring records only for resets,
+//!   a flow leaving ESTABLISHED, a flow's first retransmit, a uniform
+//!   1/`sample_one_in` sample of the rest, and one flow record per flow at
+//!   CLOSE; live flows are read from the map at window end. Counts are exact
+//!   or the surface is `truncated` with the reason ([`aggregate`]).
+//! - **per-event** (`tcp_per_event`; debug, `pstackctl trace tcp`, the
+//!   flight recorder): a record per event, folded in user space — the mode
+//!   the aggregated one is checked against (kernel test `aggregated`).
+//! - **count-only** (`tcp_count_only`; pstackd's always-attached session):
+//!   per-CPU counters per kind, nothing else.
 //!
 //! # API for pstackd and `pstackctl capture --window`
 //! ```no_run
@@ -93,6 +108,7 @@
 pub mod aggregate;
 pub mod error;
 pub mod flight;
+pub mod flow_record;
 pub mod host;
 pub mod objects;
 pub mod offcpu;
@@ -101,7 +117,7 @@ pub mod session;
 pub mod surface;
 pub mod symbols;
 
-pub use aggregate::{Limits, TcpAggregate, TcpSurface};
+pub use aggregate::{Limits, Sampling, TcpAggregate, TcpSurface};
 pub use error::EbpfError;
 pub use flight::{
     FlightConfig, FlightRecorder, FlightStats, FlowBook, FlowBucket, FlowHistory, FlowIncident,

@@ -36,6 +36,14 @@ pub const TCP_HAS_SOCK: u8 = 0x01;
 pub const TCP_RTO: u8 = 0x02;
 /// `flags` bit: `snd_wnd` / `rcv_wnd` were read from a full socket.
 pub const TCP_HAS_WND: u8 = 0x04;
+/// `flags` bit (aggregated mode): sent for being decisive (a reset, a flow
+/// leaving ESTABLISHED, a flow's first retransmit).
+pub const TCP_RARE: u8 = 0x08;
+/// `flags` bit (aggregated mode): an ordinary event chosen for the uniform sample.
+pub const TCP_SAMPLED: u8 = 0x10;
+/// `flags` bit (aggregated mode): no kernel flow entry took this event; user
+/// space counts it.
+pub const TCP_UNAGG: u8 = 0x20;
 /// `icsk_ca_state` value `TCP_CA_Loss`.
 pub const TCP_CA_LOSS: u8 = 4;
 

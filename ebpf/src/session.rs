@@ -14,6 +14,11 @@
 //!   the reader only past `wakeup_bytes` of backlog) and on every
 //!   `poll_interval` tick, until the window ends. Kernel counters are read at
 //!   both ends, so lost events are per window.
+//! - Aggregated TCP mode (the default): the window starts by emptying the
+//!   kernel's `FLOWS` map (flows before the window belong to none), and ends,
+//!   after the final drain, by reading its live entries (DEAD ones were
+//!   already sent at CLOSE) and checking every event the programs counted
+//!   against the flows ([`TcpAggregate::finish_kernel`]).
 //! - Memory: ring buffers are `ring_bytes` each; maps have fixed
 //!   `max_entries`; user-space aggregation is bounded by [`Limits`]. Nothing
 //!   grows with the event rate.
@@ -29,8 +34,9 @@ use pstack_envelope::Surface;
 use serde::Serialize;
 use tokio::io::unix::AsyncFd;
 
-use crate::aggregate::{Limits, TcpAggregate};
+use crate::aggregate::{Limits, Sampling, TcpAggregate};
 use crate::error::EbpfError;
+use crate::flow_record::TCP_FLOW_SIZE;
 use crate::host;
 use crate::objects;
 use crate::offcpu::{OffCpuBuilder, OffCpuCounters, OffCpuWindow};
@@ -65,6 +71,10 @@ pub struct MapSizes {
     pub start: u32,
     /// Tasks totalled per window (default 8192).
     pub totals: u32,
+    /// Live TCP flows aggregated in the kernel (LRU; default 16384). A flow
+    /// leaves the map when it reaches CLOSE; an evicted flow's events are
+    /// counted as untracked.
+    pub flows: u32,
 }
 
 impl Default for MapSizes {
@@ -73,6 +83,7 @@ impl Default for MapSizes {
             watched: 1024,
             start: 16384,
             totals: 8192,
+            flows: 16384,
         }
     }
 }
@@ -91,6 +102,16 @@ pub struct EbpfConfig {
     /// counts are unchanged. For an always-attached session whose only TCP
     /// output is the counters (pstackd). Default false.
     pub tcp_count_only: bool,
+    /// A record per TCP event, folded in user space: the debug mode the
+    /// aggregated recording mode is checked against, and the mode of
+    /// `pstackctl trace tcp` (which prints every event) and of the flight
+    /// recorder. Default false: the kernel aggregates per flow and sends only
+    /// rare records, flow records and a sample (see `tcp.bpf.c`).
+    pub tcp_per_event: bool,
+    /// Aggregated mode: each ordinary event is sampled with probability
+    /// 1/`sample_one_in` (0 = no sample; default 64). Rare events are always
+    /// sent whatever this is.
+    pub sample_one_in: u32,
     /// Keep only TCP events with this local or remote port (filtered in the kernel).
     pub port: Option<u16>,
     /// Keep only TCP events with a local or remote port in this inclusive
@@ -130,6 +151,8 @@ impl Default for EbpfConfig {
             tcp: true,
             offcpu: false,
             tcp_count_only: false,
+            tcp_per_event: false,
+            sample_one_in: 64,
             port: None,
             port_range: None,
             addr: None,
@@ -174,6 +197,18 @@ impl EbpfConfig {
             return bad(
                 "tcp_count_only",
                 "counting TCP events needs the TCP programs (tcp = true)".into(),
+            );
+        }
+        if self.tcp_count_only && self.tcp_per_event {
+            return bad(
+                "tcp_per_event",
+                "a session either counts (tcp_count_only) or records every event, not both".into(),
+            );
+        }
+        if self.sample_one_in > 1 << 20 {
+            return bad(
+                "sample_one_in",
+                format!("{} not in 0..=1048576", self.sample_one_in),
             );
         }
         if !self.ring_bytes.is_power_of_two() || self.ring_bytes < 4096 || self.ring_bytes > 1 << 30
@@ -244,6 +279,7 @@ impl EbpfConfig {
             ("maps.watched", self.maps.watched),
             ("maps.start", self.maps.start),
             ("maps.totals", self.maps.totals),
+            ("maps.flows", self.maps.flows),
         ] {
             if v == 0 || v > 1 << 20 {
                 return bad(p, format!("{v} not in 1..=1048576"));
@@ -416,6 +452,9 @@ impl EbpfStatus {
     }
 }
 
+/// `PSTACK_TCP_COUNTER_SLOTS`.
+const TCP_COUNTER_SLOTS: u32 = 22;
+
 const TCP_PROGRAMS: [(&str, TcpEventKind); 4] = [
     ("pstack_tcp_retransmit", TcpEventKind::Retransmit),
     ("pstack_tcp_receive_reset", TcpEventKind::ReceiveReset),
@@ -431,6 +470,7 @@ struct TcpPart {
     _ebpf: Ebpf,
     ring: Option<RingBuf<MapData>>,
     counters: PerCpuArray<MapData, u64>,
+    flows: BpfHashMap<MapData, u64, [u8; TCP_FLOW_SIZE]>,
 }
 
 struct OffPart {
@@ -485,8 +525,52 @@ pub struct WindowReport {
 pub struct KernelCounts {
     /// Events the programs saw (after the port filter), per kind.
     pub seen: [u64; 4],
-    /// Events lost (ring buffer full), per kind.
+    /// Event records lost (ring buffer full), per kind.
     pub lost: [u64; 4],
+    /// Aggregated mode: rare records chosen, per kind.
+    pub rare: [u64; 4],
+    /// Aggregated mode: sampled records chosen, per kind.
+    pub sampled: [u64; 4],
+    /// Aggregated mode: flow records sent at CLOSE.
+    pub flow_records: u64,
+    /// Aggregated mode: flow records lost (ring buffer full).
+    pub flow_records_lost: u64,
+    /// Aggregated mode: events the flow map refused.
+    pub flow_map_refused: u64,
+}
+
+impl KernelCounts {
+    fn from_slots(c: &[u64]) -> KernelCounts {
+        let mut k = KernelCounts::default();
+        for (j, kind) in TcpEventKind::ALL.into_iter().enumerate() {
+            let i = usize::from(kind.raw());
+            k.seen[j] = c[2 * i];
+            k.lost[j] = c[2 * i + 1];
+            k.rare[j] = c[10 + i];
+            k.sampled[j] = c[14 + i];
+        }
+        k.flow_records = c[19];
+        k.flow_records_lost = c[20];
+        k.flow_map_refused = c[21];
+        k
+    }
+
+    fn since(&self, before: &KernelCounts) -> KernelCounts {
+        let d4 = |a: [u64; 4], b: [u64; 4]| std::array::from_fn(|j| a[j].saturating_sub(b[j]));
+        KernelCounts {
+            seen: d4(self.seen, before.seen),
+            lost: d4(self.lost, before.lost),
+            rare: d4(self.rare, before.rare),
+            sampled: d4(self.sampled, before.sampled),
+            flow_records: self.flow_records.saturating_sub(before.flow_records),
+            flow_records_lost: self
+                .flow_records_lost
+                .saturating_sub(before.flow_records_lost),
+            flow_map_refused: self
+                .flow_map_refused
+                .saturating_sub(before.flow_map_refused),
+        }
+    }
 }
 
 impl WindowReport {
@@ -578,6 +662,7 @@ impl EbpfSession {
                 .or(cfg.port.map(|p| (p, p)))
                 .unwrap_or((0, 0));
             let count_only = u8::from(cfg.tcp_count_only);
+            let per_event = u8::from(cfg.tcp_per_event);
             // A counting session never writes the ring: keep it one page.
             let ring_bytes = if cfg.tcp_count_only {
                 4096
@@ -591,6 +676,9 @@ impl EbpfSession {
                 .override_global("filter_port_hi", &port_hi, true)
                 .override_global("wakeup_bytes", &cfg.wakeup_bytes, true)
                 .override_global("count_only", &count_only, true)
+                .override_global("per_event", &per_event, true)
+                .override_global("sample_one_in", &cfg.sample_one_in, true)
+                .map_max_entries("FLOWS", cfg.maps.flows)
                 .load(objects::TCP)
                 .map_err(|e| EbpfError::load(object, e))?;
             for (p, k) in TCP_PROGRAMS {
@@ -603,10 +691,12 @@ impl EbpfSession {
             }
             let ring = take_map(&mut ebpf, object, "EVENTS", RingBuf::try_from)?;
             let counters = take_map(&mut ebpf, object, "COUNTERS", PerCpuArray::try_from)?;
+            let flows = take_map(&mut ebpf, object, "FLOWS", BpfHashMap::try_from)?;
             Some(TcpPart {
                 _ebpf: ebpf,
                 ring: Some(ring),
                 counters,
+                flows,
             })
         } else {
             None
@@ -704,7 +794,7 @@ impl EbpfSession {
     fn tcp_counters(&self) -> Result<Option<Vec<u64>>, EbpfError> {
         self.tcp
             .as_ref()
-            .map(|t| sum_counters(&t.counters, 10))
+            .map(|t| sum_counters(&t.counters, TCP_COUNTER_SLOTS))
             .transpose()
     }
 
@@ -722,15 +812,7 @@ impl EbpfSession {
     /// buffer full) since load, per kind (`TcpEventKind::ALL` order); `None`
     /// without the TCP programs.
     pub fn tcp_kernel_counts(&self) -> Result<Option<KernelCounts>, EbpfError> {
-        Ok(self.tcp_counters()?.map(|c| {
-            let mut k = KernelCounts::default();
-            for (j, kind) in TcpEventKind::ALL.into_iter().enumerate() {
-                let i = 2 * usize::from(kind.raw());
-                k.seen[j] = c[i];
-                k.lost[j] = c[i + 1];
-            }
-            k
-        }))
+        Ok(self.tcp_counters()?.map(|c| KernelCounts::from_slots(&c)))
     }
 
     /// Read up to `max` queued TCP records without waiting, handing each raw
@@ -814,6 +896,13 @@ impl EbpfSession {
                 stale += 1;
             }
         }
+        // The kernel's flows so far belong to no window: forget them.
+        if let Some(t) = self.tcp.as_mut() {
+            let keys: Vec<u64> = t.flows.keys().filter_map(Result::ok).collect();
+            for k in keys {
+                let _ = t.flows.remove(&k);
+            }
+        }
         if let Some(o) = self.off.as_mut() {
             let keys: Vec<u32> = o.totals.keys().filter_map(Result::ok).collect();
             for k in keys {
@@ -828,7 +917,13 @@ impl EbpfSession {
             .tcp
             .as_ref()
             .filter(|_| !self.cfg.tcp_count_only)
-            .map(|_| TcpAggregate::new(self.cfg.limits, self.cfg.addr));
+            .map(|_| {
+                if self.cfg.tcp_per_event {
+                    TcpAggregate::new(self.cfg.limits, self.cfg.addr)
+                } else {
+                    TcpAggregate::aggregated(self.cfg.limits, self.cfg.addr)
+                }
+            });
         let watched: Vec<u32> = self.watched.iter().copied().collect();
         let d_min_ns = u64::try_from(self.cfg.d_min.as_nanos()).unwrap_or(u64::MAX);
         let mut offb = self
@@ -898,13 +993,41 @@ impl EbpfSession {
         };
         let mut tcp_kernel = None;
         if let (Some(before), Some(after)) = (tcp_before, self.tcp_counters()?) {
-            let mut k = KernelCounts::default();
-            for (j, kind) in TcpEventKind::ALL.into_iter().enumerate() {
-                let i = 2 * usize::from(kind.raw());
-                k.seen[j] = after[i].saturating_sub(before[i]);
-                k.lost[j] = after[i + 1].saturating_sub(before[i + 1]);
-            }
+            let k = KernelCounts::from_slots(&after).since(&KernelCounts::from_slots(&before));
             tcp_kernel = Some(k);
+            // Aggregated mode: the live flows are read from the map last (the
+            // ones that reached CLOSE came as records), then checked against
+            // what the programs saw.
+            if let (Some(a), Some(t)) = (agg.as_mut(), self.tcp.as_ref())
+                && a.is_aggregated()
+            {
+                let mut read = 0u64;
+                for (_, raw) in t.flows.iter().flatten() {
+                    // A DEAD entry's flow came as a record at CLOSE.
+                    if raw
+                        .get(97)
+                        .is_some_and(|f| f & crate::flow_record::FLOW_DEAD != 0)
+                    {
+                        continue;
+                    }
+                    if a.add_flow_raw(&raw).is_ok() {
+                        read += 1;
+                    }
+                }
+                a.finish_kernel(
+                    k.seen,
+                    Sampling {
+                        one_in: self.cfg.sample_one_in,
+                        rare: k.rare,
+                        sampled: k.sampled,
+                        lost: k.lost,
+                        flow_records: k.flow_records,
+                        flow_records_lost: k.flow_records_lost,
+                        flow_map_refused: k.flow_map_refused,
+                        flows_read_at_end: read,
+                    },
+                );
+            }
             let lost = |k: TcpEventKind| {
                 let i = 2 * usize::from(k.raw()) + 1;
                 after[i].saturating_sub(before[i])

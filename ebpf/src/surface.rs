@@ -1,8 +1,12 @@
 //! Typed surfaces (`pstack_envelope::Surface`) from one window's aggregates.
 //!
 //! Invariants: a surface is `truncated` (status and flag) exactly when the
-//! kernel lost events for it (ring buffer or map full) or a cap cut its
-//! per-flow / per-task summaries; counts stay exact either way. A capped raw
+//! kernel lost records for it (ring buffer or map full), a flow record was
+//! lost or the flow map refused an event (aggregated mode), or a cap cut its
+//! per-flow / per-task summaries; counts stay exact either way. In the
+//! aggregated mode every TCP surface states its `sampling` (rate, records
+//! sent / kept / dropped / lost) and lists its `rare_events` apart from the
+//! `sample`. A capped raw
 //! sample alone does not truncate (it is reported as `sample_truncated`).
 //! Facts carry integers and strings only: cookies and absolute monotonic
 //! times are decimal strings, offsets are signed ns from the window start.
@@ -67,6 +71,9 @@ fn flow_json(f: &Flow, s: TcpSurface, m: &WindowMeta) -> Value {
     match s {
         TcpSurface::Retransmits => {
             o.insert("retransmits".into(), json!(f.retransmits));
+            o.insert("rtos".into(), json!(f.rtos));
+            o.insert("fast_retransmits".into(), json!(f.fast_retransmits));
+            o.insert("other_retransmits".into(), json!(f.other_retransmits));
         }
         TcpSurface::Resets => {
             o.insert("resets_sent".into(), json!(f.resets_sent));
@@ -102,6 +109,10 @@ fn flow_json(f: &Flow, s: TcpSurface, m: &WindowMeta) -> Value {
             o.insert("transitions".into(), Value::Array(tr));
             o.insert("sequence".into(), json!(seq.join(">")));
             o.insert("transitions_dropped".into(), json!(f.transitions_dropped));
+            if let (Some(a), Some(r)) = (f.bytes_acked, f.bytes_received) {
+                o.insert("bytes_acked".into(), json!(a));
+                o.insert("bytes_received".into(), json!(r));
+            }
             let opened = f
                 .transitions
                 .iter()
@@ -168,6 +179,46 @@ pub fn event_json(e: &TcpEvent, m: &WindowMeta) -> Value {
     v
 }
 
+/// What the aggregated mode sent for this surface, what it chose not to, and
+/// what was refused: the basis of every count and of the sample. `null` in
+/// the per-event mode (every event was a record).
+fn sampling_json(agg: &TcpAggregate, s: TcpSurface) -> Value {
+    let Some(k) = agg.sampling.filter(|_| agg.is_aggregated()) else {
+        return Value::Null;
+    };
+    let mut rare = 0;
+    let mut sampled = 0;
+    let mut lost = 0;
+    for (j, kind) in TcpEventKind::ALL.into_iter().enumerate() {
+        if TcpSurface::of(kind) == s {
+            rare += k.rare[j];
+            sampled += k.sampled[j];
+            lost += k.lost[j];
+        }
+    }
+    let kept: Vec<Value> = agg.rare[s as usize]
+        .iter()
+        .map(|e| e.kind.as_str())
+        .map(|k| json!(k))
+        .collect();
+    json!({
+        "counts_from": "kernel per-flow aggregates (flow records at CLOSE, live flows read at window end) and records no flow took",
+        "rare_records_always_sent": ["reset_sent", "reset_received", "state change leaving ESTABLISHED", "first retransmit of a flow"],
+        "sample_one_in": k.one_in,
+        "rare_records_sent": rare,
+        "rare_records_kept": kept.len(),
+        "rare_records_dropped": agg.rare_dropped[s as usize],
+        "sampled_records_sent": sampled,
+        "sampled_records_kept": agg.samples(s).len(),
+        "sampled_records_dropped": agg.samples_dropped(s),
+        "records_lost_in_kernel": lost,
+        "flow_records": k.flow_records,
+        "flow_records_lost": k.flow_records_lost,
+        "flow_map_refused": k.flow_map_refused,
+        "live_flows_read_at_end": k.flows_read_at_end,
+    })
+}
+
 /// Per-surface context the aggregate does not hold.
 #[derive(Debug, Clone, Default)]
 pub struct TcpSurfaceContext {
@@ -192,6 +243,9 @@ pub fn tcp_surfaces(agg: &TcpAggregate, ctx: &TcpSurfaceContext, m: &WindowMeta)
             let events: u64 = kinds.iter().map(|k| agg.seen(*k)).sum();
             let flows: Vec<Value> = agg.flows().iter().filter(|f| f.feeds(s)).map(|f| flow_json(f, s, m)).collect();
             let sample: Vec<Value> = agg.samples(s).iter().map(|e| event_json(e, m)).collect();
+            let sampling = sampling_json(agg, s);
+            let sampling_cut = agg.sampling.is_some_and(|k| k.flow_records_lost > 0 || k.flow_map_refused > 0);
+            let cut = cut || sampling_cut;
             let tracepoints: Vec<&str> = kinds.iter().map(|k| k.tracepoint()).collect();
             let mut facts = json!({
                 "window_ms": m.window_ms,
@@ -202,8 +256,11 @@ pub fn tcp_surfaces(agg: &TcpAggregate, ctx: &TcpSurfaceContext, m: &WindowMeta)
                 "untracked_events": agg.untracked(s),
                 "max_flows": agg.limits().max_flows,
                 "sample": sample,
+                "rare_events": agg.rare[s as usize].iter().map(|e| event_json(e, m)).collect::<Vec<_>>(),
                 "sample_truncated": agg.samples_dropped(s) > 0,
                 "sample_dropped": agg.samples_dropped(s),
+                "mode": if agg.is_aggregated() { "aggregated" } else { "per_event" },
+                "sampling": sampling,
                 "filter": {
                     "port": ctx.port.map_or(Value::Null, |p| json!(p)),
                     "addr": opt_str(ctx.addr),
@@ -221,11 +278,22 @@ pub fn tcp_surfaces(agg: &TcpAggregate, ctx: &TcpSurfaceContext, m: &WindowMeta)
                 status: if cut { SurfaceStatus::Truncated } else { SurfaceStatus::Ok },
                 cause: cut.then(|| StatusCause {
                     errno: None,
-                    message: format!(
-                        "{lost} events lost in the kernel (ring buffer full), {} not summarized (flow cap {})",
-                        agg.untracked(s),
-                        agg.limits().max_flows
-                    ),
+                    message: if agg.is_aggregated() {
+                        let k = agg.sampling.unwrap_or_default();
+                        format!(
+                            "{lost} event records and {} flow records lost in the kernel (ring buffer full), {} events refused by the flow map, {} events not in any flow summary (flow map eviction, a lost flow record, or the flow cap {})",
+                            k.flow_records_lost,
+                            k.flow_map_refused,
+                            agg.untracked(s),
+                            agg.limits().max_flows
+                        )
+                    } else {
+                        format!(
+                            "{lost} events lost in the kernel (ring buffer full), {} not summarized (flow cap {})",
+                            agg.untracked(s),
+                            agg.limits().max_flows
+                        )
+                    },
                 }),
                 deadline_ms: m.window_ms,
                 elapsed_us: m.elapsed_us(),

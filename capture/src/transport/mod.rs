@@ -568,8 +568,7 @@ pub fn ebpf_window_until(
                 first_ns: f.first_ns,
                 last_ns: f.last_ns,
                 resets: agg
-                    .samples(TcpSurface::Resets)
-                    .iter()
+                    .events(TcpSurface::Resets)
                     .filter(|e| e.sock_cookie.is_some() && e.sock_cookie == f.sock_cookie)
                     .map(|e| match e.kind {
                         pstack_ebpf::TcpEventKind::ReceiveReset => {

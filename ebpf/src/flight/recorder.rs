@@ -43,6 +43,9 @@ impl FlightRecorder {
             tcp: true,
             offcpu: false,
             tcp_count_only: false,
+            // The recorder folds every record of its watched ports per flow
+            // per second (FlowBook): it keeps the per-event record mode.
+            tcp_per_event: true,
             port: None,
             port_range: Some(cfg.ports),
             ring_bytes: FLIGHT_RING_BYTES,

@@ -49,6 +49,8 @@ fn flood_child_half() {
     }
     let ns = NetNs::new();
     let mut cfg = EbpfConfig::tcp();
+    // Every event a record, so "seen = read + lost" can be checked exactly.
+    cfg.tcp_per_event = true;
     cfg.ring_bytes = 4096;
     cfg.wakeup_bytes = 2048;
     cfg.limits.max_flows = 64;

@@ -4,6 +4,7 @@
 //! CAP_SYS_ADMIN), kernel BTF, `ip` and `nft`; a test skips with a printed
 //! reason only when one of those is truly absent.
 
+mod aggregated;
 mod fixtures;
 mod flight;
 mod flood;

@@ -49,6 +49,8 @@ fn dropped_packets_produce_retransmits_for_exactly_that_flow_and_none_for_the_co
     let ns = NetNs::new();
     let ns_name = ns.name.clone();
     let mut cfg = EbpfConfig::tcp();
+    // Compares the flow summary with every raw record: the per-event mode.
+    cfg.tcp_per_event = true;
     cfg.limits.max_samples = 100_000;
     let (report, (server, control, lossy), _s) =
         in_port_window(&ns, cfg, Duration::from_secs(8), move |l| {
