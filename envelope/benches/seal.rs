@@ -7,7 +7,9 @@ use pstack_envelope::{
 };
 use std::hint::black_box;
 
-// The allocator of pstackctl and pstack-store, which verify what they read.
+// pstackctl's allocator (`pstackctl envelope verify`). The store keeps
+// glibc malloc (see store/src/main.rs): comment these two lines out for
+// its figure.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
