@@ -279,3 +279,118 @@ pub fn fetch_events(api: &KubeApi, object: &str) -> EventsRead {
         elapsed_us: t.elapsed().as_micros() as u64,
     }
 }
+
+#[cfg(test)]
+mod https_tests {
+    //! The in-cluster case for real: the API server is `https://` with a
+    //! certificate signed by the cluster's CA (`ca.crt` of the service
+    //! account). `openssl s_server -WWW` plays the API server, serving an
+    //! `EventList` document at the exact path pstack asks for.
+
+    use super::*;
+    use std::path::Path;
+    use std::process::{Child, Command, Stdio};
+
+    fn openssl(dir: &Path, args: &[&str]) -> bool {
+        Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// `ca.pem` signs `srv.pem` (localhost, 127.0.0.1); `other.pem` is an
+    /// unrelated CA.
+    fn mint(dir: &Path) -> bool {
+        let ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+        let a = |s: &str| s.split(' ').map(str::to_string).collect::<Vec<_>>();
+        let run = |s: String| {
+            let v = a(&s);
+            openssl(dir, &v.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+        std::fs::write(
+            dir.join("san.ext"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        )
+        .unwrap();
+        run(format!("req -x509 {ec} -keyout ca.key -out ca.pem -days 2 -subj /CN=cluster-ca"))
+            && run(format!("req -x509 {ec} -keyout other.key -out other.pem -days 2 -subj /CN=other-ca"))
+            && run(format!("req {ec} -keyout srv.key -out srv.csr -subj /CN=localhost"))
+            && run("x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 2 -extfile san.ext".into())
+    }
+
+    struct Server(Child);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn serve(dir: &Path) -> (Server, u16) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("openssl")
+            .args(["s_server", "-quiet", "-WWW", "-accept"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["-cert", "../srv.pem", "-key", "../srv.key"])
+            .current_dir(dir.join("www"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("openssl s_server");
+        let server = Server(child);
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "s_server never listened");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        (server, port)
+    }
+
+    #[test]
+    fn events_over_https_verify_the_cluster_ca_and_refuse_another() {
+        pstack_testkit::require!(
+            pstack_testkit::have_tool("openssl"),
+            "openssl is not installed (scripts/setup.d/50-daemon.sh installs it) to play the API server"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        assert!(mint(dir.path()), "openssl could not mint the certificates");
+        let events = dir.path().join("www/api/v1/namespaces/longhorn-system");
+        std::fs::create_dir_all(&events).unwrap();
+        std::fs::write(
+            events.join("events?fieldSelector=involvedObject.name%3Dpvc-7-e-0"),
+            r#"{"kind":"EventList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[{"metadata":{"name":"pvc-7-e-0.1","namespace":"longhorn-system"},"involvedObject":{"kind":"Engine","namespace":"longhorn-system","name":"pvc-7-e-0"},"reason":"FailedRebuilding","message":"Failed rebuilding replica with Address 10.78.0.3:10020","type":"Warning","count":1,"lastTimestamp":"2026-12-03T19:40:12Z","source":{"component":"longhorn-engine-controller"}}]}"#,
+        )
+        .unwrap();
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, "test-token\n").unwrap();
+        let (_server, port) = serve(dir.path());
+        let api = |ca: &str| KubeApi {
+            base: format!("https://localhost:{port}"),
+            token_file: token_file.clone(),
+            ca_file: Some(dir.path().join(ca)),
+        };
+
+        let read = fetch_events(&api("ca.pem"), "pvc-7-e-0");
+        let (got, _) = read.result.expect("the cluster CA verifies the server");
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].reason, "FailedRebuilding");
+        assert_eq!(got[0].kind, "Engine");
+
+        // Another CA: the handshake is refused, a typed failure, not "no events".
+        let read = fetch_events(&api("other.pem"), "pvc-7-e-0");
+        let failure = read.result.expect_err("a server the CA did not sign");
+        assert_ne!(failure.status, SurfaceStatus::Ok);
+        assert!(
+            failure.message.to_lowercase().contains("certificate")
+                || failure.message.contains("UnknownIssuer"),
+            "{}",
+            failure.message
+        );
+    }
+}
