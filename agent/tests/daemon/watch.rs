@@ -556,9 +556,18 @@ fn a_longhorn_manager_that_is_down_or_answers_garbage_degrades_the_rule_without_
         ));
     }
     let d = start_with_text(dir.path(), &settings, &text);
+    // The rules appear in the status at pstackd's first watch tick, which
+    // may come after the socket answers: absent counts as not yet.
     wait_until(Duration::from_secs(15), "both rules degraded", || {
-        d.watch_rule("lh-down")["state"] == "degraded"
-            && d.watch_rule("lh-ui")["state"] == "degraded"
+        let s = d.status();
+        let state = |name: &str| {
+            s["watch"]["rules"]
+                .as_array()
+                .and_then(|rs| rs.iter().find(|r| r["name"] == name))
+                .map(|r| r["state"].clone())
+        };
+        state("lh-down").is_some_and(|v| v == "degraded")
+            && state("lh-ui").is_some_and(|v| v == "degraded")
     });
     let r = d.watch_rule("lh-down");
     let reason = r["reason"].as_str().unwrap();
