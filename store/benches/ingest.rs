@@ -1,15 +1,22 @@
 //! pstack-store benchmarks (not part of `cargo test`):
 //!
 //! ```text
-//! cargo bench -p pstack-store --bench ingest -- [--backend sqlite|postgres|both] [--mode ingest|external|history|all]
+//! cargo bench -p pstack-store --bench ingest -- [--backend sqlite|postgres|both]
+//!     [--mode ingest|external|history|scale|all] [--clients N] [--stored N]
 //! ```
 //!
-//! - **ingest**: 16 concurrent HTTP clients POST gzip JSON-array batches of 100
-//!   distinct ~20 KiB sealed envelopes (what the daemon ships) to a real server
+//! - **ingest**: `--clients` (default 16) concurrent HTTP clients POST gzip
+//!   JSON-array batches of 100 distinct ~20 KiB sealed envelopes (what the
+//!   daemon ships; 32,000 in all, split between the clients) to a real server
 //!   on 127.0.0.1; prints envelopes/s, MB/s (decoded JSON) and batch latency.
+//!   With `--stored N` the store first holds N synthetic envelopes (generated
+//!   by the database, 512-byte bodies), so the indexes are that deep.
 //!   Side by side, the same envelopes through `pstack_envelope::verify` alone on
 //!   every core: the CPU ceiling of any verifying store on this machine, and
 //!   the ratio of the two.
+//! - **scale**: the ingest run at 1, 4 and 16 clients into an empty store, then
+//!   at 16 clients into a store already holding 1,000,000 and 10,000,000
+//!   envelopes (about 12 GB of disk per backend at the largest).
 //! - **external** (SQLite): the same load against `pstack-store serve` run as
 //!   its own process, to measure the server's CPU per envelope apart from the
 //!   clients'.
@@ -35,9 +42,10 @@ use pstack_store::synthetic::Capture;
 mod common;
 use common::{close, cpu_time, cpu_time_of, open, percentile};
 
-const CLIENTS: usize = 16;
+const DEFAULT_CLIENTS: usize = 16;
 const BATCH: usize = 100;
-const BATCHES_PER_CLIENT: usize = 20;
+/// Batches per run, split evenly between the clients (1, 2, 4, 8, 16, 32...).
+const BATCHES: usize = 320;
 const HISTORY_ROWS: u64 = 1_000_000;
 const HISTORY_SUBJECTS: u64 = 1_000;
 const HISTORY_QUERIES: usize = 2_000;
@@ -72,8 +80,9 @@ struct Batches {
     items: Arc<Vec<Vec<u8>>>,
 }
 
-fn make_batches(run: u64) -> Batches {
-    let total = CLIENTS * BATCHES_PER_CLIENT * BATCH;
+fn make_batches(run: u64, clients: usize) -> Batches {
+    let per_client = BATCHES / clients;
+    let total = clients * per_client * BATCH;
     let items: Vec<Vec<u8>> = (0..total)
         .map(|i| {
             let c = Capture::new(
@@ -86,10 +95,10 @@ fn make_batches(run: u64) -> Batches {
         .collect();
     let raw_bytes = items.iter().map(Vec::len).sum();
     let mut gz = Vec::new();
-    for c in 0..CLIENTS {
+    for c in 0..clients {
         let mut mine = Vec::new();
-        for b in 0..BATCHES_PER_CLIENT {
-            let start = (c * BATCHES_PER_CLIENT + b) * BATCH;
+        for b in 0..per_client {
+            let start = (c * per_client + b) * BATCH;
             let mut body = vec![b'['];
             for (k, item) in items[start..start + BATCH].iter().enumerate() {
                 if k > 0 {
@@ -132,19 +141,29 @@ fn verify_ceiling(items: Arc<Vec<Vec<u8>>>) -> f64 {
     items.len() as f64 / started.elapsed().as_secs_f64()
 }
 
-async fn bench_ingest(backend: &str, run: u64) -> anyhow::Result<()> {
+async fn bench_ingest(backend: &str, run: u64, clients: usize, stored: u64) -> anyhow::Result<()> {
     let t = open(backend).await?;
+    if stored > 0 {
+        eprintln!("[{}] generating {stored} stored envelopes...", t.name);
+        let t0 = Instant::now();
+        t.store
+            .bench_fill_history(stored, HISTORY_SUBJECTS, &[b' '; 512], |done| {
+                eprintln!("  {done} rows ({:.0} s)", t0.elapsed().as_secs_f64());
+            })
+            .await?;
+        t.store.bench_analyze().await?;
+    }
     eprintln!(
         "[{}] preparing {} envelopes...",
         t.name,
-        CLIENTS * BATCHES_PER_CLIENT * BATCH
+        BATCHES / clients * clients * BATCH
     );
-    let batches = make_batches(run);
+    let batches = make_batches(run, clients);
     let (base, stop, server) = start(t.store.clone()).await?;
     let key = t.store.create_key("bench").await?.plaintext;
     let client = reqwest::Client::builder()
         .no_gzip()
-        .pool_max_idle_per_host(CLIENTS)
+        .pool_max_idle_per_host(clients)
         .build()?;
     eprintln!("[{}] ingesting...", t.name);
     let started = Instant::now();
@@ -201,7 +220,7 @@ async fn bench_ingest(backend: &str, run: u64) -> anyhow::Result<()> {
     let verify_cpu_us = (cpu_time() - cpu1).as_secs_f64() * 1e6 / batches.envelopes as f64;
     let _ = t1;
     println!(
-        "ingest {:<8} {} envelopes ({:.1} KiB avg) from {CLIENTS} clients, batches of {BATCH} gzip: {:.0} envelopes/s, {:.1} MB/s; batch latency p50 {:.1} ms p99 {:.1} ms; CPU {:.0} us/envelope (server + clients)",
+        "ingest {:<8} {} envelopes ({:.1} KiB avg) from {clients} clients into {stored} stored, batches of {BATCH} gzip: {:.0} envelopes/s, {:.1} MB/s; batch latency p50 {:.1} ms p99 {:.1} ms; CPU {:.0} us/envelope (server + clients)",
         t.name,
         batches.envelopes,
         batches.raw_bytes as f64 / batches.envelopes as f64 / 1024.0,
@@ -246,7 +265,7 @@ async fn bench_ingest_external(run: u64) -> anyhow::Result<()> {
     let pid = child.id().to_string();
     let client = reqwest::Client::builder()
         .no_gzip()
-        .pool_max_idle_per_host(CLIENTS)
+        .pool_max_idle_per_host(DEFAULT_CLIENTS)
         .build()?;
     let base = format!("http://{listen}");
     for _ in 0..200 {
@@ -256,7 +275,7 @@ async fn bench_ingest_external(run: u64) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     eprintln!("[sqlite, separate server process] preparing...");
-    let batches = make_batches(run);
+    let batches = make_batches(run, DEFAULT_CLIENTS);
     let server0 = cpu_time_of(&pid);
     let client0 = cpu_time();
     let started = Instant::now();
@@ -378,6 +397,12 @@ fn arg(name: &str, default: &str) -> String {
 fn main() -> anyhow::Result<()> {
     let backend = arg("--backend", "both");
     let mode = arg("--mode", "all");
+    let clients: usize = arg("--clients", "16").parse()?;
+    anyhow::ensure!(
+        (1..=BATCHES).contains(&clients),
+        "--clients {clients}: between 1 and {BATCHES}"
+    );
+    let stored: u64 = arg("--stored", "0").parse()?;
     let backends: Vec<&str> = match backend.as_str() {
         "both" => vec!["sqlite", "postgres"],
         "sqlite" => vec!["sqlite"],
@@ -390,7 +415,15 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(async {
         for (i, b) in backends.iter().enumerate() {
             if mode == "ingest" || mode == "all" {
-                bench_ingest(b, i as u64 + 1).await?;
+                bench_ingest(b, i as u64 + 1, clients, stored).await?;
+            }
+            if mode == "scale" {
+                for (k, n) in [1, 4, 16].into_iter().enumerate() {
+                    bench_ingest(b, 10 * (i as u64 + 1) + k as u64, n, 0).await?;
+                }
+                for (k, n) in [1_000_000, 10_000_000].into_iter().enumerate() {
+                    bench_ingest(b, 20 * (i as u64 + 1) + k as u64, DEFAULT_CLIENTS, n).await?;
+                }
             }
             if *b == "sqlite" && (mode == "external" || mode == "all") {
                 bench_ingest_external(7).await?;

@@ -48,7 +48,6 @@ use sqlx::sqlite::{
 };
 
 use crate::ident::{format_ns, identity_fields, locator_field, subject_key};
-use crate::ingest::VerifiedItem;
 use crate::keys::{self, KeyError};
 use crate::receipts::{
     self, EvidenceFacts, PriorReceipt, ReceiptContext, ReceiptKind, ReceiptRefusal, ReceiptRequest,
@@ -413,7 +412,6 @@ enum Bind<'a> {
     Str(String),
     Text(&'a str),
     OptText(Option<&'a str>),
-    Blob(Vec<u8>),
     Bytes(&'a [u8]),
 }
 
@@ -442,7 +440,6 @@ macro_rules! bind_all {
                 Bind::Str(s) => q.bind(s.as_str()),
                 Bind::Text(s) => q.bind(*s),
                 Bind::OptText(s) => q.bind(*s),
-                Bind::Blob(b) => q.bind(b.as_slice()),
                 Bind::Bytes(b) => q.bind(*b),
             };
         }
@@ -722,217 +719,6 @@ impl Store {
             sqlx::query("SELECT 1").execute(pool).await?;
             Ok(())
         })
-    }
-
-    /// Store verified envelopes atomically; one record per item, in order.
-    pub async fn ingest(
-        &self,
-        items: &[&VerifiedItem],
-        key_id: &str,
-        now_ns: i64,
-    ) -> Result<Vec<StoredRecord>, StoreError> {
-        let records = self.ingest_with_retries(items, key_id, now_ns).await?;
-        // Transfers are linked after the envelopes are committed, for every
-        // item verified (a duplicate too): a link lost to a failure here is
-        // made when the shipper retries the batch. Linking is idempotent.
-        self.link_transfers(items, now_ns).await?;
-        Ok(records)
-    }
-
-    async fn ingest_with_retries(
-        &self,
-        items: &[&VerifiedItem],
-        key_id: &str,
-        now_ns: i64,
-    ) -> Result<Vec<StoredRecord>, StoreError> {
-        let mut attempt = 0;
-        loop {
-            match self.ingest_once(items, key_id, now_ns).await {
-                Err(e) if e.is_transient() && attempt < 5 => {
-                    attempt += 1;
-                    tracing::debug!(attempt, "transient conflict during ingest; retrying");
-                    tokio::time::sleep(Duration::from_millis(5 << attempt)).await;
-                }
-                other => return other,
-            }
-        }
-    }
-
-    async fn ingest_once(
-        &self,
-        items: &[&VerifiedItem],
-        key_id: &str,
-        now_ns: i64,
-    ) -> Result<Vec<StoredRecord>, StoreError> {
-        // Multi-row statements: a batch costs a handful of statements, not
-        // several per envelope (each statement is a round trip to SQLite's
-        // worker thread or to the PostgreSQL server).
-        const ENVELOPE_ROWS: usize = 100; // 12 parameters each
-        const SMALL_ROWS: usize = 400; // unknowns (7), subjects (5), lookups (1)
-        let mut order: Vec<usize> = (0..items.len()).collect();
-        order.sort_by(|a, b| items[*a].digest.cmp(&items[*b].digest));
-        let mut unique: Vec<usize> = Vec::with_capacity(order.len());
-        for &i in &order {
-            if unique
-                .last()
-                .is_none_or(|&u| items[u].digest != items[i].digest)
-            {
-                unique.push(i);
-            }
-        }
-        let size_of = |item: &VerifiedItem| i64::try_from(item.bytes.len()).unwrap_or(i64::MAX);
-        let mut inserted: BTreeSet<String> = BTreeSet::new();
-        let mut existing: BTreeMap<String, (i64, String)> = BTreeMap::new();
-        with_pool!(self, write, |pool, pg| {
-            let mut tx = begin_write!(pool, pg);
-            for chunk in unique.chunks(ENVELOPE_ROWS) {
-                let mut sql = String::from(
-                    "INSERT INTO envelopes (digest, subject_key, kind, locator, pid, identity, wall_ns,
-                        received_ns, completeness, key_id, size, body) VALUES ",
-                );
-                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 12);
-                for (r, &i) in chunk.iter().enumerate() {
-                    let item = items[i];
-                    sql.push_str(if r == 0 { "(" } else { ",(" });
-                    sql.push_str(&placeholders(pg, binds.len() + 1, 12));
-                    sql.push(')');
-                    binds.extend([
-                        Bind::Text(&item.digest),
-                        Bind::Text(&item.subject.key),
-                        Bind::Text(item.subject.kind),
-                        Bind::Text(&item.subject.locator),
-                        Bind::OptI64(item.subject.pid),
-                        Bind::Text(&item.subject.identity_json),
-                        Bind::I64(item.wall_ns),
-                        Bind::I64(now_ns),
-                        Bind::Text(item.completeness),
-                        Bind::Text(key_id),
-                        Bind::I64(size_of(item)),
-                        Bind::Bytes(item.bytes.as_ref()),
-                    ]);
-                }
-                sql.push_str(" ON CONFLICT (digest) DO NOTHING RETURNING digest");
-                let rows: Vec<String> = bind_all!(sqlx::query_scalar(&sql), &binds)
-                    .fetch_all(&mut *tx)
-                    .await?;
-                inserted.extend(rows);
-            }
-            let accepted: Vec<&VerifiedItem> = unique
-                .iter()
-                .map(|&i| items[i])
-                .filter(|item| inserted.contains(&item.digest))
-                .collect();
-            let unknown_rows: Vec<(&VerifiedItem, usize)> = accepted
-                .iter()
-                .flat_map(|item| (0..item.unknowns.len()).map(move |k| (*item, k)))
-                .collect();
-            for chunk in unknown_rows.chunks(SMALL_ROWS) {
-                let mut sql = String::from(
-                    "INSERT INTO unknowns (digest, ord, question, blocks, owner, probe, surface) VALUES ",
-                );
-                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 7);
-                for (r, (item, k)) in chunk.iter().enumerate() {
-                    let u = &item.unknowns[*k];
-                    sql.push_str(if r == 0 { "(" } else { ",(" });
-                    sql.push_str(&placeholders(pg, binds.len() + 1, 7));
-                    sql.push(')');
-                    binds.extend([
-                        Bind::Text(&item.digest),
-                        Bind::I64(i64::try_from(*k).unwrap_or(i64::MAX)),
-                        Bind::Text(&u.question),
-                        Bind::Text(&u.blocks),
-                        Bind::Text(&u.owner),
-                        Bind::Text(&u.probe),
-                        Bind::OptText(u.surface.as_deref()),
-                    ]);
-                }
-                bind_all!(sqlx::query(&sql), &binds)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            // Newest accepted capture per subject, in subject-key order.
-            let mut newest: BTreeMap<&str, &VerifiedItem> = BTreeMap::new();
-            for item in &accepted {
-                let slot = newest.entry(item.subject.key.as_str()).or_insert(item);
-                if (item.wall_ns, item.digest.as_str()) > (slot.wall_ns, slot.digest.as_str()) {
-                    *slot = item;
-                }
-            }
-            let newest: Vec<&VerifiedItem> = newest.into_values().collect();
-            for chunk in newest.chunks(SMALL_ROWS) {
-                let mut sql = String::from(
-                    "INSERT INTO subjects (subject_key, kind, identity, latest_digest, latest_wall_ns) VALUES ",
-                );
-                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 5);
-                for (r, item) in chunk.iter().enumerate() {
-                    sql.push_str(if r == 0 { "(" } else { ",(" });
-                    sql.push_str(&placeholders(pg, binds.len() + 1, 5));
-                    sql.push(')');
-                    binds.extend([
-                        Bind::Text(&item.subject.key),
-                        Bind::Text(item.subject.kind),
-                        Bind::Text(&item.subject.identity_json),
-                        Bind::Text(&item.digest),
-                        Bind::I64(item.wall_ns),
-                    ]);
-                }
-                sql.push_str(
-                    " ON CONFLICT (subject_key) DO UPDATE
-                        SET latest_digest = excluded.latest_digest,
-                            latest_wall_ns = excluded.latest_wall_ns
-                      WHERE excluded.latest_wall_ns > subjects.latest_wall_ns
-                         OR (excluded.latest_wall_ns = subjects.latest_wall_ns
-                             AND excluded.latest_digest > subjects.latest_digest)",
-                );
-                bind_all!(sqlx::query(&sql), &binds)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            let dups: Vec<&str> = unique
-                .iter()
-                .map(|&i| items[i].digest.as_str())
-                .filter(|d| !inserted.contains(*d))
-                .collect();
-            for chunk in dups.chunks(SMALL_ROWS) {
-                let sql = format!(
-                    "SELECT digest, received_ns, key_id FROM envelopes WHERE digest IN ({})",
-                    placeholders(pg, 1, chunk.len())
-                );
-                let binds: Vec<Bind<'_>> = chunk.iter().map(|d| Bind::Text(d)).collect();
-                let rows: Vec<(String, i64, String)> = bind_all!(sqlx::query_as(&sql), &binds)
-                    .fetch_all(&mut *tx)
-                    .await?;
-                existing.extend(rows.into_iter().map(|(d, r, k)| (d, (r, k))));
-            }
-            tx.commit().await?;
-            Ok::<(), StoreError>(())
-        })?;
-        // Per item, in request order. The first occurrence of a digest new to
-        // the store is `accepted`; every other occurrence is `duplicate`.
-        let mut first_seen: BTreeSet<&str> = BTreeSet::new();
-        Ok(items
-            .iter()
-            .map(|item| {
-                let new =
-                    inserted.contains(&item.digest) && first_seen.insert(item.digest.as_str());
-                if new {
-                    return StoredRecord {
-                        status: StoredStatus::Accepted,
-                        received_ns: now_ns,
-                        key_id: key_id.to_string(),
-                    };
-                }
-                let (received_ns, first_key) = existing
-                    .get(&item.digest)
-                    .cloned()
-                    .unwrap_or_else(|| (now_ns, key_id.to_string()));
-                StoredRecord {
-                    status: StoredStatus::Duplicate,
-                    received_ns,
-                    key_id: first_key,
-                }
-            })
-            .collect())
     }
 
     /// The exact stored bytes of an envelope.
@@ -1595,81 +1381,6 @@ impl Store {
         }
         Ok(())
     }
-
-    /// Refresh planner statistics (PostgreSQL `ANALYZE`; SQLite `ANALYZE`).
-    pub async fn bench_analyze(&self) -> Result<(), StoreError> {
-        with_pool!(self, write, |pool, pg| {
-            sqlx::query("ANALYZE").execute(pool).await?;
-            Ok(())
-        })
-    }
-
-    /// Bulk-insert synthetic history rows directly (benchmarks only): `n`
-    /// rows spread over `subjects` process subjects on one host, all carrying
-    /// the same `body`. Bypasses verification on purpose; never for evidence.
-    pub async fn bench_fill_history(
-        &self,
-        n: u64,
-        subjects: u64,
-        body: &[u8],
-        progress: impl Fn(u64),
-    ) -> Result<(), StoreError> {
-        const ROWS_PER_STMT: u64 = 100;
-        const STMTS_PER_TX: u64 = 50;
-        let mut done = 0u64;
-        while done < n {
-            with_pool!(self, write, |pool, pg| {
-                let mut tx = begin_write!(pool, pg);
-                for _ in 0..STMTS_PER_TX {
-                    if done >= n {
-                        break;
-                    }
-                    let rows = ROWS_PER_STMT.min(n - done);
-                    let mut sql = String::from(
-                        "INSERT INTO envelopes (digest, subject_key, kind, locator, pid, identity, wall_ns,
-                            received_ns, completeness, key_id, size, body) VALUES ",
-                    );
-                    let mut binds = Vec::new();
-                    for r in 0..rows {
-                        let i = done + r;
-                        let s = i % subjects;
-                        let pid = 1000 + i64::try_from(s).unwrap_or(0);
-                        let identity = format!(
-                            "{{\"boot_id\":\"bench-boot\",\"cgroup\":\"0::/bench\",\"host\":\"bench-host\",\"pid\":\"{pid}\",\"pid_ns\":\"4026531836\",\"start_ticks\":\"{s}\",\"uid\":\"0\"}}"
-                        );
-                        let key = subject_key("process", &identity);
-                        let base = binds.len();
-                        sql.push_str(if r == 0 { "(" } else { ",(" });
-                        sql.push_str(&placeholders(pg, base + 1, 12));
-                        sql.push(')');
-                        binds.push(Bind::Str(pstack_envelope::sha256_digest(
-                            format!("bench-{i}").as_bytes(),
-                        )));
-                        binds.push(Bind::Str(key));
-                        binds.push(Bind::Str("process".into()));
-                        binds.push(Bind::Str("bench-host".into()));
-                        binds.push(Bind::I64(pid));
-                        binds.push(Bind::Str(identity));
-                        let wall =
-                            1_700_000_000_000_000_000 + i64::try_from(i).unwrap_or(0) * 1_000_000;
-                        binds.push(Bind::I64(wall));
-                        binds.push(Bind::I64(wall));
-                        binds.push(Bind::Str("complete".into()));
-                        binds.push(Bind::Str("bench".into()));
-                        binds.push(Bind::I64(i64::try_from(body.len()).unwrap_or(0)));
-                        binds.push(Bind::Blob(body.to_vec()));
-                    }
-                    let q = bind_all!(sqlx::query(&sql), &binds);
-                    q.execute(&mut *tx).await?;
-                    done += rows;
-                }
-                tx.commit().await?;
-                Ok::<(), StoreError>(())
-            })?;
-            progress(done);
-        }
-        Ok(())
-    }
 }
 
 /// Copy committed WAL frames into the SQLite database file every 200 ms
@@ -1803,7 +1514,9 @@ pub fn history_query(
 
 // After the macros above, which it uses.
 pub mod analysis;
+mod bench_fill;
 pub mod gate;
+mod ingest;
 pub mod operators;
 pub mod runs;
 pub mod transfers;
