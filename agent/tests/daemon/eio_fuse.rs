@@ -5,8 +5,8 @@
 //! block device.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 #[path = "../support/fuse_wire.rs"]
 mod fuse_wire;
@@ -17,6 +17,9 @@ pub struct EioFile {
     target: PathBuf,
     /// READ requests answered with EIO.
     pub reads: Arc<AtomicU32>,
+    /// The process (thread group) behind each READ, in order: a test that
+    /// also reads the file itself counts only its subject's reads.
+    readers: Arc<Mutex<Vec<u32>>>,
     server: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -54,6 +57,8 @@ impl EioFile {
         }
         let reads = Arc::new(AtomicU32::new(0));
         let r = reads.clone();
+        let readers = Arc::new(Mutex::new(Vec::new()));
+        let who = readers.clone();
         let server = std::thread::spawn(move || {
             let mut buf = vec![0u8; 1 << 20 | 4096];
             loop {
@@ -97,6 +102,10 @@ impl EioFile {
                         reply(fd, unique, 0, &body);
                     }
                     FUSE_READ => {
+                        // fuse_in_header.pid is the calling thread; it is
+                        // blocked in read(2) now, so its Tgid is readable.
+                        let tid = u32::from_ne_bytes(buf[32..36].try_into().unwrap());
+                        who.lock().unwrap().push(thread_group(tid));
                         r.fetch_add(1, Ordering::SeqCst);
                         reply(fd, unique, -libc::EIO, &[]);
                     }
@@ -111,9 +120,34 @@ impl EioFile {
         Ok(EioFile {
             target: target.to_owned(),
             reads,
+            readers,
             server: Some(server),
         })
     }
+}
+
+impl EioFile {
+    /// READ requests that came from process `pid` (any of its threads).
+    pub fn reads_by(&self, pid: u32) -> usize {
+        self.readers
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|&&p| p == pid)
+            .count()
+    }
+}
+
+/// The thread group (process) of thread `tid`; `tid` itself when gone.
+fn thread_group(tid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Tgid:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(tid)
 }
 
 impl Drop for EioFile {
