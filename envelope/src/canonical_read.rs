@@ -22,9 +22,12 @@
 //!   puts `digest` between `completeness` and `next_transition`, so the hash
 //!   covers `{...,"completeness":"…"` and then `,"next_transition":…}`, fed to
 //!   SHA-256 while the parse advances (in blocks, so the bytes are hashed
-//!   while still in cache). From 256 KiB up the blocks go, in order, to a
-//!   hashing thread scoped to the call, so the hash runs beside the parse;
-//!   the thread ends when the reader is dropped, on success or refusal.
+//!   while still in cache). From 256 KiB up a hashing thread scoped to the
+//!   call takes the bytes before the digest member as soon as the parse has
+//!   passed them and everything after it at once (the input is fixed, so the
+//!   hash may run ahead of the parse: a refusal discards it), so the hash
+//!   runs beside the parse; the thread ends when the reader is dropped, on
+//!   success or refusal.
 //! - **Strict in the same pass.** Duplicate keys (as keys not strictly
 //!   ascending), floats, unsafe integers, depth and UTF-8 are checked by the
 //!   same scan that parses and checks canonical form.
@@ -56,27 +59,36 @@ pub(crate) fn read_canonical(bytes: &[u8]) -> R<(Envelope, String)> {
     let end = bytes.len() - bytes.iter().rev().position(|b| !is_ws(*b))?;
     let body = &bytes[..end];
     let (env, digest) = if body.len() >= PIPELINE_FROM {
-        // Large envelopes: the parse hands the ranges it has passed to a
-        // hashing thread, so the hash (about a third of a sequential verify)
-        // runs beside the parse instead of after each block of it. Same
-        // bytes, same order, same digest; one pass over the input still.
+        // Large envelopes use both cores. A second thread parses the last
+        // part of the surfaces array (from a surface boundary found by
+        // search, see `tail_split`) and then hashes, while this thread
+        // parses the rest and hands the second the ranges to hash. Same
+        // bytes, same order, same digest; each byte parsed once.
+        let split = tail_split(body, start);
         std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, usize)>(PIPELINE_DEPTH);
-            let hashing = scope.spawn(move || {
+            let (tail_tx, tail_rx) = std::sync::mpsc::sync_channel::<R<(Vec<Surface>, usize)>>(1);
+            let second = scope.spawn(move || {
+                if let Some(at) = split {
+                    // Refused by the receiver only once it has moved past
+                    // `at` (not a boundary): the tail is then not needed.
+                    let _ = tail_tx.send(surfaces_from(body, at));
+                }
                 let mut hasher = Sha256::new();
                 while let Ok((from, to)) = rx.recv() {
                     hasher.update(&body[from..to]);
                 }
                 hasher.finalize()
             });
-            let parsed = parse_all(body, start, HashSink::Thread(tx));
+            let tail = split.map(|at| (at, tail_rx));
+            let parsed = parse_all(body, start, HashSink::Thread(tx), tail);
             // The sender is dropped with the reader, which ends the thread.
-            let digest = hashing.join().expect("the hashing thread does not panic");
+            let digest = second.join().expect("the second thread does not panic");
             parsed.map(|env| (env, digest))
         })?
     } else {
         let mut hasher = Sha256::new();
-        let env = parse_all(body, start, HashSink::Inline(&mut hasher))?;
+        let env = parse_all(body, start, HashSink::Inline(&mut hasher), None)?;
         (env, hasher.finalize())
     };
     let mut out = String::with_capacity(crate::form::DIGEST_PREFIX.len() + 64);
@@ -85,27 +97,79 @@ pub(crate) fn read_canonical(bytes: &[u8]) -> R<(Envelope, String)> {
     Some((env, out))
 }
 
-/// Envelopes at least this large are hashed on a second thread.
+/// Envelopes at least this large are verified on two threads.
 const PIPELINE_FROM: usize = 256 * 1024;
 /// Blocks in flight between the parse and the hashing thread.
 const PIPELINE_DEPTH: usize = 64;
+/// Where the second thread's part of the surfaces begins, in thousandths of
+/// the input: it also hashes the whole input (about 0.4 of a parse), so it
+/// parses the smaller part.
+const TAIL_FROM_PERMILLE: usize = 600;
+/// Every surface object starts with its `authority` member, so in canonical
+/// bytes a boundary between two surfaces reads like this.
+const SURFACE_BOUNDARY: &[u8] = b"},{\"authority\":\"";
 
 /// Where the bytes the parse has passed go to be hashed.
 enum HashSink<'h> {
     Inline(&'h mut Sha256),
     /// Ranges of the input, in order, to the hashing thread.
     Thread(std::sync::mpsc::SyncSender<(usize, usize)>),
+    /// Nowhere: a part parsed by the second thread, which the hash covers
+    /// through the main parse's ranges.
+    Skip,
+}
+
+/// The second thread's part: from the first thing after
+/// `TAIL_FROM_PERMILLE` that looks like a surface boundary, the offset of
+/// that surface's `{`. Only a guess: the pattern can also occur inside a
+/// fact (an array of objects with an `authority` member); it is a real
+/// split only if the main parse, reading surfaces, stops exactly there.
+fn tail_split(body: &[u8], start: usize) -> Option<usize> {
+    let from = start + (body.len() - start) / 1000 * TAIL_FROM_PERMILLE;
+    body.get(from..)?
+        .windows(SURFACE_BOUNDARY.len())
+        .position(|w| w == SURFACE_BOUNDARY)
+        .map(|at| from + at + 2)
+}
+
+/// Surfaces from `at` to the end of their array: the surfaces and the
+/// offset just past the array's `]`, or `None` where the bytes are not that
+/// (whether because `at` was no boundary or because they are not canonical).
+fn surfaces_from(body: &[u8], at: usize) -> R<(Vec<Surface>, usize)> {
+    let mut r = Reader {
+        b: body,
+        pos: at,
+        sink: HashSink::Skip,
+        hashed: at,
+        stack: Vec::new(),
+        tail: None,
+    };
+    let mut out = Vec::new();
+    loop {
+        out.push(r.surface()?);
+        match r.peek()? {
+            b',' => r.pos += 1,
+            b']' => return Some((out, r.pos + 1)),
+            _ => return None,
+        }
+    }
 }
 
 /// The whole envelope and nothing after it; every byte up to the end fed to
 /// the sink (minus the digest member).
-fn parse_all(body: &[u8], start: usize, sink: HashSink<'_>) -> R<Envelope> {
+fn parse_all(
+    body: &[u8],
+    start: usize,
+    sink: HashSink<'_>,
+    tail: Option<(usize, TailReceiver)>,
+) -> R<Envelope> {
     let mut r = Reader {
         b: body,
         pos: start,
         sink,
         hashed: start,
         stack: Vec::new(),
+        tail,
     };
     let env = r.envelope()?;
     if r.pos != r.b.len() {
@@ -114,6 +178,9 @@ fn parse_all(body: &[u8], start: usize, sink: HashSink<'_>) -> R<Envelope> {
     r.feed_to(r.pos);
     Some(env)
 }
+
+/// The second thread's surfaces, when its split was a real boundary.
+type TailReceiver = std::sync::mpsc::Receiver<R<(Vec<Surface>, usize)>>;
 
 fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
@@ -128,6 +195,8 @@ struct Reader<'a, 'h> {
     /// Items of the arrays being read, so each array is allocated once at
     /// its final length.
     stack: Vec<Value>,
+    /// Where the second thread's surfaces begin, and its answer.
+    tail: Option<(usize, TailReceiver)>,
 }
 
 impl<'a> Reader<'a, '_> {
@@ -140,15 +209,28 @@ impl<'a> Reader<'a, '_> {
                 HashSink::Thread(tx) => {
                     let _ = tx.send((self.hashed, to));
                 }
+                HashSink::Skip => {}
             }
             self.hashed = to;
+        }
+    }
+
+    /// With a hashing thread: hand it everything after the digest member at
+    /// once, ahead of the parse. The bytes are fixed and the digest input
+    /// past this point is all of them, so the thread needs nothing more from
+    /// the parse (no handoff per block, no wake-ups); if the parse later
+    /// refuses the bytes, the digest is discarded with them.
+    fn hash_rest_ahead(&mut self) {
+        if let HashSink::Thread(tx) = &self.sink {
+            let _ = tx.send((self.hashed, self.b.len()));
+            self.hashed = self.b.len();
         }
     }
 
     /// Hash what the parse has passed, once a block's worth has gathered.
     #[inline]
     fn feed(&mut self) {
-        if self.pos - self.hashed >= HASH_BLOCK {
+        if self.pos.saturating_sub(self.hashed) >= HASH_BLOCK {
             self.feed_to(self.pos);
         }
     }
@@ -455,6 +537,7 @@ impl<'a> Reader<'a, '_> {
         self.next_key(b"\"digest\":")?;
         let digest = self.string()?;
         self.hashed = self.pos;
+        self.hash_rest_ahead();
         self.next_key(b"\"next_transition\":")?;
         let next_transition = self.next_transition()?;
         self.next_key(b"\"schema\":")?;
@@ -465,11 +548,7 @@ impl<'a> Reader<'a, '_> {
         self.next_key(b"\"subject\":")?;
         let subject = self.subject()?;
         self.next_key(b"\"surfaces\":")?;
-        let surfaces = self.array(|r| {
-            let s = r.surface();
-            r.feed();
-            s
-        })?;
+        let surfaces = self.surfaces()?;
         self.next_key(b"\"universe\":")?;
         let universe = self.universe()?;
         self.next_key(b"\"unknowns\":")?;
@@ -763,6 +842,43 @@ impl<'a> Reader<'a, '_> {
             start_ticks,
             uid,
         })
+    }
+
+    /// The surfaces array. Reaching the second thread's split exactly at a
+    /// boundary between surfaces, the rest of the array is its answer; passing
+    /// it anywhere else (the guess was inside a fact), the second thread's
+    /// work is dropped and this parse goes on.
+    fn surfaces(&mut self) -> R<Vec<Surface>> {
+        self.eat(b'[')?;
+        let mut out = Vec::new();
+        if self.eat(b']').is_some() {
+            return Some(out);
+        }
+        loop {
+            out.push(self.surface()?);
+            self.feed();
+            match self.peek()? {
+                b',' => {
+                    self.pos += 1;
+                    match &self.tail {
+                        Some((at, _)) if *at == self.pos => {
+                            let (_, answer) = self.tail.take()?;
+                            let (rest, end) = answer.recv().ok()??;
+                            out.extend(rest);
+                            self.pos = end;
+                            return Some(out);
+                        }
+                        Some((at, _)) if *at < self.pos => self.tail = None,
+                        _ => {}
+                    }
+                }
+                b']' => {
+                    self.pos += 1;
+                    return Some(out);
+                }
+                _ => return None,
+            }
+        }
     }
 
     fn surface(&mut self) -> R<Surface> {

@@ -470,3 +470,55 @@ fn a_large_envelope_hashed_beside_the_parse_gets_the_same_verdicts() {
     // Cut short: not an envelope; the general path decides.
     assert!(!check_same_verdict(&bytes[..bytes.len() - 1]));
 }
+
+/// A large envelope is read by two threads, the second from a surface
+/// boundary it finds by searching for what one looks like
+/// (`},{"authority":"`). The same text inside a fact (an array of objects
+/// with an `authority` member) is not a boundary: the envelope must verify
+/// all the same, and a byte changed after it, or a space put in, gets the
+/// general path's verdict.
+#[test]
+fn a_surface_boundary_lookalike_inside_a_fact_is_not_taken_for_one() {
+    let mut e = pstack_envelope::example::example_with_threads(800);
+    for s in e.surfaces.iter_mut().skip(1) {
+        // Last among the facts, so it covers most of each surface's text.
+        s.facts.insert(
+            "zz_decoy".into(),
+            json!(
+                (0..40)
+                    .map(|k| json!({"authority": format!("decoy-{k}")}))
+                    .collect::<Vec<_>>()
+            ),
+        );
+    }
+    let e = e.seal().unwrap();
+    let bytes = serde_json::to_vec(&e).unwrap();
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    // Where the second thread's search starts (TAIL_FROM_PERMILLE, 600): the
+    // first lookalike after it must be a decoy for this test to test it.
+    let from = bytes.len() / 1000 * 600;
+    let first = from + text[from..].find("},{\"authority\":\"").unwrap();
+    assert!(
+        text[first..].starts_with("},{\"authority\":\"decoy-"),
+        "the search would start at a real boundary; move the decoys"
+    );
+    assert_eq!(verify_canonical(&bytes), Some(Ok(e.clone())));
+    assert!(check_same_verdict(&bytes));
+
+    // A byte changed in a decoy past the search's start: the digest breaks.
+    let mut tampered = bytes.clone();
+    let at = first + "},{\"authority\":\"decoy-".len();
+    tampered[at] = b'9';
+    let verdict = verify_canonical(&tampered);
+    assert!(check_same_verdict(&tampered));
+    assert!(rules(&verdict.unwrap()).contains(&"bad_digest"));
+
+    // A space after a real boundary far into the tail: not canonical, so the
+    // fast path declines and the general path finds the envelope intact.
+    let late = text.rfind("},{\"authority\":\"procfs:").unwrap() + 2;
+    let mut spaced = bytes[..late].to_vec();
+    spaced.push(b' ');
+    spaced.extend_from_slice(&bytes[late..]);
+    assert_eq!(verify_canonical(&spaced), None);
+    assert_eq!(pstack_envelope::verify(&spaced), Ok(e));
+}
