@@ -7,6 +7,7 @@
 //! an hour of bound parameters. Subjects are computed here (their key is the
 //! store's own `subject_key`) and joined in from a temporary table.
 
+use super::ingest::column;
 use super::{Pools, Store, StoreError};
 use crate::ident::subject_key;
 
@@ -108,20 +109,10 @@ impl Store {
                         "INSERT INTO bench_subjects
                          SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::int8[])",
                     )
-                    .bind(subjects_rows.iter().map(|r| r.0).collect::<Vec<_>>())
-                    .bind(
-                        subjects_rows
-                            .iter()
-                            .map(|r| r.1.as_str())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(
-                        subjects_rows
-                            .iter()
-                            .map(|r| r.2.as_str())
-                            .collect::<Vec<_>>(),
-                    )
-                    .bind(subjects_rows.iter().map(|r| r.3).collect::<Vec<_>>())
+                    .bind(column(&subjects_rows, |r| r.0))
+                    .bind(column(&subjects_rows, |r| r.1.as_str()))
+                    .bind(column(&subjects_rows, |r| r.2.as_str()))
+                    .bind(column(&subjects_rows, |r| r.3))
                     .execute(&mut *tx)
                     .await?;
                     sqlx::query(

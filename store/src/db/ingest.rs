@@ -204,6 +204,11 @@ fn size_of(item: &VerifiedItem) -> i64 {
     i64::try_from(item.bytes.len()).unwrap_or(i64::MAX)
 }
 
+/// One column of a batch, as the array PostgreSQL's `unnest` takes.
+pub(super) fn column<'r, T, U>(rows: &'r [T], cell: impl Fn(&'r T) -> U) -> Vec<U> {
+    rows.iter().map(cell).collect()
+}
+
 fn ord_of(k: usize) -> i64 {
     i64::try_from(k).unwrap_or(i64::MAX)
 }
@@ -344,34 +349,18 @@ impl BatchRows for PgConnection {
               ORDER BY n
              ON CONFLICT (digest) DO NOTHING RETURNING digest",
         )
-        .bind(rows.iter().map(|r| r.digest.as_str()).collect::<Vec<_>>())
-        .bind(
-            rows.iter()
-                .map(|r| r.subject.key.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(rows.iter().map(|r| r.subject.kind).collect::<Vec<_>>())
-        .bind(
-            rows.iter()
-                .map(|r| r.subject.locator.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(rows.iter().map(|r| r.subject.pid).collect::<Vec<_>>())
-        .bind(
-            rows.iter()
-                .map(|r| r.subject.identity_json.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(rows.iter().map(|r| r.wall_ns).collect::<Vec<_>>())
+        .bind(column(rows, |r| r.digest.as_str()))
+        .bind(column(rows, |r| r.subject.key.as_str()))
+        .bind(column(rows, |r| r.subject.kind))
+        .bind(column(rows, |r| r.subject.locator.as_str()))
+        .bind(column(rows, |r| r.subject.pid))
+        .bind(column(rows, |r| r.subject.identity_json.as_str()))
+        .bind(column(rows, |r| r.wall_ns))
         .bind(now_ns)
-        .bind(rows.iter().map(|r| r.completeness).collect::<Vec<_>>())
+        .bind(column(rows, |r| r.completeness))
         .bind(key_id)
-        .bind(rows.iter().map(|r| size_of(r)).collect::<Vec<_>>())
-        .bind(
-            rows.iter()
-                .map(|r| r.bytes.as_ref())
-                .collect::<Vec<&[u8]>>(),
-        )
+        .bind(column(rows, |r| size_of(r)))
+        .bind(column(rows, |r| r.bytes.as_ref()))
         .fetch_all(&mut *self)
         .await?;
         Ok(digests)
@@ -386,37 +375,13 @@ impl BatchRows for PgConnection {
              SELECT * FROM unnest($1::text[], $2::int8[], $3::text[], $4::text[], $5::text[],
                                   $6::text[], $7::text[])",
         )
-        .bind(
-            rows.iter()
-                .map(|(item, _)| item.digest.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(rows.iter().map(|(_, k)| ord_of(*k)).collect::<Vec<_>>())
-        .bind(
-            rows.iter()
-                .map(|r| unknown(r).question.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            rows.iter()
-                .map(|r| unknown(r).blocks.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            rows.iter()
-                .map(|r| unknown(r).owner.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            rows.iter()
-                .map(|r| unknown(r).probe.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            rows.iter()
-                .map(|r| unknown(r).surface.as_deref())
-                .collect::<Vec<_>>(),
-        )
+        .bind(column(rows, |(item, _)| item.digest.as_str()))
+        .bind(column(rows, |(_, k)| ord_of(*k)))
+        .bind(column(rows, |r| unknown(r).question.as_str()))
+        .bind(column(rows, |r| unknown(r).blocks.as_str()))
+        .bind(column(rows, |r| unknown(r).owner.as_str()))
+        .bind(column(rows, |r| unknown(r).probe.as_str()))
+        .bind(column(rows, |r| unknown(r).surface.as_deref()))
         .execute(&mut *self)
         .await?;
         Ok(())
@@ -431,21 +396,11 @@ impl BatchRows for PgConnection {
               ORDER BY n{SUBJECT_CONFLICT}"
         );
         sqlx::query(&sql)
-            .bind(
-                newest
-                    .iter()
-                    .map(|r| r.subject.key.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(newest.iter().map(|r| r.subject.kind).collect::<Vec<_>>())
-            .bind(
-                newest
-                    .iter()
-                    .map(|r| r.subject.identity_json.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(newest.iter().map(|r| r.digest.as_str()).collect::<Vec<_>>())
-            .bind(newest.iter().map(|r| r.wall_ns).collect::<Vec<_>>())
+            .bind(column(newest, |r| r.subject.key.as_str()))
+            .bind(column(newest, |r| r.subject.kind))
+            .bind(column(newest, |r| r.subject.identity_json.as_str()))
+            .bind(column(newest, |r| r.digest.as_str()))
+            .bind(column(newest, |r| r.wall_ns))
             .execute(&mut *self)
             .await?;
         Ok(())
