@@ -5,12 +5,15 @@
 # over ~THREADS extra idle threads spawned here (in processes of 500 threads).
 # Prints the median wall time of each over RUNS alternating runs, and the ratio.
 # Usage (root): bench/proc/host_snapshot.sh [THREADS=5000] [RUNS=15]
+# VIA=daemon: the capture goes through a pstackd started here (the path of the
+# systemd service), instead of pstackctl's one-shot capture.
 set -euo pipefail
 THREADS=${1:-5000}
 RUNS=${2:-15}
 cd "$(dirname "$0")/../.."
 source bench/proc/common.sh
 build_release
+VIA=${VIA:-oneshot}
 TMP=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
@@ -25,7 +28,30 @@ done
 total=$(ps -eLo tid= | wc -l)
 echo "threads on host: $total (spawned $THREADS in ${#pids[@]} processes); runs: $RUNS"
 export PSTACK_LEAK_JOURNAL=$TMP/leaks.jsonl
-cap() { "$BIN/pstackctl" capture --host --max-threads 1000000 --bundle-deadline-ms 60000 -o "$TMP/host.json" >/dev/null; }
+socket_args=()
+if [ "$VIA" = daemon ]; then
+    cargo build --release -q -p pstack-agent --bin pstackd
+    cat >"$TMP/pstackd.toml" <<EOF2
+socket_path = "$TMP/pstackd.sock"
+[spool]
+dir = "$TMP/spool"
+[capture]
+leak_journal = "$TMP/leaks.jsonl"
+helper_path = "$BIN/pstack-helper"
+digest_key_file = "$TMP/digest.key"
+[ebpf]
+enabled = false
+EOF2
+    "$BIN/pstackd" --config "$TMP/pstackd.toml" 2>"$TMP/pstackd.log" &
+    pids+=("$!")
+    for _ in $(seq 100); do [ -S "$TMP/pstackd.sock" ] && break; sleep 0.1; done
+    [ -S "$TMP/pstackd.sock" ] || { echo "pstackd did not start:" >&2; cat "$TMP/pstackd.log" >&2; exit 2; }
+    socket_args=(--socket "$TMP/pstackd.sock")
+fi
+echo "capture via: $VIA"
+# pstackd accepts bundle deadlines up to 30 s.
+deadline_ms=60000; [ "$VIA" = daemon ] && deadline_ms=30000
+cap() { "$BIN/pstackctl" capture --host "${socket_args[@]}" --max-threads 1000000 --bundle-deadline-ms "$deadline_ms" -o "$TMP/host.json" >/dev/null; }
 psrun() { ps -eLo pid,tid,stat,wchan:32,lstart >/dev/null; }
 cap; psrun  # warm caches
 for _ in $(seq "$RUNS"); do
