@@ -33,20 +33,29 @@ fn git(dir: &Path, args: &[&str]) -> Option<String> {
 
 fn commit_from_git(dir: &Path) -> Option<String> {
     let head = git(dir, &["rev-parse", "HEAD"])?;
-    // Paths of HEAD, the ref it names and the index: a commit, checkout or
-    // `git add` changes one of them.
-    for name in ["HEAD", "index"] {
-        if let Some(p) = git(dir, &["rev-parse", "--git-path", name]) {
-            println!("cargo:rerun-if-changed={}", dir.join(p).display());
+    // Paths of HEAD, the ref it names, packed-refs and the index: a commit,
+    // checkout, `git add` or `git pack-refs` changes one of them. Only paths
+    // that exist are registered: cargo treats a missing rerun-if-changed path
+    // as changed on every build, so a checkout whose refs are all loose (no
+    // packed-refs yet) would rebuild these crates each time. A file that
+    // appears later is caught through another one that changes with it
+    // (pack-refs deletes the loose ref it packs).
+    let mut watched = vec![
+        git(dir, &["rev-parse", "--git-path", "HEAD"]),
+        git(dir, &["rev-parse", "--git-path", "index"]),
+        git(dir, &["rev-parse", "--git-path", "packed-refs"]),
+        // The reflog gains a line on every commit and checkout, also when the
+        // branch's ref is packed and no loose file changes.
+        git(dir, &["rev-parse", "--git-path", "logs/HEAD"]),
+    ];
+    if let Some(r) = git(dir, &["symbolic-ref", "-q", "HEAD"]) {
+        watched.push(git(dir, &["rev-parse", "--git-path", &r]));
+    }
+    for p in watched.into_iter().flatten() {
+        let path = dir.join(p);
+        if path.exists() {
+            println!("cargo:rerun-if-changed={}", path.display());
         }
-    }
-    if let Some(r) = git(dir, &["symbolic-ref", "-q", "HEAD"])
-        && let Some(p) = git(dir, &["rev-parse", "--git-path", &r])
-    {
-        println!("cargo:rerun-if-changed={}", dir.join(p).display());
-    }
-    if let Some(p) = git(dir, &["rev-parse", "--git-path", "packed-refs"]) {
-        println!("cargo:rerun-if-changed={}", dir.join(p).display());
     }
     let dirty = match Command::new("git")
         .arg("-C")
