@@ -191,6 +191,55 @@ pub enum EnvelopeError {
         /// Unknown id.
         unknown: String,
     },
+    /// An unknown whose owner, question or blocked transition is empty: no
+    /// one could act on it (the builder refuses the same).
+    #[error("unknown {unknown:?} has an empty {field}")]
+    UnknownIncomplete {
+        /// Unknown id.
+        unknown: String,
+        /// `owner`, `question` or `blocks`.
+        field: String,
+    },
+    /// An unknown raised by a surface the envelope does not have.
+    #[error("unknown {unknown:?} names surface {surface:?}, which is not in the envelope")]
+    UnknownCitesMissingSurface {
+        /// Unknown id.
+        unknown: String,
+        /// The surface id it names.
+        surface: String,
+    },
+    /// An inference or hypothesis that binds no surface.
+    #[error("{kind} {claim:?} binds no surface")]
+    ClaimUnbound {
+        /// Claim id.
+        claim: String,
+        /// `inference` or `hypothesis`.
+        kind: String,
+    },
+    /// A fact or inference that carries a falsifier (only a hypothesis does).
+    #[error("{kind} {claim:?} carries a falsifier; only a hypothesis does")]
+    FalsifierOutsideHypothesis {
+        /// Claim id.
+        claim: String,
+        /// `fact` or `inference`.
+        kind: String,
+    },
+    /// An inference bound to a surface that was not read.
+    #[error("inference {claim:?} binds {surface:?}, which was not read (status {status})")]
+    InferenceBoundToUnreadSurface {
+        /// Claim id.
+        claim: String,
+        /// Surface id.
+        surface: String,
+        /// Its status.
+        status: String,
+    },
+    /// A next transition that names no success receipt.
+    #[error("the next transition names no success receipt")]
+    NextWithoutReceipt,
+    /// A next transition with no (non-empty) abort condition.
+    #[error("the next transition names no abort condition")]
+    NextWithoutAbort,
     /// An `identity_race` envelope that still attributes facts to the subject.
     #[error(
         "identity_race envelope attributes claim {claim:?} to a subject whose identity changed"
@@ -245,6 +294,13 @@ impl EnvelopeError {
             UniversalClaimOutsideComplete { .. } => "universal_claim_outside_complete",
             HypothesisWithoutFalsifier { .. } => "hypothesis_without_falsifier",
             UnknownWithoutProbe { .. } => "unknown_without_probe",
+            UnknownIncomplete { .. } => "unknown_incomplete",
+            UnknownCitesMissingSurface { .. } => "unknown_cites_missing_surface",
+            ClaimUnbound { .. } => "claim_unbound",
+            FalsifierOutsideHypothesis { .. } => "falsifier_outside_hypothesis",
+            InferenceBoundToUnreadSurface { .. } => "inference_bound_to_unread_surface",
+            NextWithoutReceipt => "next_without_receipt",
+            NextWithoutAbort => "next_without_abort",
             AttributionInIdentityRace { .. } => "attribution_in_identity_race",
             ErrorWithoutCause { .. } => "error_without_cause",
             SubjectMismatch { .. } => "subject_mismatch",
@@ -278,6 +334,13 @@ impl EnvelopeError {
         "universal_claim_outside_complete",
         "hypothesis_without_falsifier",
         "unknown_without_probe",
+        "unknown_incomplete",
+        "unknown_cites_missing_surface",
+        "claim_unbound",
+        "falsifier_outside_hypothesis",
+        "inference_bound_to_unread_surface",
+        "next_without_receipt",
+        "next_without_abort",
         "attribution_in_identity_race",
         "error_without_cause",
     ];

@@ -272,9 +272,22 @@ pub fn check_rules(env: &Envelope) -> Vec<EnvelopeError> {
                 claim: c.id.clone(),
             });
         }
-        if c.kind == ClaimKind::Fact && c.surfaces.is_empty() {
-            errors.push(EnvelopeError::FactUnbound {
+        if c.surfaces.is_empty() {
+            errors.push(if c.kind == ClaimKind::Fact {
+                EnvelopeError::FactUnbound {
+                    claim: c.id.clone(),
+                }
+            } else {
+                EnvelopeError::ClaimUnbound {
+                    claim: c.id.clone(),
+                    kind: c.kind.as_str().into(),
+                }
+            });
+        }
+        if c.kind != ClaimKind::Hypothesis && c.falsifier.is_some() {
+            errors.push(EnvelopeError::FalsifierOutsideHypothesis {
                 claim: c.id.clone(),
+                kind: c.kind.as_str().into(),
             });
         }
         for sid in &c.surfaces {
@@ -288,6 +301,16 @@ pub fn check_rules(env: &Envelope) -> Vec<EnvelopeError> {
                         && !matches!(status, SurfaceStatus::Ok | SurfaceStatus::Truncated) =>
                 {
                     errors.push(EnvelopeError::FactBoundToNonOkSurface {
+                        claim: c.id.clone(),
+                        surface: sid.clone(),
+                        status: status.as_str().into(),
+                    })
+                }
+                Some(status)
+                    if c.kind == ClaimKind::Inference
+                        && !matches!(status, SurfaceStatus::Ok | SurfaceStatus::Truncated) =>
+                {
+                    errors.push(EnvelopeError::InferenceBoundToUnreadSurface {
                         claim: c.id.clone(),
                         surface: sid.clone(),
                         status: status.as_str().into(),
@@ -325,9 +348,37 @@ pub fn check_rules(env: &Envelope) -> Vec<EnvelopeError> {
                 unknown: u.id.clone(),
             });
         }
+        // The builder's other refusals of an unknown no one could act on.
+        for (field, value) in [
+            ("owner", &u.owner),
+            ("question", &u.question),
+            ("blocks", &u.blocks),
+        ] {
+            if value.trim().is_empty() {
+                errors.push(EnvelopeError::UnknownIncomplete {
+                    unknown: u.id.clone(),
+                    field: field.into(),
+                });
+            }
+        }
+        if let Some(sid) = &u.surface
+            && !status_by_id.contains_key(sid.as_str())
+        {
+            errors.push(EnvelopeError::UnknownCitesMissingSurface {
+                unknown: u.id.clone(),
+                surface: sid.clone(),
+            });
+        }
     }
-    if env.next_transition.action.trim().is_empty() {
+    let next = &env.next_transition;
+    if next.action.trim().is_empty() {
         errors.push(invalid("$.next_transition.action", "empty"));
+    }
+    if next.success_receipt.trim().is_empty() {
+        errors.push(EnvelopeError::NextWithoutReceipt);
+    }
+    if next.abort_conditions.iter().all(|a| a.trim().is_empty()) {
+        errors.push(EnvelopeError::NextWithoutAbort);
     }
     errors
 }

@@ -128,6 +128,38 @@ const FIXTURES: &[Fixture] = &[
     ("unknown_without_probe", || {
         sealed_bytes(with(|v| v["unknowns"][0]["probe"] = json!("  ")))
     }),
+    ("unknown_incomplete", || {
+        sealed_bytes(with(|v| v["unknowns"][0]["owner"] = json!("")))
+    }),
+    ("unknown_cites_missing_surface", || {
+        sealed_bytes(with(|v| {
+            v["unknowns"][0]["surface"] = json!("task/9999/stack")
+        }))
+    }),
+    ("claim_unbound", || {
+        sealed_bytes(with(|v| v["claims"][1]["surfaces"] = json!([])))
+    }),
+    ("falsifier_outside_hypothesis", || {
+        sealed_bytes(with(|v| {
+            v["claims"][0]["falsifier"] = json!("the thread leaves D")
+        }))
+    }),
+    ("inference_bound_to_unread_surface", || {
+        sealed_bytes(with(|v| {
+            v["claims"][0]["kind"] = json!("inference");
+            v["claims"][0]["surfaces"] = json!(["task/4243/stack"]);
+        }))
+    }),
+    ("next_without_receipt", || {
+        sealed_bytes(with(|v| {
+            v["next_transition"]["success_receipt"] = json!(" ")
+        }))
+    }),
+    ("next_without_abort", || {
+        sealed_bytes(with(|v| {
+            v["next_transition"]["abort_conditions"] = json!([""])
+        }))
+    }),
     ("attribution_in_identity_race", || {
         sealed_bytes(with(|v| v["completeness"] = json!("identity_race")))
     }),

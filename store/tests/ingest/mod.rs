@@ -26,6 +26,7 @@ on_both_backends!(
     replay_of_a_batch_stores_nothing_new,
     concurrent_overlapping_batches_store_each_digest_once,
     store_rules_reject_what_the_envelope_crate_admits,
+    a_foreign_envelope_is_held_to_the_builders_rules,
 );
 
 fn tamper(bytes: &[u8]) -> Vec<u8> {
@@ -470,5 +471,54 @@ async fn store_rules_reject_what_the_envelope_crate_admits(db: Db) {
     assert_eq!(resp.results[2].status, "accepted");
     assert_eq!(h.store.all_digests().await.unwrap(), vec![small_digest]);
     assert_ne!(big_digest, "");
+    h.finish().await;
+}
+
+/// A collector that is not pstack can seal whatever it likes; ingest holds
+/// its envelopes to what pstack's own builder refuses (an unknown no one
+/// owns, a next transition with no receipt or abort condition), each refused
+/// with the rule named and nothing stored.
+async fn a_foreign_envelope_is_held_to_the_builders_rules(db: Db) {
+    let Some(h) = Harness::start(db).await else {
+        return;
+    };
+    let (_, bytes) = sealed("node-a", 4242, 1);
+    let base: Value = serde_json::from_slice(&bytes).unwrap();
+    let reseal = |mut v: Value| {
+        v["digest"] = Value::String(pstack_envelope::compute_digest(&v).unwrap());
+        serde_json::to_vec(&v).unwrap()
+    };
+    let unknown = serde_json::json!({
+        "id": "u-foreign",
+        "owner": "",
+        "question": "Which peer reset the stream?",
+        "probe": "pstackctl trace tcp --window 10s",
+        "blocks": "confirm_transport_fault",
+    });
+    let mut v = base.clone();
+    v["unknowns"] = serde_json::json!([unknown]);
+    // Without the empty owner the same envelope is stored: the refusal is
+    // the owner's and nothing else's.
+    let mut owned = v.clone();
+    owned["unknowns"][0]["owner"] = "the node's SRE".into();
+    assert_eq!(
+        single_rejection(&h, reseal(v)).await,
+        vec!["unknown_incomplete"]
+    );
+    let mut v = base.clone();
+    v["next_transition"]["success_receipt"] = "".into();
+    assert_eq!(
+        single_rejection(&h, reseal(v)).await,
+        vec!["next_without_receipt"]
+    );
+    let mut v = base.clone();
+    v["next_transition"]["abort_conditions"] = serde_json::json!([]);
+    assert_eq!(
+        single_rejection(&h, reseal(v)).await,
+        vec!["next_without_abort"]
+    );
+    let (status, resp) = h.post_raw(reseal(owned), &[]).await;
+    assert_eq!(status, StatusCode::CREATED, "{resp}");
+    assert_eq!(resp["accepted"], 1, "{resp}");
     h.finish().await;
 }
