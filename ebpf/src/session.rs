@@ -1231,7 +1231,12 @@ mod tests {
         // pstackd holds the session in a task and awaits windows on the multi-thread runtime.
         fn session_is_send<T: Send>() {}
         session_is_send::<EbpfSession>();
-        #[allow(clippy::diverging_sub_expression, unreachable_code, unused_variables)]
+        #[allow(
+            clippy::diverging_sub_expression,
+            unreachable_code,
+            unused_variables,
+            reason = "a type check that never runs"
+        )]
         if false {
             let s: &mut EbpfSession = unreachable!();
             let fut = s.run_window(Duration::from_secs(1), |_| {});

@@ -19,7 +19,10 @@ use pstack_store::ingest::IngestLimits;
 use pstack_store::synthetic::Capture;
 use serde_json::{Value, json};
 
-#[allow(dead_code)]
+#[allow(
+    dead_code,
+    reason = "each bench uses its own part of the shared helpers"
+)]
 mod common;
 use common::{close, open, percentile};
 

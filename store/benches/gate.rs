@@ -28,7 +28,10 @@ use pstack_store::ingest::IngestLimits;
 use serde_json::{Value, json};
 
 // The CPU-time helpers serve the other benchmarks.
-#[allow(dead_code)]
+#[allow(
+    dead_code,
+    reason = "each bench uses its own part of the shared helpers"
+)]
 mod common;
 use common::{Target, close, open, percentile};
 

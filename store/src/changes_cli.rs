@@ -13,7 +13,10 @@ use crate::query::Connection;
 
 /// `changes` subcommands.
 // Parsed once per process: the size difference between variants is moot.
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once per command line; boxing buys nothing"
+)]
 #[derive(Subcommand, Debug)]
 pub enum ChangesCommand {
     /// Record a change; prints its id.

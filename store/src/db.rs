@@ -206,13 +206,13 @@ macro_rules! with_pool {
         match &*$self.pools {
             Pools::Sqlite { writer, .. } => {
                 let $p = writer;
-                #[allow(unused_variables)]
+                #[allow(unused_variables, reason = "a body that does not ask which backend")]
                 let $pg = false;
                 $body
             }
             Pools::Postgres(pool) => {
                 let $p = pool;
-                #[allow(unused_variables)]
+                #[allow(unused_variables, reason = "a body that does not ask which backend")]
                 let $pg = true;
                 $body
             }
@@ -222,13 +222,13 @@ macro_rules! with_pool {
         match &*$self.pools {
             Pools::Sqlite { reader, .. } => {
                 let $p = reader;
-                #[allow(unused_variables)]
+                #[allow(unused_variables, reason = "a body that does not ask which backend")]
                 let $pg = false;
                 $body
             }
             Pools::Postgres(pool) => {
                 let $p = pool;
-                #[allow(unused_variables)]
+                #[allow(unused_variables, reason = "a body that does not ask which backend")]
                 let $pg = true;
                 $body
             }

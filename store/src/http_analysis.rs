@@ -15,7 +15,10 @@
 
 // Handlers and their helpers fail with the finished HTTP response: it is
 // what the caller returns, once, so its size is not worth a box.
-#![allow(clippy::result_large_err)]
+#![allow(
+    clippy::result_large_err,
+    reason = "the error is the HTTP response itself, built once on the way out"
+)]
 
 use crate::query_params::{BlastQuery, ChangesQuery, FindingsQuery, QueryParams};
 use std::collections::BTreeMap;

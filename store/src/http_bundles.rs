@@ -8,7 +8,10 @@
 //! observation time, its expiry (freshness per subject kind) and the first
 //! missing transition and next legal action of the envelope's handoff.
 
-#![allow(clippy::result_large_err)]
+#![allow(
+    clippy::result_large_err,
+    reason = "the error is the HTTP response itself, built once on the way out"
+)]
 
 use crate::query_params::{BundleQuery, QueryParams};
 use std::collections::{BTreeMap, BTreeSet};

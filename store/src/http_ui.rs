@@ -18,7 +18,10 @@
 //!   storage, so a reload shows it no more. Scripts come from the store
 //!   only (Content-Security-Policy).
 
-#![allow(clippy::result_large_err)]
+#![allow(
+    clippy::result_large_err,
+    reason = "the error is the HTTP response itself, built once on the way out"
+)]
 
 use axum::body::Body;
 use axum::extract::State;

@@ -4,7 +4,7 @@
 //! servers must misbehave on purpose (never answer, answer EIO), which FUSE
 //! libraries are built to prevent.
 
-#![allow(dead_code)] // each test binary uses its own part
+#![allow(dead_code, reason = "each test binary uses its own part")]
 
 pub const FUSE_LOOKUP: u32 = 1;
 pub const FUSE_FORGET: u32 = 2;

@@ -1623,7 +1623,10 @@ impl Ctx<'_> {
         Ok(env.seal()?)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call site; the readings of one flow, named"
+    )]
     fn flow_envelope(
         &self,
         cookie: u64,

@@ -461,7 +461,10 @@ mod tests {
     use crate::net::netlink::{push_attr, request};
 
     /// Build a reply message the way the kernel lays it out.
-    #[allow(clippy::too_many_arguments)] // mirrors the fields of inet_diag_msg
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "mirrors the fields of inet_diag_msg"
+    )]
     pub(crate) fn diag_msg(
         family: u8,
         state: u8,

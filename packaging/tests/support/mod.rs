@@ -2,7 +2,7 @@
 //! root (Debian 12 minbase plus systemd and procps, made once with
 //! `mmdebstrap` and kept as a tarball) and small process helpers.
 
-#![allow(dead_code)] // each test binary uses its own part
+#![allow(dead_code, reason = "each test binary uses its own part")]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -1300,7 +1300,10 @@ impl Store {
 
     /// Record a checkpoint's verdict and the proposal's recovery statuses
     /// after it, in one transaction (a checkpoint is evaluated once).
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call site; the columns of one row, named"
+    )]
     pub async fn record_checkpoint(
         &self,
         proposal_id: &str,

@@ -34,7 +34,10 @@ pub fn writes_enabled_from_env() -> bool {
 
 /// The server.
 #[derive(Clone)]
-#[allow(missing_debug_implementations)] // holds a Router (no Debug) and a key
+#[allow(
+    missing_debug_implementations,
+    reason = "holds a Router (no Debug) and a key"
+)]
 pub struct PstackMcp {
     api: axum::Router,
     key: Option<Arc<str>>,

@@ -147,7 +147,7 @@ pub struct ClaimArgs {
 }
 
 /// One tool.
-#[allow(missing_debug_implementations)] // function pointers
+#[allow(missing_debug_implementations, reason = "holds function pointers")]
 pub struct ToolSpec {
     /// Name.
     pub name: &'static str,

@@ -400,7 +400,10 @@ impl LonghornWatch {
         (firings, events)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call site each; the readings of one poll, named"
+    )]
     fn window(
         &self,
         rule: &WatchRule,
@@ -462,7 +465,10 @@ impl LonghornWatch {
         ))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call site each; the readings of one poll, named"
+    )]
     fn firing(
         &self,
         rule: &WatchRule,
