@@ -85,6 +85,12 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../migrations/sqlite/0005_transfers.sql"),
         include_str!("../migrations/postgres/0005_transfers.sql"),
     ),
+    (
+        6,
+        "cohorts",
+        include_str!("../migrations/sqlite/0006_cohorts.sql"),
+        include_str!("../migrations/postgres/0006_cohorts.sql"),
+    ),
 ];
 
 /// The migration that created the transfer join (`crate::transfers`).
@@ -603,6 +609,15 @@ impl Store {
             join_window_ns: i64::try_from(opts.transfer_join_window.as_nanos()).unwrap_or(i64::MAX),
         };
         let applied = store.migrate().await?;
+        // Request aggregates stored before the cohort rows existed, converted
+        // once (a no-op read when there are none; see crate::db::analysis).
+        let converted = store.convert_legacy_request_stats().await?;
+        if converted > 0 {
+            tracing::info!(
+                rows = converted,
+                "converted stored request aggregates into cohort rows (minute resolution, legacy error bound)"
+            );
+        }
         if applied.contains(&TRANSFERS_MIGRATION) {
             // Envelopes stored before the join existed are offered to it once.
             let n = store.backfill_transfers().await?;

@@ -377,7 +377,7 @@ async fn get_blast_radius(
                 None,
             )
         })?;
-    let b = blast_radius(&state.store, &change, &p, crate::now_ns())
+    let b = blast_radius(&state.store, &change, &p, state.clock.now_ns())
         .await
         .map_err(store_err)?;
     Ok(Json(b.body).into_response())
@@ -775,7 +775,7 @@ async fn post_finding(State(state): State<AppState>, headers: HeaderMap, body: B
     // The server's own evidence: the change's blast radius.
     let radius = match &change {
         Some(c) => Some(
-            blast_radius(&state.store, c, &BlastParams::default(), crate::now_ns())
+            blast_radius(&state.store, c, &BlastParams::default(), state.clock.now_ns())
                 .await
                 .map_err(store_err)?,
         ),

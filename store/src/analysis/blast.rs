@@ -1,24 +1,39 @@
 //! Assemble a change's blast radius: read the cohorts from the store, hand
 //! them to the pure [`verdict`](super::verdict) rules, and shape the answer.
 //!
-//! Windows: the change's window is `[at, at + window)` (default `window` =
-//! now − at); the pre-change baseline is the equally long `[at − window, at)`.
-//! Service changes are judged over version cohorts: `new` = the change's
-//! `version` (else `commitSha`), `previous` = `previousVersion` (else every
-//! other version of the service), `preBaseline` = every version of the
-//! service before the change. A change with neither version nor commit
-//! (config, feature flag) has no version cohorts: `new` is all of the
-//! service's traffic after it and it is judged against the baseline only.
+//! Windows, exact to the second: the window starts at the change's `at`
+//! truncated to its second, `S`, and lasts `window` (default now − at)
+//! rounded up to whole seconds, `W`: `[S, S + W)`. The pre-change baseline
+//! is the equally long `[S − W, S)`. Requests count per second
+//! ([`super::sketch`]): a second belongs to a cohort when it starts inside
+//! its window. The answer states the window it used.
+//!
+//! Service changes are judged over cohorts of one dimension
+//! ([`super::cohort`]), chosen by the change:
+//! - `feature_flag` with `flags`: the first flag by name; `new` = requests
+//!   that evaluated it to the change's value, `previous` = its other
+//!   variants, `preBaseline` = its other variants before the change;
+//! - `config` with `configDigest`: `new` = that digest, `previous` = other
+//!   digests, `preBaseline` = other digests before;
+//! - otherwise a `version` (else `commitSha`): `new` = that version,
+//!   `previous` = `previousVersion` (else every other version),
+//!   `preBaseline` = every other version before the change;
+//! - a change with none of these has no cohorts: `new` is all of the
+//!   service's traffic after it, judged against all of it before.
+//!
+//! The new cohort's own value is never in `preBaseline` (a canary started
+//! before its change was recorded is not the baseline).
 //! Host changes are judged over node cohorts ([`fleet`](super::fleet)).
 
-use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::fleet::{self, FleetMetric, NodeCohort};
 use super::ledger::{ChangeRecord, rfc3339};
-use super::otlp::{is_contended_kind, p95_ms};
+use super::cohort::Dimension;
+use super::otlp::is_contended_kind;
+use super::sketch::{self, Quantile, SECOND_NS};
 use super::verdict::{self, BlastInput, CallCounts, CohortCounts, Judgement, SharedResource};
-use crate::db::analysis::{RequestTotals, VersionFilter};
+use crate::db::analysis::{CohortFilter, RequestTotals, VersionFilter};
 use crate::db::{Store, StoreError};
 
 /// Most envelopes a fleet blast radius reads.
@@ -45,40 +60,139 @@ impl Default for BlastParams {
     }
 }
 
-/// One request cohort as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CohortView {
-    /// Version (None: every version).
-    pub version: Option<String>,
-    /// Requests.
-    pub request_count: i64,
-    /// Failed requests.
-    pub error_count: i64,
-    /// errorCount / requestCount (0 when empty).
-    pub error_rate: f64,
-    /// p95 latency, ms.
-    pub p95_ms: Option<f64>,
-}
+/// Rows converted from minute-resolution aggregates recorded a latency at
+/// its 2^(1/4)-wide bin's geometric middle: the true value is within this
+/// factor of it, so their cohort's p95 bounds widen by it.
+pub const LEGACY_BIN_HALF_WIDTH: f64 = 1.090_507_732_665_257_7;
 
-impl CohortView {
-    fn of(version: Option<String>, t: &RequestTotals) -> CohortView {
-        let counts = counts(t);
-        CohortView {
-            version,
-            request_count: t.requests,
-            error_count: t.errors,
-            error_rate: counts.rate(),
-            p95_ms: counts.p95_ms,
-        }
+/// p95 of a cohort's requests with its error bound.
+pub fn p95_of(t: &RequestTotals) -> Option<Quantile> {
+    let mut q = t.latency.quantile(0.95)?;
+    if t.legacy_rows > 0 {
+        q.lower_ms /= LEGACY_BIN_HALF_WIDTH;
+        q.upper_ms = q.upper_ms.map(|u| u * LEGACY_BIN_HALF_WIDTH);
     }
+    Some(q)
 }
 
 fn counts(t: &RequestTotals) -> CohortCounts {
     CohortCounts {
         requests: t.requests as f64,
         errors: t.errors as f64,
-        p95_ms: p95_ms(&t.histogram),
+        p95: p95_of(t),
+    }
+}
+
+/// One request cohort as the API shows it.
+fn cohort_view(label: &CohortLabel<'_>, t: &RequestTotals) -> Value {
+    let c = counts(t);
+    let mut v = json!({
+        "version": label.version,
+        "requestCount": t.requests,
+        "errorCount": t.errors,
+        "errorRate": c.rate(),
+        "p95Ms": c.p95.map(|q| q.estimate_ms),
+        "p95MsBounds": c.p95.map(|q| json!({"lower": q.lower_ms, "upper": q.upper_ms})),
+        "p95RelativeError": c.p95.and_then(|q| q.relative_error()),
+    });
+    if let Some(flag) = label.flag {
+        v["flag"] = json!(flag);
+        v["variant"] = json!(label.value);
+    }
+    if label.config {
+        v["configDigest"] = json!(label.value);
+    }
+    if t.legacy_rows > 0 {
+        v["legacyMinuteRows"] = json!(t.legacy_rows);
+    }
+    v
+}
+
+/// What a cohort is labelled with in the answer.
+struct CohortLabel<'a> {
+    version: Option<&'a str>,
+    flag: Option<&'a str>,
+    config: bool,
+    value: Option<&'a str>,
+}
+
+/// The cohorts a service change is judged over (see the module doc).
+#[derive(Debug, Clone, PartialEq)]
+struct CohortPlan {
+    /// `version`, `feature_flag`, `config` or `all`.
+    kind: &'static str,
+    dimension: Dimension,
+    /// Flag key.
+    name: String,
+    /// The new cohort's value (None: all traffic).
+    new: Option<String>,
+    /// The previous cohort's value (None: every other value).
+    previous: Option<String>,
+}
+
+impl CohortPlan {
+    fn of(change: &ChangeRecord) -> CohortPlan {
+        let flag = change.flags.iter().next().map(|(k, v)| {
+            let variant = match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (k.clone(), variant)
+        });
+        let version = change.version.as_deref().or(change.commit_sha.as_deref());
+        let by_flag = |(name, variant): (String, String)| CohortPlan {
+            kind: "feature_flag",
+            dimension: Dimension::Flag,
+            name,
+            new: Some(variant),
+            previous: None,
+        };
+        let by_config = |digest: &str| CohortPlan {
+            kind: "config",
+            dimension: Dimension::Config,
+            name: String::new(),
+            new: Some(digest.to_string()),
+            previous: None,
+        };
+        match (change.kind.as_str(), flag, change.config_digest.as_deref()) {
+            ("feature_flag", Some(f), _) => by_flag(f),
+            ("config", _, Some(d)) => by_config(d),
+            (_, flag, digest) => match (version, flag, digest) {
+                (Some(v), _, _) => CohortPlan {
+                    kind: "version",
+                    dimension: Dimension::Version,
+                    name: String::new(),
+                    new: Some(v.to_string()),
+                    previous: change.previous_version.clone(),
+                },
+                (None, Some(f), _) => by_flag(f),
+                (None, None, Some(d)) => by_config(d),
+                (None, None, None) => CohortPlan {
+                    kind: "all",
+                    dimension: Dimension::Version,
+                    name: String::new(),
+                    new: None,
+                    previous: None,
+                },
+            },
+        }
+    }
+
+    fn filter<'a>(&'a self, values: VersionFilter<'a>) -> CohortFilter<'a> {
+        CohortFilter {
+            dimension: self.dimension,
+            name: &self.name,
+            values,
+        }
+    }
+
+    fn label<'a>(&'a self, value: Option<&'a str>) -> CohortLabel<'a> {
+        CohortLabel {
+            version: (self.dimension == Dimension::Version).then_some(value).flatten(),
+            flag: (self.dimension == Dimension::Flag).then_some(self.name.as_str()),
+            config: self.dimension == Dimension::Config,
+            value,
+        }
     }
 }
 
@@ -100,7 +214,9 @@ fn judgement_json(j: &Judgement) -> Value {
         "comparedWith": j.compared_with,
         "relativeRisk": j.relative_risk,
         "absoluteRateDifference": j.absolute_rate_difference,
-        "p95Ratio": j.p95_ratio,
+        "p95Ratio": j.p95_ratio.map(|r| r.estimate),
+        "p95RatioBounds": j.p95_ratio.map(|r| json!({"lower": r.lower, "upper": r.upper})),
+        "p95RatioWithinErrorOfThreshold": j.p95_ratio.is_some_and(|r| r.within_error_of_threshold),
         "errorRateDifferenceCi95": j.difference_interval.map(|i| json!({
             "method": "newcombe_hybrid_score",
             "lower": i.lower,
@@ -200,30 +316,81 @@ pub async fn blast_radius(
     }
     let env = change.environment.as_str();
     let service = change.service.as_deref().unwrap_or_default();
-    let new_version = change.version.as_deref().or(change.commit_sha.as_deref());
-    let (new_f, prev_f) = match (new_version, change.previous_version.as_deref()) {
-        (Some(v), Some(pv)) => (VersionFilter::Is(v), Some(VersionFilter::Is(pv))),
-        (Some(v), None) => (VersionFilter::Is(v), Some(VersionFilter::Not(v))),
-        (None, _) => (VersionFilter::Any, None),
+    // The window to the second (module doc).
+    let start = at - at.rem_euclid(SECOND_NS);
+    let window = window.saturating_add(SECOND_NS - 1) / SECOND_NS * SECOND_NS;
+    let end = start.saturating_add(window);
+    let base_start = start.saturating_sub(window);
+    body["window"] = json!({
+        "start": rfc3339(start),
+        "end": rfc3339(end),
+        "preBaselineStart": rfc3339(base_start),
+        "preBaselineEnd": rfc3339(start),
+        "startNs": start,
+        "endNs": end,
+        "preBaselineStartNs": base_start,
+        "resolution": "1s",
+        "changeAt": change.at,
+    });
+    body["thresholds"]["p95RatioRule"] = json!(
+        "met only when the whole error interval of the ratio is at or above p95Ratio; a ratio within error of it is not met and is flagged (p95RatioWithinErrorOfThreshold)"
+    );
+    body["latencySketch"] = json!({
+        "kind": "ddsketch_log_buckets",
+        "relativeAccuracy": sketch::RELATIVE_ACCURACY,
+        "gamma": sketch::gamma(),
+        "quantileRank": "0-based rank floor(0.95 * (n - 1))",
+    });
+    let plan = CohortPlan::of(change);
+    let new_v = plan.new.as_deref();
+    let (new_f, prev_f, base_f) = match (new_v, plan.previous.as_deref()) {
+        (Some(v), Some(pv)) => (
+            VersionFilter::Is(v),
+            Some(VersionFilter::Is(pv)),
+            VersionFilter::Not(v),
+        ),
+        (Some(v), None) => (
+            VersionFilter::Is(v),
+            Some(VersionFilter::Not(v)),
+            VersionFilter::Not(v),
+        ),
+        (None, _) => (VersionFilter::Any, None, VersionFilter::Any),
+    };
+    // Shared resources and code paths are recorded per version only.
+    let by_version = plan.dimension == Dimension::Version;
+    let (calls_new_f, calls_prev_f) = if by_version {
+        (new_f, prev_f)
+    } else {
+        (VersionFilter::Any, None)
     };
     // The cohort reads are independent: run them at once (each on its own
     // pooled connection), so the answer costs the slowest, not the sum.
-    let prev_or_new = prev_f.unwrap_or(new_f);
-    let (new_t, prev_t, base_t, new_calls, prev_calls) = tokio::try_join!(
-        store.request_totals(env, service, new_f, at, end),
+    let prev_or_new = calls_prev_f.unwrap_or(calls_new_f);
+    let (new_t, prev_t, base_t, new_calls, prev_calls, overflow) = tokio::try_join!(
+        store.cohort_totals(env, service, plan.filter(new_f), start, end),
         async {
             match prev_f {
-                Some(f) => store.request_totals(env, service, f, at, end).await,
+                Some(f) => {
+                    store
+                        .cohort_totals(env, service, plan.filter(f), start, end)
+                        .await
+                }
                 None => Ok(RequestTotals::default()),
             }
         },
-        store.request_totals(env, service, VersionFilter::Any, base_start, at),
-        store.call_totals(env, service, new_f, at, end),
-        store.call_totals(env, service, prev_or_new, at, end),
+        store.cohort_totals(env, service, plan.filter(base_f), base_start, start),
+        store.call_totals(env, service, calls_new_f, start, end),
+        store.call_totals(env, service, prev_or_new, start, end),
+        async {
+            match plan.dimension {
+                Dimension::Version => Ok(0),
+                d => store.cohort_overflow(env, service, d, base_start, end).await,
+            }
+        },
     )?;
     let mut resources = Vec::new();
     let mut exemplars = std::collections::BTreeMap::new();
-    if prev_f.is_some() {
+    if calls_prev_f.is_some() {
         for (res, n) in &new_calls {
             let Some(o) = prev_calls.get(res) else {
                 continue;
@@ -250,7 +417,7 @@ pub async fn blast_radius(
         resources,
     });
     let failing = store
-        .failing_code_paths(env, service, new_f, at, end)
+        .failing_code_paths(env, service, calls_new_f, start, end)
         .await?;
     let overlap: Vec<String> = change
         .touched_paths
@@ -259,7 +426,7 @@ pub async fn blast_radius(
         .cloned()
         .collect();
     let prev_label = match prev_f {
-        Some(VersionFilter::Is(v)) => Some(v.to_string()),
+        Some(VersionFilter::Is(v)) => Some(v),
         _ => None,
     };
     let aggressors: Vec<Value> = j
@@ -271,7 +438,7 @@ pub async fn blast_radius(
             let (trace, span) = ex.split_once('/').unwrap_or(("", ""));
             json!({
                 "resource": r.resource,
-                "version": new_version,
+                "version": new_v,
                 "fanoutRatio": r.fanout_ratio,
                 "durationRatio": r.duration_ratio,
                 "previousCallErrorRate": r.previous_call_error_rate,
@@ -286,10 +453,17 @@ pub async fn blast_radius(
         &mut body,
         json!({
             "unit": "requests",
+            "cohortDimension": {
+                "kind": plan.kind,
+                "flag": (plan.dimension == Dimension::Flag).then_some(plan.name.as_str()),
+                "new": new_v,
+                "previous": plan.previous,
+                "overflowCount": overflow,
+            },
             "cohorts": {
-                "new": CohortView::of(new_version.map(str::to_string), &new_t),
-                "previous": CohortView::of(prev_label, &prev_t),
-                "preBaseline": CohortView::of(None, &base_t),
+                "new": cohort_view(&plan.label(new_v), &new_t),
+                "previous": cohort_view(&plan.label(prev_label), &prev_t),
+                "preBaseline": cohort_view(&plan.label(None), &base_t),
             },
             "sharedResources": j.resources,
             "sharedResourceAggressors": aggressors,

@@ -118,7 +118,7 @@ impl NodeCohort {
         CohortCounts {
             requests: self.node_hours,
             errors: self.events as f64,
-            p95_ms: None,
+            p95: None,
         }
     }
 }

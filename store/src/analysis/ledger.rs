@@ -281,6 +281,9 @@ pub struct ChangeRecord {
     pub at_ns: i64,
     /// Nodes reached (host changes).
     pub nodes: Vec<ChangeNode>,
+    /// Feature-flag values the change set (service changes).
+    #[serde(default)]
+    pub flags: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl ChangeRecord {

@@ -3,13 +3,17 @@
 //! Pure rule modules — [`verdict`] (the six blast-radius verdicts and the
 //! Newcombe interval), [`proof`] (causal proof tier, fingerprint,
 //! counterfactual pairing), [`fleet`] (node cohorts from envelope claims),
-//! [`ledger`] (change validation), [`otlp`] (OTLP decode and aggregation) —
+//! [`ledger`] (change validation), [`otlp`] (OTLP decode and aggregation),
+//! [`cohort`] (request cohorts by version, config digest and flag variant),
+//! [`sketch`] (latency with a stated relative error, counts to the second) —
 //! and [`blast`], which assembles a blast radius from stored aggregates.
 //! Storage is `crate::db::analysis`; routes are `crate::http_analysis`.
 
 pub mod blast;
+pub mod cohort;
 pub mod fleet;
 pub mod ledger;
 pub mod otlp;
 pub mod proof;
+pub mod sketch;
 pub mod verdict;

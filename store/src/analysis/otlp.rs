@@ -4,11 +4,13 @@
 //!
 //! Invariants:
 //! - A body that does not decode is refused whole (nothing is aggregated).
-//! - Only aggregates leave this module: per (environment, service, version,
-//!   minute, latency bin) request and error counts; per (environment,
-//!   service, version, minute, resource) client-call counts, errors and
-//!   duration; and a bounded sample of failed requests (span ids, error
-//!   signature, code paths) for fingerprints and code-path overlap.
+//! - Only aggregates leave this module: request cohorts per (environment,
+//!   service, version | config digest | flag variant, minute), each to the
+//!   second with a latency sketch ([`super::cohort`], [`super::sketch`]);
+//!   per (environment, service, version, minute, resource) client-call
+//!   counts, errors and duration; and a bounded sample of failed requests
+//!   (span ids, error signature, code paths) for fingerprints and code-path
+//!   overlap.
 //! - A request is a SERVER-kind span or a root span; it failed when its
 //!   status is ERROR or `http.response.status_code` (or the older
 //!   `http.status_code`) is ≥ 500; its latency is end − start.
@@ -20,12 +22,11 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::{Span, span::SpanKind, status::StatusCode};
 use prost::Message;
 
-/// Aggregation bucket width.
+use super::cohort::{CohortRows, Dimension};
+use super::sketch::{self, SECOND_NS};
+
+/// Aggregation bucket width (one row per minute; requests to the second inside it).
 pub const BUCKET_NS: i64 = 60_000_000_000;
-/// Latency bins per power of two (2^(1/4) ≈ 1.19: p95 within ~9 %).
-pub const BINS_PER_OCTAVE: f64 = 4.0;
-/// Highest latency bin (2^(128/4) µs ≈ 71 min; longer lands here).
-pub const MAX_BIN: i64 = 127;
 /// Failed requests kept per request body (the sample for fingerprints).
 pub const MAX_ERROR_SAMPLES: usize = 1000;
 
@@ -85,30 +86,6 @@ pub fn decode(body: &[u8], encoding: Encoding) -> Result<ExportTraceServiceReque
         }
         Encoding::Json => serde_json::from_slice(body).map_err(|e| OtlpError::Json(e.to_string())),
     }
-}
-
-/// Key of a request counter row.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestKey {
-    /// `deployment.environment.name`.
-    pub environment: String,
-    /// `service.name`.
-    pub service: String,
-    /// `service.version` (else `vcs.commit.id`, else `unknown`).
-    pub version: String,
-    /// Minute bucket start, ns.
-    pub bucket_ns: i64,
-    /// Latency bin.
-    pub latency_bin: i64,
-}
-
-/// Requests and errors in one row.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RequestAgg {
-    /// Requests.
-    pub requests: i64,
-    /// Failed requests.
-    pub errors: i64,
 }
 
 /// Key of a call counter row.
@@ -173,43 +150,12 @@ pub struct FailedRequest {
 pub struct Batch {
     /// Spans read.
     pub spans: usize,
-    /// Request counters.
-    pub requests: HashMap<RequestKey, RequestAgg>,
+    /// Request cohorts (version, config digest, flag variant), to the second.
+    pub cohorts: CohortRows,
     /// Call counters.
     pub calls: HashMap<CallKey, CallAgg>,
     /// Failed requests (at most [`MAX_ERROR_SAMPLES`]).
     pub failed: Vec<FailedRequest>,
-}
-
-/// The latency bin of a duration.
-pub fn latency_bin(duration_ns: i64) -> i64 {
-    let us = duration_ns as f64 / 1000.0;
-    if us < 1.0 {
-        return 0;
-    }
-    ((us.log2() * BINS_PER_OCTAVE).floor() as i64).clamp(0, MAX_BIN)
-}
-
-/// A representative latency of a bin, ms (its geometric middle).
-pub fn bin_ms(bin: i64) -> f64 {
-    2f64.powf((bin as f64 + 0.5) / BINS_PER_OCTAVE) / 1000.0
-}
-
-/// p95 of a histogram (bin → count), ms.
-pub fn p95_ms(hist: &BTreeMap<i64, i64>) -> Option<f64> {
-    let total: i64 = hist.values().sum();
-    if total <= 0 {
-        return None;
-    }
-    let rank = ((total as f64) * 0.95).ceil() as i64;
-    let mut seen = 0;
-    for (bin, n) in hist {
-        seen += n;
-        if seen >= rank {
-            return Some(bin_ms(*bin));
-        }
-    }
-    hist.keys().last().map(|b| bin_ms(*b))
 }
 
 fn text(v: &AnyValue) -> Option<String> {
@@ -312,6 +258,33 @@ fn error_signature(span: &Span) -> String {
     "error".into()
 }
 
+/// Feature flags in effect on a request: `obs.feature_flags.<key>` (resource,
+/// then span), then `feature_flag.key` + `feature_flag.variant` (or
+/// `feature_flag.result.variant`) on the span or its events (an evaluation
+/// event per flag, as OpenFeature hooks record them). Empty keys are skipped.
+fn feature_flags(res: &[KeyValue], span: &Span) -> BTreeMap<String, String> {
+    let mut flags = BTreeMap::new();
+    for kv in res.iter().chain(span.attributes.iter()) {
+        if let Some(flag) = kv.key.strip_prefix("obs.feature_flags.")
+            && !flag.is_empty()
+            && let Some(v) = kv.value.as_ref().and_then(text)
+        {
+            flags.insert(flag.to_string(), v);
+        }
+    }
+    for attrs in std::iter::once(span.attributes.as_slice())
+        .chain(span.events.iter().map(|e| e.attributes.as_slice()))
+    {
+        if let Some(k) = attr_text(attrs, "feature_flag.key") {
+            let v = attr_text(attrs, "feature_flag.variant")
+                .or_else(|| attr_text(attrs, "feature_flag.result.variant"))
+                .unwrap_or_default();
+            flags.insert(k, v);
+        }
+    }
+    flags
+}
+
 fn ns(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -379,18 +352,22 @@ pub fn aggregate(req: &ExportTraceServiceRequest) -> Batch {
                 if kind != SpanKind::Server as i32 && !span.parent_span_id.is_empty() {
                     continue;
                 }
-                let agg = batch
-                    .requests
-                    .entry(RequestKey {
-                        environment: env.clone(),
-                        service: service.clone(),
-                        version: version.clone(),
-                        bucket_ns,
-                        latency_bin: latency_bin(dur),
-                    })
-                    .or_default();
-                agg.requests += 1;
-                agg.errors += i64::from(failed);
+                let second = u8::try_from((start - bucket_ns) / SECOND_NS).unwrap_or(59);
+                let latency = sketch::key_of_ns(dur);
+                let config_digest = lookup(a, res, &["obs.config.digest"]);
+                let feature_flags = feature_flags(res, span);
+                let mut count = |dimension, name: &str, value: &str| {
+                    batch.cohorts.record(
+                        &env, &service, dimension, name, value, bucket_ns, second, latency, failed,
+                    );
+                };
+                count(Dimension::Version, "", &version);
+                if let Some(d) = &config_digest {
+                    count(Dimension::Config, "", d);
+                }
+                for (flag, variant) in &feature_flags {
+                    count(Dimension::Flag, flag, variant);
+                }
                 if failed && pending.len() < MAX_ERROR_SAMPLES {
                     let mut code_paths: Vec<String> = std::iter::once(a.as_slice())
                         .chain(
@@ -406,24 +383,6 @@ pub fn aggregate(req: &ExportTraceServiceRequest) -> Batch {
                         .collect();
                     code_paths.sort();
                     code_paths.dedup();
-                    let mut feature_flags = BTreeMap::new();
-                    for kv in res.iter().chain(a.iter()) {
-                        if let Some(flag) = kv.key.strip_prefix("obs.feature_flags.")
-                            && let Some(v) = kv.value.as_ref().and_then(text)
-                        {
-                            feature_flags.insert(flag.to_string(), v);
-                        }
-                    }
-                    for attrs in std::iter::once(a.as_slice())
-                        .chain(span.events.iter().map(|e| e.attributes.as_slice()))
-                    {
-                        if let Some(k) = attr_text(attrs, "feature_flag.key") {
-                            let v = attr_text(attrs, "feature_flag.variant")
-                                .or_else(|| attr_text(attrs, "feature_flag.result.variant"))
-                                .unwrap_or_default();
-                            feature_flags.insert(k, v);
-                        }
-                    }
                     pending.push((
                         span.span_id.clone(),
                         FailedRequest {
@@ -436,7 +395,7 @@ pub fn aggregate(req: &ExportTraceServiceRequest) -> Batch {
                             error_signature: error_signature(span),
                             downstream: None,
                             code_paths,
-                            config_digest: lookup(a, res, &["obs.config.digest"]),
+                            config_digest,
                             feature_flags,
                             start_ns: start,
                         },
@@ -498,23 +457,66 @@ mod tests {
     }
 
     #[test]
-    fn latency_bins_are_monotonic_and_p95_lands_in_the_right_bin() {
-        let mut last = 0;
-        for us in [1, 2, 10, 100, 1000, 10_000, 1_000_000] {
-            let b = latency_bin(us * 1000);
-            assert!(b >= last);
-            last = b;
-            // The representative of a bin is within 2^(1/4) of the value.
-            let r = bin_ms(b) * 1000.0 / us as f64;
-            assert!((0.84..1.19).contains(&r), "{us} µs -> bin {b} -> {r}");
-        }
-        let mut h = BTreeMap::new();
-        h.insert(latency_bin(10_000_000), 95); // 10 ms
-        h.insert(latency_bin(1_000_000_000), 5); // 1 s
-        let p = p95_ms(&h).unwrap();
-        assert!((8.0..12.0).contains(&p), "{p}");
-        h.insert(latency_bin(1_000_000_000), 6);
-        assert!(p95_ms(&h).unwrap() > 800.0);
-        assert_eq!(p95_ms(&BTreeMap::new()), None);
+    fn requests_are_counted_per_version_config_and_flag_to_the_second() {
+        use opentelemetry_proto::tonic::resource::v1::Resource;
+        use opentelemetry_proto::tonic::trace::v1::span::Event;
+        use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
+        let minute = 1_000 * BUCKET_NS;
+        let span = |i: u64, variant: &str| Span {
+            span_id: vec![1, 2, 3, 4, 5, 6, 7, i as u8],
+            kind: SpanKind::Server as i32,
+            start_time_unix_nano: (minute + 37 * SECOND_NS) as u64 + i,
+            end_time_unix_nano: (minute + 37 * SECOND_NS) as u64 + i + 250_000_000,
+            events: vec![Event {
+                name: "feature_flag.evaluation".into(),
+                attributes: vec![
+                    kv("feature_flag.key", "new_tax"),
+                    kv("feature_flag.result.variant", variant),
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let req = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource {
+                    attributes: vec![
+                        kv("service.name", "checkout-api"),
+                        kv("service.version", "2.4.1"),
+                        kv("obs.config.digest", "cfg_99a1"),
+                        kv("obs.feature_flags.dark_mode", "on"),
+                    ],
+                    ..Default::default()
+                }),
+                scope_spans: vec![ScopeSpans {
+                    spans: vec![span(1, "on"), span(2, "off"), span(3, "on")],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        };
+        let b = aggregate(&req);
+        let rows: Vec<(Dimension, &str, &str, u64)> = b
+            .cohorts
+            .rows
+            .iter()
+            .map(|(k, c)| {
+                assert_eq!(k.bucket_ns, minute);
+                assert_eq!(c.seconds.keys().copied().collect::<Vec<_>>(), vec![37]);
+                (k.dimension, k.name.as_str(), k.value.as_str(), c.totals().0)
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                (Dimension::Version, "", "2.4.1", 3),
+                (Dimension::Config, "", "cfg_99a1", 3),
+                (Dimension::Flag, "dark_mode", "on", 3),
+                (Dimension::Flag, "new_tax", "off", 1),
+                (Dimension::Flag, "new_tax", "on", 2),
+            ]
+        );
+        let q = b.cohorts.rows.values().next().unwrap().sketch().quantile(0.95).unwrap();
+        assert!(q.lower_ms <= 250.0 && q.upper_ms.unwrap() > 250.0, "{q:?}");
     }
 }

@@ -8,6 +8,12 @@
 //! 2. The previous-version cohort at or above `minSample`: compare new with
 //!    previous. Regression = (absolute rate difference ≥ 5 % or p95Ratio ≥
 //!    2.5) and (RelativeRisk ≥ 5.0 or p95Ratio ≥ 2.5) → `isolated_to_new_version`.
+//!    p95s come from a sketch with a stated error ([`super::sketch`]), so the
+//!    ratio is an interval: "p95Ratio ≥ 2.5" holds only when the whole
+//!    interval is at or above 2.5. A ratio whose interval contains 2.5 is
+//!    *within error of the threshold*: it does not meet it (the store never
+//!    claims a latency regression its numbers cannot prove; such a verdict
+//!    can authorize an autonomous rollback), and the answer says so.
 //!    Otherwise, both error rates ≥ 5 % → shared degradation: a database or
 //!    queue resource on which the new version shows fanoutRatio ≥ 3 or
 //!    durationRatio ≥ 3 while the previous version's calls to it fail (call
@@ -23,6 +29,8 @@
 //! decides it.
 
 use serde::Serialize;
+
+use super::sketch::Quantile;
 
 /// The seed's default minimum sample per cohort.
 pub const DEFAULT_MIN_SAMPLE: u64 = 50;
@@ -104,8 +112,8 @@ pub struct CohortCounts {
     pub requests: f64,
     /// Errors (or events).
     pub errors: f64,
-    /// p95 latency, ms (requests only).
-    pub p95_ms: Option<f64>,
+    /// p95 latency with its error bound (requests only).
+    pub p95: Option<Quantile>,
 }
 
 impl CohortCounts {
@@ -194,8 +202,8 @@ pub struct Judgement {
     pub relative_risk: Option<f64>,
     /// ErrorRate(new) − ErrorRate(comparison).
     pub absolute_rate_difference: Option<f64>,
-    /// p95(new) / p95(comparison).
-    pub p95_ratio: Option<f64>,
+    /// p95(new) / p95(comparison), with its error bound.
+    pub p95_ratio: Option<P95Ratio>,
     /// Per shared resource.
     pub resources: Vec<ResourceRatios>,
     /// Newcombe 95 % interval of the error-rate difference (proportions only).
@@ -206,15 +214,56 @@ fn ratio(a: f64, b: f64) -> Option<f64> {
     (b > 0.0 && a.is_finite() && b.is_finite()).then(|| a / b)
 }
 
+/// p95(new) / p95(comparison) and what it proves against [`P95_RATIO_MIN`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct P95Ratio {
+    /// Ratio of the estimates.
+    pub estimate: f64,
+    /// The true ratio is at least this.
+    pub lower: f64,
+    /// The true ratio is below this (None: unbounded, a p95 in the top bucket
+    /// or a comparison p95 in bucket 0).
+    pub upper: Option<f64>,
+    /// The whole interval is at or above the threshold: the criterion holds.
+    pub meets_threshold: bool,
+    /// The interval contains the threshold: the sketch cannot tell which
+    /// side the true ratio is on, and the criterion is not met.
+    pub within_error_of_threshold: bool,
+}
+
+impl P95Ratio {
+    /// The ratio of two p95s with error bounds.
+    pub fn of(new: &Quantile, base: &Quantile) -> Option<P95Ratio> {
+        let estimate = ratio(new.estimate_ms, base.estimate_ms)?;
+        let lower = match base.upper_ms {
+            Some(u) => ratio(new.lower_ms, u).unwrap_or(0.0),
+            None => 0.0,
+        };
+        let upper = new.upper_ms.and_then(|u| ratio(u, base.lower_ms));
+        let meets = at_least(lower, P95_RATIO_MIN);
+        let below = upper.is_some_and(|u| u <= P95_RATIO_MIN);
+        Some(P95Ratio {
+            estimate,
+            lower,
+            upper,
+            meets_threshold: meets,
+            within_error_of_threshold: !meets && !below,
+        })
+    }
+}
+
 /// The seed's regression test of `new` against `base`.
-pub fn regression(new: &CohortCounts, base: &CohortCounts) -> (bool, f64, f64, Option<f64>) {
+pub fn regression(
+    new: &CohortCounts,
+    base: &CohortCounts,
+) -> (bool, f64, f64, Option<P95Ratio>) {
     let diff = new.rate() - base.rate();
     let rr = new.rate() / base.rate().max(RATE_FLOOR);
-    let p95 = match (new.p95_ms, base.p95_ms) {
-        (Some(a), Some(b)) => ratio(a, b),
+    let p95 = match (&new.p95, &base.p95) {
+        (Some(a), Some(b)) => P95Ratio::of(a, b),
         _ => None,
     };
-    let p95_hit = p95.is_some_and(|r| at_least(r, P95_RATIO_MIN));
+    let p95_hit = p95.is_some_and(|r| r.meets_threshold);
     // The seed's (diff ≥ 5 % or p95 ≥ 2.5) and (RR ≥ 5 or p95 ≥ 2.5), simplified.
     let hit = p95_hit || (at_least(diff, ABS_DIFF_MIN) && at_least(rr, RELATIVE_RISK_MIN));
     (hit, diff, rr, p95)
@@ -353,7 +402,7 @@ mod tests {
         CohortCounts {
             requests,
             errors,
-            p95_ms: p95,
+            p95: p95.map(Quantile::exact),
         }
     }
 
@@ -370,7 +419,7 @@ mod tests {
     const NONE: CohortCounts = CohortCounts {
         requests: 0.0,
         errors: 0.0,
-        p95_ms: None,
+        p95: None,
     };
 
     /// (name, new, previous, preBaseline, expected verdict).
@@ -559,6 +608,93 @@ mod tests {
                 assert!(rr.is_finite(), "{name}: rr {rr}");
             }
         }
+    }
+
+    fn q(estimate_ms: f64, lower_ms: f64, upper_ms: f64) -> Quantile {
+        Quantile {
+            estimate_ms,
+            lower_ms,
+            upper_ms: Some(upper_ms),
+        }
+    }
+
+    /// The sketch rule at, just below and just above 2.5 within the error
+    /// bound, and just outside it: (name, new p95, expected verdict, within).
+    #[test]
+    fn p95_ratio_within_error_of_the_threshold_is_flagged_and_not_met() {
+        let base = Quantile::exact(100.0);
+        let rows = [
+            ("at 2.5, within", q(250.0, 248.0, 252.0), Verdict::NoRegressionDetected, true),
+            ("just below, within", q(249.0, 247.0, 251.0), Verdict::NoRegressionDetected, true),
+            ("just above, within", q(251.0, 249.0, 253.0), Verdict::NoRegressionDetected, true),
+            ("above, interval clear", q(256.0, 254.0, 258.0), Verdict::IsolatedToNewVersion, false),
+            ("lower bound exactly 2.5", q(252.0, 250.0, 254.0), Verdict::IsolatedToNewVersion, false),
+            ("below, interval clear", q(244.0, 242.0, 246.0), Verdict::NoRegressionDetected, false),
+            ("upper bound exactly 2.5", q(248.0, 246.0, 250.0), Verdict::NoRegressionDetected, false),
+        ];
+        for (name, new_p95, want, within) in rows {
+            let mut new = c(1000.0, 0.0, None);
+            new.p95 = Some(new_p95);
+            let mut prev = c(1000.0, 0.0, None);
+            prev.p95 = Some(base);
+            let j = judge(&input(new, prev, NONE));
+            assert_eq!(j.verdict, want, "{name}: {j:?}");
+            let r = j.p95_ratio.unwrap();
+            assert_eq!(r.within_error_of_threshold, within, "{name}: {r:?}");
+            assert!(r.lower <= r.estimate && r.estimate <= r.upper.unwrap(), "{name}");
+        }
+    }
+
+    /// The same rule on real sketches over 2,000 absolute scales (50 µs to
+    /// 50 s): the true ratio is always inside the reported interval; a
+    /// ratio of 2.45 is never a regression nor within error, 2.55 always
+    /// a regression; at 2.49 / 2.5 / 2.51 the verdict is either proven and
+    /// right, or flagged within error and not a regression.
+    #[test]
+    fn p95_ratio_from_sketches_lands_on_the_right_side_at_every_scale() {
+        use super::super::sketch::{MinuteCells, key_of_ns};
+        let p95_of = |p95_ns: f64| {
+            // 200 requests; 0-based ranks 180..199 all at the p95 value.
+            let mut m = MinuteCells::default();
+            for i in 0..200u32 {
+                let ns = if i >= 180 { p95_ns } else { p95_ns * f64::from(i + 1) / 400.0 };
+                m.record(0, key_of_ns(ns.round() as i64), false);
+            }
+            m.sketch().quantile(0.95).unwrap()
+        };
+        let gamma = super::super::sketch::gamma();
+        let mut within_seen = 0;
+        for step in 0..2000 {
+            let base_ns = 50_000.0 * (1e6f64).powf(f64::from(step) / 2000.0);
+            let base = p95_of(base_ns);
+            for ratio in [2.45, 2.49, 2.5, 2.51, 2.55] {
+                let new = p95_of(base_ns * ratio);
+                let r = P95Ratio::of(&new, &base).unwrap();
+                let truth = (base_ns * ratio).round() / base_ns.round();
+                assert!(
+                    r.lower <= truth + 1e-9 && r.upper.is_none_or(|u| truth < u + 1e-9),
+                    "{base_ns} x{ratio}: {r:?}"
+                );
+                assert!((r.estimate / truth).max(truth / r.estimate) <= gamma + 1e-9);
+                if r.meets_threshold {
+                    assert!(truth >= 2.5 - 1e-9, "false regression at {base_ns} x{ratio}: {r:?}");
+                }
+                if ratio == 2.45 {
+                    assert!(!r.meets_threshold && !r.within_error_of_threshold, "{r:?}");
+                } else if ratio == 2.55 {
+                    assert!(r.meets_threshold, "{base_ns} x2.55: {r:?}");
+                } else if ratio < 2.5 {
+                    // Proven below, or flagged: never a regression.
+                    assert!(!r.meets_threshold, "{r:?}");
+                    within_seen += usize::from(r.within_error_of_threshold);
+                } else {
+                    // At or above: proven (and true), or flagged.
+                    assert!(r.meets_threshold || r.within_error_of_threshold, "{r:?}");
+                    within_seen += usize::from(r.within_error_of_threshold);
+                }
+            }
+        }
+        assert!(within_seen > 1000, "{within_seen}");
     }
 
     fn db(new: CallCounts, previous: CallCounts) -> SharedResource {

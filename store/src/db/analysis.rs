@@ -6,6 +6,19 @@
 //!   add; a failed body adds nothing). Rows are written in key order so
 //!   concurrent PostgreSQL upserts wait rather than deadlock; transient
 //!   conflicts are retried.
+//! - Cohort rows (`cohort_stats`, [`crate::analysis::cohort`]) merge by
+//!   read-modify-write inside that transaction: existing rows are read
+//!   `FOR UPDATE` (PostgreSQL; SQLite has one writer), merged (addition,
+//!   [`crate::analysis::sketch`]) and rewritten; new rows are inserted
+//!   `ON CONFLICT DO NOTHING`, and a row another writer inserted first is
+//!   merged in a second pass. Nothing is lost or counted twice.
+//! - Config digests and flag variants are capped per (environment,
+//!   service, minute) across bodies: the dimension's overflow row is
+//!   locked first, so concurrent writers see each other's new values, and
+//!   values past the cap are counted in it.
+//! - `request_stats` rows (before cohort rows existed) are converted into
+//!   cohort rows with `legacy = 1` on open, each batch in one transaction
+//!   with the deletion of what it converted.
 //! - A change and its nodes, a finding and its cited evidence, are each
 //!   written in one transaction.
 //! - `finding_evidence.digest` references `envelopes.digest ON DELETE
@@ -20,7 +33,9 @@ use sqlx::Row;
 use super::{Bind, Pools, Store, StoreError, placeholders, values_rows};
 use crate::analysis::fleet::NodeEnvelope;
 use crate::analysis::ledger::{ChangeNode, ChangeRecord, NewChange, rfc3339};
-use crate::analysis::otlp::{Batch, CallAgg, CallKey, FailedRequest, RequestAgg, RequestKey};
+use crate::analysis::cohort::{CohortKey, Dimension};
+use crate::analysis::otlp::{Batch, CallAgg, CallKey, FailedRequest};
+use crate::analysis::sketch::{MinuteCells, SecondRange, Sketch, SketchError};
 use crate::analysis::proof::EvalRun;
 
 /// A fresh id with `prefix`.
@@ -57,16 +72,261 @@ impl<'a> VersionFilter<'a> {
     }
 }
 
-/// Request counts and latency histogram of a cohort.
+/// Request counts and latency sketch of a cohort over `[start, end)`, to the second.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RequestTotals {
     /// Requests.
     pub requests: i64,
     /// Failed requests.
     pub errors: i64,
-    /// Latency bin → requests.
-    pub histogram: BTreeMap<i64, i64>,
+    /// Latency sketch of those requests.
+    pub latency: Sketch,
+    /// Rows read that were converted from minute-resolution aggregates
+    /// (their latency error bound is wider; see `convert_legacy_request_stats`).
+    pub legacy_rows: i64,
 }
+
+/// Which cohort rows a read sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CohortFilter<'a> {
+    /// Version, config digest or flag variant.
+    pub dimension: Dimension,
+    /// The flag key ([`Dimension::Flag`]), else "".
+    pub name: &'a str,
+    /// Which values.
+    pub values: VersionFilter<'a>,
+}
+
+impl<'a> CohortFilter<'a> {
+    /// Version cohorts.
+    pub fn versions(values: VersionFilter<'a>) -> CohortFilter<'a> {
+        CohortFilter {
+            dimension: Dimension::Version,
+            name: "",
+            values,
+        }
+    }
+}
+
+/// Rows per multi-row statement.
+const COHORT_ROWS: usize = 200;
+const COHORT_KEY_COLS: &str = "environment, service, dimension, name, bucket_ns, value";
+const COHORT_COLS: &str =
+    "environment, service, dimension, name, bucket_ns, value, requests, errors, seconds, sketch, legacy";
+/// Legacy rows were 4 latency bins per octave, recorded at their bin's
+/// geometric middle: a true value is within 2^(1/8) of it.
+const LEGACY_BINS_PER_OCTAVE: f64 = 4.0;
+
+/// One cohort row to merge into the store.
+#[derive(Debug, Clone, Default)]
+struct PendingRow {
+    cells: MinuteCells,
+    legacy: bool,
+}
+
+/// A stored row's key and merge state: (environment, service, dimension,
+/// name, bucket_ns, value, seconds, legacy).
+type StoredCohortRow = (String, String, String, String, i64, String, Vec<u8>, i64);
+/// A cohort key as read back: (environment, service, dimension, name, bucket_ns, value).
+type CohortKeyRow = (String, String, String, String, i64, String);
+
+fn decode_err(e: SketchError) -> StoreError {
+    StoreError::Db(sqlx::Error::Decode(Box::new(e)))
+}
+
+fn key_of_row(r: CohortKeyRow) -> Result<CohortKey, StoreError> {
+    let (environment, service, dimension, name, bucket_ns, value) = r;
+    let dimension = Dimension::parse(&dimension).ok_or_else(|| {
+        StoreError::Db(sqlx::Error::Decode(
+            format!("unknown cohort dimension {dimension:?}").into(),
+        ))
+    })?;
+    Ok(CohortKey {
+        environment,
+        service,
+        dimension,
+        name,
+        bucket_ns,
+        value,
+    })
+}
+
+/// What a merged row writes: (requests, errors, seconds, sketch, legacy).
+/// `sketch` is the whole minute's buckets when that is at most half the
+/// size of `seconds` (a whole-minute read then reads it instead), else empty.
+fn encode_row(p: &PendingRow) -> (i64, i64, Vec<u8>, Vec<u8>, i64) {
+    let seconds = p.cells.encode();
+    let mut sketch = p.cells.sketch().encode();
+    if sketch.len() * 2 > seconds.len() {
+        sketch.clear();
+    }
+    let (r, e) = p.cells.totals();
+    (
+        i64::try_from(r).unwrap_or(i64::MAX),
+        i64::try_from(e).unwrap_or(i64::MAX),
+        seconds,
+        sketch,
+        i64::from(p.legacy),
+    )
+}
+
+/// Merge `rows` into `cohort_stats` inside the open transaction `$tx`
+/// (the module's invariants say how). `$rows`: `&mut BTreeMap<CohortKey, PendingRow>`.
+macro_rules! upsert_cohorts {
+    ($tx:expr, $pg:expr, $rows:expr) => {{
+        let rows: &mut BTreeMap<CohortKey, PendingRow> = $rows;
+        let pg: bool = $pg;
+        // 1. Caps on distinct config digests / flag variants per service-minute.
+        let groups: BTreeSet<CohortKey> = rows
+            .keys()
+            .filter(|k| k.dimension.cap().is_some())
+            .map(CohortKey::overflow)
+            .collect();
+        let empty = MinuteCells::default().encode();
+        for guard in groups {
+            let cap = guard.dimension.cap().unwrap_or(usize::MAX);
+            sqlx::query(&format!(
+                "INSERT INTO cohort_stats ({COHORT_COLS}) VALUES ($1, $2, $3, $4, $5, $6, 0, 0, $7, $8, 0)
+                 ON CONFLICT ({COHORT_KEY_COLS}) DO UPDATE SET requests = cohort_stats.requests"
+            ))
+            .bind(&guard.environment)
+            .bind(&guard.service)
+            .bind(guard.dimension.as_str())
+            .bind(&guard.name)
+            .bind(guard.bucket_ns)
+            .bind(&guard.value)
+            .bind(empty.as_slice())
+            .bind(&[][..] as &[u8])
+            .execute(&mut *$tx)
+            .await?;
+            let existing: BTreeSet<(String, String)> = sqlx::query_as::<_, (String, String)>(
+                "SELECT name, value FROM cohort_stats
+                 WHERE environment = $1 AND service = $2 AND dimension = $3 AND bucket_ns = $4
+                   AND value <> ''",
+            )
+            .bind(&guard.environment)
+            .bind(&guard.service)
+            .bind(guard.dimension.as_str())
+            .bind(guard.bucket_ns)
+            .fetch_all(&mut *$tx)
+            .await?
+            .into_iter()
+            .collect();
+            let mut distinct = existing.len();
+            let group: Vec<CohortKey> = rows
+                .keys()
+                .filter(|k| !k.is_overflow() && k.overflow() == guard)
+                .cloned()
+                .collect();
+            for key in group {
+                if existing.contains(&(key.name.clone(), key.value.clone())) {
+                    continue;
+                }
+                if distinct < cap {
+                    distinct += 1;
+                    continue;
+                }
+                if let Some(moved) = rows.remove(&key) {
+                    rows.entry(guard.clone()).or_default().cells.merge(&moved.cells);
+                }
+            }
+        }
+        // 2. Merge into existing rows; insert new ones; merge any a
+        // concurrent writer inserted first on the next pass.
+        let mut todo: Vec<CohortKey> = rows.keys().cloned().collect();
+        let mut pass = 0;
+        while !todo.is_empty() {
+            pass += 1;
+            if pass > 3 {
+                return Err(StoreError::Db(sqlx::Error::Protocol(
+                    "cohort rows kept changing under a concurrent writer".into(),
+                )));
+            }
+            let mut present: BTreeMap<CohortKey, (Vec<u8>, i64)> = BTreeMap::new();
+            for chunk in todo.chunks(COHORT_ROWS) {
+                let sql = format!(
+                    "SELECT {COHORT_KEY_COLS}, seconds, legacy FROM cohort_stats
+                     WHERE ({COHORT_KEY_COLS}) IN (VALUES {}){}",
+                    values_rows(pg, chunk.len(), 6),
+                    if pg { " FOR UPDATE" } else { "" }
+                );
+                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 6);
+                for k in chunk {
+                    binds.extend([
+                        Bind::Text(&k.environment),
+                        Bind::Text(&k.service),
+                        Bind::Text(k.dimension.as_str()),
+                        Bind::Text(&k.name),
+                        Bind::I64(k.bucket_ns),
+                        Bind::Text(&k.value),
+                    ]);
+                }
+                let found: Vec<StoredCohortRow> = bind_all!(sqlx::query_as(&sql), &binds)
+                    .fetch_all(&mut *$tx)
+                    .await?;
+                for (e, s, d, n, b, v, seconds, legacy) in found {
+                    present.insert(key_of_row((e, s, d, n, b, v))?, (seconds, legacy));
+                }
+            }
+            let mut writes: Vec<(&CohortKey, (i64, i64, Vec<u8>, Vec<u8>, i64))> = Vec::new();
+            let mut absent: Vec<(&CohortKey, (i64, i64, Vec<u8>, Vec<u8>, i64))> = Vec::new();
+            for key in &todo {
+                let Some(pending) = rows.get(key) else {
+                    continue;
+                };
+                match present.get(key) {
+                    Some((seconds, legacy)) => {
+                        let mut merged = PendingRow {
+                            cells: MinuteCells::decode(seconds).map_err(decode_err)?,
+                            legacy: *legacy != 0 || pending.legacy,
+                        };
+                        merged.cells.merge(&pending.cells);
+                        writes.push((key, encode_row(&merged)));
+                    }
+                    None => absent.push((key, encode_row(pending))),
+                }
+            }
+            for (chunk, conflict) in writes
+                .chunks(COHORT_ROWS)
+                .map(|c| (c, " DO UPDATE SET requests = excluded.requests, errors = excluded.errors,
+                    seconds = excluded.seconds, sketch = excluded.sketch, legacy = excluded.legacy"))
+                .chain(absent.chunks(COHORT_ROWS).map(|c| (c, " DO NOTHING")))
+            {
+                let mut sql = format!(
+                    "INSERT INTO cohort_stats ({COHORT_COLS}) VALUES {} ON CONFLICT ({COHORT_KEY_COLS}){conflict}",
+                    values_rows(pg, chunk.len(), 11)
+                );
+                sql.push_str(&format!(" RETURNING {COHORT_KEY_COLS}"));
+                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 11);
+                for (k, (req, err, seconds, sketch, legacy)) in chunk {
+                    binds.extend([
+                        Bind::Text(&k.environment),
+                        Bind::Text(&k.service),
+                        Bind::Text(k.dimension.as_str()),
+                        Bind::Text(&k.name),
+                        Bind::I64(k.bucket_ns),
+                        Bind::Text(&k.value),
+                        Bind::I64(*req),
+                        Bind::I64(*err),
+                        Bind::Bytes(seconds),
+                        Bind::Bytes(sketch),
+                        Bind::I64(*legacy),
+                    ]);
+                }
+                let done: Vec<CohortKeyRow> = bind_all!(sqlx::query_as(&sql), &binds)
+                    .fetch_all(&mut *$tx)
+                    .await?;
+                for r in done {
+                    let k = key_of_row(r)?;
+                    rows.remove(&k);
+                }
+            }
+            // What is still pending was inserted by someone else meanwhile.
+            todo = rows.keys().cloned().collect();
+        }
+    }};
+}
+
 
 /// Calls of a cohort to one resource.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -197,8 +457,8 @@ impl Store {
             let mut tx = begin_write!(pool, pg);
             sqlx::query(
                 "INSERT INTO changes (id, environment, kind, service, version, previous_version, commit_sha,
-                    previous_commit_sha, config_digest, summary, touched_paths, at_ns, key_id, created_ns)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                    previous_commit_sha, config_digest, summary, touched_paths, at_ns, key_id, created_ns, flags)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
             )
             .bind(&id)
             .bind(&c.environment)
@@ -214,6 +474,7 @@ impl Store {
             .bind(c.at_ns)
             .bind(key_id)
             .bind(now_ns)
+            .bind(serde_json::to_string(&c.flags).unwrap_or_else(|_| "{}".into()))
             .execute(&mut *tx)
             .await?;
             for chunk in c.nodes.chunks(300) {
@@ -288,7 +549,7 @@ impl Store {
         with_pool!(self, read, |pool, pg| {
             let Some(row) = sqlx::query(
                 "SELECT id, environment, kind, service, version, previous_version, commit_sha,
-                    previous_commit_sha, config_digest, summary, touched_paths, at_ns
+                    previous_commit_sha, config_digest, summary, touched_paths, at_ns, flags
                  FROM changes WHERE id = $1",
             )
             .bind(id)
@@ -325,6 +586,7 @@ impl Store {
                         at: Some(rfc3339(at)),
                     })
                     .collect(),
+                flags: json_column(&row, "flags")?,
             }))
         })
     }
@@ -347,41 +609,28 @@ impl Store {
 
     async fn ingest_traces_once(&self, batch: &Batch) -> Result<(), StoreError> {
         const ROWS: usize = 200;
-        let requests: BTreeMap<&RequestKey, &RequestAgg> = batch.requests.iter().collect();
+        let mut cohorts: BTreeMap<CohortKey, PendingRow> = batch
+            .cohorts
+            .rows
+            .iter()
+            .map(|(k, cells)| {
+                (
+                    k.clone(),
+                    PendingRow {
+                        cells: cells.clone(),
+                        legacy: false,
+                    },
+                )
+            })
+            .collect();
         let calls: BTreeMap<&CallKey, &CallAgg> = batch.calls.iter().collect();
-        let requests: Vec<_> = requests.into_iter().collect();
         let calls: Vec<_> = calls.into_iter().collect();
         let mut failed: Vec<&FailedRequest> = batch.failed.iter().collect();
         failed.sort_by(|a, b| a.span_id.cmp(&b.span_id));
         failed.dedup_by(|a, b| a.span_id == b.span_id);
         with_pool!(self, write, |pool, pg| {
             let mut tx = begin_write!(pool, pg);
-            for chunk in requests.chunks(ROWS) {
-                let mut sql = format!(
-                    "INSERT INTO request_stats (environment, service, version, bucket_ns, latency_bin, requests, errors) VALUES {}",
-                    values_rows(pg, chunk.len(), 7)
-                );
-                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 7);
-                for (k, v) in chunk.iter() {
-                    binds.extend([
-                        Bind::Text(&k.environment),
-                        Bind::Text(&k.service),
-                        Bind::Text(&k.version),
-                        Bind::I64(k.bucket_ns),
-                        Bind::I64(k.latency_bin),
-                        Bind::I64(v.requests),
-                        Bind::I64(v.errors),
-                    ]);
-                }
-                sql.push_str(
-                    " ON CONFLICT (environment, service, bucket_ns, version, latency_bin) DO UPDATE
-                      SET requests = request_stats.requests + excluded.requests,
-                          errors = request_stats.errors + excluded.errors",
-                );
-                bind_all!(sqlx::query(&sql), &binds)
-                    .execute(&mut *tx)
-                    .await?;
-            }
+            upsert_cohorts!(tx, pg, &mut cohorts);
             for chunk in calls.chunks(ROWS) {
                 let mut sql = format!(
                     "INSERT INTO call_stats (environment, service, version, bucket_ns, resource, calls, errors, duration_us, exemplar) VALUES {}",
@@ -454,7 +703,8 @@ impl Store {
         })
     }
 
-    /// Requests of `service` in `[start, end)`, one version or all.
+    /// Requests of `service` in `[start, end)`, one version or all, to the
+    /// second (a second counts when it starts in the window).
     pub async fn request_totals(
         &self,
         environment: &str,
@@ -463,31 +713,198 @@ impl Store {
         start_ns: i64,
         end_ns: i64,
     ) -> Result<RequestTotals, StoreError> {
-        let (is, not) = versions.binds();
-        let rows: Vec<(i64, i64, i64)> = with_pool!(self, read, |pool, pg| {
-            sqlx::query_as(
-                "SELECT latency_bin, CAST(SUM(requests) AS BIGINT), CAST(SUM(errors) AS BIGINT)
-                 FROM request_stats
-                 WHERE environment = $1 AND service = $2 AND bucket_ns >= $3 AND bucket_ns < $4
-                   AND ($5 IS NULL OR version = $5) AND ($6 IS NULL OR version <> $6)
-                 GROUP BY latency_bin",
-            )
-            .bind(environment)
-            .bind(service)
-            .bind(start_ns)
-            .bind(end_ns)
-            .bind(is)
-            .bind(not)
-            .fetch_all(pool)
+        self.cohort_totals(
+            environment,
+            service,
+            CohortFilter::versions(versions),
+            start_ns,
+            end_ns,
+        )
+        .await
+    }
+
+    /// Requests of one cohort filter in `[start, end)`, to the second.
+    pub async fn cohort_totals(
+        &self,
+        environment: &str,
+        service: &str,
+        filter: CohortFilter<'_>,
+        start_ns: i64,
+        end_ns: i64,
+    ) -> Result<RequestTotals, StoreError> {
+        self.sum_cohort_rows(environment, service, filter, false, start_ns, end_ns)
+            .await
+    }
+
+    /// Requests counted in a dimension's overflow rows in `[start, end)`
+    /// (values past the per-minute cap).
+    pub async fn cohort_overflow(
+        &self,
+        environment: &str,
+        service: &str,
+        dimension: Dimension,
+        start_ns: i64,
+        end_ns: i64,
+    ) -> Result<i64, StoreError> {
+        let filter = CohortFilter {
+            dimension,
+            name: "",
+            values: VersionFilter::Any,
+        };
+        Ok(self
+            .sum_cohort_rows(environment, service, filter, true, start_ns, end_ns)
             .await?
-        });
+            .requests)
+    }
+
+    async fn sum_cohort_rows(
+        &self,
+        environment: &str,
+        service: &str,
+        filter: CohortFilter<'_>,
+        overflow: bool,
+        start_ns: i64,
+        end_ns: i64,
+    ) -> Result<RequestTotals, StoreError> {
+        const MINUTE: i64 = crate::analysis::otlp::BUCKET_NS;
         let mut t = RequestTotals::default();
-        for (bin, req, err) in rows {
-            t.requests += req;
-            t.errors += err;
-            t.histogram.insert(bin, req);
+        if end_ns <= start_ns {
+            return Ok(t);
         }
+        let (is, not) = filter.values.binds();
+        let first_minute = start_ns - start_ns.rem_euclid(MINUTE);
+        // Whole minutes read the minute sketch when one is stored; the
+        // minutes at the edges (and rows without one) read the seconds.
+        let sql = format!(
+            "SELECT bucket_ns, requests, errors, legacy, sketch,
+                    CASE WHEN length(sketch) = 0 OR bucket_ns < $3 OR bucket_ns > $4 THEN seconds END
+             FROM cohort_stats
+             WHERE environment = $1 AND service = $2 AND dimension = $5 AND name = $6
+               AND bucket_ns >= $7 AND bucket_ns < $8 AND {}
+               AND ($9 IS NULL OR value = $9) AND ($10 IS NULL OR value <> $10)",
+            if overflow { "value = ''" } else { "value <> ''" }
+        );
+        type Row = (i64, i64, i64, i64, Vec<u8>, Option<Vec<u8>>);
+        let rows: Vec<Row> = with_pool!(self, read, |pool, pg| {
+            sqlx::query_as(&sql)
+                .bind(environment)
+                .bind(service)
+                .bind(start_ns)
+                .bind(end_ns.saturating_sub(MINUTE))
+                .bind(filter.dimension.as_str())
+                .bind(filter.name)
+                .bind(first_minute)
+                .bind(end_ns)
+                .bind(is)
+                .bind(not)
+                .fetch_all(pool)
+                .await?
+        });
+        let (mut requests, mut errors) = (0u64, 0u64);
+        for (bucket_ns, req, err, legacy, sketch, seconds) in rows {
+            let range = SecondRange::within(bucket_ns, start_ns, end_ns);
+            if range.from >= range.to {
+                continue;
+            }
+            t.legacy_rows += i64::from(legacy != 0);
+            match seconds {
+                Some(seconds) => {
+                    let (r, e) = MinuteCells::read_into(&seconds, range, &mut t.latency)
+                        .map_err(decode_err)?;
+                    requests = requests.saturating_add(r);
+                    errors = errors.saturating_add(e);
+                }
+                None => {
+                    t.latency.merge_encoded(&sketch).map_err(decode_err)?;
+                    requests = requests.saturating_add(u64::try_from(req).unwrap_or(0));
+                    errors = errors.saturating_add(u64::try_from(err).unwrap_or(0));
+                }
+            }
+        }
+        t.requests = i64::try_from(requests).unwrap_or(i64::MAX);
+        t.errors = i64::try_from(errors).unwrap_or(i64::MAX);
         Ok(t)
+    }
+
+    /// Convert `request_stats` rows (minute resolution, 4 latency bins per
+    /// octave, written before cohort rows existed) into version cohort rows
+    /// marked `legacy`: each minute's requests at its second 0 (so they
+    /// belong to the cohort their minute starts in, as before), each bin at
+    /// its geometric middle. Batches of at most 20,000 rows, each converted
+    /// and deleted in one transaction; a crash between batches resumes on
+    /// the next open. Returns the rows converted (0, one cheap read, once
+    /// there are none).
+    pub async fn convert_legacy_request_stats(&self) -> Result<u64, StoreError> {
+        const BATCH: i64 = 20_000;
+        type LegacyRow = (String, String, String, i64, i64, i64, i64);
+        let mut converted = 0u64;
+        loop {
+            let done = with_pool!(self, write, |pool, pg| {
+                let mut tx = begin_write!(pool, pg);
+                let legacy: Vec<LegacyRow> = sqlx::query_as(
+                    "SELECT environment, service, version, bucket_ns, latency_bin, requests, errors
+                     FROM request_stats
+                     ORDER BY environment, service, bucket_ns, version, latency_bin LIMIT $1",
+                )
+                .bind(BATCH)
+                .fetch_all(&mut *tx)
+                .await?;
+                if legacy.is_empty() {
+                    tx.commit().await?;
+                    None
+                } else {
+                let mut rows: BTreeMap<CohortKey, PendingRow> = BTreeMap::new();
+                for (environment, service, version, bucket_ns, bin, req, err) in &legacy {
+                    let middle_us = 2f64.powf((*bin as f64 + 0.5) / LEGACY_BINS_PER_OCTAVE);
+                    let key = crate::analysis::sketch::key_of_ns((middle_us * 1000.0) as i64);
+                    let row = rows
+                        .entry(CohortKey {
+                            environment: environment.clone(),
+                            service: service.clone(),
+                            dimension: Dimension::Version,
+                            name: String::new(),
+                            bucket_ns: *bucket_ns,
+                            value: version.clone(),
+                        })
+                        .or_default();
+                    row.legacy = true;
+                    row.cells.record_many(
+                        0,
+                        key,
+                        u64::try_from(*req).unwrap_or(0),
+                        u64::try_from(*err).unwrap_or(0),
+                    );
+                }
+                upsert_cohorts!(tx, pg, &mut rows);
+                for chunk in legacy.chunks(COHORT_ROWS) {
+                    let sql = format!(
+                        "DELETE FROM request_stats
+                         WHERE (environment, service, bucket_ns, version, latency_bin) IN (VALUES {})",
+                        values_rows(pg, chunk.len(), 5)
+                    );
+                    let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 5);
+                    for (e, s, v, b, bin, _, _) in chunk {
+                        binds.extend([
+                            Bind::Text(e),
+                            Bind::Text(s),
+                            Bind::I64(*b),
+                            Bind::Text(v),
+                            Bind::I64(*bin),
+                        ]);
+                    }
+                    bind_all!(sqlx::query(&sql), &binds)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Some(legacy.len() as u64)
+                }
+            });
+            match done {
+                Some(n) => converted += n,
+                None => return Ok(converted),
+            }
+        }
     }
 
     /// Calls by resource of one version in `[start, end)`.
