@@ -21,6 +21,9 @@ use serde_json::{Value, json};
 use crate::on_both_backends;
 use crate::support::{Db, Harness, code, gzip};
 
+mod cohorts;
+mod otel_sdk;
+
 const MIN_NS: i64 = 60_000_000_000;
 const HOUR_NS: i64 = 60 * MIN_NS;
 
