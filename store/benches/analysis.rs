@@ -1,9 +1,15 @@
 //! pstack-store analysis benchmarks (not part of `cargo test`):
 //!
 //! ```text
-//! cargo bench -p pstack-store --bench analysis -- [--backend sqlite|postgres|both] [--mode ingest|blast|all]
+//! cargo bench -p pstack-store --bench analysis -- [--backend sqlite|postgres|both] [--mode ingest|blast|sketch|all]
 //! ```
 //!
+//! - **sketch** (no database): 10^6 synthetic latencies (lognormal; and
+//!   bimodal) through the store's latency sketch and, side by side, through
+//!   the 4-bins-per-octave histogram it replaced; each quantile's relative
+//!   error against the exact quantile of the sorted values (same rank
+//!   rule), the encoded size, and that merging 1,000 partial sketches
+//!   changes nothing.
 //! - **ingest**: 8 concurrent HTTP clients POST OTLP/HTTP protobuf bodies
 //!   (each one exporter flush: 400 requests within 5 s, each one SERVER span
 //!   and two CLIENT/PRODUCER spans, a database and a queue, 1 % failed; 20
@@ -17,8 +23,11 @@
 //!   version cohorts over a 24 h window (plus a 24 h pre-change baseline and
 //!   9 other services at the same density as noise) through the storage
 //!   half of the ingest path (`Store::ingest_traces` with pre-aggregated
-//!   per-minute rows, exactly what OTLP ingest writes), then times 200
+//!   per-minute cohort rows, each request at its second with a latency
+//!   spread over 6 octaves, exactly what OTLP ingest writes), then times 200
 //!   `GET /internal/changes/{id}/blast-radius?window=24h` over HTTP; p50/p99.
+//!   The change is at hh:mm:30, so every cohort has two edge minutes read
+//!   to the second.
 //!
 //! PostgreSQL: `PSTACK_BENCH_PG_URL`, default
 //! `postgres://pstack:pstack@127.0.0.1:5432/pstack_bench`; each run uses and
@@ -34,7 +43,9 @@ use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode as OtelStatus;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
 use prost::Message;
-use pstack_store::analysis::otlp::{self, Batch, CallKey, RequestKey};
+use pstack_store::analysis::cohort::{CohortKey, Dimension};
+use pstack_store::analysis::otlp::{self, Batch, CallKey};
+use pstack_store::analysis::sketch::{self, MinuteCells, Sketch};
 use pstack_store::db::Store;
 use pstack_store::http::{AppState, serve};
 use pstack_store::ingest::IngestLimits;
@@ -315,8 +326,29 @@ async fn bench_ingest(t: &Target) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Pre-aggregated rows for `requests` requests of (service, version) spread
-/// over `minutes` minute buckets from `start_ns`, 24 latency bins a minute.
+/// One minute of `per_minute` requests: spread evenly over its 60 seconds,
+/// latencies log-uniform over 6 octaves (5.8 ms to 370 ms, the old bench's
+/// 24 bins of 2^(1/4)), `error_permille` of each second's requests failed.
+fn minute_template(per_minute: i64, error_permille: i64, seed: u64) -> MinuteCells {
+    let mut rng = Rng(seed | 1);
+    let mut m = MinuteCells::default();
+    let mut errors_due = 0i64;
+    for i in 0..per_minute {
+        let second = u8::try_from(i * 60 / per_minute.max(1)).unwrap_or(59);
+        let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+        let us = 2f64.powf((50.0 + 24.0 * u) / 4.0);
+        errors_due += error_permille;
+        let failed = errors_due >= 1000;
+        if failed {
+            errors_due -= 1000;
+        }
+        m.record(second, sketch::key_of_ns((us * 1000.0) as i64), failed);
+    }
+    m
+}
+
+/// Pre-aggregated cohort rows for `requests` requests of (service,
+/// version) spread over `minutes` minute buckets from `start_ns`.
 fn rows(
     batch: &mut Batch,
     service: &str,
@@ -327,29 +359,24 @@ fn rows(
     error_permille: i64,
 ) {
     let per_minute = requests / minutes;
+    let template = minute_template(per_minute, error_permille, start_ns as u64 ^ 0x9e37);
     for m in 0..minutes {
         let bucket_ns = start_ns + m * MIN_NS;
-        let mut left = per_minute + i64::from(m < requests % minutes);
-        for bin in 0..24 {
-            let n = if bin == 23 {
-                left
-            } else {
-                (per_minute / 24).min(left)
-            };
-            left -= n;
-            let agg = batch
-                .requests
-                .entry(RequestKey {
-                    environment: "prod".into(),
-                    service: service.into(),
-                    version: version.into(),
-                    bucket_ns,
-                    latency_bin: 50 + bin,
-                })
-                .or_default();
-            agg.requests += n;
-            agg.errors += n * error_permille / 1000;
+        let mut cells = template.clone();
+        if m < requests % minutes {
+            cells.record(59, sketch::key_of_ns(40_000_000), false);
         }
+        batch.cohorts.rows.insert(
+            CohortKey {
+                environment: "prod".into(),
+                service: service.into(),
+                dimension: Dimension::Version,
+                name: String::new(),
+                bucket_ns,
+                value: version.into(),
+            },
+            cells,
+        );
         for (r, fanout) in [
             ("db:prod:postgresql:orders-primary:5432/orders", 3),
             ("queue:prod:kafka:orders", 1),
@@ -402,7 +429,7 @@ async fn bench_blast(t: &Target) -> anyhow::Result<()> {
                     requests / 10,
                     err,
                 );
-                total_rows += b.requests.len() + b.calls.len();
+                total_rows += b.cohorts.len() + b.calls.len();
                 t.store.ingest_traces(&b).await?;
             }
         }
@@ -416,7 +443,7 @@ async fn bench_blast(t: &Target) -> anyhow::Result<()> {
     let change = pstack_store::analysis::ledger::validate(
         serde_json::from_value(serde_json::json!({
             "environment": "prod", "kind": "deploy", "service": "checkout-api",
-            "version": "2.4.1", "previousVersion": "2.4.0", "at": pstack_store::ident::format_ns(at),
+            "version": "2.4.1", "previousVersion": "2.4.0", "at": pstack_store::ident::format_ns(at + 30 * 1_000_000_000),
         }))?,
         pstack_store::now_ns(),
     )?;
@@ -454,6 +481,137 @@ async fn bench_blast(t: &Target) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A standard normal draw (Box-Muller).
+fn normal(rng: &mut Rng) -> f64 {
+    let u = ((rng.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    let v = ((rng.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+}
+
+/// The replaced histogram (4 bins per octave of µs, bin 0..=127, each read
+/// at its geometric middle, p at the nearest rank ⌈p·n⌉).
+fn legacy_quantile(sorted_bins: &[i64], q: f64) -> f64 {
+    let n = sorted_bins.len();
+    let rank = ((n as f64) * q).ceil().max(1.0) as usize;
+    let bin = sorted_bins[rank.min(n) - 1];
+    2f64.powf((bin as f64 + 0.5) / 4.0) / 1000.0
+}
+
+fn bench_sketch() {
+    const N: usize = 1_000_000;
+    let quantiles = [0.5, 0.9, 0.95, 0.99, 0.999];
+    type Gen = Box<dyn Fn(&mut Rng) -> f64>;
+    let shapes: Vec<(&str, Gen)> = vec![
+        (
+            "lognormal (median 50 ms, sigma 1)",
+            Box::new(|r: &mut Rng| 50.0 * normal(r).exp()),
+        ),
+        (
+            "bimodal (90 % lognormal median 20 ms sigma 0.3, 10 % median 800 ms sigma 0.2)",
+            Box::new(|r: &mut Rng| {
+                if r.next().is_multiple_of(10) {
+                    800.0 * (0.2 * normal(r)).exp()
+                } else {
+                    20.0 * (0.3 * normal(r)).exp()
+                }
+            }),
+        ),
+    ];
+    println!(
+        "sketch: relative accuracy {} (gamma {:.6}), quantile rank floor(q(n-1)); the replaced histogram: 4 bins per octave, nearest rank",
+        sketch::RELATIVE_ACCURACY,
+        sketch::gamma()
+    );
+    for (name, draw) in shapes {
+        let mut rng = Rng(0x51f1_5eed_0000_0001);
+        let values_ns: Vec<i64> = (0..N).map(|_| (draw(&mut rng) * 1e6) as i64).collect();
+        let started = Instant::now();
+        let mut whole = Sketch::default();
+        for v in &values_ns {
+            whole.add(sketch::key_of_ns(*v), 1);
+        }
+        let add_ns = started.elapsed().as_nanos() as f64 / N as f64;
+        // The same values as 1,000 minutes of per-second rows, merged.
+        let mut merged = Sketch::default();
+        let mut row_bytes = 0usize;
+        for (m, chunk) in values_ns.chunks(N / 1000).enumerate() {
+            let mut cells = MinuteCells::default();
+            for (i, v) in chunk.iter().enumerate() {
+                cells.record(
+                    ((i * 60) / chunk.len()) as u8,
+                    sketch::key_of_ns(*v),
+                    (m + i) % 100 == 0,
+                );
+            }
+            let bytes = cells.encode();
+            row_bytes += bytes.len();
+            MinuteCells::read_into(&bytes, sketch::SecondRange::ALL, &mut merged)
+                .expect("own encoding");
+        }
+        assert_eq!(merged, whole, "merging per-second rows changes nothing");
+        let mut sorted = values_ns.clone();
+        sorted.sort_unstable();
+        let mut legacy_bins: Vec<i64> = sorted
+            .iter()
+            .map(|ns| {
+                let us = *ns as f64 / 1000.0;
+                if us < 1.0 {
+                    0
+                } else {
+                    ((us.log2() * 4.0).floor() as i64).clamp(0, 127)
+                }
+            })
+            .collect();
+        legacy_bins.sort_unstable();
+        println!(
+            "[sketch] {name}: {N} latencies; add {add_ns:.1} ns each; whole sketch {} bytes encoded ({} buckets), as 1,000 per-second minute rows {} bytes ({:.2} bytes per request)",
+            whole.encode().len(),
+            whole.buckets().len(),
+            row_bytes,
+            row_bytes as f64 / N as f64
+        );
+        let (mut worst, mut worst_legacy) = (0f64, 0f64);
+        for q in quantiles {
+            let exact = sorted[((q * (N as f64 - 1.0)).floor()) as usize] as f64 / 1e6;
+            let est = whole.quantile(q).expect("non-empty");
+            let err = (est.estimate_ms - exact).abs() / exact;
+            assert!(
+                est.lower_ms <= exact && est.upper_ms.is_none_or(|u| exact < u),
+                "bounds"
+            );
+            let exact_nearest = sorted[((q * N as f64).ceil() as usize).max(1) - 1] as f64 / 1e6;
+            let legacy = legacy_quantile(&legacy_bins, q);
+            let legacy_err = (legacy - exact_nearest).abs() / exact_nearest;
+            worst = worst.max(err);
+            worst_legacy = worst_legacy.max(legacy_err);
+            println!(
+                "[sketch]   p{:<5} exact {:>10.4} ms | sketch {:>10.4} ms, error {:.4} % (bound {:.2} %) | 4-per-octave bins {:>10.4} ms, error {:.3} %",
+                q * 100.0,
+                exact,
+                est.estimate_ms,
+                err * 100.0,
+                sketch::RELATIVE_ACCURACY * 100.0,
+                legacy,
+                legacy_err * 100.0
+            );
+        }
+        // Every percentile 1..99.9 in steps of 0.1: the largest error seen.
+        let mut worst_all = 0f64;
+        for k in 10..=999 {
+            let q = k as f64 / 1000.0;
+            let exact = sorted[((q * (N as f64 - 1.0)).floor()) as usize] as f64 / 1e6;
+            let est = whole.quantile(q).expect("non-empty").estimate_ms;
+            worst_all = worst_all.max((est - exact).abs() / exact);
+        }
+        println!(
+            "[sketch]   largest error over p50..p99.9 above: sketch {:.4} %, bins {:.3} %; over every p1.0..p99.9 (step 0.1): sketch {:.4} %",
+            worst * 100.0,
+            worst_legacy * 100.0,
+            worst_all * 100.0
+        );
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -471,6 +629,12 @@ async fn main() -> anyhow::Result<()> {
         "postgres" => vec!["postgres"],
         other => anyhow::bail!("--backend {other}: sqlite, postgres or both"),
     };
+    if mode == "sketch" || mode == "all" {
+        bench_sketch();
+        if mode == "sketch" {
+            return Ok(());
+        }
+    }
     for b in backends {
         if mode == "ingest" || mode == "all" {
             let t = open(b).await?;

@@ -775,7 +775,7 @@ async fn post_finding(State(state): State<AppState>, headers: HeaderMap, body: B
     // The server's own evidence: the change's blast radius.
     let radius = match &change {
         Some(c) => Some(
-            blast_radius(&state.store, c, &BlastParams::default(), state.clock.now_ns())
+            blast_radius(&state.store, c, &BlastParams::default(), crate::now_ns())
                 .await
                 .map_err(store_err)?,
         ),

@@ -25,6 +25,10 @@ CREATE TABLE cohort_stats (
     legacy      BIGINT  NOT NULL DEFAULT 0,
     PRIMARY KEY (environment, service, dimension, name, bucket_ns, value)
 );
+-- The capped dimensions' distinct values in one minute (the cap check at
+-- ingest), without scanning a service's whole flag or digest history.
+CREATE INDEX cohort_stats_capped ON cohort_stats (environment, service, dimension, bucket_ns)
+    WHERE dimension <> 'version';
 
 -- request_stats stays until the store converts its rows into cohort_stats
 -- (legacy = 1) on open, in batches, each in one transaction with the

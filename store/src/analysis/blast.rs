@@ -27,9 +27,9 @@
 
 use serde_json::{Value, json};
 
+use super::cohort::Dimension;
 use super::fleet::{self, FleetMetric, NodeCohort};
 use super::ledger::{ChangeRecord, rfc3339};
-use super::cohort::Dimension;
 use super::otlp::is_contended_kind;
 use super::sketch::{self, Quantile, SECOND_NS};
 use super::verdict::{self, BlastInput, CallCounts, CohortCounts, Judgement, SharedResource};
@@ -188,7 +188,9 @@ impl CohortPlan {
 
     fn label<'a>(&'a self, value: Option<&'a str>) -> CohortLabel<'a> {
         CohortLabel {
-            version: (self.dimension == Dimension::Version).then_some(value).flatten(),
+            version: (self.dimension == Dimension::Version)
+                .then_some(value)
+                .flatten(),
             flag: (self.dimension == Dimension::Flag).then_some(self.name.as_str()),
             config: self.dimension == Dimension::Config,
             value,
@@ -384,7 +386,11 @@ pub async fn blast_radius(
         async {
             match plan.dimension {
                 Dimension::Version => Ok(0),
-                d => store.cohort_overflow(env, service, d, base_start, end).await,
+                d => {
+                    store
+                        .cohort_overflow(env, service, d, base_start, end)
+                        .await
+                }
             }
         },
     )?;

@@ -119,7 +119,10 @@ pub struct CohortRows {
 
 impl CohortRows {
     /// Count one request in `(dimension, name, value)`.
-    #[allow(clippy::too_many_arguments, reason = "one request's coordinates, all needed")]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one request's coordinates, all needed"
+    )]
     pub fn record(
         &mut self,
         environment: &str,
@@ -188,7 +191,17 @@ mod tests {
         let mut rows = CohortRows::default();
         for i in 0..(MAX_FLAG_VARIANTS + 10) {
             for _ in 0..3 {
-                rows.record("prod", "svc", Dimension::Flag, "f", &format!("v{i}"), 0, 5, 7, i % 2 == 0);
+                rows.record(
+                    "prod",
+                    "svc",
+                    Dimension::Flag,
+                    "f",
+                    &format!("v{i}"),
+                    0,
+                    5,
+                    7,
+                    i % 2 == 0,
+                );
             }
         }
         // The next minute has its own budget.
@@ -209,12 +222,36 @@ mod tests {
             .count();
         assert_eq!(kept, MAX_FLAG_VARIANTS);
         let total: u64 = rows.rows.values().map(|c| c.totals().0).sum();
-        assert_eq!(total, 3 * (MAX_FLAG_VARIANTS as u64 + 10) + 1, "nothing lost");
+        assert_eq!(
+            total,
+            3 * (MAX_FLAG_VARIANTS as u64 + 10) + 1,
+            "nothing lost"
+        );
         // Versions are not capped; an over-long digest is overflow.
         for i in 0..100 {
-            rows.record("prod", "svc", Dimension::Version, "", &format!("{i}"), 0, 0, 1, false);
+            rows.record(
+                "prod",
+                "svc",
+                Dimension::Version,
+                "",
+                &format!("{i}"),
+                0,
+                0,
+                1,
+                false,
+            );
         }
-        rows.record("prod", "svc", Dimension::Config, "", &"x".repeat(300), 0, 0, 1, false);
+        rows.record(
+            "prod",
+            "svc",
+            Dimension::Config,
+            "",
+            &"x".repeat(300),
+            0,
+            0,
+            1,
+            false,
+        );
         assert_eq!(
             rows.rows
                 .keys()
@@ -222,6 +259,10 @@ mod tests {
                 .count(),
             100
         );
-        assert!(rows.rows.keys().any(|k| k.dimension == Dimension::Config && k.is_overflow()));
+        assert!(
+            rows.rows
+                .keys()
+                .any(|k| k.dimension == Dimension::Config && k.is_overflow())
+        );
     }
 }

@@ -516,7 +516,15 @@ mod tests {
                 (Dimension::Flag, "new_tax", "on", 2),
             ]
         );
-        let q = b.cohorts.rows.values().next().unwrap().sketch().quantile(0.95).unwrap();
+        let q = b
+            .cohorts
+            .rows
+            .values()
+            .next()
+            .unwrap()
+            .sketch()
+            .quantile(0.95)
+            .unwrap();
         assert!(q.lower_ms <= 250.0 && q.upper_ms.unwrap() > 250.0, "{q:?}");
     }
 }

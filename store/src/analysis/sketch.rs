@@ -136,10 +136,7 @@ impl Reader<'_> {
 }
 
 /// Reads sparse (key delta, count) pairs, calling `f(key, count)`.
-fn read_keys(
-    r: &mut Reader<'_>,
-    mut f: impl FnMut(u16, u64),
-) -> Result<u64, SketchError> {
+fn read_keys(r: &mut Reader<'_>, mut f: impl FnMut(u16, u64)) -> Result<u64, SketchError> {
     let n = r.varint()?;
     let mut key: i64 = -1;
     let mut total = 0u64;
@@ -200,10 +197,7 @@ impl Quantile {
         if self.lower_ms <= 0.0 || u <= 0.0 {
             return (self.lower_ms == u).then_some(0.0);
         }
-        Some(
-            ((self.estimate_ms - self.lower_ms) / self.lower_ms)
-                .max((u - self.estimate_ms) / u),
-        )
+        Some(((self.estimate_ms - self.lower_ms) / self.lower_ms).max((u - self.estimate_ms) / u))
     }
 }
 
@@ -360,7 +354,10 @@ impl SecondRange {
 impl MinuteCells {
     /// Record one request.
     pub fn record(&mut self, second: u8, key: u16, failed: bool) {
-        let cell = self.seconds.entry(second.min(SECONDS_PER_ROW - 1)).or_default();
+        let cell = self
+            .seconds
+            .entry(second.min(SECONDS_PER_ROW - 1))
+            .or_default();
         *cell.buckets.entry(key.min(MAPPING.max_key)).or_default() += 1;
         cell.errors += u64::from(failed);
     }
@@ -370,7 +367,10 @@ impl MinuteCells {
         if n == 0 {
             return;
         }
-        let cell = self.seconds.entry(second.min(SECONDS_PER_ROW - 1)).or_default();
+        let cell = self
+            .seconds
+            .entry(second.min(SECONDS_PER_ROW - 1))
+            .or_default();
         *cell.buckets.entry(key.min(MAPPING.max_key)).or_default() += n;
         cell.errors += errors.min(n);
     }
@@ -565,7 +565,10 @@ mod tests {
         assert_eq!(s, merged.sketch());
         let q = s.quantile(0.95).unwrap();
         assert!(q.lower_ms <= 100.0 && q.upper_ms.unwrap() > 100.0, "{q:?}");
-        assert!((q.estimate_ms - 100.0).abs() / 100.0 <= RELATIVE_ACCURACY, "{q:?}");
+        assert!(
+            (q.estimate_ms - 100.0).abs() / 100.0 <= RELATIVE_ACCURACY,
+            "{q:?}"
+        );
         assert!(q.relative_error().unwrap() <= RELATIVE_ACCURACY + 1e-12);
         assert_eq!(Sketch::default().quantile(0.95), None);
     }
@@ -574,13 +577,17 @@ mod tests {
     fn encodings_round_trip_and_refuse_garbage() {
         let mut m = MinuteCells::default();
         for i in 0..5000u32 {
-            m.record((i % 60) as u8, key_of_ns(i64::from(i) * 7_919_000), i % 13 == 0);
+            m.record(
+                (i % 60) as u8,
+                key_of_ns(i64::from(i) * 7_919_000),
+                i % 13 == 0,
+            );
         }
         let bytes = m.encode();
         assert_eq!(MinuteCells::decode(&bytes).unwrap(), m);
         let mut s = Sketch::default();
-        let (req, err) = MinuteCells::read_into(&bytes, SecondRange { from: 10, to: 20 }, &mut s)
-            .unwrap();
+        let (req, err) =
+            MinuteCells::read_into(&bytes, SecondRange { from: 10, to: 20 }, &mut s).unwrap();
         let want: u64 = m.seconds.range(10..20).map(|(_, c)| c.requests()).sum();
         let want_err: u64 = m.seconds.range(10..20).map(|(_, c)| c.errors).sum();
         assert_eq!((req, err), (want, want_err));
@@ -610,7 +617,10 @@ mod tests {
     #[test]
     fn second_ranges_cover_exactly_the_seconds_that_start_in_the_window() {
         let b = 600 * SECOND_NS;
-        assert_eq!(SecondRange::within(b, b, b + 60 * SECOND_NS), SecondRange::ALL);
+        assert_eq!(
+            SecondRange::within(b, b, b + 60 * SECOND_NS),
+            SecondRange::ALL
+        );
         let r = SecondRange::within(b, b + 10 * SECOND_NS, b + 120 * SECOND_NS);
         assert_eq!((r.from, r.to), (10, 60));
         // A start inside second 10 excludes it (it started before the window).

@@ -253,10 +253,7 @@ impl P95Ratio {
 }
 
 /// The seed's regression test of `new` against `base`.
-pub fn regression(
-    new: &CohortCounts,
-    base: &CohortCounts,
-) -> (bool, f64, f64, Option<P95Ratio>) {
+pub fn regression(new: &CohortCounts, base: &CohortCounts) -> (bool, f64, f64, Option<P95Ratio>) {
     let diff = new.rate() - base.rate();
     let rr = new.rate() / base.rate().max(RATE_FLOOR);
     let p95 = match (&new.p95, &base.p95) {
@@ -624,13 +621,48 @@ mod tests {
     fn p95_ratio_within_error_of_the_threshold_is_flagged_and_not_met() {
         let base = Quantile::exact(100.0);
         let rows = [
-            ("at 2.5, within", q(250.0, 248.0, 252.0), Verdict::NoRegressionDetected, true),
-            ("just below, within", q(249.0, 247.0, 251.0), Verdict::NoRegressionDetected, true),
-            ("just above, within", q(251.0, 249.0, 253.0), Verdict::NoRegressionDetected, true),
-            ("above, interval clear", q(256.0, 254.0, 258.0), Verdict::IsolatedToNewVersion, false),
-            ("lower bound exactly 2.5", q(252.0, 250.0, 254.0), Verdict::IsolatedToNewVersion, false),
-            ("below, interval clear", q(244.0, 242.0, 246.0), Verdict::NoRegressionDetected, false),
-            ("upper bound exactly 2.5", q(248.0, 246.0, 250.0), Verdict::NoRegressionDetected, false),
+            (
+                "at 2.5, within",
+                q(250.0, 248.0, 252.0),
+                Verdict::NoRegressionDetected,
+                true,
+            ),
+            (
+                "just below, within",
+                q(249.0, 247.0, 251.0),
+                Verdict::NoRegressionDetected,
+                true,
+            ),
+            (
+                "just above, within",
+                q(251.0, 249.0, 253.0),
+                Verdict::NoRegressionDetected,
+                true,
+            ),
+            (
+                "above, interval clear",
+                q(256.0, 254.0, 258.0),
+                Verdict::IsolatedToNewVersion,
+                false,
+            ),
+            (
+                "lower bound exactly 2.5",
+                q(252.0, 250.0, 254.0),
+                Verdict::IsolatedToNewVersion,
+                false,
+            ),
+            (
+                "below, interval clear",
+                q(244.0, 242.0, 246.0),
+                Verdict::NoRegressionDetected,
+                false,
+            ),
+            (
+                "upper bound exactly 2.5",
+                q(248.0, 246.0, 250.0),
+                Verdict::NoRegressionDetected,
+                false,
+            ),
         ];
         for (name, new_p95, want, within) in rows {
             let mut new = c(1000.0, 0.0, None);
@@ -641,7 +673,10 @@ mod tests {
             assert_eq!(j.verdict, want, "{name}: {j:?}");
             let r = j.p95_ratio.unwrap();
             assert_eq!(r.within_error_of_threshold, within, "{name}: {r:?}");
-            assert!(r.lower <= r.estimate && r.estimate <= r.upper.unwrap(), "{name}");
+            assert!(
+                r.lower <= r.estimate && r.estimate <= r.upper.unwrap(),
+                "{name}"
+            );
         }
     }
 
@@ -657,7 +692,11 @@ mod tests {
             // 200 requests; 0-based ranks 180..199 all at the p95 value.
             let mut m = MinuteCells::default();
             for i in 0..200u32 {
-                let ns = if i >= 180 { p95_ns } else { p95_ns * f64::from(i + 1) / 400.0 };
+                let ns = if i >= 180 {
+                    p95_ns
+                } else {
+                    p95_ns * f64::from(i + 1) / 400.0
+                };
                 m.record(0, key_of_ns(ns.round() as i64), false);
             }
             m.sketch().quantile(0.95).unwrap()
@@ -677,7 +716,10 @@ mod tests {
                 );
                 assert!((r.estimate / truth).max(truth / r.estimate) <= gamma + 1e-9);
                 if r.meets_threshold {
-                    assert!(truth >= 2.5 - 1e-9, "false regression at {base_ns} x{ratio}: {r:?}");
+                    assert!(
+                        truth >= 2.5 - 1e-9,
+                        "false regression at {base_ns} x{ratio}: {r:?}"
+                    );
                 }
                 if ratio == 2.45 {
                     assert!(!r.meets_threshold && !r.within_error_of_threshold, "{r:?}");

@@ -31,12 +31,12 @@ use serde_json::Value;
 use sqlx::Row;
 
 use super::{Bind, Pools, Store, StoreError, placeholders, values_rows};
+use crate::analysis::cohort::{CohortKey, Dimension};
 use crate::analysis::fleet::NodeEnvelope;
 use crate::analysis::ledger::{ChangeNode, ChangeRecord, NewChange, rfc3339};
-use crate::analysis::cohort::{CohortKey, Dimension};
 use crate::analysis::otlp::{Batch, CallAgg, CallKey, FailedRequest};
-use crate::analysis::sketch::{MinuteCells, SecondRange, Sketch, SketchError};
 use crate::analysis::proof::EvalRun;
+use crate::analysis::sketch::{MinuteCells, SecondRange, Sketch, SketchError};
 
 /// A fresh id with `prefix`.
 pub fn new_id(prefix: &str) -> Result<String, StoreError> {
@@ -111,8 +111,7 @@ impl<'a> CohortFilter<'a> {
 /// Rows per multi-row statement.
 const COHORT_ROWS: usize = 200;
 const COHORT_KEY_COLS: &str = "environment, service, dimension, name, bucket_ns, value";
-const COHORT_COLS: &str =
-    "environment, service, dimension, name, bucket_ns, value, requests, errors, seconds, sketch, legacy";
+const COHORT_COLS: &str = "environment, service, dimension, name, bucket_ns, value, requests, errors, seconds, sketch, legacy";
 /// Legacy rows were 4 latency bins per octave, recorded at their bin's
 /// geometric middle: a true value is within 2^(1/8) of it.
 const LEGACY_BINS_PER_OCTAVE: f64 = 4.0;
@@ -202,7 +201,7 @@ macro_rules! upsert_cohorts {
             let existing: BTreeSet<(String, String)> = sqlx::query_as::<_, (String, String)>(
                 "SELECT name, value FROM cohort_stats
                  WHERE environment = $1 AND service = $2 AND dimension = $3 AND bucket_ns = $4
-                   AND value <> ''",
+                   AND value <> '' AND dimension <> 'version'",
             )
             .bind(&guard.environment)
             .bind(&guard.service)
@@ -326,7 +325,6 @@ macro_rules! upsert_cohorts {
         }
     }};
 }
-
 
 /// Calls of a cohort to one resource.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -853,51 +851,51 @@ impl Store {
                     tx.commit().await?;
                     None
                 } else {
-                let mut rows: BTreeMap<CohortKey, PendingRow> = BTreeMap::new();
-                for (environment, service, version, bucket_ns, bin, req, err) in &legacy {
-                    let middle_us = 2f64.powf((*bin as f64 + 0.5) / LEGACY_BINS_PER_OCTAVE);
-                    let key = crate::analysis::sketch::key_of_ns((middle_us * 1000.0) as i64);
-                    let row = rows
-                        .entry(CohortKey {
-                            environment: environment.clone(),
-                            service: service.clone(),
-                            dimension: Dimension::Version,
-                            name: String::new(),
-                            bucket_ns: *bucket_ns,
-                            value: version.clone(),
-                        })
-                        .or_default();
-                    row.legacy = true;
-                    row.cells.record_many(
-                        0,
-                        key,
-                        u64::try_from(*req).unwrap_or(0),
-                        u64::try_from(*err).unwrap_or(0),
-                    );
-                }
-                upsert_cohorts!(tx, pg, &mut rows);
-                for chunk in legacy.chunks(COHORT_ROWS) {
-                    let sql = format!(
+                    let mut rows: BTreeMap<CohortKey, PendingRow> = BTreeMap::new();
+                    for (environment, service, version, bucket_ns, bin, req, err) in &legacy {
+                        let middle_us = 2f64.powf((*bin as f64 + 0.5) / LEGACY_BINS_PER_OCTAVE);
+                        let key = crate::analysis::sketch::key_of_ns((middle_us * 1000.0) as i64);
+                        let row = rows
+                            .entry(CohortKey {
+                                environment: environment.clone(),
+                                service: service.clone(),
+                                dimension: Dimension::Version,
+                                name: String::new(),
+                                bucket_ns: *bucket_ns,
+                                value: version.clone(),
+                            })
+                            .or_default();
+                        row.legacy = true;
+                        row.cells.record_many(
+                            0,
+                            key,
+                            u64::try_from(*req).unwrap_or(0),
+                            u64::try_from(*err).unwrap_or(0),
+                        );
+                    }
+                    upsert_cohorts!(tx, pg, &mut rows);
+                    for chunk in legacy.chunks(COHORT_ROWS) {
+                        let sql = format!(
                         "DELETE FROM request_stats
                          WHERE (environment, service, bucket_ns, version, latency_bin) IN (VALUES {})",
                         values_rows(pg, chunk.len(), 5)
                     );
-                    let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 5);
-                    for (e, s, v, b, bin, _, _) in chunk {
-                        binds.extend([
-                            Bind::Text(e),
-                            Bind::Text(s),
-                            Bind::I64(*b),
-                            Bind::Text(v),
-                            Bind::I64(*bin),
-                        ]);
+                        let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 5);
+                        for (e, s, v, b, bin, _, _) in chunk {
+                            binds.extend([
+                                Bind::Text(e),
+                                Bind::Text(s),
+                                Bind::I64(*b),
+                                Bind::Text(v),
+                                Bind::I64(*bin),
+                            ]);
+                        }
+                        bind_all!(sqlx::query(&sql), &binds)
+                            .execute(&mut *tx)
+                            .await?;
                     }
-                    bind_all!(sqlx::query(&sql), &binds)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                tx.commit().await?;
-                Some(legacy.len() as u64)
+                    tx.commit().await?;
+                    Some(legacy.len() as u64)
                 }
             });
             match done {

@@ -64,8 +64,13 @@ async fn flag_variants_are_capped_per_minute(db: Db) {
     let minute = anchor(1);
     // 80 variants in one minute over two bodies: 64 kept, 16 counted as overflow.
     for range in [0..40, 40..80] {
-        let (st, body) =
-            post_traces(&h, flag_body(minute, range, 2), "application/x-protobuf", false).await;
+        let (st, body) = post_traces(
+            &h,
+            flag_body(minute, range, 2),
+            "application/x-protobuf",
+            false,
+        )
+        .await;
         assert_eq!(st, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     }
     let (st, c) = post_json(
@@ -94,7 +99,13 @@ async fn flag_variants_are_capped_per_minute(db: Db) {
     // Every request is still in its version cohort.
     let t = h
         .store
-        .request_totals("prod", "pricing-api", VersionFilter::Any, minute, minute + MIN_NS)
+        .request_totals(
+            "prod",
+            "pricing-api",
+            VersionFilter::Any,
+            minute,
+            minute + MIN_NS,
+        )
         .await
         .unwrap();
     assert_eq!(t.requests, 160);
@@ -202,7 +213,10 @@ async fn legacy_request_stats_are_converted_on_open(db: Db) {
     assert_eq!(first.requests, 950);
     // The stated bound covers the legacy bin (2^(40/4)..2^(41/4) µs), and is wider than α.
     let q = pstack_store::analysis::blast::p95_of(&old).unwrap();
-    assert!(q.lower_ms <= 1.024 && q.upper_ms.unwrap() >= 1.2177, "{q:?}");
+    assert!(
+        q.lower_ms <= 1.024 && q.upper_ms.unwrap() >= 1.2177,
+        "{q:?}"
+    );
     assert!(q.relative_error().unwrap() > 0.09, "{q:?}");
     // New requests merge into a converted row; it stays marked legacy.
     let batch = pstack_store::analysis::otlp::aggregate(&ExportTraceServiceRequest {
@@ -237,7 +251,13 @@ async fn legacy_request_stats_are_converted_on_open(db: Db) {
     let store = reopen(&url, &opts).await;
     assert_eq!(store.convert_legacy_request_stats().await.unwrap(), 0);
     let again = store
-        .request_totals("prod", "legacy-api", VersionFilter::Any, minute, minute + 2 * MIN_NS)
+        .request_totals(
+            "prod",
+            "legacy-api",
+            VersionFilter::Any,
+            minute,
+            minute + 2 * MIN_NS,
+        )
         .await
         .unwrap();
     assert_eq!(again.requests, 1751);

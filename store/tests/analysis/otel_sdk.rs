@@ -205,8 +205,18 @@ async fn otel_sdk_p95_ratio_sides(db: Db) {
                     .map(|(k, d)| Req::at(at + MIN_NS + k as i64 * 50 * MS_NS, d, false))
                     .collect()
             };
-            resources.push(resource(&service, "2.0.0", json!({}), &place(latencies(base_ns))));
-            resources.push(resource(&service, "2.0.1", json!({}), &place(latencies(new_ns))));
+            resources.push(resource(
+                &service,
+                "2.0.0",
+                json!({}),
+                &place(latencies(base_ns)),
+            ));
+            resources.push(resource(
+                &service,
+                "2.0.1",
+                json!({}),
+                &place(latencies(new_ns)),
+            ));
             let id = deploy(
                 &h,
                 at,
@@ -241,7 +251,10 @@ async fn otel_sdk_p95_ratio_sides(db: Db) {
                 c["p95MsBounds"]["upper"].as_f64().unwrap(),
             );
             assert!(l <= want_ms && want_ms < u, "{what} {cohort}: {c}");
-            assert!(c["p95RelativeError"].as_f64().unwrap() <= 0.004 + 1e-9, "{c}");
+            assert!(
+                c["p95RelativeError"].as_f64().unwrap() <= 0.004 + 1e-9,
+                "{c}"
+            );
         }
         assert_eq!(b["latencySketch"]["relativeAccuracy"], 0.004);
     }
@@ -322,12 +335,21 @@ async fn otel_sdk_five_points_at_any_second(db: Db) {
     export(&h, &py, resources, false).await;
     for (id, second) in cases {
         let b = blast(&h, &id).await;
-        assert_eq!(b["verdict"], "isolated_to_new_version", "second {second}: {b:#}");
+        assert_eq!(
+            b["verdict"], "isolated_to_new_version",
+            "second {second}: {b:#}"
+        );
         assert_eq!(b["cohorts"]["new"]["requestCount"], 200, "second {second}");
         assert_eq!(b["cohorts"]["new"]["errorCount"], 11, "second {second}");
-        assert_eq!(b["cohorts"]["previous"]["requestCount"], 200, "second {second}");
+        assert_eq!(
+            b["cohorts"]["previous"]["requestCount"], 200,
+            "second {second}"
+        );
         assert_eq!(b["cohorts"]["previous"]["errorCount"], 1, "second {second}");
-        assert_eq!(b["cohorts"]["preBaseline"]["requestCount"], 100, "second {second}");
+        assert_eq!(
+            b["cohorts"]["preBaseline"]["requestCount"], 100,
+            "second {second}"
+        );
         let d = b["absoluteRateDifference"].as_f64().unwrap();
         assert!((d - 0.05).abs() < 1e-12, "second {second}: {d}");
     }
@@ -455,7 +477,10 @@ async fn otel_sdk_flag_and_config_cohorts(db: Db) {
     )
     .await;
     assert_eq!(st, StatusCode::CREATED, "{f}");
-    assert_eq!(f["finding"]["causalProofTier"], "cohort_rate_isolated", "{f:#}");
+    assert_eq!(
+        f["finding"]["causalProofTier"], "cohort_rate_isolated",
+        "{f:#}"
+    );
     assert_eq!(f["finding"]["changeVerdict"], "isolated_to_new_version");
 
     let b = blast(&h, &config_change).await;
