@@ -317,7 +317,7 @@ async fn bench_ingest(t: &Target) -> anyhow::Result<()> {
         cpu_store / cpu_ceiling
     );
     println!(
-        "[{}] storage: {} bytes more in the database = {:.2} MB per million spans (aggregates of 20 services x 2 versions x 60 minutes x latency bins, plus the 1 % failed requests sampled; grows with distinct keys, not with spans)",
+        "[{}] storage: {} bytes more in the database = {:.2} MB per million spans (cohort rows of 20 services x 2 versions x the minutes their bodies touch, each holding per-second latency buckets, plus call counters and the 1 % failed requests sampled)",
         t.name,
         after - before,
         (after - before) as f64 / spans as f64
@@ -404,6 +404,7 @@ async fn bench_blast(t: &Target) -> anyhow::Result<()> {
     let day = 24 * 60;
     let at = (pstack_store::now_ns() / MIN_NS) * MIN_NS - 2 * day * MIN_NS;
     let fill = Instant::now();
+    let bytes_before = t.store.bench_database_bytes().await?;
     let mut total_rows = 0usize;
     for s in 0..10 {
         let service = if s == 0 {
@@ -435,10 +436,13 @@ async fn bench_blast(t: &Target) -> anyhow::Result<()> {
         }
     }
     t.store.bench_analyze().await?;
+    let filled = t.store.bench_database_bytes().await? - bytes_before;
     println!(
-        "[{}] blast radius: {total_rows} aggregate rows written in {:.1} s (10 services, each 10,000,000 requests after the change + 4,000,000 before)",
+        "[{}] blast radius: {total_rows} aggregate rows written in {:.1} s (10 services, each 10,000,000 requests after the change + 4,000,000 before), {:.1} MB in the database = {:.3} MB per million requests",
         t.name,
-        fill.elapsed().as_secs_f64()
+        fill.elapsed().as_secs_f64(),
+        filled as f64 / 1e6,
+        filled as f64 / 140.0 / 1e6
     );
     let change = pstack_store::analysis::ledger::validate(
         serde_json::from_value(serde_json::json!({

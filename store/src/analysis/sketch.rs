@@ -278,19 +278,16 @@ impl Sketch {
     }
 
     /// Add an encoded sketch into this one; returns the requests it held.
+    /// On an error part of it may have been added: discard the sketch.
     pub fn merge_encoded(&mut self, bytes: &[u8]) -> Result<u64, SketchError> {
         let mut r = Reader { bytes };
         match r.byte()? {
             FORMAT_SKETCH => {}
             v => return Err(SketchError::Version(v)),
         }
-        let mut staged = Vec::new();
-        let n = read_keys(&mut r, |k, c| staged.push((k, c)))?;
+        let n = read_keys(&mut r, |k, c| self.add(k, c))?;
         if !r.done() {
             return Err(SketchError::Inconsistent("trailing bytes"));
-        }
-        for (k, c) in staged {
-            self.add(k, c);
         }
         Ok(n)
     }
@@ -439,7 +436,8 @@ impl MinuteCells {
     }
 
     /// Add the seconds of an encoded row that fall in `range` into
-    /// `sketch`; returns their (requests, errors).
+    /// `sketch`; returns their (requests, errors). On an error part of the
+    /// row may have been added: discard the sketch.
     pub fn read_into(
         bytes: &[u8],
         range: SecondRange,
