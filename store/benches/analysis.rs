@@ -38,6 +38,7 @@ use pstack_store::analysis::otlp::{self, Batch, CallKey, RequestKey};
 use pstack_store::db::Store;
 use pstack_store::http::{AppState, serve};
 use pstack_store::ingest::IngestLimits;
+use pstack_store::keys::ScopeSet;
 
 mod common;
 use common::{Target, close, cpu_time, open, percentile};
@@ -218,7 +219,7 @@ fn decode_ceiling(bodies: Arc<Vec<Vec<u8>>>) -> (f64, Duration) {
 }
 
 async fn bench_ingest(t: &Target) -> anyhow::Result<()> {
-    let key = t.store.create_key("bench").await?;
+    let key = t.store.create_key("bench", &ScopeSet::legacy()).await?;
     let (base, stop) = start(t.store.clone()).await?;
     let base_ns = pstack_store::now_ns() - 2 * 60 * MIN_NS;
     let bodies: Arc<Vec<Vec<u8>>> = Arc::new(
@@ -373,7 +374,7 @@ fn rows(
 }
 
 async fn bench_blast(t: &Target) -> anyhow::Result<()> {
-    let key = t.store.create_key("bench").await?;
+    let key = t.store.create_key("bench", &ScopeSet::legacy()).await?;
     let day = 24 * 60;
     let at = (pstack_store::now_ns() / MIN_NS) * MIN_NS - 2 * day * MIN_NS;
     let fill = Instant::now();
@@ -403,7 +404,7 @@ async fn bench_blast(t: &Target) -> anyhow::Result<()> {
                     err,
                 );
                 total_rows += b.requests.len() + b.calls.len();
-                t.store.ingest_traces(&b).await?;
+                t.store.ingest_traces(&b, "bench").await?;
             }
         }
     }

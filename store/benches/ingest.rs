@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use pstack_store::db::Store;
 use pstack_store::http::{AppState, serve};
 use pstack_store::ingest::IngestLimits;
+use pstack_store::keys::{Scope, ScopeSet};
 use pstack_store::synthetic::Capture;
 
 mod common;
@@ -160,7 +161,11 @@ async fn bench_ingest(backend: &str, run: u64, clients: usize, stored: u64) -> a
     );
     let batches = make_batches(run, clients);
     let (base, stop, server) = start(t.store.clone()).await?;
-    let key = t.store.create_key("bench").await?.plaintext;
+    let key = t
+        .store
+        .create_key("bench", &ScopeSet::of([Scope::Ingest]))
+        .await?
+        .plaintext;
     let client = reqwest::Client::builder()
         .no_gzip()
         .pool_max_idle_per_host(clients)
@@ -249,7 +254,9 @@ async fn bench_ingest_external(run: u64) -> anyhow::Result<()> {
     let db = db.to_str().unwrap_or_default().to_string();
     let bin = env!("CARGO_BIN_EXE_pstack-store");
     let out = std::process::Command::new(bin)
-        .args(["--db", &db, "keys", "create", "--name", "bench"])
+        .args([
+            "--db", &db, "keys", "create", "--name", "bench", "--scope", "ingest",
+        ])
         .output()?;
     anyhow::ensure!(out.status.success(), "keys create failed");
     let key = String::from_utf8(out.stdout)?.trim().to_string();
@@ -349,7 +356,11 @@ async fn bench_history(backend: &str) -> anyhow::Result<()> {
         t.store.bench_analyze().await?;
     }
     let (base, stop, server) = start(t.store.clone()).await?;
-    let key = t.store.create_key("bench").await?.plaintext;
+    let key = t
+        .store
+        .create_key("bench", &ScopeSet::of([Scope::Ingest]))
+        .await?
+        .plaintext;
     let client = reqwest::Client::builder().no_gzip().build()?;
     let mut lat = Vec::with_capacity(HISTORY_QUERIES);
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;

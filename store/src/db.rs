@@ -85,6 +85,12 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../migrations/sqlite/0005_transfers.sql"),
         include_str!("../migrations/postgres/0005_transfers.sql"),
     ),
+    (
+        6,
+        "scopes",
+        include_str!("../migrations/sqlite/0006_scopes.sql"),
+        include_str!("../migrations/postgres/0006_scopes.sql"),
+    ),
 ];
 
 /// The migration that created the transfer join (`crate::transfers`).
@@ -118,6 +124,9 @@ pub enum StoreError {
     /// `keys revoke` of an id that does not exist.
     #[error("no API key with id {0:?}")]
     NoSuchKey(String),
+    /// A key with no scope would be refused everywhere.
+    #[error("a key needs at least one scope")]
+    NoScopes,
 }
 
 impl StoreError {
@@ -340,13 +349,15 @@ pub struct KeyInfo {
     pub created_at: String,
     /// Revoked at, if revoked.
     pub revoked_at: Option<String>,
+    /// What it may do (`legacy`: every scope; see [`crate::keys::Scope`]).
+    pub scopes: Vec<&'static str>,
 }
 
 /// Outcome of authenticating a presented key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyCheck {
-    /// Valid and live: the key id.
-    Valid(String),
+    /// Valid and live: the key id and its scopes.
+    Valid(String, keys::ScopeSet),
     /// Matches a revoked key.
     Revoked(String),
     /// Matches nothing.
@@ -931,17 +942,26 @@ impl Store {
 
     // ---- API keys ----
 
-    /// Create a key; returns its id and the plaintext (shown once).
-    pub async fn create_key(&self, name: &str) -> Result<keys::NewKey, StoreError> {
+    /// Create a key holding `scopes`; returns its id and the plaintext
+    /// (shown once).
+    pub async fn create_key(
+        &self,
+        name: &str,
+        scopes: &keys::ScopeSet,
+    ) -> Result<keys::NewKey, StoreError> {
+        if scopes.is_empty() {
+            return Err(StoreError::NoScopes);
+        }
         let key = keys::generate()?;
         with_pool!(self, write, |pool, pg| {
             sqlx::query(
-                "INSERT INTO api_keys (id, name, key_hash, created_ns) VALUES ($1, $2, $3, $4)",
+                "INSERT INTO api_keys (id, name, key_hash, created_ns, scopes) VALUES ($1, $2, $3, $4, $5)",
             )
             .bind(key.id.as_str())
             .bind(name)
             .bind(key.hash.as_str())
             .bind(crate::now_ns())
+            .bind(scopes.to_stored())
             .execute(pool)
             .await?;
             Ok::<(), StoreError>(())
@@ -953,7 +973,7 @@ impl Store {
     pub async fn list_keys(&self) -> Result<Vec<KeyInfo>, StoreError> {
         with_pool!(self, read, |pool, pg| {
             let rows = sqlx::query(
-                "SELECT id, name, created_ns, revoked_ns FROM api_keys ORDER BY created_ns, id",
+                "SELECT id, name, created_ns, revoked_ns, scopes FROM api_keys ORDER BY created_ns, id",
             )
             .fetch_all(pool)
             .await?;
@@ -964,6 +984,9 @@ impl Store {
                         name: r.try_get(1)?,
                         created_at: format_ns(r.try_get(2)?),
                         revoked_at: r.try_get::<Option<i64>, _>(3)?.map(format_ns),
+                        scopes: keys::ScopeSet::from_stored(&r.try_get::<String, _>(4)?)
+                            .0
+                            .names(),
                     })
                 })
                 .collect::<Result<Vec<_>, StoreError>>()
@@ -986,18 +1009,49 @@ impl Store {
         Ok(())
     }
 
-    /// Check a presented key.
+    /// Replace a key's scopes (narrow a `legacy` key, or widen one);
+    /// effective on its next request. Returns (before, after).
+    pub async fn set_key_scopes(
+        &self,
+        id: &str,
+        scopes: &keys::ScopeSet,
+    ) -> Result<(keys::ScopeSet, keys::ScopeSet), StoreError> {
+        if scopes.is_empty() {
+            return Err(StoreError::NoScopes);
+        }
+        let before: Option<String> = with_pool!(self, write, |pool, pg| {
+            let mut tx = begin_write!(pool, pg);
+            let before: Option<String> =
+                sqlx::query_scalar("SELECT scopes FROM api_keys WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            sqlx::query("UPDATE api_keys SET scopes = $1 WHERE id = $2")
+                .bind(scopes.to_stored())
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            before
+        });
+        let Some(before) = before else {
+            return Err(StoreError::NoSuchKey(id.into()));
+        };
+        Ok((keys::ScopeSet::from_stored(&before).0, scopes.clone()))
+    }
+
+    /// Check a presented key: valid ones come back with their scopes.
     pub async fn check_key(&self, presented: &str) -> Result<KeyCheck, StoreError> {
         let Ok(id) = keys::parse_id(presented) else {
             return Ok(KeyCheck::Unknown);
         };
-        let row: Option<(String, Option<i64>)> = with_pool!(self, read, |pool, pg| {
-            sqlx::query_as("SELECT key_hash, revoked_ns FROM api_keys WHERE id = $1")
+        let row: Option<(String, Option<i64>, String)> = with_pool!(self, read, |pool, pg| {
+            sqlx::query_as("SELECT key_hash, revoked_ns, scopes FROM api_keys WHERE id = $1")
                 .bind(id)
                 .fetch_optional(pool)
                 .await?
         });
-        let Some((hash, revoked)) = row else {
+        let Some((hash, revoked, scopes)) = row else {
             return Ok(KeyCheck::Unknown);
         };
         if !keys::hashes_equal(&keys::hash_key(presented), &hash) {
@@ -1005,7 +1059,13 @@ impl Store {
         }
         Ok(match revoked {
             Some(_) => KeyCheck::Revoked(id.to_string()),
-            None => KeyCheck::Valid(id.to_string()),
+            None => {
+                let (set, unknown) = keys::ScopeSet::from_stored(&scopes);
+                if !unknown.is_empty() {
+                    tracing::warn!(key_id = id, unknown = ?unknown, "stored key scopes this store does not know grant nothing");
+                }
+                KeyCheck::Valid(id.to_string(), set)
+            }
         })
     }
 

@@ -4,6 +4,10 @@
 //! - Every `/v1` route authenticates with `Authorization: Bearer <key>` before
 //!   it reads a body; `/healthz` and `/metrics` are open (they expose counts,
 //!   never evidence).
+//! - Every authenticated route names the one [`Scope`] it needs at its
+//!   [`authenticate`] call (the same table as `openapi.json`'s `security`); a
+//!   live key without it gets 403 `insufficient_scope` naming the scope,
+//!   before the body is read.
 //! - Errors are JSON `{"error": {"code", "message"}}` with a stable snake_case
 //!   code and the precise status (400 malformed, 401 auth, 404 absent, 413 too
 //!   large, 415 encoding, 422 refused by a rule, 503 database unavailable).
@@ -31,6 +35,8 @@ use serde_json::json;
 
 use crate::db::{self, KeyCheck, Store, StoreError, StoredStatus};
 use crate::ingest::{self, Framing, IngestLimits, ItemVerdict, Reason};
+pub use crate::keys::Scope;
+use crate::keys::ScopeSet;
 use crate::receipts::ReceiptRequest;
 
 /// Shared state of the server.
@@ -56,7 +62,14 @@ pub struct AppState {
     /// The MCP server offers its four write tools
     /// (`OBS_MCP_ENABLE_WRITES=true`).
     pub mcp_writes: bool,
+    /// How far in the future a change's `at` or a span's time may lie
+    /// (`serve --max-future-skew`); later ones are refused with the field.
+    pub max_future_skew_ns: i64,
 }
+
+/// Default of [`AppState::max_future_skew_ns`]: 5 minutes (clock skew
+/// between hosts; a "deploy in 2099" pins the target's current state).
+pub const DEFAULT_MAX_FUTURE_SKEW_NS: i64 = 5 * 60 * 1_000_000_000;
 
 impl AppState {
     /// State with default limits and fresh metrics.
@@ -83,6 +96,7 @@ impl AppState {
             login_failures: crate::operators::LoginThrottle::default(),
             freshness: crate::runs::freshness::Freshness::default(),
             mcp_writes: false,
+            max_future_skew_ns: DEFAULT_MAX_FUTURE_SKEW_NS,
         }
     }
 }
@@ -248,6 +262,7 @@ pub struct ApiError {
     message: String,
     detail: Option<serde_json::Value>,
     retry_after: bool,
+    www_scope: Option<Scope>,
 }
 
 impl ApiError {
@@ -262,6 +277,7 @@ impl ApiError {
             message: message.into(),
             detail: None,
             retry_after: false,
+            www_scope: None,
         }
     }
 }
@@ -281,6 +297,13 @@ impl IntoResponse for ApiError {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if let Some(need) = self.www_scope {
+            // RFC 6750 §3.1: the scope the request needed.
+            let v = format!("Bearer error=\"insufficient_scope\", scope=\"{need}\"");
+            if let Ok(v) = HeaderValue::from_str(&v) {
+                resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+            }
+        }
         resp
     }
 }
@@ -296,6 +319,7 @@ impl From<StoreError> for ApiError {
                     message: r.to_string(),
                     detail,
                     retry_after: false,
+                    www_scope: None,
                 }
             }
             other => {
@@ -327,7 +351,10 @@ async fn mcp_auth(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    match authenticate(&state, req.headers()).await {
+    // Opening the transport needs a live key only: each tool call is a
+    // route called in process with this same key, and needs that route's
+    // scope (crate::mcp).
+    match authenticate_any(&state, req.headers()).await {
         Ok(_) => next.run(req).await,
         Err(e) => e.into_response(),
     }
@@ -496,10 +523,50 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// The authenticated caller of a route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The key's public id (recorded on everything it writes).
+    pub key_id: String,
+    /// What it may do.
+    pub scopes: ScopeSet,
+}
+
+/// Authenticate the request's key and require `need` of it: 401 without a
+/// live key, 403 `insufficient_scope` naming `need` when the key lacks it.
 pub(crate) async fn authenticate(
     state: &AppState,
     headers: &HeaderMap,
-) -> Result<String, ApiError> {
+    need: Scope,
+) -> Result<Caller, ApiError> {
+    let caller = authenticate_any(state, headers).await?;
+    if caller.scopes.allows(need) {
+        return Ok(caller);
+    }
+    *lock(&state.metrics.auth_failures)
+        .entry("insufficient_scope")
+        .or_insert(0) += 1;
+    tracing::warn!(key_id = %caller.key_id, need = %need, scopes = %caller.scopes, "refused API key: insufficient scope");
+    let mut e = ApiError::new(
+        StatusCode::FORBIDDEN,
+        "insufficient_scope",
+        format!(
+            "this route needs scope {need}; key {} holds {} (scope {need} is for {})",
+            caller.key_id,
+            caller.scopes,
+            need.holder()
+        ),
+    );
+    e.detail = Some(json!({"requiredScope": need.as_str(), "keyScopes": caller.scopes.names()}));
+    e.www_scope = Some(need);
+    Err(e)
+}
+
+/// Authenticate the request's key, whatever its scopes.
+pub(crate) async fn authenticate_any(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<Caller, ApiError> {
     let fail = |reason: &'static str, message: &str| {
         *lock(&state.metrics.auth_failures)
             .entry(reason)
@@ -517,7 +584,7 @@ pub(crate) async fn authenticate(
         ));
     };
     match state.store.check_key(key.trim()).await? {
-        KeyCheck::Valid(id) => Ok(id),
+        KeyCheck::Valid(key_id, scopes) => Ok(Caller { key_id, scopes }),
         KeyCheck::Revoked(_) => Err(fail("revoked_api_key", "this API key was revoked")),
         KeyCheck::Unknown => Err(fail("unknown_api_key", "no such API key")),
     }
@@ -561,7 +628,7 @@ async fn post_envelopes(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let key_id = authenticate(&state, &headers).await?;
+    let key_id = authenticate(&state, &headers, Scope::Ingest).await?.key_id;
     let limits = state.limits;
     // Reserve the wire body before reading a byte of it; decoding reserves
     // each further megabyte as it goes (ingest::decode_body_within).
@@ -786,7 +853,7 @@ async fn get_envelope(
     headers: HeaderMap,
     Path(digest): Path<String>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers).await?;
+    authenticate(&state, &headers, Scope::Read).await?;
     check_digest(&digest)?;
     let bytes = state
         .store
@@ -831,7 +898,7 @@ async fn get_subjects(
     headers: HeaderMap,
     Query(mut params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers).await?;
+    authenticate(&state, &headers, Scope::Read).await?;
     let limit = parse_limit(params.remove("limit").as_ref(), 50)?;
     let before =
         match params.remove("before") {
@@ -877,7 +944,7 @@ async fn get_diff(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers).await?;
+    authenticate(&state, &headers, Scope::Read).await?;
     if let Some(k) = params
         .keys()
         .find(|k| !DiffQuery::PARAMS.contains(&k.as_str()))
@@ -907,7 +974,7 @@ async fn get_handoff(
     headers: HeaderMap,
     Path(digest): Path<String>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers).await?;
+    authenticate(&state, &headers, Scope::Read).await?;
     let env = load(&state, &digest).await?;
     Ok(Json(pstack_envelope::handoff(&env)).into_response())
 }
@@ -917,7 +984,7 @@ async fn get_unknowns(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers).await?;
+    authenticate(&state, &headers, Scope::Read).await?;
     for k in params.keys() {
         if !UnknownsQuery::PARAMS.contains(&k.as_str()) {
             return Err(bad_query(format!(
@@ -952,7 +1019,9 @@ async fn post_receipt(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let key_id = authenticate(&state, &headers).await?;
+    let key_id = authenticate(&state, &headers, Scope::Analysis)
+        .await?
+        .key_id;
     let bytes = axum::body::to_bytes(body, 1 << 20).await.map_err(|_| {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -975,7 +1044,7 @@ async fn get_receipts(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers).await?;
+    authenticate(&state, &headers, Scope::Read).await?;
     let subject = params
         .get("subject")
         .ok_or_else(|| bad_query("give subject=<subject key>"))?;

@@ -3,8 +3,8 @@
 //! document of every route the store serves.
 //!
 //! Invariants:
-//! - Every route but `/openapi.json` authenticates with the ingest API key
-//!   before it reads a body.
+//! - Every route but `/openapi.json` authenticates with an API key holding
+//!   the route's scope before it reads a body.
 //! - Errors are `{"error": {"code", "message", "field"?}}`; a refusal of
 //!   input names the field (camelCase path) that caused it.
 //! - A request is validated whole before anything is stored: a finding
@@ -36,6 +36,7 @@ use serde_json::{Value, json};
 
 use crate::analysis::blast::{BlastParams, blast_radius};
 use crate::analysis::fleet::FleetMetric;
+use crate::analysis::future::{FutureBound, FutureTime};
 use crate::analysis::ledger::{self, ChangeRequest, FieldError, rfc3339};
 use crate::analysis::otlp::{self, Encoding};
 use crate::analysis::proof::{
@@ -44,7 +45,7 @@ use crate::analysis::proof::{
 };
 use crate::analysis::verdict::Verdict;
 use crate::db::analysis::{FindingRow, new_id};
-use crate::http::{ApiError, AppState, authenticate};
+use crate::http::{ApiError, AppState, Scope, authenticate};
 
 /// The OpenAPI document (every route of the store).
 pub const OPENAPI: &str = include_str!("../openapi.json");
@@ -76,8 +77,17 @@ pub(crate) fn store_err(e: crate::db::StoreError) -> Response {
     ApiError::from(e).into_response()
 }
 
-pub(crate) async fn auth(state: &AppState, headers: &HeaderMap) -> Result<String, Response> {
-    authenticate(state, headers).await.map_err(api)
+/// Authenticate and require `need` (see [`crate::http::authenticate`]);
+/// the caller's key id.
+pub(crate) async fn auth(
+    state: &AppState,
+    headers: &HeaderMap,
+    need: Scope,
+) -> Result<String, Response> {
+    authenticate(state, headers, need)
+        .await
+        .map(|c| c.key_id)
+        .map_err(api)
 }
 
 /// Read a JSON body (≤ 1 MiB) into `T`, naming the field on failure.
@@ -196,11 +206,14 @@ async fn openapi() -> Response {
 // ---- change ledger ----
 
 async fn post_change(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Telemetry).await?;
     let req: ChangeRequest = json_body(body, "invalid_change").await?;
     let now = crate::now_ns();
     let change = ledger::validate(req, now)
         .map_err(|e| field_err(StatusCode::UNPROCESSABLE_ENTITY, "invalid_change", e))?;
+    future_bound(&state)
+        .check_change(&change)
+        .map_err(future_refused)?;
     let id = state
         .store
         .record_change(&change, &key_id, now)
@@ -215,7 +228,7 @@ async fn get_changes(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(&params, ChangesQuery::PARAMS)?;
     let since = time_param(&params, "since")?;
     let limit = limit_param(&params, 100)?;
@@ -237,7 +250,7 @@ async fn get_change(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     let c = state.store.change(&id).await.map_err(store_err)?;
     match c {
         Some(c) => Ok(Json(c).into_response()),
@@ -250,10 +263,26 @@ async fn get_change(
     }
 }
 
+/// Times past this are refused (`serve --max-future-skew`), read on the
+/// gate's clock so the bound moves with the windows it protects.
+fn future_bound(state: &AppState) -> FutureBound {
+    FutureBound::new(state.clock.now_ns(), state.max_future_skew_ns)
+}
+
+fn future_refused(e: FutureTime) -> Response {
+    err(
+        StatusCode::BAD_REQUEST,
+        "time_in_future",
+        e.to_string(),
+        Some(&e.field),
+    )
+}
+
 // ---- OTLP ----
 
 async fn post_traces(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Telemetry).await?;
+    let bound = future_bound(&state);
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -305,6 +334,7 @@ async fn post_traces(State(state): State<AppState>, headers: HeaderMap, body: Bo
                 Some("body"),
             )
         })?;
+        bound.check_spans(&req).map_err(future_refused)?;
         Ok::<_, Response>(otlp::aggregate(&req))
     })
     .await
@@ -316,7 +346,11 @@ async fn post_traces(State(state): State<AppState>, headers: HeaderMap, body: Bo
             None,
         )
     })??;
-    state.store.ingest_traces(&batch).await.map_err(store_err)?;
+    state
+        .store
+        .ingest_traces(&batch, &key_id)
+        .await
+        .map_err(store_err)?;
     tracing::debug!(spans = batch.spans, "otlp traces");
     Ok(match encoding {
         Encoding::Protobuf => {
@@ -339,7 +373,7 @@ async fn get_blast_radius(
     Path(id): Path<String>,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(&params, BlastQuery::PARAMS)?;
     let mut p = BlastParams::default();
     if let Some(s) = params.get("minSample") {
@@ -390,7 +424,7 @@ async fn get_claims(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(&params, &["code", "since"])?;
     let code = params
         .get("code")
@@ -467,7 +501,7 @@ fn eval_json(r: &EvalRun, created_ns: i64) -> Value {
 }
 
 async fn post_eval_run(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Analysis).await?;
     let r: EvalRunRequest = json_body(body, "invalid_eval_run").await?;
     for (field, v) in [
         ("evalCaseId", &r.eval_case_id),
@@ -505,7 +539,7 @@ async fn get_eval_run(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     match state.store.eval_run(&id).await.map_err(store_err)? {
         Some((r, created)) => Ok(Json(eval_json(&r, created)).into_response()),
         None => Err(err(
@@ -618,6 +652,9 @@ async fn broken_state(state: &AppState, f: &FindingRow) -> Result<BrokenState, R
         fingerprint: f.fingerprint.clone(),
         service_version: change.as_ref().and_then(|c| c.version.clone()),
         commit_sha: change.as_ref().and_then(|c| c.commit_sha.clone()),
+        candidate_agent_version: change
+            .as_ref()
+            .and_then(|c| c.candidate_agent_version.clone()),
     })
 }
 
@@ -643,7 +680,7 @@ fn refusal_json(e: &proof::CounterfactualRefusal) -> Value {
 }
 
 async fn post_finding(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Analysis).await?;
     let req: FindingRequest = json_body(body, "invalid_finding").await?;
     // Validate everything before storing anything.
     for (field, v) in [
@@ -869,7 +906,7 @@ async fn get_finding(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     match state.store.finding(&id).await.map_err(store_err)? {
         Some(f) => Ok(Json(finding_json(&f)).into_response()),
         None => Err(err(
@@ -886,7 +923,7 @@ async fn get_findings(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(&params, FindingsQuery::PARAMS)?;
     let limit = limit_param(&params, 50)?;
     let rows = match (params.get("fingerprint"), params.get("faultLocusEntityId")) {
@@ -914,7 +951,7 @@ async fn post_counterfactual(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Analysis).await?;
     let cf: CounterfactualRequest = json_body(body, "invalid_counterfactual").await?;
     let finding = state
         .store

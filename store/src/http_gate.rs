@@ -33,16 +33,16 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::analysis::ledger::rfc3339;
-use crate::analysis::proof::CausalProofTier;
 use crate::db::analysis::new_id;
 use crate::db::gate::{
     ClaimOutcome, Fence, FenceRefusal, Finish, IncidentRow, LeaseOutcome, NewIncident,
     ProposalFilter, ProposalRow, ProposeOutcome, Transition, service_node_key,
 };
 use crate::gate::policy::{self, Action, Autonomy, Status};
+use crate::gate::provenance;
 use crate::gate::webhook::{self, Callback, Delivery};
 use crate::gate::{alertmanager, watchdog};
-use crate::http::AppState;
+use crate::http::{AppState, Scope};
 use crate::http_analysis::{
     Reply, auth, bad_query, err, finding_json, json_body, limit_param, only_params, store_err,
     unprocessable,
@@ -129,7 +129,7 @@ pub struct IncidentRequest {
 }
 
 async fn post_incident(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Analysis).await?;
     let req: IncidentRequest = json_body(body, "invalid_incident").await?;
     for (f, v) in [
         ("project", &req.project),
@@ -168,7 +168,7 @@ async fn get_incidents(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(&params, IncidentsQuery::PARAMS)?;
     if let Some(s) = params.get("status")
         && !["open", "leased", "resolved"].contains(&s.as_str())
@@ -205,7 +205,7 @@ async fn get_incident(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     let Some(inc) = state.store.incident(&id).await.map_err(store_err)? else {
         return Err(incident_not_found(&id));
     };
@@ -300,7 +300,7 @@ async fn post_lease(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Analysis).await?;
     let req: LeaseRequest = json_body(body, "invalid_lease").await?;
     text_field("runnerId", &req.runner_id)?;
     let ttl = match req.ttl_seconds {
@@ -406,7 +406,7 @@ async fn post_resolve(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Analysis).await?;
     let req: FenceBody = json_body(body, "invalid_resolve").await?;
     let fence = Fence {
         runner_id: req.runner_id,
@@ -427,7 +427,7 @@ async fn post_resolve(
 // ---- alerts ----
 
 async fn post_alertmanager(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Telemetry).await?;
     let msg: alertmanager::Message = json_body(body, "invalid_alertmanager_payload").await?;
     let opens = alertmanager::incidents_of(&msg).map_err(|e| {
         err(
@@ -795,7 +795,7 @@ async fn deliver_grant(
 }
 
 async fn post_propose(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Analysis).await?;
     let req: ProposeRequest = json_body(body, "invalid_proposal").await?;
     text_field("idempotencyKey", &req.idempotency_key)?;
     if let Some(existing) = state
@@ -889,9 +889,18 @@ async fn post_propose(State(state): State<AppState>, headers: HeaderMap, body: B
         None => {}
     }
     let callback = validate_callback(req.webhook_url.as_ref(), req.secret.as_ref())?;
-    // The tier is the server's, recorded on the finding; never the caller's.
-    let tier = CausalProofTier::parse(&finding.causal_proof_tier)
-        .unwrap_or(CausalProofTier::UnverifiedLocus);
+    // The tier is the server's, recorded on the finding; never the caller's,
+    // and never one resting on the proposing key's own evidence.
+    let gated = provenance::gate_tier(
+        &provenance::evidence(&state.store, &finding)
+            .await
+            .map_err(store_err)?,
+        provenance::Actor::Proposer(&key_id),
+    );
+    let tier = gated.tier;
+    if let Some(d) = &gated.demotion {
+        tracing::info!(finding = %finding.id, key_id = %key_id, finding_tier = d.finding_tier, gate_tier = d.gate_tier, "tier demoted at the gate: self-attested evidence");
+    }
     let effective = policy::effective_autonomy(action, tier, requested);
     let status = policy::initial_status(effective);
     let minted = if status == Status::GrantIssued {
@@ -1002,6 +1011,9 @@ async fn post_propose(State(state): State<AppState>, headers: HeaderMap, body: B
     if let Some(d) = delivery {
         body["grantDelivery"] = json!(d);
     }
+    if let Some(d) = gated.demotion {
+        body["tierDemotion"] = json!(d);
+    }
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
@@ -1027,7 +1039,7 @@ async fn get_proposal(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     let Some(p) = state.store.proposal(&id).await.map_err(store_err)? else {
         return Err(proposal_not_found(&id));
     };
@@ -1075,7 +1087,7 @@ async fn get_proposals(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(&params, &["incidentId", "status", "limit"])?;
     if let Some(s) = params.get("status")
         && Status::parse(s).is_none()
@@ -1129,7 +1141,7 @@ async fn post_grant(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Runner).await?;
     let req: GrantRequest = json_body(body, "invalid_grant_request").await?;
     text_field("runnerId", &req.runner_id)?;
     let Some(p) = state.store.proposal(&id).await.map_err(store_err)? else {
@@ -1150,6 +1162,7 @@ async fn post_grant(
     let now = state.clock.now_ns();
     match req.operation.as_str() {
         "claim" => {
+            check_claimer(&state, &p, &key_id).await?;
             if let Some(subject) = p.target_key.strip_prefix("subject:")
                 && p.status == "grant_issued"
             {
@@ -1277,6 +1290,63 @@ async fn post_grant(
             "operation",
         )),
     }
+}
+
+/// An autonomous grant (no operator decided it) is claimed only by a key
+/// that neither proposed it nor wrote the evidence its tier rests on
+/// (`crate::gate::provenance`); an approved grant had its second party in
+/// the operator, and any runner key holding the token may claim it.
+async fn check_claimer(state: &AppState, p: &ProposalRow, key_id: &str) -> Result<(), Response> {
+    if p.decided_by.is_some() {
+        return Ok(());
+    }
+    let proposer = state
+        .store
+        .proposal_writer(&p.id)
+        .await
+        .map_err(store_err)?;
+    if proposer.as_deref() == Some(key_id) {
+        tracing::warn!(proposal = %p.id, key_id = %key_id, "grant claim refused: the proposing key");
+        return Err(err(
+            StatusCode::FORBIDDEN,
+            "claimer_is_proposer",
+            format!(
+                "key {key_id} proposed this autonomous grant; another key (scope runner) executes it, or an operator approves the proposal first"
+            ),
+            None,
+        ));
+    }
+    let Some(finding) = state
+        .store
+        .finding(&p.finding_id)
+        .await
+        .map_err(store_err)?
+    else {
+        return Ok(());
+    };
+    let gated = provenance::gate_tier(
+        &provenance::evidence(&state.store, &finding)
+            .await
+            .map_err(store_err)?,
+        provenance::Actor::Claimer(key_id),
+    );
+    let (Some(action), Some(d)) = (Action::parse(&p.action), &gated.demotion) else {
+        return Ok(());
+    };
+    let requested = p.requested_autonomy.as_deref().and_then(Autonomy::parse);
+    if policy::effective_autonomy(action, gated.tier, requested) == Autonomy::AutonomousWrite {
+        return Ok(());
+    }
+    tracing::warn!(proposal = %p.id, key_id = %key_id, "grant claim refused: self-attested evidence");
+    let message = format!(
+        "this grant was issued autonomously; for the claiming key it is not: {} (claim with a key that wrote none of that evidence, or have an operator approve)",
+        d.reason
+    );
+    Err((
+        StatusCode::FORBIDDEN,
+        Json(json!({"error": {"code": "self_attested_evidence", "message": message, "detail": d}})),
+    )
+        .into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1439,7 +1509,7 @@ struct ApproveRequestEmpty {
 // ---- watchdog ----
 
 async fn post_watchdog(State(state): State<AppState>, headers: HeaderMap) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Analysis).await?;
     let report = crate::gate_tick::tick(&state).await.map_err(store_err)?;
     Ok(Json(json!(report)).into_response())
 }

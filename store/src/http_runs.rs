@@ -38,7 +38,7 @@ use sha2::{Digest, Sha256};
 use crate::analysis::ledger::rfc3339;
 use crate::db::analysis::new_id;
 use crate::db::runs::{FailureReceiptRow, GraphPut, RunRow};
-use crate::http::AppState;
+use crate::http::{AppState, Scope};
 use crate::http_analysis::{Reply, auth, bad_query, err, only_params, store_err, unprocessable};
 use crate::runs::deviation::Escalation;
 use crate::runs::graph::{StepGraph, investigation_loop};
@@ -160,7 +160,7 @@ pub struct GraphRequest {
 }
 
 async fn post_graph(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Analysis).await?;
     let req: GraphRequest = quiet_body(body).await?;
     let g = req.graph;
     g.validate()
@@ -270,7 +270,7 @@ fn status_str(s: RunStatus) -> &'static str {
 }
 
 async fn post_run(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Analysis).await?;
     let req: RunRequest = quiet_body(body).await?;
     let (name, version) = match &req.graph {
         Some(g) => (g.name.clone(), g.version.clone()),
@@ -356,7 +356,7 @@ async fn get_run(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     let (row, st, graph) = load_run(&state, &id).await?;
     let receipt = state.store.failure_receipt(&id).await.map_err(store_err)?;
     Ok(Json(json!({"run": run_json(&row, &st, &graph, receipt.as_ref())})).into_response())
@@ -681,7 +681,7 @@ async fn post_step(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Analysis).await?;
     let req: StepRequest = quiet_body(body).await?;
     let (run, decided) = apply_step(&state, &id, req).await?;
     Ok(Json(json!({
@@ -711,7 +711,7 @@ async fn get_report(
     Path(id): Path<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(
         &q,
         &[
@@ -781,7 +781,7 @@ async fn get_report(
 }
 
 async fn get_report_schema(State(state): State<AppState>, headers: HeaderMap) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     Ok((
         [(header::CONTENT_TYPE, "application/schema+json")],
         report::SCHEMA_JSON,

@@ -8,6 +8,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use pstack_store::db::{OpenOptions, RetentionPolicy, Store};
 use pstack_store::http::{AppState, serve};
 use pstack_store::ingest::IngestLimits;
+use pstack_store::keys::{Scope, ScopeSet};
 use pstack_store::query::{
     Connection, EnvelopesCommand, Query, ReceiptsArgs, SubjectsCommand, UnknownsArgs,
 };
@@ -142,6 +143,13 @@ enum Command {
         /// for the same connection.
         #[arg(long, value_parser = parse_duration, default_value = "120s")]
         transfer_join_window: Duration,
+        /// Refuse (400, naming the field) a change whose `at`, or a span
+        /// whose start or end time, lies further than this in the future of
+        /// the store's clock. Wider tolerates hosts with worse clocks; every
+        /// second of it is a second a forged future record can pin the
+        /// target's current state or fake a recovery.
+        #[arg(long, value_parser = parse_duration, default_value = "5m")]
+        max_future_skew: Duration,
     },
     /// Manage API keys.
     Keys {
@@ -217,13 +225,31 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum KeysCommand {
-    /// Create a key and print it once (it is stored only hashed).
+    /// Create a key and print it once (it is stored only hashed). Name
+    /// its scopes: there is no default, since any default is wrong for
+    /// someone (a node needs ingest and nothing more; an agent, analysis
+    /// and read).
+    #[command(after_long_help = KEY_SCOPES_HELP)]
     Create {
         /// Who holds it, e.g. the node name.
         #[arg(long)]
         name: String,
+        /// What it may do (repeatable, or comma-separated): ingest,
+        /// telemetry, analysis, runner, read. Required.
+        #[arg(long = "scope", value_name = "SCOPE", value_delimiter = ',', value_parser = parse_scope)]
+        scopes: Vec<Scope>,
     },
-    /// List keys (ids, names, dates; never secrets).
+    /// Replace a key's scopes, e.g. narrow a key made before scopes
+    /// (`legacy`: every scope) to ingest. Effective on its next request.
+    #[command(after_long_help = KEY_SCOPES_HELP)]
+    Scope {
+        /// Key id (the 16 hex digits after psk_).
+        id: String,
+        /// The scopes it keeps (repeatable, or comma-separated). Required.
+        #[arg(long = "scope", value_name = "SCOPE", value_delimiter = ',', value_parser = parse_scope)]
+        scopes: Vec<Scope>,
+    },
+    /// List keys (ids, names, dates, scopes; never secrets).
     List {
         /// JSON output.
         #[arg(long)]
@@ -234,6 +260,51 @@ enum KeysCommand {
         /// Key id (the 16 hex digits after psk_).
         id: String,
     },
+}
+
+/// The scope table, after `keys create --help` and `keys scope --help`.
+const KEY_SCOPES_HELP: &str = "\
+Scopes (every route needs one; none implies another):
+  ingest     nodes shipping envelopes (POST /v1/envelopes)
+  telemetry  CI/CD and collectors (POST /v1/changes, POST /v1/traces, Alertmanager alerts)
+  analysis   the investigating agent (findings, evals, incidents, proposals, receipts, runs)
+  runner     executors (claim, complete or fail a grant)
+  read       dashboards and agents (every GET)
+  legacy     every scope: only keys made before scopes hold it; narrow them with `keys scope`
+
+Examples:
+  pstack-store keys create --name node-a --scope ingest
+  pstack-store keys create --name ci --scope telemetry
+  pstack-store keys create --name agent --scope analysis --scope read
+  pstack-store keys create --name executor --scope runner
+  pstack-store keys scope 0123456789abcdef --scope ingest";
+
+/// A scope a new key may be given (`legacy` only survives from old keys).
+fn parse_scope(s: &str) -> Result<Scope, String> {
+    match Scope::parse(s) {
+        Some(Scope::Legacy) => Err(
+            "legacy is what keys made before scopes hold; give a new key the scopes it needs (ingest, telemetry, analysis, runner, read)".into(),
+        ),
+        Some(x) => Ok(x),
+        None => Err(format!(
+            "{s:?} is not a scope: ingest, telemetry, analysis, runner or read"
+        )),
+    }
+}
+
+/// `--scope` given at least once, or a usage error (exit 2) listing them.
+fn require_scopes(scopes: Vec<Scope>, command: &str) -> ScopeSet {
+    if scopes.is_empty() {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                format!(
+                    "`keys {command}` needs --scope (repeatable); a key has no default scope.\n{KEY_SCOPES_HELP}"
+                ),
+            )
+            .exit();
+    }
+    ScopeSet::of(scopes)
 }
 
 #[derive(Subcommand, Debug)]
@@ -317,6 +388,11 @@ async fn shutdown_signal() {
 fn parse_cli() -> Cli {
     use clap::{CommandFactory, FromArgMatches};
     fn with_exit_codes(c: clap::Command) -> clap::Command {
+        // A command's own long epilogue (the key scopes) comes first.
+        let c = match c.get_after_long_help().map(|h| h.to_string()) {
+            Some(own) => c.after_long_help(format!("{own}\n\n{EXIT_CODES_HELP}")),
+            None => c,
+        };
         c.after_help(EXIT_CODES_HELP)
             .mut_subcommands(with_exit_codes)
     }
@@ -419,29 +495,42 @@ async fn run(cli: Cli) -> Result<()> {
             eprintln!("created operator {name:?}");
         }
         Command::Keys { command } => match command {
-            KeysCommand::Create { name } => {
+            KeysCommand::Create { name, scopes } => {
                 if name.trim().is_empty() {
                     bail!("--name must not be empty");
                 }
-                let key = store.create_key(&name).await?;
+                let scopes = require_scopes(scopes, "create");
+                let key = store.create_key(&name, &scopes).await?;
                 eprintln!(
-                    "created key {} for {name:?}; it is shown once, store it now:",
+                    "created key {} for {name:?} with scope {scopes}; it is shown once, store it now:",
                     key.id
                 );
                 pstack_cli::outln!("{}", key.plaintext)?;
+            }
+            KeysCommand::Scope { id, scopes } => {
+                let scopes = require_scopes(scopes, "scope");
+                let (before, after) = store.set_key_scopes(&id, &scopes).await?;
+                pstack_cli::outln!("key {id}: scope {before} -> {after}")?;
             }
             KeysCommand::List { json } => {
                 let keys = store.list_keys().await?;
                 if json {
                     pstack_cli::outln!("{}", serde_json::to_string_pretty(&keys)?)?;
                 } else {
-                    pstack_cli::outln!("{:<18} {:<25} {:<25} NAME", "ID", "CREATED", "REVOKED")?;
+                    pstack_cli::outln!(
+                        "{:<18} {:<25} {:<25} {:<32} NAME",
+                        "ID",
+                        "CREATED",
+                        "REVOKED",
+                        "SCOPES"
+                    )?;
                     for k in keys {
                         pstack_cli::outln!(
-                            "{:<18} {:<25} {:<25} {}",
+                            "{:<18} {:<25} {:<25} {:<32} {}",
                             k.id,
                             k.created_at,
                             k.revoked_at.as_deref().unwrap_or("-"),
+                            k.scopes.join(","),
                             k.name
                         )?;
                     }
@@ -489,6 +578,7 @@ async fn run(cli: Cli) -> Result<()> {
             per_key_concurrency,
             inflight_budget,
             transfer_join_window: _,
+            max_future_skew,
         } => {
             let limits = IngestLimits {
                 max_body_bytes,
@@ -521,6 +611,8 @@ async fn run(cli: Cli) -> Result<()> {
                 i64::try_from(envelope_freshness.as_nanos()).unwrap_or(i64::MAX);
             state.gate.allow_private_webhooks = alert_webhook_allow_private;
             state.mcp_writes = pstack_store::mcp::writes_enabled_from_env();
+            state.max_future_skew_ns =
+                i64::try_from(max_future_skew.as_nanos()).unwrap_or(i64::MAX);
             if let Ok(spec) = std::env::var("PSTACK_STORE_FRESHNESS") {
                 state.freshness =
                     pstack_store::runs::freshness::Freshness::default().with_overrides(&spec)?;

@@ -5,6 +5,7 @@ mod support;
 
 mod analysis;
 mod cli;
+mod forged_grant;
 mod gate;
 mod hostile;
 mod ingest;
@@ -15,6 +16,7 @@ mod query_cli;
 mod receipts;
 mod retention;
 mod runs;
+mod scopes;
 mod tls_proxy;
 mod transfers;
 mod ui;

@@ -3,12 +3,14 @@
 //! Pure rule modules — [`verdict`] (the six blast-radius verdicts and the
 //! Newcombe interval), [`proof`] (causal proof tier, fingerprint,
 //! counterfactual pairing), [`fleet`] (node cohorts from envelope claims),
-//! [`ledger`] (change validation), [`otlp`] (OTLP decode and aggregation) —
+//! [`ledger`] (change validation), [`otlp`] (OTLP decode and aggregation),
+//! [`future`] (the bound on caller-supplied times) —
 //! and [`blast`], which assembles a blast radius from stored aggregates.
 //! Storage is `crate::db::analysis`; routes are `crate::http_analysis`.
 
 pub mod blast;
 pub mod fleet;
+pub mod future;
 pub mod ledger;
 pub mod otlp;
 pub mod proof;

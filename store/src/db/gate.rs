@@ -793,6 +793,19 @@ impl Store {
         self.proposal_where("id", id).await
     }
 
+    /// The key that proposed `id` (its provenance; the claim refuses it
+    /// for an autonomous grant, `crate::gate::provenance`).
+    pub async fn proposal_writer(&self, id: &str) -> Result<Option<String>, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            Ok(
+                sqlx::query_scalar("SELECT key_id FROM remediation_proposals WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await?,
+            )
+        })
+    }
+
     /// A proposal by idempotency key.
     pub async fn proposal_by_key(&self, key: &str) -> Result<Option<ProposalRow>, StoreError> {
         self.proposal_where("idempotency_key", key).await

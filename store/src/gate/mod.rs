@@ -4,6 +4,7 @@
 //! to do it.
 //!
 //! Pure rule modules — [`policy`] (matrix, lowering, statuses, windows),
+//! [`provenance`] (no tier resting on the acting key's own evidence),
 //! [`keys`] (grant tokens, sealed callbacks), [`ssrf`] (which addresses a
 //! webhook may reach), [`watchdog`] (checkpoint verdicts), [`alertmanager`]
 //! (webhook payload v4) — plus [`webhook`], the one place that sends a
@@ -14,6 +15,7 @@
 pub mod alertmanager;
 pub mod keys;
 pub mod policy;
+pub mod provenance;
 pub mod ssrf;
 pub mod watchdog;
 pub mod webhook;

@@ -41,7 +41,14 @@ fn start_with(flags: &[&str]) -> Server {
     let out = Command::new(bin)
         .arg("--db")
         .arg(&db)
-        .args(["keys", "create", "--name", "hostile"])
+        .args([
+            "keys",
+            "create",
+            "--name",
+            "hostile",
+            "--scope",
+            "ingest,telemetry,analysis,runner,read",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -194,7 +201,14 @@ fn twenty_concurrent_max_size_bodies_keep_rss_bounded_and_it_comes_back_down() {
     let out = Command::new(env!("CARGO_BIN_EXE_pstack-store"))
         .arg("--db")
         .arg(&server.db)
-        .args(["keys", "create", "--name", "hostile-2"])
+        .args([
+            "keys",
+            "create",
+            "--name",
+            "hostile-2",
+            "--scope",
+            "ingest,telemetry,analysis,runner,read",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");

@@ -3,6 +3,7 @@
 
 use pstack_envelope::Envelope;
 use pstack_store::ingest::IngestLimits;
+use pstack_store::keys::{Scope, ScopeSet};
 use pstack_store::synthetic::Capture;
 use pstack_testkit::verify;
 use reqwest::StatusCode;
@@ -329,7 +330,11 @@ async fn replay_of_a_batch_stores_nothing_new(db: Db) {
     let items: Vec<Vec<u8>> = (0..20).map(|i| sealed("node-a", 4242, i).1).collect();
     let (_, first) = h.post_batch(&items).await;
     assert_eq!(first.accepted, 20);
-    let other = h.store.create_key("other-node").await.unwrap();
+    let other = h
+        .store
+        .create_key("other-node", &ScopeSet::of([Scope::Ingest, Scope::Read]))
+        .await
+        .unwrap();
     let (status, body) = {
         let resp = h
             .client

@@ -4,6 +4,7 @@
 //! 14 with writes), call, and an error for a bad argument.
 
 use pstack_store::db::{OpenOptions, Store};
+use pstack_store::keys::ScopeSet;
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService};
@@ -266,7 +267,11 @@ async fn mcp_over_stdio_reads_and_writes() {
     let db = dir.path().join("store.db");
     let db = db.to_str().unwrap().to_string();
     let store = Store::open(&db, &OpenOptions::default()).await.unwrap();
-    let key = store.create_key("mcp-test").await.unwrap().plaintext;
+    let key = store
+        .create_key("mcp-test", &ScopeSet::legacy())
+        .await
+        .unwrap()
+        .plaintext;
     store.close().await;
     for writes in [false, true] {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_pstack-store"));

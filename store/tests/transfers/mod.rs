@@ -6,6 +6,7 @@
 
 use std::process::{Command, Output};
 
+use pstack_store::keys::ScopeSet;
 use pstack_store::synthetic::{StreamEnd, StreamLink, TransferEnd};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -43,7 +44,11 @@ struct Node {
 }
 
 async fn node(h: &Harness, name: &str) -> Node {
-    let k = h.store.create_key(name).await.expect("create key");
+    let k = h
+        .store
+        .create_key(name, &ScopeSet::legacy())
+        .await
+        .expect("create key");
     Node { key: k.plaintext }
 }
 
@@ -509,8 +514,14 @@ async fn envelopes_stored_before_the_migration_are_joined_by_it(db: Db) {
         pstack_store::ingest::ItemVerdict::Verified(v) => *v,
         pstack_store::ingest::ItemVerdict::Rejected(r) => panic!("{:?}", r.reasons),
     };
-    let ka = store.create_key("node-a").await.unwrap();
-    let kb = store.create_key("node-b").await.unwrap();
+    let ka = store
+        .create_key("node-a", &ScopeSet::legacy())
+        .await
+        .unwrap();
+    let kb = store
+        .create_key("node-b", &ScopeSet::legacy())
+        .await
+        .unwrap();
     let (da, ba) = sealed(&end_a());
     let (db_, bb) = sealed(&end_b());
     let (a, b) = (verified(ba), verified(bb));
