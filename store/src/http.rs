@@ -56,6 +56,9 @@ pub struct AppState {
     /// The MCP server offers its four write tools
     /// (`OBS_MCP_ENABLE_WRITES=true`).
     pub mcp_writes: bool,
+    /// `Host` values `/mcp` accepts besides loopback (`serve --public-url`,
+    /// `--mcp-allowed-host`; `crate::mcp::allowed_hosts`).
+    pub mcp_allowed_hosts: Vec<String>,
 }
 
 impl AppState {
@@ -83,6 +86,7 @@ impl AppState {
             login_failures: crate::operators::LoginThrottle::default(),
             freshness: crate::runs::freshness::Freshness::default(),
             mcp_writes: false,
+            mcp_allowed_hosts: Vec::new(),
         }
     }
 }

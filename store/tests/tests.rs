@@ -13,6 +13,7 @@ mod mcp;
 mod queries;
 mod query_cli;
 mod receipts;
+mod replicas;
 mod retention;
 mod runs;
 mod tls_proxy;
