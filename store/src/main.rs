@@ -143,10 +143,10 @@ enum Command {
         #[arg(long, value_parser = parse_duration, default_value = "120s")]
         transfer_join_window: Duration,
         /// The URL clients reach this store at through its reverse proxy
-        /// (e.g. https://store.example:7443, docs/store-tls.md). Its host
-        /// (and port, when the URL names one) is accepted in the Host header
-        /// of /mcp requests, which otherwise accept loopback names only
-        /// (a DNS-rebinding guard: any other Host is 403).
+        /// (e.g. https://store.example:7443, docs/store-tls.md). Its host,
+        /// on any port, is accepted in the Host header of /mcp requests,
+        /// which otherwise accept loopback names only (a DNS-rebinding
+        /// guard: any other Host is 403).
         #[arg(long, env = "PSTACK_STORE_PUBLIC_URL")]
         public_url: Option<String>,
         /// Another Host header value /mcp accepts: a host name or address,

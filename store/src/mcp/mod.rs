@@ -210,9 +210,10 @@ pub enum AllowedHostError {
     Host(String),
 }
 
-/// The `Host` values `/mcp` accepts besides [`LOOPBACK_HOSTS`]: the host
-/// (and port, when the URL names one) of `public_url`, and each of `extra`.
-/// A value without a port matches any port.
+/// The `Host` values `/mcp` accepts besides [`LOOPBACK_HOSTS`]: the host of
+/// `public_url` on any port (a proxy forwarding nginx's `$host` drops the
+/// port, and the name is what a DNS-rebinding page cannot forge), and each
+/// of `extra` (with a port, that port only).
 pub fn allowed_hosts(
     public_url: Option<&str>,
     extra: &[String],
@@ -225,10 +226,7 @@ pub fn allowed_hosts(
         if !matches!(url.scheme(), "http" | "https") || !url.username().is_empty() {
             return Err(bad());
         }
-        out.push(match url.port() {
-            Some(port) => format!("{host}:{port}"),
-            None => host.to_string(),
-        });
+        out.push(host.to_ascii_lowercase());
     }
     for raw in extra {
         let value = raw.trim();
@@ -337,6 +335,32 @@ impl SessionOwners {
     }
 }
 
+/// rmcp refuses a `Host` outside the allow-list with a plain-text 403;
+/// answer it in the store's error shape, saying which flag fixes it.
+async fn host_refusal_as_json(resp: axum::response::Response) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let plain = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_none_or(|v| v.as_bytes().starts_with(b"text/plain"));
+    if resp.status() != axum::http::StatusCode::FORBIDDEN || !plain {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 4096).await else {
+        return axum::response::Response::from_parts(parts, Body::empty());
+    };
+    if !bytes.windows(11).any(|w| w == b"Host header") {
+        return axum::response::Response::from_parts(parts, Body::from(bytes));
+    }
+    crate::http::ApiError::new(
+        axum::http::StatusCode::FORBIDDEN,
+        "mcp_host_not_allowed",
+        "/mcp does not serve this Host: start the store with --public-url https://<this host> or --mcp-allowed-host <this host> (loopback names are always served)",
+    )
+    .into_response()
+}
+
 /// SHA-256 of the bearer key (`mcp_auth` in `crate::http` has already
 /// checked it is a valid key).
 fn credential(headers: &axum::http::HeaderMap) -> Option<[u8; 32]> {
@@ -390,7 +414,7 @@ async fn bind_session(
         }
     }
     let closing = req.method() == axum::http::Method::DELETE;
-    let resp = next.run(req).await;
+    let resp = host_refusal_as_json(next.run(req).await).await;
     match (&session, caller) {
         (None, Some(owner)) => {
             if let Some(id) = resp

@@ -130,6 +130,9 @@ async fn mcp_answers_a_configured_proxy_host_and_refuses_others() {
         assert_eq!(status, want, "Host: {host}: {head}\n{body}");
         if want == 200 {
             assert!(session_id(&head).is_some(), "{head}");
+        } else {
+            assert_eq!(error_code(&body), "mcp_host_not_allowed", "{body}");
+            assert!(body.contains("--public-url"), "{body}");
         }
     }
     // A real MCP client whose requests carry the proxy's Host.
