@@ -33,7 +33,8 @@
 //!   `envelopes.digest ON DELETE RESTRICT`; retention additionally never
 //!   selects a cited envelope.
 //! - **Migrations** are versioned SQL files per backend, applied in order in
-//!   one transaction each and recorded in `pstack_schema_migrations`.
+//!   one transaction each and recorded in `pstack_schema_migrations`; every
+//!   step not recorded there runs, each once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -91,7 +92,16 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../migrations/sqlite/0006_scopes.sql"),
         include_str!("../migrations/postgres/0006_scopes.sql"),
     ),
+    (
+        7,
+        "gate_key",
+        include_str!("../migrations/sqlite/0007_gate_key.sql"),
+        include_str!("../migrations/postgres/0007_gate_key.sql"),
+    ),
 ];
+
+/// The newest schema version (the last migration's).
+pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
 /// The migration that created the transfer join (`crate::transfers`).
 const TRANSFERS_MIGRATION: i64 = 5;
@@ -127,6 +137,10 @@ pub enum StoreError {
     /// A key with no scope would be refused everywhere.
     #[error("a key needs at least one scope")]
     NoScopes,
+    /// A proposal's idempotency key was taken but its row is gone (deleted
+    /// by hand between the insert that lost and the read of the winner).
+    #[error("the proposal with idempotency key {0:?} vanished while being replayed")]
+    ProposalVanished(String),
 }
 
 impl StoreError {
@@ -671,22 +685,35 @@ impl Store {
                 )
                 .execute(&mut *conn)
                 .await?;
-                let applied: Option<i64> =
-                    sqlx::query_scalar("SELECT MAX(version) FROM pstack_schema_migrations")
-                        .fetch_one(&mut *conn)
-                        .await?;
-                let applied = applied.unwrap_or(0);
+                // Each migration not recorded yet, in order (not only those
+                // above the highest recorded: a step is self-contained, so
+                // one added below an applied one still runs). Whether it is
+                // recorded is read inside its own transaction: on SQLite,
+                // which has no advisory lock, `BEGIN IMMEDIATE` takes the
+                // write lock first, so of two processes opening one fresh
+                // file together the second sees the first's steps applied.
                 for (version, name, lite, post) in MIGRATIONS {
-                    if *version <= applied {
-                        continue;
-                    }
                     let sql = if pg { *post } else { *lite };
                     let wrap = |source| StoreError::Migration {
                         version: *version,
                         name,
                         source,
                     };
-                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                    let mut tx = if pg {
+                        sqlx::Connection::begin(&mut *conn).await?
+                    } else {
+                        sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?
+                    };
+                    let applied: Option<i64> = sqlx::query_scalar(
+                        "SELECT version FROM pstack_schema_migrations WHERE version = $1",
+                    )
+                    .bind(*version)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    if applied.is_some() {
+                        tx.rollback().await?;
+                        continue;
+                    }
                     sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(wrap)?;
                     sqlx::query(
                         "INSERT INTO pstack_schema_migrations (version, name, applied_ns) VALUES ($1, $2, $3)",
@@ -1576,6 +1603,7 @@ pub fn history_query(
 pub mod analysis;
 mod bench_fill;
 pub mod gate;
+pub mod gate_key;
 mod ingest;
 pub mod operators;
 pub mod runs;

@@ -65,6 +65,9 @@ pub struct AppState {
     /// How far in the future a change's `at` or a span's time may lie
     /// (`serve --max-future-skew`); later ones are refused with the field.
     pub max_future_skew_ns: i64,
+    /// `Host` values `/mcp` accepts besides loopback (`serve --public-url`,
+    /// `--mcp-allowed-host`; `crate::mcp::allowed_hosts`).
+    pub mcp_allowed_hosts: Vec<String>,
 }
 
 /// Default of [`AppState::max_future_skew_ns`]: 5 minutes (clock skew
@@ -97,6 +100,7 @@ impl AppState {
             freshness: crate::runs::freshness::Freshness::default(),
             mcp_writes: false,
             max_future_skew_ns: DEFAULT_MAX_FUTURE_SKEW_NS,
+            mcp_allowed_hosts: Vec::new(),
         }
     }
 }

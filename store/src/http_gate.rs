@@ -778,6 +778,15 @@ async fn deliver_grant(
     });
     let bytes = serde_json::to_vec(&body).unwrap_or_default();
     let d = webhook::deliver(cb, &bytes, state.gate.allow_private_webhooks).await;
+    record_delivery(state, p, d).await
+}
+
+/// Store a delivery's outcome on the proposal (`callbackDelivery`) and log it.
+async fn record_delivery(
+    state: &AppState,
+    p: &ProposalRow,
+    d: Delivery,
+) -> Result<Delivery, Response> {
     let now = state.clock.now_ns();
     let stored = json!({
         "status": if d.delivered { "delivered" } else { "failed" },
@@ -1442,18 +1451,28 @@ async fn post_approve(
         Transition::NotFound => return Err(proposal_not_found(&id)),
     };
     tracing::info!(proposal = %p.id, by = %key_id, "remediation approved");
-    // The request's callback wins over the one stored at propose time.
-    let cb = match callback {
-        Some((cb, _)) => Some(cb),
-        None => before
-            .callback_sealed
-            .as_deref()
-            .and_then(|s| state.gate.keys.open(s).ok())
-            .and_then(|b| serde_json::from_slice::<Callback>(&b).ok()),
-    };
-    let delivery = match &cb {
-        Some(cb) => Some(deliver_grant(&state, &p, &token, cb).await?),
-        None => None,
+    // The request's callback wins over the one stored at propose time. A
+    // stored one that does not open (sealed under another gate key, or an
+    // edited row) is a failed delivery with its reason, never a silent none.
+    let delivery = match (callback, before.callback_sealed.as_deref()) {
+        (Some((cb, _)), _) => Some(deliver_grant(&state, &p, &token, &cb).await?),
+        (None, Some(sealed)) => match open_callback(&state, sealed) {
+            Ok(cb) => Some(deliver_grant(&state, &p, &token, &cb).await?),
+            Err(why) => {
+                tracing::warn!(proposal = %p.id, host = ?before.callback_host, reason = why, "grant webhook not delivered: the stored callback does not open");
+                let failed = Delivery {
+                    attempted: true,
+                    delivered: false,
+                    attempts: 0,
+                    host: before.callback_host.clone().unwrap_or_default(),
+                    error: Some(format!(
+                        "{why}; nothing was sent: hand the grant token to the runner, or approve with webhookUrl"
+                    )),
+                };
+                Some(record_delivery(&state, &p, failed).await?)
+            }
+        },
+        (None, None) => None,
     };
     let p = state
         .store
@@ -1466,6 +1485,15 @@ async fn post_approve(
         body["grantDelivery"] = json!(d);
     }
     Ok(Json(body).into_response())
+}
+
+/// Open a callback sealed at propose time, or say why it does not open.
+fn open_callback(state: &AppState, sealed: &str) -> Result<Callback, &'static str> {
+    let bytes = state.gate.keys.open(sealed).map_err(|_| {
+        "the stored callback did not open: it was sealed under another gate key (a replica with a different --gate-key-file) or the row was modified"
+    })?;
+    serde_json::from_slice::<Callback>(&bytes)
+        .map_err(|_| "the stored callback opened but is not a callback (a modified row)")
 }
 
 async fn post_reject(

@@ -150,6 +150,24 @@ enum Command {
         /// target's current state or fake a recovery.
         #[arg(long, value_parser = parse_duration, default_value = "5m")]
         max_future_skew: Duration,
+        /// The URL clients reach this store at through its reverse proxy
+        /// (e.g. https://store.example:7443, docs/store-tls.md). Its host,
+        /// on any port, is accepted in the Host header of /mcp requests,
+        /// which otherwise accept loopback names only (a DNS-rebinding
+        /// guard: any other Host is 403).
+        #[arg(long, env = "PSTACK_STORE_PUBLIC_URL")]
+        public_url: Option<String>,
+        /// Another Host header value /mcp accepts: a host name or address,
+        /// with :port to accept that port only (repeatable; comma-separated
+        /// in the environment). Loopback names are always accepted.
+        #[arg(long, env = "PSTACK_STORE_MCP_ALLOWED_HOSTS", value_delimiter = ',')]
+        mcp_allowed_host: Vec<String>,
+    },
+    /// The remediation gate key every replica on this database must share:
+    /// show its recorded fingerprint, or adopt a replacement key.
+    GateKey {
+        #[command(subcommand)]
+        command: GateKeyCommand,
     },
     /// Manage API keys.
     Keys {
@@ -305,6 +323,33 @@ fn require_scopes(scopes: Vec<Scope>, command: &str) -> ScopeSet {
             .exit();
     }
     ScopeSet::of(scopes)
+}
+
+#[derive(Subcommand, Debug)]
+enum GateKeyCommand {
+    /// Print the fingerprint recorded in the database (the key the first
+    /// replica started with) and, with --gate-key-file, that file's.
+    Show {
+        /// A gate key file to fingerprint.
+        #[arg(long)]
+        gate_key_file: Option<std::path::PathBuf>,
+    },
+    /// Record this key's fingerprint in place of the recorded one, after
+    /// replacing the gate key on purpose with every replica stopped. Grants
+    /// and stored webhook callbacks made under the old key stop working.
+    Adopt {
+        /// The new gate key file.
+        #[arg(long)]
+        gate_key_file: std::path::PathBuf,
+    },
+}
+
+/// A gate key file: 64 hex digits.
+fn read_gate_key(path: &std::path::Path) -> Result<pstack_store::gate::keys::GateKeys> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the gate key {}", path.display()))?;
+    pstack_store::gate::keys::GateKeys::from_hex(&text)
+        .with_context(|| format!("gate key {}", path.display()))
 }
 
 #[derive(Subcommand, Debug)]
@@ -541,6 +586,40 @@ async fn run(cli: Cli) -> Result<()> {
                 pstack_cli::outln!("revoked {id}")?;
             }
         },
+        Command::GateKey {
+            command: GateKeyCommand::Show { gate_key_file },
+        } => {
+            match store.gate_key_fingerprint().await? {
+                Some(r) => pstack_cli::outln!(
+                    "recorded  {}  (since {})",
+                    r.fingerprint,
+                    pstack_store::ident::format_ns(r.recorded_ns)
+                )?,
+                None => pstack_cli::outln!(
+                    "recorded  none (the first serve with --gate-key-file records its key)"
+                )?,
+            }
+            if let Some(path) = gate_key_file {
+                let keys = read_gate_key(&path)?;
+                pstack_cli::outln!("file      {}  ({})", keys.fingerprint(), path.display())?;
+            }
+        }
+        Command::GateKey {
+            command: GateKeyCommand::Adopt { gate_key_file },
+        } => {
+            let keys = read_gate_key(&gate_key_file)?;
+            let before = store
+                .replace_gate_key_fingerprint(keys.fingerprint(), pstack_store::now_ns())
+                .await?;
+            match before {
+                Some(old) if old != keys.fingerprint() => eprintln!(
+                    "adopted gate key {} in place of {old}; start every replica with {}",
+                    keys.fingerprint(),
+                    gate_key_file.display()
+                ),
+                _ => eprintln!("recorded gate key {}", keys.fingerprint()),
+            }
+        }
         Command::Retention { max_age, max_bytes } => {
             if max_age.is_none() && max_bytes.is_none() {
                 bail!("give --max-age and/or --max-bytes");
@@ -579,6 +658,8 @@ async fn run(cli: Cli) -> Result<()> {
             inflight_budget,
             transfer_join_window: _,
             max_future_skew,
+            public_url,
+            mcp_allowed_host,
         } => {
             let limits = IngestLimits {
                 max_body_bytes,
@@ -594,19 +675,36 @@ async fn run(cli: Cli) -> Result<()> {
                 inflight_budget_bytes: inflight_budget,
             };
             let mut state = AppState::with_conn_limits(store.clone(), limits, conn);
-            match &gate_key_file {
+            use pstack_store::gate::shared_key::{self, KeyAgreement, KeySource};
+            let key_source = match &gate_key_file {
                 Some(path) => {
-                    let text = std::fs::read_to_string(path)
-                        .with_context(|| format!("reading the gate key {}", path.display()))?;
-                    state.gate.keys = std::sync::Arc::new(
-                        pstack_store::gate::keys::GateKeys::from_hex(&text)
-                            .with_context(|| format!("gate key {}", path.display()))?,
-                    );
+                    state.gate.keys = std::sync::Arc::new(read_gate_key(path)?);
+                    KeySource::File
                 }
-                None => tracing::warn!(
-                    "no --gate-key-file: remediation grants and stored webhook callbacks use a key of this run only"
+                None => {
+                    tracing::warn!(
+                        "no --gate-key-file: remediation grants and stored webhook callbacks use a key of this run only (and no other replica can share it)"
+                    );
+                    KeySource::Ephemeral
+                }
+            };
+            // Every replica on this database must hold the one gate key:
+            // refuse to start before serving anything if this one differs.
+            let fingerprint = state.gate.keys.fingerprint().to_string();
+            match shared_key::check(&store, &state.gate.keys, key_source, pstack_store::now_ns())
+                .await?
+            {
+                KeyAgreement::Recorded => tracing::info!(
+                    fingerprint,
+                    "recorded the gate key's fingerprint: every replica on this database must start with this key"
                 ),
+                KeyAgreement::Matches => {
+                    tracing::info!(fingerprint, "gate key matches the database's")
+                }
+                KeyAgreement::Unrecorded => {}
             }
+            state.mcp_allowed_hosts =
+                pstack_store::mcp::allowed_hosts(public_url.as_deref(), &mcp_allowed_host)?;
             state.gate.envelope_freshness_ns =
                 i64::try_from(envelope_freshness.as_nanos()).unwrap_or(i64::MAX);
             state.gate.allow_private_webhooks = alert_webhook_allow_private;

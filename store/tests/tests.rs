@@ -14,6 +14,7 @@ mod mcp;
 mod queries;
 mod query_cli;
 mod receipts;
+mod replicas;
 mod retention;
 mod runs;
 mod scopes;

@@ -8,14 +8,16 @@
 //! [`keys`] (grant tokens, sealed callbacks), [`ssrf`] (which addresses a
 //! webhook may reach), [`watchdog`] (checkpoint verdicts), [`alertmanager`]
 //! (webhook payload v4) — plus [`webhook`], the one place that sends a
-//! grant over the network. Storage is `crate::db::gate`; routes are
-//! `crate::http_gate`. The design choices where the seed is silent are in
-//! `store/docs/gate.md`.
+//! grant over the network, and [`shared_key`], the start-up check that
+//! every replica holds the one gate key. Storage is `crate::db::gate`;
+//! routes are `crate::http_gate`. The design choices where the seed is
+//! silent are in `store/docs/gate.md`.
 
 pub mod alertmanager;
 pub mod keys;
 pub mod policy;
 pub mod provenance;
+pub mod shared_key;
 pub mod ssrf;
 pub mod watchdog;
 pub mod webhook;

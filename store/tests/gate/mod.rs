@@ -19,6 +19,7 @@ use crate::support::{Db, Harness, code};
 pub(crate) mod grants;
 mod hooks;
 mod recovery;
+mod replays;
 
 pub(crate) const MIN: Duration = Duration::from_secs(60);
 

@@ -12,6 +12,8 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::{Value, json};
 
+mod proxy;
+
 use crate::runs::secrets::assert_clean;
 use crate::support::{Db, Harness};
 
