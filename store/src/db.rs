@@ -100,7 +100,8 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
     ),
 ];
 
-/// The newest schema version (the last migration's).
+/// The schema version a store opened by this build is at: its newest
+/// migration.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
 /// The migration that created the transfer join (`crate::transfers`).

@@ -36,6 +36,10 @@ type NodeRow = (String, i64, String, String, Option<String>, Vec<u8>);
 /// (digest, wall_ns, identity, key name, body).
 type ClaimRow = (String, i64, String, Option<String>, Vec<u8>);
 
+/// (environment, service, minute bucket, version) of a `span_writers` row;
+/// its value is (requests, errors, calls).
+type WriterKey<'a> = (&'a str, &'a str, i64, &'a str);
+
 /// Which versions a cohort holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VersionFilter<'a> {
@@ -353,9 +357,8 @@ impl Store {
 
     async fn ingest_traces_once(&self, batch: &Batch, key_id: &str) -> Result<(), StoreError> {
         const ROWS: usize = 200;
-        // (environment, service, bucket, version) → (requests, errors, calls)
-        // of this body: its provenance rows, in key order like the rest.
-        let mut writes: BTreeMap<(&str, &str, i64, &str), (i64, i64, i64)> = BTreeMap::new();
+        // This body's provenance rows, in key order like the rest.
+        let mut writes: BTreeMap<WriterKey<'_>, (i64, i64, i64)> = BTreeMap::new();
         for (k, v) in &batch.requests {
             let w = writes
                 .entry((&k.environment, &k.service, k.bucket_ns, &k.version))

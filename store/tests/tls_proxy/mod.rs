@@ -164,7 +164,7 @@ fn root_https_through_the_documented_nginx_proxy() {
     let o = Command::new(store_bin)
         .arg("--db")
         .arg(&db)
-        .args(["keys", "create", "--name", "tls", "--scope", "ingest"])
+        .args(["keys", "create", "--name", "tls", "--scope", "ingest,read"])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
