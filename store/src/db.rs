@@ -85,6 +85,12 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../migrations/sqlite/0005_transfers.sql"),
         include_str!("../migrations/postgres/0005_transfers.sql"),
     ),
+    (
+        6,
+        "hypotheses",
+        include_str!("../migrations/sqlite/0006_hypotheses.sql"),
+        include_str!("../migrations/postgres/0006_hypotheses.sql"),
+    ),
 ];
 
 /// The migration that created the transfer join (`crate::transfers`).
@@ -1218,7 +1224,8 @@ impl Store {
              AND NOT EXISTS (SELECT 1 FROM finding_evidence f WHERE f.digest = envelopes.digest)
              AND NOT EXISTS (SELECT 1 FROM remediation_proposals p WHERE p.pre_mutation_envelope = envelopes.digest)
              AND NOT EXISTS (SELECT 1 FROM remediation_receipts g WHERE g.evidence = envelopes.digest)
-             AND NOT EXISTS (SELECT 1 FROM run_failure_receipts x WHERE x.pre_digest = envelopes.digest OR x.post_digest = envelopes.digest)";
+             AND NOT EXISTS (SELECT 1 FROM run_failure_receipts x WHERE x.pre_digest = envelopes.digest OR x.post_digest = envelopes.digest)
+             AND NOT EXISTS (SELECT 1 FROM hypothesis_moves m WHERE m.digest = envelopes.digest)";
         if let Some(age) = policy.max_age {
             let cutoff = now_ns.saturating_sub(i64::try_from(age.as_nanos()).unwrap_or(i64::MAX));
             loop {

@@ -470,13 +470,16 @@ async fn ends_arriving_at_once_are_joined(db: Db) {
     h.finish().await;
 }
 
-/// Turn a fresh v5 store back into a v4 one (what a store upgraded to this
-/// version holds): the transfer tables and their migration record gone.
+/// Turn a fresh store back into a v4 one (what a store upgraded to this
+/// version holds): the transfer tables, the hypothesis ledger (v6) and
+/// their migration records gone.
 async fn downgrade_to_v4(dir: &Option<tempfile::TempDir>, pg: &Option<(String, String)>) {
     use sqlx::Connection;
     const SQL: &str =
         "DROP TABLE transfer_ends; DROP TABLE transfers; DROP TABLE transfer_candidates;
-                       DELETE FROM pstack_schema_migrations WHERE version = 5;";
+                       DROP TABLE hypothesis_moves; DROP TABLE hypotheses; DROP INDEX runs_subject;
+                       ALTER TABLE runs DROP COLUMN subject_key; ALTER TABLE runs DROP COLUMN outcome;
+                       DELETE FROM pstack_schema_migrations WHERE version IN (5, 6);";
     match (dir, pg) {
         (Some(d), _) => {
             let path = d.path().join("store.db");
@@ -528,7 +531,7 @@ async fn envelopes_stored_before_the_migration_are_joined_by_it(db: Db) {
         ..Default::default()
     };
     let again = pstack_store::db::Store::open(&url, &opts).await.unwrap();
-    assert_eq!(again.schema_version().await.unwrap(), 5);
+    assert_eq!(again.schema_version().await.unwrap(), 6);
     let ids = again.transfers_of(&da).await.unwrap();
     assert_eq!(ids.len(), 1, "joined when the migration ran");
     assert_eq!(again.transfers_of(&db_).await.unwrap(), ids);
