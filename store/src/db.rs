@@ -98,6 +98,12 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../migrations/sqlite/0007_gate_key.sql"),
         include_str!("../migrations/postgres/0007_gate_key.sql"),
     ),
+    (
+        8,
+        "hypotheses",
+        include_str!("../migrations/sqlite/0008_hypotheses.sql"),
+        include_str!("../migrations/postgres/0008_hypotheses.sql"),
+    ),
 ];
 
 /// The schema version a store opened by this build is at: its newest
@@ -1306,7 +1312,8 @@ impl Store {
              AND NOT EXISTS (SELECT 1 FROM finding_evidence f WHERE f.digest = envelopes.digest)
              AND NOT EXISTS (SELECT 1 FROM remediation_proposals p WHERE p.pre_mutation_envelope = envelopes.digest)
              AND NOT EXISTS (SELECT 1 FROM remediation_receipts g WHERE g.evidence = envelopes.digest)
-             AND NOT EXISTS (SELECT 1 FROM run_failure_receipts x WHERE x.pre_digest = envelopes.digest OR x.post_digest = envelopes.digest)";
+             AND NOT EXISTS (SELECT 1 FROM run_failure_receipts x WHERE x.pre_digest = envelopes.digest OR x.post_digest = envelopes.digest)
+             AND NOT EXISTS (SELECT 1 FROM hypothesis_moves m WHERE m.digest = envelopes.digest)";
         if let Some(age) = policy.max_age {
             let cutoff = now_ns.saturating_sub(i64::try_from(age.as_nanos()).unwrap_or(i64::MAX));
             loop {

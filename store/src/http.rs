@@ -119,6 +119,8 @@ pub struct Metrics {
     auth_failures: Mutex<BTreeMap<&'static str, u64>>,
     responses: Mutex<BTreeMap<(String, u16), u64>>,
     latency: Mutex<BTreeMap<String, Histogram>>,
+    /// Seed 001's acceptance metrics (AC1; `crate::runs::acceptance`).
+    pub acceptance: crate::runs::acceptance::AcceptanceMetrics,
 }
 
 const BUCKETS_S: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
@@ -250,6 +252,7 @@ impl Metrics {
                 h.count
             );
         }
+        self.acceptance.render(&mut out);
         out
     }
 }
@@ -798,6 +801,9 @@ async fn post_envelopes(
                 let mut by_rule = lock(&m.rejected_by_rule);
                 for reason in &r.reasons {
                     *by_rule.entry(reason.rule.clone()).or_insert(0) += 1;
+                    if let Some(missing) = crate::runs::acceptance::unknown_missing(reason) {
+                        m.acceptance.add_unknown_missing(missing);
+                    }
                 }
                 resp.results.push(ItemResult {
                     index,

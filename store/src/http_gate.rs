@@ -652,7 +652,9 @@ fn check_expected_state(v: &Value, subject: bool) -> Result<(), Response> {
 }
 
 /// The pre-mutation envelope rule: a stored envelope of the same subject,
-/// `complete` or `bounded`, captured before now and within the freshness.
+/// `complete` or `bounded`, captured before now and within its kind's
+/// freshness — the store's one rule (`crate::runs::freshness`), shared with
+/// supervised runs.
 async fn check_envelope(
     state: &AppState,
     digest: Option<&str>,
@@ -669,51 +671,17 @@ async fn check_envelope(
             field,
         ));
     };
-    let Some((sk, wall_ns, completeness)) =
-        state.store.envelope_meta(d).await.map_err(store_err)?
-    else {
+    let Some(facts) = state.store.envelope_facts(d).await.map_err(store_err)? else {
         return Err(unprocessable(
             "pre_mutation_envelope_unknown",
             format!("no stored envelope {d}"),
             field,
         ));
     };
-    if sk != subject {
-        return Err(unprocessable(
-            "pre_mutation_envelope_wrong_subject",
-            format!("envelope {d} is of subject {sk:?}, not {subject:?}"),
-            field,
-        ));
-    }
-    if completeness != "complete" && completeness != "bounded" {
-        return Err(unprocessable(
-            "pre_mutation_envelope_incomplete",
-            format!(
-                "envelope {d} is {completeness}; a pre-mutation envelope is complete or bounded"
-            ),
-            field,
-        ));
-    }
-    if wall_ns > now {
-        return Err(unprocessable(
-            "pre_mutation_envelope_not_before",
-            format!("envelope {d} was captured after this request"),
-            field,
-        ));
-    }
-    let fresh = state.gate.envelope_freshness_ns;
-    if now - wall_ns > fresh {
-        return Err(unprocessable(
-            "pre_mutation_envelope_stale",
-            format!(
-                "envelope {d} was captured {} s ago; it authorizes for {} s — capture the subject again",
-                (now - wall_ns) / 1_000_000_000,
-                fresh / 1_000_000_000
-            ),
-            field,
-        ));
-    }
-    Ok(())
+    state
+        .freshness
+        .judge_pre_mutation(&facts, subject, now)
+        .map_err(|r| unprocessable(r.code(), r.to_string(), field))
 }
 
 fn validate_callback(

@@ -108,10 +108,13 @@ enum Command {
         /// a restart.
         #[arg(long, env = "PSTACK_STORE_GATE_KEY_FILE")]
         gate_key_file: Option<std::path::PathBuf>,
-        /// How old a pre-mutation envelope may be and still authorize a
-        /// host-subject remediation.
-        #[arg(long, value_parser = parse_duration, default_value = "10m")]
-        envelope_freshness: Duration,
+        /// How long an envelope stays fresh, per subject kind: the one rule
+        /// of run MUTATE steps, gate pre-mutation envelopes and handoff
+        /// expiry. Overrides of the defaults (thread 60s, process 120s,
+        /// network_stream 60s, storage_transfer 300s, host 600s), e.g.
+        /// `process=30s,host=15m`.
+        #[arg(long, env = "PSTACK_STORE_FRESHNESS", value_parser = parse_freshness)]
+        freshness: Option<pstack_store::runs::freshness::Freshness>,
         /// Let grant webhooks reach private, loopback, link-local and other
         /// internal addresses (the SSRF guard refuses them by default).
         #[arg(long, env = "ALERT_WEBHOOK_ALLOW_PRIVATE", default_value_t = false)]
@@ -374,6 +377,12 @@ fn parse_positive_duration(s: &str) -> Result<Duration, String> {
 /// The one duration parser of pstack's CLIs (a unit is required: 30d, 12h, 10m, 45s).
 fn parse_duration(s: &str) -> Result<Duration, String> {
     pstack_cli::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn parse_freshness(s: &str) -> Result<pstack_store::runs::freshness::Freshness, String> {
+    pstack_store::runs::freshness::Freshness::default()
+        .with_overrides(s)
+        .map_err(|e| e.to_string())
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -649,7 +658,7 @@ async fn run(cli: Cli) -> Result<()> {
             retention_max_bytes,
             retention_interval,
             gate_key_file,
-            envelope_freshness,
+            freshness,
             alert_webhook_allow_private,
             max_connections,
             header_timeout,
@@ -705,15 +714,12 @@ async fn run(cli: Cli) -> Result<()> {
             }
             state.mcp_allowed_hosts =
                 pstack_store::mcp::allowed_hosts(public_url.as_deref(), &mcp_allowed_host)?;
-            state.gate.envelope_freshness_ns =
-                i64::try_from(envelope_freshness.as_nanos()).unwrap_or(i64::MAX);
             state.gate.allow_private_webhooks = alert_webhook_allow_private;
             state.mcp_writes = pstack_store::mcp::writes_enabled_from_env();
             state.max_future_skew_ns =
                 i64::try_from(max_future_skew.as_nanos()).unwrap_or(i64::MAX);
-            if let Ok(spec) = std::env::var("PSTACK_STORE_FRESHNESS") {
-                state.freshness =
-                    pstack_store::runs::freshness::Freshness::default().with_overrides(&spec)?;
+            if let Some(freshness) = freshness {
+                state.freshness = freshness;
             }
             if alert_webhook_allow_private {
                 tracing::warn!(

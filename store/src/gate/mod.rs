@@ -29,8 +29,6 @@ use std::sync::Arc;
 pub struct GateConfig {
     /// Grant-hash and callback-sealing keys.
     pub keys: Arc<keys::GateKeys>,
-    /// How old a pre-mutation envelope may be and still authorize.
-    pub envelope_freshness_ns: i64,
     /// `ALERT_WEBHOOK_ALLOW_PRIVATE=true`: webhooks may reach private,
     /// loopback and other internal addresses.
     pub allow_private_webhooks: bool,
@@ -41,7 +39,6 @@ impl GateConfig {
     pub fn with_keys(keys: keys::GateKeys) -> GateConfig {
         GateConfig {
             keys: Arc::new(keys),
-            envelope_freshness_ns: policy::DEFAULT_ENVELOPE_FRESHNESS_NS,
             allow_private_webhooks: false,
         }
     }

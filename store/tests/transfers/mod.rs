@@ -476,11 +476,15 @@ async fn ends_arriving_at_once_are_joined(db: Db) {
 }
 
 /// Turn a fresh store back into a v4 one (what a store upgraded to this
-/// version holds): what v6 (scopes) and v5 (transfers) added, and their
-/// migration records, gone.
+/// version holds): what v8 (the hypothesis ledger), v7 (the gate key's
+/// fingerprint), v6 (scopes) and v5 (transfers) added, and their migration
+/// records, gone.
 async fn downgrade_to_v4(dir: &Option<tempfile::TempDir>, pg: &Option<(String, String)>) {
     use sqlx::Connection;
-    const SQL: &str = "DROP TABLE span_writers; ALTER TABLE failed_requests DROP COLUMN key_id;
+    const SQL: &str = "DROP TABLE hypothesis_moves; DROP TABLE hypotheses; DROP INDEX runs_subject;
+         ALTER TABLE runs DROP COLUMN subject_key; ALTER TABLE runs DROP COLUMN outcome;
+         DROP TABLE gate_key;
+         DROP TABLE span_writers; ALTER TABLE failed_requests DROP COLUMN key_id;
          ALTER TABLE changes DROP COLUMN candidate_agent_version;
          ALTER TABLE api_keys DROP COLUMN scopes;
          DROP TABLE transfer_ends; DROP TABLE transfers; DROP TABLE transfer_candidates;
