@@ -1,5 +1,5 @@
 //! Storage of supervised runs (migration `0004_runs`) and of the
-//! hypothesis ledger (migration `0006_hypotheses`).
+//! hypothesis ledger (migration `0008_hypotheses`).
 //!
 //! Invariants: a registered graph's (name, version) never changes body; a
 //! run changes only by [`Store::update_run`], one conditional update on its
