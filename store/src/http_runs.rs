@@ -1005,7 +1005,7 @@ async fn get_hypotheses(
     Path(subject): Path<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(&q, &["state"])?;
     let only = match q.get("state") {
         None => None,
