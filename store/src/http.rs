@@ -10,7 +10,8 @@
 //! - Envelope verification (CPU-bound) runs on the blocking pool, never on the
 //!   async workers; database work is the only thing awaited in handlers.
 //! - Logs: one structured event per request (route, status, latency, key id,
-//!   item counts). Never bodies, never keys, never envelope contents.
+//!   item counts). Never bodies, never keys, never envelope contents;
+//!   caller-supplied strings only through `logsafe::text`.
 
 use crate::query_params::{DiffQuery, QueryParams, UnknownsQuery};
 use std::collections::BTreeMap;
@@ -299,7 +300,7 @@ impl From<StoreError> for ApiError {
                 }
             }
             other => {
-                tracing::error!(error = %other, "storage failure");
+                tracing::error!(error = %crate::logsafe::text(&other), "storage failure");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "store_unavailable",
@@ -390,9 +391,9 @@ impl Drop for Observed {
         let status = self.status.unwrap_or(499);
         let (method, route) = (&self.method, &self.route);
         if self.status.is_some() {
-            tracing::info!(%method, route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request");
+            tracing::info!(method = %crate::logsafe::text(method), route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request");
         } else {
-            tracing::warn!(%method, route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request abandoned: the client closed the connection first");
+            tracing::warn!(method = %crate::logsafe::text(method), route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request abandoned: the client closed the connection first");
         }
         let metrics = &self.state.metrics;
         *lock(&metrics.responses)

@@ -550,7 +550,7 @@ async fn run(cli: Cli) -> Result<()> {
                             _ = tick.tick() => {
                                 match store.apply_retention(&policy, pstack_store::now_ns()).await {
                                     Ok(r) => metrics.add_retention_deleted(r.deleted),
-                                    Err(e) => tracing::error!(error = %e, "retention pass failed"),
+                                    Err(e) => tracing::error!(error = %pstack_store::logsafe::text(&e), "retention pass failed"),
                                 }
                             }
                             _ = stop.changed() => break,
@@ -571,7 +571,7 @@ async fn run(cli: Cli) -> Result<()> {
                         tokio::select! {
                             _ = tick.tick() => {
                                 if let Err(e) = pstack_store::gate_tick::tick(&state).await {
-                                    tracing::error!(error = %e, "gate tick failed");
+                                    tracing::error!(error = %pstack_store::logsafe::text(&e), "gate tick failed");
                                 }
                             }
                             _ = stop.changed() => break,

@@ -9,6 +9,7 @@ mod gate;
 mod hostile;
 mod ingest;
 mod lifecycle;
+mod logs;
 mod mcp;
 mod queries;
 mod query_cli;
