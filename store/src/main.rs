@@ -90,6 +90,11 @@ enum Command {
         /// Most envelopes per request.
         #[arg(long, default_value_t = 5000)]
         max_items: usize,
+        /// Most spans in one OTLP request (/v1/traces); more get 413
+        /// too_many_spans. Each span takes 264 bytes and up decoded, whatever
+        /// it takes on the wire (memory per request vs batch size).
+        #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..))]
+        max_spans: u32,
         /// Delete envelopes received longer ago than this (e.g. 30d, 12h); off by default.
         #[arg(long, value_parser = parse_duration)]
         retention_max_age: Option<Duration>,
@@ -477,6 +482,7 @@ async fn run(cli: Cli) -> Result<()> {
             max_body_bytes,
             max_decoded_bytes,
             max_items,
+            max_spans,
             retention_max_age,
             retention_max_bytes,
             retention_interval,
@@ -494,6 +500,7 @@ async fn run(cli: Cli) -> Result<()> {
                 max_body_bytes,
                 max_decoded_bytes,
                 max_items,
+                max_spans: max_spans as usize,
                 ..IngestLimits::default()
             };
             let conn = pstack_store::conn::ConnLimits {

@@ -11,6 +11,7 @@ mod ingest;
 mod lifecycle;
 mod logs;
 mod mcp;
+mod otlp_limits;
 mod queries;
 mod query_cli;
 mod receipts;

@@ -3,7 +3,8 @@
 //! Pure rule modules — [`verdict`] (the six blast-radius verdicts and the
 //! Newcombe interval), [`proof`] (causal proof tier, fingerprint,
 //! counterfactual pairing), [`fleet`] (node cohorts from envelope claims),
-//! [`ledger`] (change validation), [`otlp`] (OTLP decode and aggregation) —
+//! [`ledger`] (change validation), [`otlp`] (OTLP decode and aggregation),
+//! [`otlp_cost`] (what an OTLP body costs decoded, read before decoding) —
 //! and [`blast`], which assembles a blast radius from stored aggregates.
 //! Storage is `crate::db::analysis`; routes are `crate::http_analysis`.
 
@@ -11,5 +12,6 @@ pub mod blast;
 pub mod fleet;
 pub mod ledger;
 pub mod otlp;
+pub mod otlp_cost;
 pub mod proof;
 pub mod verdict;
