@@ -108,6 +108,17 @@ impl Held {
         self._bytes.as_ref().map_or(0, |p| p.num_permits())
     }
 
+    /// Whether this request could ever hold `bytes` more: what it holds
+    /// plus them within the whole budget.
+    pub fn could_hold(&self, bytes: usize) -> bool {
+        (self.held() as u64).saturating_add((bytes as u64).div_ceil(UNIT)) <= u64::from(self.total)
+    }
+
+    /// The whole in-flight budget, bytes.
+    pub fn budget_bytes(&self) -> u64 {
+        u64::from(self.total) * UNIT
+    }
+
     /// Reserve `bytes` more of the budget for this request; `false` when the
     /// budget does not have them free now.
     pub fn grow(&mut self, bytes: usize) -> bool {

@@ -14,7 +14,8 @@
 //! - Envelope verification (CPU-bound) runs on the blocking pool, never on the
 //!   async workers; database work is the only thing awaited in handlers.
 //! - Logs: one structured event per request (route, status, latency, key id,
-//!   item counts). Never bodies, never keys, never envelope contents.
+//!   item counts). Never bodies, never keys, never envelope contents;
+//!   caller-supplied strings only through `logsafe::text`.
 
 use crate::query_params::{DiffQuery, QueryParams, UnknownsQuery};
 use std::collections::BTreeMap;
@@ -330,7 +331,7 @@ impl From<StoreError> for ApiError {
                 }
             }
             other => {
-                tracing::error!(error = %other, "storage failure");
+                tracing::error!(error = %crate::logsafe::text(&other), "storage failure");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "store_unavailable",
@@ -424,9 +425,9 @@ impl Drop for Observed {
         let status = self.status.unwrap_or(499);
         let (method, route) = (&self.method, &self.route);
         if self.status.is_some() {
-            tracing::info!(%method, route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request");
+            tracing::info!(method = %crate::logsafe::text(method), route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request");
         } else {
-            tracing::warn!(%method, route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request abandoned: the client closed the connection first");
+            tracing::warn!(method = %crate::logsafe::text(method), route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request abandoned: the client closed the connection first");
         }
         let metrics = &self.state.metrics;
         *lock(&metrics.responses)
@@ -630,15 +631,17 @@ pub struct IngestResponse {
     pub results: Vec<ItemResult>,
 }
 
-async fn post_envelopes(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let key_id = authenticate(&state, &headers, Scope::Ingest).await?.key_id;
+/// Admit one ingest request (`/v1/envelopes`, `/v1/traces`) of `key_id`:
+/// a slot of the key's concurrency and its declared wire body reserved from
+/// the in-flight budget, before a byte of the body is read. Refused: 429
+/// `key_busy` or 503 `busy`, both with Retry-After. Returns what it holds
+/// and the bytes declared (Content-Length, at most `max_body_bytes`).
+pub(crate) fn admit_ingest(
+    state: &AppState,
+    key_id: &str,
+    headers: &HeaderMap,
+) -> Result<(crate::conn::Held, u64), ApiError> {
     let limits = state.limits;
-    // Reserve the wire body before reading a byte of it; decoding reserves
-    // each further megabyte as it goes (ingest::decode_body_within).
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -646,9 +649,9 @@ async fn post_envelopes(
         .map_or(limits.max_body_bytes as u64, |n| {
             n.min(limits.max_body_bytes as u64)
         });
-    let mut held = state
+    let held = state
         .guards
-        .admit(&key_id, declared)
+        .admit(key_id, declared)
         .map_err(|r| match r {
             crate::conn::Refusal::KeyBusy { limit } => {
                 let mut e = ApiError::new(
@@ -665,6 +668,19 @@ async fn post_envelopes(
                 format!("requests in flight hold the store's {budget}-byte memory budget; this one needs up to {wanted} bytes: retry after the Retry-After delay"),
             ),
         })?;
+    Ok((held, declared))
+}
+
+/// Read an admitted request's body: at most `max_body_bytes`, streamed into
+/// one buffer sized from Content-Length (what [`admit_ingest`] reserved),
+/// never grown by doubling past it.
+pub(crate) async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    declared: u64,
+    limits: &IngestLimits,
+) -> Result<bytes::Bytes, ApiError> {
+    use http_body_util::BodyExt;
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -680,29 +696,37 @@ async fn post_envelopes(
     {
         return Err(too_large());
     }
-    // Streamed into one buffer sized from Content-Length (what was reserved),
-    // never grown by doubling past it.
-    let raw = {
-        use http_body_util::BodyExt;
-        let mut body = body;
-        let mut buf = Vec::with_capacity(declared as usize);
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "body_incomplete",
-                    format!("the request body ended early: {e}"),
-                )
-            })?;
-            if let Ok(data) = frame.into_data() {
-                if buf.len() + data.len() > limits.max_body_bytes {
-                    return Err(too_large());
-                }
-                buf.extend_from_slice(&data);
+    let mut body = body;
+    let mut buf = Vec::with_capacity(declared as usize);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "body_incomplete",
+                format!("the request body ended early: {e}"),
+            )
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limits.max_body_bytes {
+                return Err(too_large());
             }
+            buf.extend_from_slice(&data);
         }
-        bytes::Bytes::from(buf)
-    };
+    }
+    Ok(bytes::Bytes::from(buf))
+}
+
+async fn post_envelopes(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let key_id = authenticate(&state, &headers, Scope::Ingest).await?.key_id;
+    let limits = state.limits;
+    // Reserve the wire body before reading a byte of it; decoding reserves
+    // each further megabyte as it goes (ingest::decode_body_within).
+    let (mut held, declared) = admit_ingest(&state, &key_id, &headers)?;
+    let raw = read_body(body, &headers, declared, &limits).await?;
     let encoding = headers
         .get(header::CONTENT_ENCODING)
         .map(|v| v.to_str().unwrap_or("invalid").to_string());

@@ -11,7 +11,9 @@
 //!   citing an unknown digest, change or eval run stores nothing.
 //! - `causalProofTier` is always derived by the server; a client-sent one is
 //!   ignored (and reported as ignored).
-//! - OTLP decoding (CPU-bound) runs on the blocking pool.
+//! - OTLP decoding (CPU-bound) runs on the blocking pool, under the same
+//!   per-key concurrency and in-flight memory budget as envelope ingest,
+//!   its decoded size bounded before it is decoded (`analysis::otlp_cost`).
 
 // Handlers and their helpers fail with the finished HTTP response: it is
 // what the caller returns, once, so its size is not worth a box.
@@ -39,6 +41,7 @@ use crate::analysis::fleet::FleetMetric;
 use crate::analysis::future::{FutureBound, FutureTime};
 use crate::analysis::ledger::{self, ChangeRequest, FieldError, rfc3339};
 use crate::analysis::otlp::{self, Encoding};
+use crate::analysis::otlp_cost::{Grant, Meter};
 use crate::analysis::proof::{
     self, BrokenState, CausalProofTier, EvalRun, FingerprintInput, ProofFacts,
     RelationshipCertainty,
@@ -280,6 +283,42 @@ fn future_refused(e: FutureTime) -> Response {
 
 // ---- OTLP ----
 
+/// A 503 that says when to come back.
+fn busy(code: &str, message: String) -> Response {
+    let mut r = err(StatusCode::SERVICE_UNAVAILABLE, code, message, None);
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    r
+}
+
+fn body_refused(e: crate::ingest::BodyError) -> Response {
+    use crate::ingest::BodyError;
+    let status = match e {
+        BodyError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        BodyError::TooLarge { .. } | BodyError::DecodedTooLarge { .. } => {
+            StatusCode::PAYLOAD_TOO_LARGE
+        }
+        BodyError::Busy => return busy(e.code(), e.to_string()),
+        _ => StatusCode::BAD_REQUEST,
+    };
+    err(status, e.code(), e.to_string(), None)
+}
+
+fn traces_refused(e: otlp::OtlpError) -> Response {
+    use otlp::OtlpError;
+    let status = match e {
+        OtlpError::TooManySpans { .. } | OtlpError::DecodeTooLarge { .. } => {
+            StatusCode::PAYLOAD_TOO_LARGE
+        }
+        OtlpError::Busy => return busy(e.code(), e.to_string()),
+        OtlpError::Protobuf(_)
+        | OtlpError::Json(_)
+        | OtlpError::TooLong { .. }
+        | OtlpError::TooMany { .. } => StatusCode::BAD_REQUEST,
+    };
+    err(status, e.code(), e.to_string(), e.field())
+}
+
 async fn post_traces(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
     let key_id = auth(&state, &headers, Scope::Telemetry).await?;
     let bound = future_bound(&state);
@@ -298,44 +337,60 @@ async fn post_traces(State(state): State<AppState>, headers: HeaderMap, body: Bo
         )
     })?;
     let limits = state.limits;
-    let raw = axum::body::to_bytes(body, limits.max_body_bytes)
+    // As /v1/envelopes: a slot of the key's concurrency and the wire body
+    // reserved before a byte is read; then the gzip-decoded body, the
+    // decoded request (bounded by its census before decoding) and the
+    // aggregates are reserved as they grow, and all of it is held until the
+    // batch is stored.
+    let (mut held, declared) = crate::http::admit_ingest(&state, &key_id, &headers).map_err(api)?;
+    let raw = crate::http::read_body(body, &headers, declared, &limits)
         .await
-        .map_err(|_| {
-            err(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!("request body exceeds {} bytes", limits.max_body_bytes),
-                None,
-            )
-        })?;
+        .map_err(api)?;
     let content_encoding = headers
         .get(header::CONTENT_ENCODING)
         .map(|v| v.to_str().unwrap_or("invalid").to_string());
-    let batch = tokio::task::spawn_blocking(move || {
-        let decoded = crate::ingest::decode_body(raw, content_encoding.as_deref(), &limits)
-            .map_err(|e| {
-                let status = match e {
-                    crate::ingest::BodyError::UnsupportedEncoding(_) => {
-                        StatusCode::UNSUPPORTED_MEDIA_TYPE
+    let guards = state.guards.clone();
+    let (batch, held) = tokio::task::spawn_blocking(move || {
+        let batch = {
+            let budget_refused = || {
+                guards
+                    .budget_refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            };
+            let decoded = crate::ingest::decode_body_within(
+                raw,
+                content_encoding.as_deref(),
+                &limits,
+                &mut |n| {
+                    let ok = held.grow(n);
+                    if !ok {
+                        budget_refused();
                     }
-                    crate::ingest::BodyError::TooLarge { .. }
-                    | crate::ingest::BodyError::DecodedTooLarge { .. } => {
-                        StatusCode::PAYLOAD_TOO_LARGE
-                    }
-                    _ => StatusCode::BAD_REQUEST,
-                };
-                err(status, e.code(), e.to_string(), None)
-            })?;
-        let req = otlp::decode(&decoded, encoding).map_err(|e| {
-            err(
-                StatusCode::BAD_REQUEST,
-                e.code(),
-                e.to_string(),
-                Some("body"),
+                    ok
+                },
             )
-        })?;
-        bound.check_spans(&req).map_err(future_refused)?;
-        Ok::<_, Response>(otlp::aggregate(&req))
+            .map_err(body_refused)?;
+            let mut grant = |n: usize| {
+                if !held.could_hold(n) {
+                    Grant::OverBudget {
+                        budget: held.budget_bytes(),
+                    }
+                } else if held.grow(n) {
+                    Grant::Granted
+                } else {
+                    budget_refused();
+                    Grant::Busy
+                }
+            };
+            let mut meter = Meter::new(&mut grant);
+            let req = otlp::decode_within(&decoded, encoding, limits.max_spans, &mut meter)
+                .map_err(traces_refused)?;
+            drop(decoded);
+            otlp::check(&req).map_err(traces_refused)?;
+            bound.check_spans(&req).map_err(future_refused)?;
+            otlp::aggregate_within(&req, &mut meter).map_err(traces_refused)?
+        };
+        Ok::<_, Response>((batch, held))
     })
     .await
     .map_err(|e| {
@@ -351,7 +406,8 @@ async fn post_traces(State(state): State<AppState>, headers: HeaderMap, body: Bo
         .ingest_traces(&batch, &key_id)
         .await
         .map_err(store_err)?;
-    tracing::debug!(spans = batch.spans, "otlp traces");
+    drop(held);
+    tracing::debug!(spans = batch.spans, key_id = %key_id, "otlp traces");
     Ok(match encoding {
         Encoding::Protobuf => {
             let resp = opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse::default();

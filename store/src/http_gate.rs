@@ -354,7 +354,7 @@ async fn post_lease(
     .map_err(store_err)?;
     match outcome {
         LeaseOutcome::Ok(inc) => {
-            tracing::info!(incident = %inc.id, runner = %req.runner_id, op, fencing_token = inc.fencing_token, "incident lease");
+            tracing::info!(incident = %inc.id, runner = %crate::logsafe::text(&req.runner_id), op, fencing_token = inc.fencing_token, "incident lease");
             Ok(Json(json!({
                 "incident": incident_json(&inc),
                 "lease": {
@@ -767,7 +767,7 @@ async fn record_delivery(
         .set_callback_delivery(&p.id, &stored, now)
         .await
         .map_err(store_err)?;
-    tracing::info!(proposal = %p.id, host = %d.host, delivered = d.delivered, attempts = d.attempts, "grant webhook");
+    tracing::info!(proposal = %p.id, host = %crate::logsafe::text(&d.host), delivered = d.delivered, attempts = d.attempts, "grant webhook");
     Ok(d)
 }
 
@@ -1153,7 +1153,7 @@ async fn post_grant(
                 .map_err(store_err)?
             {
                 ClaimOutcome::Claimed(p) => {
-                    tracing::info!(proposal = %p.id, runner = %req.runner_id, "grant claimed");
+                    tracing::info!(proposal = %p.id, runner = %crate::logsafe::text(&req.runner_id), "grant claimed");
                     Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
                 }
                 ClaimOutcome::Expired(p) => Err(err(
@@ -1418,7 +1418,7 @@ async fn post_approve(
         }
         Transition::NotFound => return Err(proposal_not_found(&id)),
     };
-    tracing::info!(proposal = %p.id, by = %key_id, "remediation approved");
+    tracing::info!(proposal = %p.id, by = %crate::logsafe::text(&key_id), "remediation approved");
     // The request's callback wins over the one stored at propose time. A
     // stored one that does not open (sealed under another gate key, or an
     // edited row) is a failed delivery with its reason, never a silent none.
@@ -1480,7 +1480,7 @@ async fn post_reject(
         .map_err(store_err)?
     {
         Transition::Done(p) => {
-            tracing::info!(proposal = %p.id, by = %key_id, "remediation rejected");
+            tracing::info!(proposal = %p.id, by = %crate::logsafe::text(&key_id), "remediation rejected");
             Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
         }
         Transition::Refused(p) => Err(status_conflict(

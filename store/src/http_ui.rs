@@ -122,7 +122,7 @@ pub async fn human(
             .unwrap_or("");
         // Compare digests: equal-length, no early exit on the secret.
         if operators::session_hash(sent) != operators::session_hash(&csrf) {
-            tracing::warn!(user = %user, "request without the session's CSRF token");
+            tracing::warn!(user = %crate::logsafe::text(&user), "request without the session's CSRF token");
             return Err(err(
                 StatusCode::FORBIDDEN,
                 "csrf_token_invalid",
@@ -171,7 +171,7 @@ async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body) ->
         .login_failures
         .blocked(&req.username, state.clock.now_ns())
     {
-        tracing::warn!(user = %req.username, "operator login throttled");
+        tracing::warn!(user = %crate::logsafe::text(&req.username), "operator login throttled");
         let mut r = err(
             StatusCode::TOO_MANY_REQUESTS,
             "too_many_login_failures",
@@ -207,7 +207,7 @@ async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body) ->
         state
             .login_failures
             .failed(&req.username, state.clock.now_ns());
-        tracing::warn!(user = %req.username, "operator login refused");
+        tracing::warn!(user = %crate::logsafe::text(&req.username), "operator login refused");
         return Err(err(
             StatusCode::UNAUTHORIZED,
             "invalid_credentials",
@@ -236,7 +236,7 @@ async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body) ->
         )
         .await
         .map_err(store_err)?;
-    tracing::info!(user = %req.username, "operator logged in");
+    tracing::info!(user = %crate::logsafe::text(&req.username), "operator logged in");
     let mut r = Json(json!({"username": req.username, "csrfToken": csrf})).into_response();
     r.headers_mut().insert(
         header::SET_COOKIE,
@@ -252,7 +252,7 @@ async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Reply {
         .delete_session(&hash, state.clock.now_ns())
         .await
         .map_err(store_err)?;
-    tracing::info!(user = %user, "operator logged out");
+    tracing::info!(user = %crate::logsafe::text(&user), "operator logged out");
     let mut r = Json(json!({"loggedOut": true})).into_response();
     r.headers_mut()
         .insert(header::SET_COOKIE, cookie(&headers, "", 0));

@@ -91,6 +91,11 @@ enum Command {
         /// Most envelopes per request.
         #[arg(long, default_value_t = 5000)]
         max_items: usize,
+        /// Most spans in one OTLP request (/v1/traces); more get 413
+        /// too_many_spans. Each span takes 264 bytes and up decoded, whatever
+        /// it takes on the wire (memory per request vs batch size).
+        #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..))]
+        max_spans: u32,
         /// Delete envelopes received longer ago than this (e.g. 30d, 12h); off by default.
         #[arg(long, value_parser = parse_duration)]
         retention_max_age: Option<Duration>,
@@ -654,6 +659,7 @@ async fn run(cli: Cli) -> Result<()> {
             max_body_bytes,
             max_decoded_bytes,
             max_items,
+            max_spans,
             retention_max_age,
             retention_max_bytes,
             retention_interval,
@@ -674,6 +680,7 @@ async fn run(cli: Cli) -> Result<()> {
                 max_body_bytes,
                 max_decoded_bytes,
                 max_items,
+                max_spans: max_spans as usize,
                 ..IngestLimits::default()
             };
             let conn = pstack_store::conn::ConnLimits {
@@ -746,7 +753,7 @@ async fn run(cli: Cli) -> Result<()> {
                             _ = tick.tick() => {
                                 match store.apply_retention(&policy, pstack_store::now_ns()).await {
                                     Ok(r) => metrics.add_retention_deleted(r.deleted),
-                                    Err(e) => tracing::error!(error = %e, "retention pass failed"),
+                                    Err(e) => tracing::error!(error = %pstack_store::logsafe::text(&e), "retention pass failed"),
                                 }
                             }
                             _ = stop.changed() => break,
@@ -767,7 +774,7 @@ async fn run(cli: Cli) -> Result<()> {
                         tokio::select! {
                             _ = tick.tick() => {
                                 if let Err(e) = pstack_store::gate_tick::tick(&state).await {
-                                    tracing::error!(error = %e, "gate tick failed");
+                                    tracing::error!(error = %pstack_store::logsafe::text(&e), "gate tick failed");
                                 }
                             }
                             _ = stop.changed() => break,

@@ -5,6 +5,7 @@
 //! counterfactual pairing), [`fleet`] (node cohorts from envelope claims),
 //! [`ledger`] (change validation), [`otlp`] (OTLP decode and aggregation),
 //! [`future`] (the bound on caller-supplied times) —
+//! [`otlp_cost`] (what an OTLP body costs decoded, read before decoding) —
 //! and [`blast`], which assembles a blast radius from stored aggregates.
 //! Storage is `crate::db::analysis`; routes are `crate::http_analysis`.
 
@@ -13,5 +14,6 @@ pub mod fleet;
 pub mod future;
 pub mod ledger;
 pub mod otlp;
+pub mod otlp_cost;
 pub mod proof;
 pub mod verdict;

@@ -148,6 +148,7 @@ async fn oversized_bodies_are_refused_with_413(db: Db) {
         max_decoded_bytes: 128 << 10,
         max_items: 4,
         max_envelope_bytes: 4 << 20,
+        ..IngestLimits::default()
     };
     let Some(h) = Harness::start_with(db, limits).await else {
         return;
