@@ -85,6 +85,12 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../migrations/sqlite/0005_transfers.sql"),
         include_str!("../migrations/postgres/0005_transfers.sql"),
     ),
+    (
+        6,
+        "accounts",
+        include_str!("../migrations/sqlite/0006_accounts.sql"),
+        include_str!("../migrations/postgres/0006_accounts.sql"),
+    ),
 ];
 
 /// The migration that created the transfer join (`crate::transfers`).
@@ -1517,6 +1523,7 @@ pub mod analysis;
 mod bench_fill;
 pub mod gate;
 mod ingest;
+pub mod login_throttle;
 pub mod operators;
 pub mod runs;
 pub mod transfers;

@@ -48,8 +48,8 @@ pub struct AppState {
     pub gate: crate::gate::GateConfig,
     /// The clock every time window of the gate reads.
     pub clock: crate::clock::Clock,
-    /// Failed operator logins per username (the approval page's throttle).
-    pub login_failures: crate::operators::LoginThrottle,
+    /// Operator logins: verifier slots, throttle limits, trusted proxies.
+    pub login: crate::login::LoginControls,
     /// How long an envelope of each subject kind stays fresh (handoff
     /// expiry, run captures).
     pub freshness: crate::runs::freshness::Freshness,
@@ -80,7 +80,7 @@ impl AppState {
                     .expect("the operating system random source works"),
             ),
             clock: crate::clock::Clock::system(),
-            login_failures: crate::operators::LoginThrottle::default(),
+            login: crate::login::LoginControls::default(),
             freshness: crate::runs::freshness::Freshness::default(),
             mcp_writes: false,
         }

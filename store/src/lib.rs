@@ -42,6 +42,7 @@ pub mod http_ui;
 pub mod ident;
 pub mod ingest;
 pub mod keys;
+pub mod login;
 pub mod mcp;
 pub mod operators;
 pub mod query;

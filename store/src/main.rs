@@ -142,6 +142,14 @@ enum Command {
         /// for the same connection.
         #[arg(long, value_parser = parse_duration, default_value = "120s")]
         transfer_join_window: Duration,
+        /// A reverse proxy whose X-Forwarded-For is believed (repeatable; an
+        /// IP address, e.g. 127.0.0.1 for the nginx of docs/store-tls.md).
+        /// The login throttle then keys by the client address that proxy
+        /// saw; without it, by the connection's peer, and the header is
+        /// ignored (any client could write it). Behind a proxy that is not
+        /// listed, every login shares the proxy's address and its limits.
+        #[arg(long = "trusted-proxy", value_name = "IP")]
+        trusted_proxies: Vec<std::net::IpAddr>,
     },
     /// Manage API keys.
     Keys {
@@ -245,6 +253,59 @@ enum UsersCommand {
         /// Login name.
         name: String,
     },
+    /// List operators: name, created, disabled, live sessions.
+    List {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Disable an operator: no login, and every session of theirs ends now.
+    Disable {
+        /// Login name.
+        name: String,
+    },
+    /// Enable a disabled operator again (they log in anew).
+    Enable {
+        /// Login name.
+        name: String,
+    },
+    /// Set a new password, read from the first line of standard input (at
+    /// least 12 characters); every session of the operator ends now.
+    Passwd {
+        /// Login name.
+        name: String,
+    },
+    /// End every session of an operator now (they log in anew).
+    RevokeSessions {
+        /// Login name.
+        name: String,
+    },
+}
+
+/// The first line of standard input, without its line ending.
+fn password_from_stdin() -> Result<String> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("reading the password from standard input")?;
+    Ok(line.trim_end_matches(['\r', '\n']).to_string())
+}
+
+/// Report what a change to operator `name` did.
+fn operator_changed(
+    name: &str,
+    what: &str,
+    change: pstack_store::db::operators::OperatorChange,
+) -> Result<()> {
+    match change {
+        pstack_store::db::operators::OperatorChange::Done { sessions_ended } => {
+            eprintln!("{what} operator {name:?}; {sessions_ended} session(s) ended");
+            Ok(())
+        }
+        pstack_store::db::operators::OperatorChange::NoSuchOperator => {
+            bail!("no operator named {name:?}")
+        }
+    }
 }
 
 /// A duration that is not zero (a zero timeout would close every connection).
@@ -400,24 +461,77 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Migrate => {
             pstack_cli::outln!("schema version {}", store.schema_version().await?)?;
         }
-        Command::Users {
-            command: UsersCommand::Create { name },
-        } => {
-            let mut line = String::new();
-            std::io::stdin()
-                .read_line(&mut line)
-                .context("reading the password from standard input")?;
-            let password = line.trim_end_matches(['\r', '\n']);
-            pstack_store::operators::validate(&name, password)?;
-            let hash = pstack_store::operators::hash_password(password)?;
-            if !store
-                .create_operator(&name, &hash, pstack_store::now_ns())
-                .await?
-            {
-                bail!("an operator named {name:?} exists");
+        Command::Users { command } => match command {
+            UsersCommand::Create { name } => {
+                let password = password_from_stdin()?;
+                pstack_store::operators::validate(&name, &password)?;
+                let hash = pstack_store::operators::hash_password(&password)?;
+                if !store
+                    .create_operator(&name, &hash, pstack_store::now_ns())
+                    .await?
+                {
+                    bail!("an operator named {name:?} exists");
+                }
+                eprintln!("created operator {name:?}");
             }
-            eprintln!("created operator {name:?}");
-        }
+            UsersCommand::List { json } => {
+                let rows = store.list_operators(pstack_store::now_ns()).await?;
+                let when = |ns: i64| pstack_store::ident::format_ns(ns);
+                if json {
+                    let items: Vec<serde_json::Value> = rows
+                        .iter()
+                        .map(|(name, created, disabled, sessions)| {
+                            serde_json::json!({
+                                "username": name,
+                                "createdAt": when(*created),
+                                "disabledAt": disabled.map(when),
+                                "liveSessions": sessions,
+                            })
+                        })
+                        .collect();
+                    pstack_cli::outln!("{}", serde_json::to_string_pretty(&items)?)?;
+                } else {
+                    pstack_cli::outln!(
+                        "{:<25} {:<25} {:>8} NAME",
+                        "CREATED",
+                        "DISABLED",
+                        "SESSIONS"
+                    )?;
+                    for (name, created, disabled, sessions) in rows {
+                        pstack_cli::outln!(
+                            "{:<25} {:<25} {:>8} {}",
+                            when(created),
+                            disabled.map(when).as_deref().unwrap_or("-"),
+                            sessions,
+                            name
+                        )?;
+                    }
+                }
+            }
+            UsersCommand::Disable { name } => {
+                let change = store
+                    .set_operator_disabled(&name, true, pstack_store::now_ns())
+                    .await?;
+                operator_changed(&name, "disabled", change)?;
+            }
+            UsersCommand::Enable { name } => {
+                let change = store
+                    .set_operator_disabled(&name, false, pstack_store::now_ns())
+                    .await?;
+                operator_changed(&name, "enabled", change)?;
+            }
+            UsersCommand::Passwd { name } => {
+                let password = password_from_stdin()?;
+                pstack_store::operators::validate_password(&password)?;
+                let hash = pstack_store::operators::hash_password(&password)?;
+                let change = store.set_operator_password(&name, &hash).await?;
+                operator_changed(&name, "changed the password of", change)?;
+            }
+            UsersCommand::RevokeSessions { name } => {
+                let change = store.revoke_operator_sessions(&name).await?;
+                operator_changed(&name, "revoked the sessions of", change)?;
+            }
+        },
         Command::Keys { command } => match command {
             KeysCommand::Create { name } => {
                 if name.trim().is_empty() {
@@ -489,6 +603,7 @@ async fn run(cli: Cli) -> Result<()> {
             per_key_concurrency,
             inflight_budget,
             transfer_join_window: _,
+            trusted_proxies,
         } => {
             let limits = IngestLimits {
                 max_body_bytes,
@@ -504,6 +619,10 @@ async fn run(cli: Cli) -> Result<()> {
                 inflight_budget_bytes: inflight_budget,
             };
             let mut state = AppState::with_conn_limits(store.clone(), limits, conn);
+            state.login = pstack_store::login::LoginControls::new(
+                pstack_store::login::LoginLimits::default(),
+                trusted_proxies,
+            );
             match &gate_key_file {
                 Some(path) => {
                     let text = std::fs::read_to_string(path)

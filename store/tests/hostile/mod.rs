@@ -9,6 +9,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod login_flood;
+
 struct Server {
     child: Child,
     addr: SocketAddr,
