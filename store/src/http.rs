@@ -457,6 +457,12 @@ async fn metrics(State(state): State<AppState>) -> Response {
     let g = &state.guards;
     for (name, kind, help, v) in [
         (
+            "pstack_store_login_verifier_busy_total",
+            "counter",
+            "Operator logins answered 429 because every password verifier slot, or this address's share, was taken.",
+            state.login.verifier.refused_busy.load(Ordering::Relaxed),
+        ),
+        (
             "pstack_store_connections_open",
             "gauge",
             "Connections served now.",

@@ -150,9 +150,20 @@ fn a_flood_of_120_concurrent_bad_logins_keeps_rss_bounded_and_healthz_answering(
     for (code, err, _) in &results {
         assert_eq!((*code, err.as_str()), (401, "invalid_credentials"));
     }
-    // The slots bound: refusals named the verifier, each with Retry-After.
+    // The slots bound: refusals named the verifier, each with Retry-After,
+    // and /metrics counted each.
     assert!(!busy.is_empty(), "no login_verifier_busy under 120 at once");
     assert!(busy.iter().all(|r| *r), "429 without Retry-After");
+    let (_, metrics, _) = request(
+        addr,
+        "GET /metrics HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n",
+        b"",
+    );
+    let counted = String::from_utf8_lossy(&metrics)
+        .lines()
+        .find_map(|l| l.strip_prefix("pstack_store_login_verifier_busy_total "))
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    assert_eq!(counted, Some(busy.len()), "/metrics login_verifier_busy");
     assert!(
         peak < idle + (256 << 10),
         "peak RSS {} MiB over an idle {} MiB",
