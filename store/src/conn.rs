@@ -244,7 +244,7 @@ pub async fn serve_router(
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(s) => s,
                 Err(e) => {
@@ -268,14 +268,20 @@ pub async fn serve_router(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        // The peer address, for handlers that key limits by source (login).
+        let with_peer = tower::ServiceExt::map_request(
+            router.clone(),
+            move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                req
+            },
+        );
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
             .max_buf_size(64 << 10)
-            .serve_connection(
-                TokioIo::new(stream),
-                TowerToHyperService::new(router.clone()),
-            );
+            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(with_peer));
         let conn = graceful.watch(conn);
         let g = guards.clone();
         g.connections_open.fetch_add(1, Ordering::Relaxed);

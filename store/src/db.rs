@@ -104,6 +104,12 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../migrations/sqlite/0008_hypotheses.sql"),
         include_str!("../migrations/postgres/0008_hypotheses.sql"),
     ),
+    (
+        9,
+        "accounts",
+        include_str!("../migrations/sqlite/0009_accounts.sql"),
+        include_str!("../migrations/postgres/0009_accounts.sql"),
+    ),
 ];
 
 /// The schema version a store opened by this build is at: its newest
@@ -1613,6 +1619,7 @@ mod bench_fill;
 pub mod gate;
 pub mod gate_key;
 mod ingest;
+pub mod login_throttle;
 pub mod operators;
 pub mod runs;
 pub mod transfers;

@@ -55,8 +55,8 @@ pub struct AppState {
     pub gate: crate::gate::GateConfig,
     /// The clock every time window of the gate reads.
     pub clock: crate::clock::Clock,
-    /// Failed operator logins per username (the approval page's throttle).
-    pub login_failures: crate::operators::LoginThrottle,
+    /// Operator logins: verifier slots, throttle limits, trusted proxies.
+    pub login: crate::login::LoginControls,
     /// How long an envelope of each subject kind stays fresh (handoff
     /// expiry, run captures).
     pub freshness: crate::runs::freshness::Freshness,
@@ -97,7 +97,7 @@ impl AppState {
                     .expect("the operating system random source works"),
             ),
             clock: crate::clock::Clock::system(),
-            login_failures: crate::operators::LoginThrottle::default(),
+            login: crate::login::LoginControls::default(),
             freshness: crate::runs::freshness::Freshness::default(),
             mcp_writes: false,
             max_future_skew_ns: DEFAULT_MAX_FUTURE_SKEW_NS,
@@ -491,6 +491,12 @@ async fn metrics(State(state): State<AppState>) -> Response {
     let mut text = state.metrics.render();
     let g = &state.guards;
     for (name, kind, help, v) in [
+        (
+            "pstack_store_login_verifier_busy_total",
+            "counter",
+            "Operator logins answered 429 because every password verifier slot, or this address's share, was taken.",
+            state.login.verifier.refused_busy.load(Ordering::Relaxed),
+        ),
         (
             "pstack_store_connections_open",
             "gauge",

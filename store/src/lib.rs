@@ -45,6 +45,7 @@ pub mod ident;
 pub mod ingest;
 pub mod keys;
 pub mod logsafe;
+pub mod login;
 pub mod mcp;
 pub mod operators;
 pub mod query;

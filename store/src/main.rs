@@ -170,6 +170,14 @@ enum Command {
         /// in the environment). Loopback names are always accepted.
         #[arg(long, env = "PSTACK_STORE_MCP_ALLOWED_HOSTS", value_delimiter = ',')]
         mcp_allowed_host: Vec<String>,
+        /// A reverse proxy whose X-Forwarded-For is believed (repeatable; an
+        /// IP address, e.g. 127.0.0.1 for the nginx of docs/store-tls.md).
+        /// The login throttle then keys by the client address that proxy
+        /// saw; without it, by the connection's peer, and the header is
+        /// ignored (any client could write it). Behind a proxy that is not
+        /// listed, every login shares the proxy's address and its limits.
+        #[arg(long = "trusted-proxy", value_name = "IP")]
+        trusted_proxies: Vec<std::net::IpAddr>,
     },
     /// The remediation gate key every replica on this database must share:
     /// show its recorded fingerprint, or adopt a replacement key.
@@ -369,6 +377,59 @@ enum UsersCommand {
         /// Login name.
         name: String,
     },
+    /// List operators: name, created, disabled, live sessions.
+    List {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Disable an operator: no login, and every session of theirs ends now.
+    Disable {
+        /// Login name.
+        name: String,
+    },
+    /// Enable a disabled operator again (they log in anew).
+    Enable {
+        /// Login name.
+        name: String,
+    },
+    /// Set a new password, read from the first line of standard input (at
+    /// least 12 characters); every session of the operator ends now.
+    Passwd {
+        /// Login name.
+        name: String,
+    },
+    /// End every session of an operator now (they log in anew).
+    RevokeSessions {
+        /// Login name.
+        name: String,
+    },
+}
+
+/// The first line of standard input, without its line ending.
+fn password_from_stdin() -> Result<String> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("reading the password from standard input")?;
+    Ok(line.trim_end_matches(['\r', '\n']).to_string())
+}
+
+/// Report what a change to operator `name` did.
+fn operator_changed(
+    name: &str,
+    what: &str,
+    change: pstack_store::db::operators::OperatorChange,
+) -> Result<()> {
+    match change {
+        pstack_store::db::operators::OperatorChange::Done { sessions_ended } => {
+            eprintln!("{what} operator {name:?}; {sessions_ended} session(s) ended");
+            Ok(())
+        }
+        pstack_store::db::operators::OperatorChange::NoSuchOperator => {
+            bail!("no operator named {name:?}")
+        }
+    }
 }
 
 /// A duration that is not zero (a zero timeout would close every connection).
@@ -535,24 +596,77 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Migrate => {
             pstack_cli::outln!("schema version {}", store.schema_version().await?)?;
         }
-        Command::Users {
-            command: UsersCommand::Create { name },
-        } => {
-            let mut line = String::new();
-            std::io::stdin()
-                .read_line(&mut line)
-                .context("reading the password from standard input")?;
-            let password = line.trim_end_matches(['\r', '\n']);
-            pstack_store::operators::validate(&name, password)?;
-            let hash = pstack_store::operators::hash_password(password)?;
-            if !store
-                .create_operator(&name, &hash, pstack_store::now_ns())
-                .await?
-            {
-                bail!("an operator named {name:?} exists");
+        Command::Users { command } => match command {
+            UsersCommand::Create { name } => {
+                let password = password_from_stdin()?;
+                pstack_store::operators::validate(&name, &password)?;
+                let hash = pstack_store::operators::hash_password(&password)?;
+                if !store
+                    .create_operator(&name, &hash, pstack_store::now_ns())
+                    .await?
+                {
+                    bail!("an operator named {name:?} exists");
+                }
+                eprintln!("created operator {name:?}");
             }
-            eprintln!("created operator {name:?}");
-        }
+            UsersCommand::List { json } => {
+                let rows = store.list_operators(pstack_store::now_ns()).await?;
+                let when = |ns: i64| pstack_store::ident::format_ns(ns);
+                if json {
+                    let items: Vec<serde_json::Value> = rows
+                        .iter()
+                        .map(|(name, created, disabled, sessions)| {
+                            serde_json::json!({
+                                "username": name,
+                                "createdAt": when(*created),
+                                "disabledAt": disabled.map(when),
+                                "liveSessions": sessions,
+                            })
+                        })
+                        .collect();
+                    pstack_cli::outln!("{}", serde_json::to_string_pretty(&items)?)?;
+                } else {
+                    pstack_cli::outln!(
+                        "{:<25} {:<25} {:>8} NAME",
+                        "CREATED",
+                        "DISABLED",
+                        "SESSIONS"
+                    )?;
+                    for (name, created, disabled, sessions) in rows {
+                        pstack_cli::outln!(
+                            "{:<25} {:<25} {:>8} {}",
+                            when(created),
+                            disabled.map(when).as_deref().unwrap_or("-"),
+                            sessions,
+                            name
+                        )?;
+                    }
+                }
+            }
+            UsersCommand::Disable { name } => {
+                let change = store
+                    .set_operator_disabled(&name, true, pstack_store::now_ns())
+                    .await?;
+                operator_changed(&name, "disabled", change)?;
+            }
+            UsersCommand::Enable { name } => {
+                let change = store
+                    .set_operator_disabled(&name, false, pstack_store::now_ns())
+                    .await?;
+                operator_changed(&name, "enabled", change)?;
+            }
+            UsersCommand::Passwd { name } => {
+                let password = password_from_stdin()?;
+                pstack_store::operators::validate_password(&password)?;
+                let hash = pstack_store::operators::hash_password(&password)?;
+                let change = store.set_operator_password(&name, &hash).await?;
+                operator_changed(&name, "changed the password of", change)?;
+            }
+            UsersCommand::RevokeSessions { name } => {
+                let change = store.revoke_operator_sessions(&name).await?;
+                operator_changed(&name, "revoked the sessions of", change)?;
+            }
+        },
         Command::Keys { command } => match command {
             KeysCommand::Create { name, scopes } => {
                 if name.trim().is_empty() {
@@ -675,6 +789,7 @@ async fn run(cli: Cli) -> Result<()> {
             max_future_skew,
             public_url,
             mcp_allowed_host,
+            trusted_proxies,
         } => {
             let limits = IngestLimits {
                 max_body_bytes,
@@ -691,6 +806,10 @@ async fn run(cli: Cli) -> Result<()> {
                 inflight_budget_bytes: inflight_budget,
             };
             let mut state = AppState::with_conn_limits(store.clone(), limits, conn);
+            state.login = pstack_store::login::LoginControls::new(
+                pstack_store::login::LoginLimits::default(),
+                trusted_proxies,
+            );
             use pstack_store::gate::shared_key::{self, KeyAgreement, KeySource};
             let key_source = match &gate_key_file {
                 Some(path) => {

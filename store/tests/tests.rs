@@ -3,6 +3,7 @@
 
 mod support;
 
+mod accounts;
 mod analysis;
 mod cli;
 mod forged_grant;

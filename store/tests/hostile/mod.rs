@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod otlp;
+mod login_flood;
 
 struct Server {
     child: Child,
