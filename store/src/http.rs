@@ -51,7 +51,7 @@ pub struct AppState {
     /// Failed operator logins per username (the approval page's throttle).
     pub login_failures: crate::operators::LoginThrottle,
     /// How long an envelope of each subject kind stays fresh (handoff
-    /// expiry, run captures).
+    /// expiry, run captures, the gate's pre-mutation envelope).
     pub freshness: crate::runs::freshness::Freshness,
     /// The MCP server offers its four write tools
     /// (`OBS_MCP_ENABLE_WRITES=true`).
