@@ -58,7 +58,7 @@ pub struct AppState {
     /// Operator logins: verifier slots, throttle limits, trusted proxies.
     pub login: crate::login::LoginControls,
     /// How long an envelope of each subject kind stays fresh (handoff
-    /// expiry, run captures).
+    /// expiry, run captures, the gate's pre-mutation envelope).
     pub freshness: crate::runs::freshness::Freshness,
     /// The MCP server offers its four write tools
     /// (`OBS_MCP_ENABLE_WRITES=true`).

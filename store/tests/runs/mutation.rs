@@ -110,6 +110,7 @@ on_both_backends!(
     mutate_refuses_partial_and_identity_race_naming_the_completeness,
     mutate_and_the_gate_judge_freshness_alike_at_the_threshold,
     the_post_mutation_capture_falsifies_confirms_and_leaves_standing,
+    retention_keeps_the_envelopes_that_moved_a_hypothesis,
 );
 
 /// A MUTATE step is refused on an `identity_race` and on a `partial`
@@ -165,6 +166,15 @@ async fn mutate_refuses_partial_and_identity_race_naming_the_completeness(db: Db
             .unwrap();
         assert!(dev["message"].as_str().unwrap().contains(what), "{dev}");
     }
+    // None of these envelopes put a hypothesis forward: a known subject
+    // with an empty ledger.
+    let (d, _) = envelope(wall, Completeness::Complete, &[], vec![]);
+    let subject = h.store.envelope_meta(&d).await.unwrap().unwrap().0;
+    let (st, ledger) = h
+        .get(&format!("/internal/subjects/{subject}/hypotheses"))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{ledger}");
+    assert_eq!(ledger["hypotheses"], json!([]));
     h.finish().await;
 }
 
@@ -446,5 +456,45 @@ async fn the_post_mutation_capture_falsifies_confirms_and_leaves_standing(db: Db
         "<1m"
     );
     h.clock.unpin();
+    h.finish().await;
+}
+
+/// The ledger says which envelopes moved a hypothesis: retention keeps
+/// them, as it keeps what receipts cite.
+async fn retention_keeps_the_envelopes_that_moved_a_hypothesis(db: Db) {
+    let Some(h) = Harness::start(db).await else {
+        return;
+    };
+    let cited = ingest(
+        &h,
+        envelope(
+            past_second(100),
+            Completeness::Complete,
+            &[PID + 1],
+            vec![hypothesis("fuse_server_not_answering", PID + 1)],
+        ),
+    )
+    .await;
+    let uncited = ingest(
+        &h,
+        envelope(past_second(99), Completeness::Complete, &[], vec![]),
+    )
+    .await;
+    let run = start(&h, json!({})).await;
+    step(&h, &run, json!({"kind": "observe", "envelope": cited})).await;
+    let report = h
+        .store
+        .apply_retention(
+            &pstack_store::db::RetentionPolicy {
+                max_age: Some(std::time::Duration::from_secs(3600)),
+                max_bytes: None,
+            },
+            pstack_store::now_ns() + 86_400 * S,
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.deleted, 1, "{report:?}");
+    assert_eq!(h.store.all_digests().await.unwrap(), vec![cited]);
+    assert_ne!(uncited, "");
     h.finish().await;
 }
