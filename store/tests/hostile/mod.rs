@@ -9,8 +9,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod otlp;
 mod login_flood;
+mod otlp;
 
 struct Server {
     child: Child,
