@@ -20,8 +20,7 @@
 //!   or ingest on the async workers.
 //! - **Memory handed back.** Each verification maps its argon2 memory for
 //!   itself and unmaps it when done (`operators::verify_password`), so RSS
-//!   is back at idle the moment a burst ends, whichever blocking thread ran
-//!   it. (Through malloc the memory stayed: see `MappedBlocks`. Trimming
+//!   is back at idle the moment a burst ends, whichever thread ran it. (Through malloc the memory stayed: see `MappedBlocks`. Trimming
 //!   with `malloc_trim(0)` after each verification was tried first and
 //!   still left up to +77 MiB resident after a flood: glibc does not trim
 //!   the top chunk of a thread's arena.)
@@ -49,10 +48,13 @@
 //!    during such an attack an operator at a *new* address waits for the
 //!    window.
 //!
-//! What is guaranteed, and tested: failures on one replica count on the
-//! other; at 5 failures of a name from a source the 6th attempt from that
-//! source is refused (the 5th is not) while another source logs in; a known
-//! source logs in past the name budget, an unknown one does not.
+//! What is guaranteed, and tested (`store/tests/accounts`): failures on one
+//! replica count on the other; after 4 failures of a name from a source the
+//! right password still logs in there, after 5 it is refused there while
+//! another source logs in; a source past its budget is refused for every
+//! name while another source logs in; past the name budget a known source
+//! logs in and an unknown one does not; a full table drops expired rows,
+//! then junk, and a real name's count survives and still locks.
 //!
 //! **Bounded table.** About [`LoginLimits::max_entries`] rows (default
 //! 100,000; checked every [`LoginLimits::evict_check_every`] new rows).
