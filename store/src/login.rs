@@ -20,8 +20,7 @@
 //!   or ingest on the async workers.
 //! - **Memory handed back.** Each verification maps its argon2 memory for
 //!   itself and unmaps it when done (`operators::verify_password`), so RSS
-//!   is back at idle the moment a burst ends, whichever blocking thread ran
-//!   it. (Through malloc the memory stayed: see `MappedBlocks`. Trimming
+//!   is back at idle the moment a burst ends, whichever thread ran it. (Through malloc the memory stayed: see `MappedBlocks`. Trimming
 //!   with `malloc_trim(0)` after each verification was tried first and
 //!   still left up to +77 MiB resident after a flood: glibc does not trim
 //!   the top chunk of a thread's arena.)
@@ -49,14 +48,18 @@
 //!    during such an attack an operator at a *new* address waits for the
 //!    window.
 //!
-//! What is guaranteed, and tested: failures on one replica count on the
-//! other; at 5 failures of a name from a source the 6th attempt from that
-//! source is refused (the 5th is not) while another source logs in; a known
-//! source logs in past the name budget, an unknown one does not.
+//! What is guaranteed, and tested (`store/tests/accounts`): failures on one
+//! replica count on the other; after 4 failures of a name from a source the
+//! right password still logs in there, after 5 it is refused there while
+//! another source logs in; a source past its budget is refused for every
+//! name while another source logs in; past the name budget a known source
+//! logs in and an unknown one does not; a full table drops expired rows,
+//! then junk, and a real name's count survives and still locks.
 //!
-//! **Bounded table.** At most [`LoginLimits::max_entries`] rows (default
-//! 100,000). An insert past it evicts, never clears: first rows whose window
-//! has passed (they no longer refuse anything), then the fewest failures,
+//! **Bounded table.** About [`LoginLimits::max_entries`] rows (default
+//! 100,000; checked every [`LoginLimits::evict_check_every`] new rows).
+//! Past it rows are evicted, never cleared: first rows whose window has
+//! passed (they no longer refuse anything), then the fewest failures,
 //! oldest last failure first. Junk names therefore evict each other; to
 //! push out a row with *n* failures an attacker must first make 100,000 rows
 //! with at least *n* failures each. Names are keyed by a SHA-256 prefix (a
@@ -97,6 +100,9 @@ pub struct LoginLimits {
     pub window_ns: i64,
     /// Rows the throttle table keeps (100,000; each ~100 bytes).
     pub max_entries: i64,
+    /// Check the bound every this many new rows per process (64: a check
+    /// counts the table; the table may overshoot by this much per replica).
+    pub evict_check_every: u64,
     /// How long a successful login makes its source known for its
     /// operator (30 days).
     pub known_source_ns: i64,
@@ -112,6 +118,7 @@ impl Default for LoginLimits {
             name_failures: 50,
             window_ns: 15 * 60 * 1_000_000_000,
             max_entries: 100_000,
+            evict_check_every: 64,
             known_source_ns: 30 * 24 * 3600 * 1_000_000_000,
         }
     }

@@ -14,13 +14,18 @@ ALTER TABLE operators ADD COLUMN disabled_ns INTEGER;
 
 -- Failed logins per key ('source:ADDR', 'pair:NAMEHASH@ADDR',
 -- 'name:NAMEHASH'), shared by every replica on this database. Bounded by
--- eviction (least failures, oldest first), never cleared.
+-- eviction (expired windows, then fewest failures, oldest first), never
+-- cleared.
 CREATE TABLE login_throttle (
     throttle_key    TEXT    PRIMARY KEY,
     failures        INTEGER NOT NULL,
     window_start_ns INTEGER NOT NULL,
     last_ns         INTEGER NOT NULL
 ) WITHOUT ROWID;
+
+-- Eviction walks these instead of sorting the table.
+CREATE INDEX login_throttle_window ON login_throttle (window_start_ns);
+CREATE INDEX login_throttle_eviction ON login_throttle (failures, last_ns);
 
 -- Where each operator has logged in successfully: such a source is exempt
 -- from the per-name budget, so strangers cannot lock an operator out of it.
