@@ -97,7 +97,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         db = f"{d}/store.db"
         key = subprocess.run(
-            [a.bin, "--db", db, "keys", "create", "--name", "flood"],
+            [a.bin, "--db", db, "keys", "create", "--name", "flood", "--scope", "telemetry"],
             check=True, capture_output=True, text=True,
         ).stdout.strip()
         port = free_port()

@@ -121,7 +121,14 @@ impl SharedDb {
     pub(crate) fn api_key(&self) -> String {
         let out = self
             .command()
-            .args(["keys", "create", "--name", "replica-test"])
+            .args([
+                "keys",
+                "create",
+                "--name",
+                "replica-test",
+                "--scope",
+                "ingest,telemetry,analysis,runner,read",
+            ])
             .output()
             .expect("keys create");
         assert!(out.status.success(), "{out:?}");
