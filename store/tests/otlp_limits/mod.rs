@@ -2,8 +2,9 @@
 //! server on SQLite and PostgreSQL: the per-request span cap at, below and
 //! above it (protobuf and JSON); every string the store keeps capped, the
 //! refusal naming the field; `/v1/traces` sharing `/v1/envelopes`'s
-//! per-key concurrency (429 + Retry-After) and in-flight memory budget (503
-//! + Retry-After while held, 413 when a body's decoding could never fit).
+//! per-key concurrency (429 with Retry-After) and in-flight memory budget
+//! (503 with Retry-After while held, 413 when a body's decoding could never
+//! fit).
 //! The RSS drill against the real binary is `hostile::otlp`.
 
 use std::io::{Read, Write};
