@@ -95,7 +95,7 @@ pub fn hash_password(password: &str) -> Result<String, OperatorError> {
 
 /// Whether `password` matches the stored PHC string. The argon2 memory
 /// (19 MiB at the default cost) is mapped for this call alone and unmapped
-/// when it returns ([`MappedBlocks`]), so RSS drops back at once whatever
+/// when it returns (`MappedBlocks`), so RSS drops back at once whatever
 /// thread verified.
 pub fn verify_password(password: &str, phc: &str) -> bool {
     let Ok(hash) = PasswordHash::new(phc) else {

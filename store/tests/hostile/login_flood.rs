@@ -119,7 +119,7 @@ fn a_flood_of_120_concurrent_bad_logins_keeps_rss_bounded_and_healthz_answering(
                     if code == 429 && err == "login_verifier_busy" {
                         busy.push(retry);
                         // Sooner than the Retry-After (1 s) says: hostile.
-                        std::thread::sleep(Duration::from_millis(100));
+                        std::thread::sleep(Duration::from_millis(250));
                         continue;
                     }
                     return (code, err, busy);
