@@ -49,11 +49,19 @@ pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     result
 }
 
-/// Write `env` pretty-printed into `dir` as `<hex digest>.json` (creating
-/// `dir`); the path written.
+/// The one name of an envelope's file wherever an operator keeps it
+/// (`capture --out-dir`, `capture transport|longhorn --out-dir`, the default
+/// of `capture`): `sha256-<hex>.json`, the digest with its colon made
+/// file-name safe, so the name says which hash it is.
+pub fn file_name(env: &Envelope) -> String {
+    format!("{}.json", env.digest.replacen(':', "-", 1))
+}
+
+/// Write `env` pretty-printed into `dir` as [`file_name`] (creating `dir`);
+/// the path written.
 pub fn write_into(dir: &Path, env: &Envelope) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
-    let path = dir.join(format!("{}.json", env.digest.trim_start_matches("sha256:")));
+    let path = dir.join(file_name(env));
     write(&path, &env.to_json_pretty())?;
     Ok(path)
 }
@@ -77,6 +85,16 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["e.json"], "no temporary left behind");
+    }
+
+    #[test]
+    fn envelope_files_are_named_by_their_digest_with_the_hash_named() {
+        let env = pstack_envelope::example::example_sealed();
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_into(dir.path(), &env).unwrap();
+        let hex = env.digest.strip_prefix("sha256:").unwrap();
+        assert_eq!(path, dir.path().join(format!("sha256-{hex}.json")));
+        assert_eq!(file_name(&env), format!("sha256-{hex}.json"));
     }
 
     #[test]

@@ -49,6 +49,7 @@ use pstack_store::analysis::sketch::{self, MinuteCells, Sketch};
 use pstack_store::db::Store;
 use pstack_store::http::{AppState, serve};
 use pstack_store::ingest::IngestLimits;
+use pstack_store::keys::ScopeSet;
 
 mod common;
 use common::{Target, close, cpu_time, open, percentile};
@@ -229,7 +230,7 @@ fn decode_ceiling(bodies: Arc<Vec<Vec<u8>>>) -> (f64, Duration) {
 }
 
 async fn bench_ingest(t: &Target) -> anyhow::Result<()> {
-    let key = t.store.create_key("bench").await?;
+    let key = t.store.create_key("bench", &ScopeSet::legacy()).await?;
     let (base, stop) = start(t.store.clone()).await?;
     let base_ns = pstack_store::now_ns() - 2 * 60 * MIN_NS;
     let bodies: Arc<Vec<Vec<u8>>> = Arc::new(
@@ -400,7 +401,7 @@ fn rows(
 }
 
 async fn bench_blast(t: &Target) -> anyhow::Result<()> {
-    let key = t.store.create_key("bench").await?;
+    let key = t.store.create_key("bench", &ScopeSet::legacy()).await?;
     let day = 24 * 60;
     let at = (pstack_store::now_ns() / MIN_NS) * MIN_NS - 2 * day * MIN_NS;
     let fill = Instant::now();
@@ -431,7 +432,7 @@ async fn bench_blast(t: &Target) -> anyhow::Result<()> {
                     err,
                 );
                 total_rows += b.cohorts.len() + b.calls.len();
-                t.store.ingest_traces(&b).await?;
+                t.store.ingest_traces(&b, "bench").await?;
             }
         }
     }

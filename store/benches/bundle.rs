@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use pstack_store::db::analysis::FindingRow;
 use pstack_store::http::{AppState, serve};
 use pstack_store::ingest::IngestLimits;
+use pstack_store::keys::ScopeSet;
 use pstack_store::synthetic::Capture;
 use serde_json::{Value, json};
 
@@ -38,7 +39,7 @@ async fn main() -> anyhow::Result<()> {
         .cloned()
         .unwrap_or_else(|| "sqlite".into());
     let t = open(&backend).await?;
-    let key = t.store.create_key("bench").await?;
+    let key = t.store.create_key("bench", &ScopeSet::legacy()).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use pstack_store::db::analysis::FindingRow;
 use pstack_store::http::{AppState, serve};
 use pstack_store::ingest::IngestLimits;
+use pstack_store::keys::ScopeSet;
 use serde_json::{Value, json};
 
 // The CPU-time helpers serve the other benchmarks.
@@ -61,7 +62,7 @@ impl Server {
 }
 
 async fn start(t: &Target) -> anyhow::Result<Server> {
-    let key = t.store.create_key("bench").await?;
+    let key = t.store.create_key("bench", &ScopeSet::legacy()).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

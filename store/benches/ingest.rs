@@ -19,7 +19,10 @@
 //!   envelopes (about 12 GB of disk per backend at the largest).
 //! - **external** (SQLite): the same load against `pstack-store serve` run as
 //!   its own process, to measure the server's CPU per envelope apart from the
-//!   clients'.
+//!   clients'. `--store-bin A,B` runs it against other builds of the binary
+//!   too, interleaved A, B, A, B (`--rounds`, default 1): how a change to the
+//!   server (e.g. scope checks on every request) costs, in one run. A binary
+//!   older than key scopes is given its key without `--scope`.
 //! - **history**: bulk-inserts 1,000,000 synthetic rows directly via SQL
 //!   (multi-row INSERTs, bypassing verification; 1,000 subjects x 1,000
 //!   captures, small bodies because the history query never reads bodies),
@@ -37,6 +40,7 @@ use std::time::{Duration, Instant};
 use pstack_store::db::Store;
 use pstack_store::http::{AppState, serve};
 use pstack_store::ingest::IngestLimits;
+use pstack_store::keys::{Scope, ScopeSet};
 use pstack_store::synthetic::Capture;
 
 mod common;
@@ -160,7 +164,11 @@ async fn bench_ingest(backend: &str, run: u64, clients: usize, stored: u64) -> a
     );
     let batches = make_batches(run, clients);
     let (base, stop, server) = start(t.store.clone()).await?;
-    let key = t.store.create_key("bench").await?.plaintext;
+    let key = t
+        .store
+        .create_key("bench", &ScopeSet::of([Scope::Ingest]))
+        .await?
+        .plaintext;
     let client = reqwest::Client::builder()
         .no_gzip()
         .pool_max_idle_per_host(clients)
@@ -243,15 +251,23 @@ async fn bench_ingest(backend: &str, run: u64, clients: usize, stored: u64) -> a
 
 /// Ingest into the `pstack-store serve` binary in its own process (SQLite), so
 /// the server's CPU per envelope is measured apart from the clients'.
-async fn bench_ingest_external(run: u64) -> anyhow::Result<()> {
+async fn bench_ingest_external(run: u64, bin: &str) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("external.db");
     let db = db.to_str().unwrap_or_default().to_string();
-    let bin = env!("CARGO_BIN_EXE_pstack-store");
-    let out = std::process::Command::new(bin)
-        .args(["--db", &db, "keys", "create", "--name", "bench"])
-        .output()?;
-    anyhow::ensure!(out.status.success(), "keys create failed");
+    let create = |scoped: bool| {
+        let mut args = vec!["--db", &db, "keys", "create", "--name", "bench"];
+        if scoped {
+            args.extend(["--scope", "ingest"]);
+        }
+        std::process::Command::new(bin).args(args).output()
+    };
+    let mut out = create(true)?;
+    if !out.status.success() {
+        // A build from before key scopes knows no `--scope`.
+        out = create(false)?;
+    }
+    anyhow::ensure!(out.status.success(), "keys create failed ({bin})");
     let key = String::from_utf8(out.stdout)?.trim().to_string();
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -315,7 +331,7 @@ async fn bench_ingest_external(run: u64) -> anyhow::Result<()> {
     );
     let n = batches.envelopes as f64;
     println!(
-        "ingest sqlite   (pstack-store serve in its own process) {:.0} envelopes/s, {:.1} MB/s; server CPU {:.0} us/envelope, clients CPU {:.0} us/envelope",
+        "ingest sqlite   ({bin} serve in its own process) {:.0} envelopes/s, {:.1} MB/s; server CPU {:.0} us/envelope, clients CPU {:.0} us/envelope",
         n / elapsed,
         batches.raw_bytes as f64 / elapsed / 1e6,
         server_cpu * 1e6 / n,
@@ -349,7 +365,11 @@ async fn bench_history(backend: &str) -> anyhow::Result<()> {
         t.store.bench_analyze().await?;
     }
     let (base, stop, server) = start(t.store.clone()).await?;
-    let key = t.store.create_key("bench").await?.plaintext;
+    let key = t
+        .store
+        .create_key("bench", &ScopeSet::of([Scope::Ingest]))
+        .await?
+        .plaintext;
     let client = reqwest::Client::builder().no_gzip().build()?;
     let mut lat = Vec::with_capacity(HISTORY_QUERIES);
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -426,7 +446,17 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             if *b == "sqlite" && (mode == "external" || mode == "all") {
-                bench_ingest_external(7).await?;
+                let own = env!("CARGO_BIN_EXE_pstack-store").to_string();
+                let bins: Vec<String> = match arg("--store-bin", "").as_str() {
+                    "" => vec![own],
+                    list => list.split(',').map(str::to_string).collect(),
+                };
+                let rounds: usize = arg("--rounds", "1").parse()?;
+                for round in 0..rounds {
+                    for bin in &bins {
+                        bench_ingest_external(7 + round as u64, bin).await?;
+                    }
+                }
             }
             if mode == "history" || mode == "all" {
                 bench_history(b).await?;

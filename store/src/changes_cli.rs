@@ -52,6 +52,10 @@ pub struct RecordArgs {
     /// The commit it replaces.
     #[arg(long)]
     pub previous_commit_sha: Option<String>,
+    /// The agent version running in the changed state (an `agent_prompt`
+    /// change: the new one); a counterfactual's baseline must match it.
+    #[arg(long)]
+    pub candidate_agent_version: Option<String>,
     /// `obs.config.digest` of the new config.
     #[arg(long)]
     pub config_digest: Option<String>,
@@ -94,6 +98,7 @@ pub fn record_body(a: &RecordArgs) -> Value {
         ("previousVersion", &a.previous_version),
         ("commitSha", &a.commit_sha),
         ("previousCommitSha", &a.previous_commit_sha),
+        ("candidateAgentVersion", &a.candidate_agent_version),
         ("configDigest", &a.config_digest),
         ("summary", &a.summary),
         ("at", &a.at),

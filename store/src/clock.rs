@@ -1,7 +1,8 @@
 //! The server's clock: wall time ([`crate::now_ns`]) plus an offset that
 //! only tests move, so time windows (grant claim, execution, watchdog
 //! checkpoints, leases) are tested without sleeping. Production never
-//! advances it.
+//! advances or pins it; a test pins it to judge a threshold to the
+//! nanosecond (freshness at, just below and just above its limit).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -11,6 +12,8 @@ use std::time::Duration;
 #[derive(Debug, Clone, Default)]
 pub struct Clock {
     offset_ns: Arc<AtomicI64>,
+    /// When set (non-zero), the instant this clock reads, whatever the time.
+    pinned_ns: Arc<AtomicI64>,
 }
 
 impl Clock {
@@ -21,7 +24,20 @@ impl Clock {
 
     /// Now, ns since the Unix epoch.
     pub fn now_ns(&self) -> i64 {
-        crate::now_ns().saturating_add(self.offset_ns.load(Ordering::SeqCst))
+        match self.pinned_ns.load(Ordering::SeqCst) {
+            0 => crate::now_ns().saturating_add(self.offset_ns.load(Ordering::SeqCst)),
+            pinned => pinned,
+        }
+    }
+
+    /// Stop this clock (and every clone) at `at_ns` until [`Clock::unpin`].
+    pub fn pin(&self, at_ns: i64) {
+        self.pinned_ns.store(at_ns, Ordering::SeqCst);
+    }
+
+    /// Let this clock run again (with its offset).
+    pub fn unpin(&self) {
+        self.pinned_ns.store(0, Ordering::SeqCst);
     }
 
     /// Move this clock (and every clone) forward by `d`.

@@ -108,6 +108,17 @@ impl Held {
         self._bytes.as_ref().map_or(0, |p| p.num_permits())
     }
 
+    /// Whether this request could ever hold `bytes` more: what it holds
+    /// plus them within the whole budget.
+    pub fn could_hold(&self, bytes: usize) -> bool {
+        (self.held() as u64).saturating_add((bytes as u64).div_ceil(UNIT)) <= u64::from(self.total)
+    }
+
+    /// The whole in-flight budget, bytes.
+    pub fn budget_bytes(&self) -> u64 {
+        u64::from(self.total) * UNIT
+    }
+
     /// Reserve `bytes` more of the budget for this request; `false` when the
     /// budget does not have them free now.
     pub fn grow(&mut self, bytes: usize) -> bool {
@@ -233,7 +244,7 @@ pub async fn serve_router(
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(s) => s,
                 Err(e) => {
@@ -257,14 +268,20 @@ pub async fn serve_router(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        // The peer address, for handlers that key limits by source (login).
+        let with_peer = tower::ServiceExt::map_request(
+            router.clone(),
+            move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                req
+            },
+        );
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
             .max_buf_size(64 << 10)
-            .serve_connection(
-                TokioIo::new(stream),
-                TowerToHyperService::new(router.clone()),
-            );
+            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(with_peer));
         let conn = graceful.watch(conn);
         let g = guards.clone();
         g.connections_open.fetch_add(1, Ordering::Relaxed);

@@ -33,7 +33,8 @@
 //!   `envelopes.digest ON DELETE RESTRICT`; retention additionally never
 //!   selects a cited envelope.
 //! - **Migrations** are versioned SQL files per backend, applied in order in
-//!   one transaction each and recorded in `pstack_schema_migrations`.
+//!   one transaction each and recorded in `pstack_schema_migrations`; every
+//!   step not recorded there runs, each once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -87,11 +88,39 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
     ),
     (
         6,
+        "scopes",
+        include_str!("../migrations/sqlite/0006_scopes.sql"),
+        include_str!("../migrations/postgres/0006_scopes.sql"),
+    ),
+    (
+        7,
+        "gate_key",
+        include_str!("../migrations/sqlite/0007_gate_key.sql"),
+        include_str!("../migrations/postgres/0007_gate_key.sql"),
+    ),
+    (
+        8,
+        "hypotheses",
+        include_str!("../migrations/sqlite/0008_hypotheses.sql"),
+        include_str!("../migrations/postgres/0008_hypotheses.sql"),
+    ),
+    (
+        9,
+        "accounts",
+        include_str!("../migrations/sqlite/0009_accounts.sql"),
+        include_str!("../migrations/postgres/0009_accounts.sql"),
+    ),
+    (
+        10,
         "cohorts",
-        include_str!("../migrations/sqlite/0006_cohorts.sql"),
-        include_str!("../migrations/postgres/0006_cohorts.sql"),
+        include_str!("../migrations/sqlite/0010_cohorts.sql"),
+        include_str!("../migrations/postgres/0010_cohorts.sql"),
     ),
 ];
+
+/// The schema version a store opened by this build is at: its newest
+/// migration.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
 /// The migration that created the transfer join (`crate::transfers`).
 const TRANSFERS_MIGRATION: i64 = 5;
@@ -124,6 +153,13 @@ pub enum StoreError {
     /// `keys revoke` of an id that does not exist.
     #[error("no API key with id {0:?}")]
     NoSuchKey(String),
+    /// A key with no scope would be refused everywhere.
+    #[error("a key needs at least one scope")]
+    NoScopes,
+    /// A proposal's idempotency key was taken but its row is gone (deleted
+    /// by hand between the insert that lost and the read of the winner).
+    #[error("the proposal with idempotency key {0:?} vanished while being replayed")]
+    ProposalVanished(String),
 }
 
 impl StoreError {
@@ -346,13 +382,15 @@ pub struct KeyInfo {
     pub created_at: String,
     /// Revoked at, if revoked.
     pub revoked_at: Option<String>,
+    /// What it may do (`legacy`: every scope; see [`crate::keys::Scope`]).
+    pub scopes: Vec<&'static str>,
 }
 
 /// Outcome of authenticating a presented key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyCheck {
-    /// Valid and live: the key id.
-    Valid(String),
+    /// Valid and live: the key id and its scopes.
+    Valid(String, keys::ScopeSet),
     /// Matches a revoked key.
     Revoked(String),
     /// Matches nothing.
@@ -675,22 +713,35 @@ impl Store {
                 )
                 .execute(&mut *conn)
                 .await?;
-                let applied: Option<i64> =
-                    sqlx::query_scalar("SELECT MAX(version) FROM pstack_schema_migrations")
-                        .fetch_one(&mut *conn)
-                        .await?;
-                let applied = applied.unwrap_or(0);
+                // Each migration not recorded yet, in order (not only those
+                // above the highest recorded: a step is self-contained, so
+                // one added below an applied one still runs). Whether it is
+                // recorded is read inside its own transaction: on SQLite,
+                // which has no advisory lock, `BEGIN IMMEDIATE` takes the
+                // write lock first, so of two processes opening one fresh
+                // file together the second sees the first's steps applied.
                 for (version, name, lite, post) in MIGRATIONS {
-                    if *version <= applied {
-                        continue;
-                    }
                     let sql = if pg { *post } else { *lite };
                     let wrap = |source| StoreError::Migration {
                         version: *version,
                         name,
                         source,
                     };
-                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                    let mut tx = if pg {
+                        sqlx::Connection::begin(&mut *conn).await?
+                    } else {
+                        sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?
+                    };
+                    let applied: Option<i64> = sqlx::query_scalar(
+                        "SELECT version FROM pstack_schema_migrations WHERE version = $1",
+                    )
+                    .bind(*version)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    if applied.is_some() {
+                        tx.rollback().await?;
+                        continue;
+                    }
                     sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(wrap)?;
                     sqlx::query(
                         "INSERT INTO pstack_schema_migrations (version, name, applied_ns) VALUES ($1, $2, $3)",
@@ -946,17 +997,26 @@ impl Store {
 
     // ---- API keys ----
 
-    /// Create a key; returns its id and the plaintext (shown once).
-    pub async fn create_key(&self, name: &str) -> Result<keys::NewKey, StoreError> {
+    /// Create a key holding `scopes`; returns its id and the plaintext
+    /// (shown once).
+    pub async fn create_key(
+        &self,
+        name: &str,
+        scopes: &keys::ScopeSet,
+    ) -> Result<keys::NewKey, StoreError> {
+        if scopes.is_empty() {
+            return Err(StoreError::NoScopes);
+        }
         let key = keys::generate()?;
         with_pool!(self, write, |pool, pg| {
             sqlx::query(
-                "INSERT INTO api_keys (id, name, key_hash, created_ns) VALUES ($1, $2, $3, $4)",
+                "INSERT INTO api_keys (id, name, key_hash, created_ns, scopes) VALUES ($1, $2, $3, $4, $5)",
             )
             .bind(key.id.as_str())
             .bind(name)
             .bind(key.hash.as_str())
             .bind(crate::now_ns())
+            .bind(scopes.to_stored())
             .execute(pool)
             .await?;
             Ok::<(), StoreError>(())
@@ -968,7 +1028,7 @@ impl Store {
     pub async fn list_keys(&self) -> Result<Vec<KeyInfo>, StoreError> {
         with_pool!(self, read, |pool, pg| {
             let rows = sqlx::query(
-                "SELECT id, name, created_ns, revoked_ns FROM api_keys ORDER BY created_ns, id",
+                "SELECT id, name, created_ns, revoked_ns, scopes FROM api_keys ORDER BY created_ns, id",
             )
             .fetch_all(pool)
             .await?;
@@ -979,6 +1039,9 @@ impl Store {
                         name: r.try_get(1)?,
                         created_at: format_ns(r.try_get(2)?),
                         revoked_at: r.try_get::<Option<i64>, _>(3)?.map(format_ns),
+                        scopes: keys::ScopeSet::from_stored(&r.try_get::<String, _>(4)?)
+                            .0
+                            .names(),
                     })
                 })
                 .collect::<Result<Vec<_>, StoreError>>()
@@ -1001,18 +1064,49 @@ impl Store {
         Ok(())
     }
 
-    /// Check a presented key.
+    /// Replace a key's scopes (narrow a `legacy` key, or widen one);
+    /// effective on its next request. Returns (before, after).
+    pub async fn set_key_scopes(
+        &self,
+        id: &str,
+        scopes: &keys::ScopeSet,
+    ) -> Result<(keys::ScopeSet, keys::ScopeSet), StoreError> {
+        if scopes.is_empty() {
+            return Err(StoreError::NoScopes);
+        }
+        let before: Option<String> = with_pool!(self, write, |pool, pg| {
+            let mut tx = begin_write!(pool, pg);
+            let before: Option<String> =
+                sqlx::query_scalar("SELECT scopes FROM api_keys WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            sqlx::query("UPDATE api_keys SET scopes = $1 WHERE id = $2")
+                .bind(scopes.to_stored())
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            before
+        });
+        let Some(before) = before else {
+            return Err(StoreError::NoSuchKey(id.into()));
+        };
+        Ok((keys::ScopeSet::from_stored(&before).0, scopes.clone()))
+    }
+
+    /// Check a presented key: valid ones come back with their scopes.
     pub async fn check_key(&self, presented: &str) -> Result<KeyCheck, StoreError> {
         let Ok(id) = keys::parse_id(presented) else {
             return Ok(KeyCheck::Unknown);
         };
-        let row: Option<(String, Option<i64>)> = with_pool!(self, read, |pool, pg| {
-            sqlx::query_as("SELECT key_hash, revoked_ns FROM api_keys WHERE id = $1")
+        let row: Option<(String, Option<i64>, String)> = with_pool!(self, read, |pool, pg| {
+            sqlx::query_as("SELECT key_hash, revoked_ns, scopes FROM api_keys WHERE id = $1")
                 .bind(id)
                 .fetch_optional(pool)
                 .await?
         });
-        let Some((hash, revoked)) = row else {
+        let Some((hash, revoked, scopes)) = row else {
             return Ok(KeyCheck::Unknown);
         };
         if !keys::hashes_equal(&keys::hash_key(presented), &hash) {
@@ -1020,7 +1114,13 @@ impl Store {
         }
         Ok(match revoked {
             Some(_) => KeyCheck::Revoked(id.to_string()),
-            None => KeyCheck::Valid(id.to_string()),
+            None => {
+                let (set, unknown) = keys::ScopeSet::from_stored(&scopes);
+                if !unknown.is_empty() {
+                    tracing::warn!(key_id = id, unknown = ?unknown, "stored key scopes this store does not know grant nothing");
+                }
+                KeyCheck::Valid(id.to_string(), set)
+            }
         })
     }
 
@@ -1233,7 +1333,8 @@ impl Store {
              AND NOT EXISTS (SELECT 1 FROM finding_evidence f WHERE f.digest = envelopes.digest)
              AND NOT EXISTS (SELECT 1 FROM remediation_proposals p WHERE p.pre_mutation_envelope = envelopes.digest)
              AND NOT EXISTS (SELECT 1 FROM remediation_receipts g WHERE g.evidence = envelopes.digest)
-             AND NOT EXISTS (SELECT 1 FROM run_failure_receipts x WHERE x.pre_digest = envelopes.digest OR x.post_digest = envelopes.digest)";
+             AND NOT EXISTS (SELECT 1 FROM run_failure_receipts x WHERE x.pre_digest = envelopes.digest OR x.post_digest = envelopes.digest)
+             AND NOT EXISTS (SELECT 1 FROM hypothesis_moves m WHERE m.digest = envelopes.digest)";
         if let Some(age) = policy.max_age {
             let cutoff = now_ns.saturating_sub(i64::try_from(age.as_nanos()).unwrap_or(i64::MAX));
             loop {
@@ -1531,7 +1632,9 @@ pub fn history_query(
 pub mod analysis;
 mod bench_fill;
 pub mod gate;
+pub mod gate_key;
 mod ingest;
+pub mod login_throttle;
 pub mod operators;
 pub mod runs;
 pub mod transfers;

@@ -4,13 +4,18 @@
 //! - Every `/v1` route authenticates with `Authorization: Bearer <key>` before
 //!   it reads a body; `/healthz` and `/metrics` are open (they expose counts,
 //!   never evidence).
+//! - Every authenticated route names the one [`Scope`] it needs at its
+//!   [`authenticate`] call (the same table as `openapi.json`'s `security`); a
+//!   live key without it gets 403 `insufficient_scope` naming the scope,
+//!   before the body is read.
 //! - Errors are JSON `{"error": {"code", "message"}}` with a stable snake_case
 //!   code and the precise status (400 malformed, 401 auth, 404 absent, 413 too
 //!   large, 415 encoding, 422 refused by a rule, 503 database unavailable).
 //! - Envelope verification (CPU-bound) runs on the blocking pool, never on the
 //!   async workers; database work is the only thing awaited in handlers.
 //! - Logs: one structured event per request (route, status, latency, key id,
-//!   item counts). Never bodies, never keys, never envelope contents.
+//!   item counts). Never bodies, never keys, never envelope contents;
+//!   caller-supplied strings only through `logsafe::text`.
 
 use crate::query_params::{DiffQuery, QueryParams, UnknownsQuery};
 use std::collections::BTreeMap;
@@ -31,6 +36,8 @@ use serde_json::json;
 
 use crate::db::{self, KeyCheck, Store, StoreError, StoredStatus};
 use crate::ingest::{self, Framing, IngestLimits, ItemVerdict, Reason};
+pub use crate::keys::Scope;
+use crate::keys::ScopeSet;
 use crate::receipts::ReceiptRequest;
 
 /// Shared state of the server.
@@ -48,15 +55,25 @@ pub struct AppState {
     pub gate: crate::gate::GateConfig,
     /// The clock every time window of the gate reads.
     pub clock: crate::clock::Clock,
-    /// Failed operator logins per username (the approval page's throttle).
-    pub login_failures: crate::operators::LoginThrottle,
+    /// Operator logins: verifier slots, throttle limits, trusted proxies.
+    pub login: crate::login::LoginControls,
     /// How long an envelope of each subject kind stays fresh (handoff
-    /// expiry, run captures).
+    /// expiry, run captures, the gate's pre-mutation envelope).
     pub freshness: crate::runs::freshness::Freshness,
     /// The MCP server offers its four write tools
     /// (`OBS_MCP_ENABLE_WRITES=true`).
     pub mcp_writes: bool,
+    /// How far in the future a change's `at` or a span's time may lie
+    /// (`serve --max-future-skew`); later ones are refused with the field.
+    pub max_future_skew_ns: i64,
+    /// `Host` values `/mcp` accepts besides loopback (`serve --public-url`,
+    /// `--mcp-allowed-host`; `crate::mcp::allowed_hosts`).
+    pub mcp_allowed_hosts: Vec<String>,
 }
+
+/// Default of [`AppState::max_future_skew_ns`]: 5 minutes (clock skew
+/// between hosts; a "deploy in 2099" pins the target's current state).
+pub const DEFAULT_MAX_FUTURE_SKEW_NS: i64 = 5 * 60 * 1_000_000_000;
 
 impl AppState {
     /// State with default limits and fresh metrics.
@@ -80,9 +97,11 @@ impl AppState {
                     .expect("the operating system random source works"),
             ),
             clock: crate::clock::Clock::system(),
-            login_failures: crate::operators::LoginThrottle::default(),
+            login: crate::login::LoginControls::default(),
             freshness: crate::runs::freshness::Freshness::default(),
             mcp_writes: false,
+            max_future_skew_ns: DEFAULT_MAX_FUTURE_SKEW_NS,
+            mcp_allowed_hosts: Vec::new(),
         }
     }
 }
@@ -101,6 +120,8 @@ pub struct Metrics {
     auth_failures: Mutex<BTreeMap<&'static str, u64>>,
     responses: Mutex<BTreeMap<(String, u16), u64>>,
     latency: Mutex<BTreeMap<String, Histogram>>,
+    /// Seed 001's acceptance metrics (AC1; `crate::runs::acceptance`).
+    pub acceptance: crate::runs::acceptance::AcceptanceMetrics,
 }
 
 const BUCKETS_S: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
@@ -232,6 +253,7 @@ impl Metrics {
                 h.count
             );
         }
+        self.acceptance.render(&mut out);
         out
     }
 }
@@ -248,6 +270,7 @@ pub struct ApiError {
     message: String,
     detail: Option<serde_json::Value>,
     retry_after: bool,
+    www_scope: Option<Scope>,
 }
 
 impl ApiError {
@@ -262,6 +285,7 @@ impl ApiError {
             message: message.into(),
             detail: None,
             retry_after: false,
+            www_scope: None,
         }
     }
 }
@@ -281,6 +305,13 @@ impl IntoResponse for ApiError {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if let Some(need) = self.www_scope {
+            // RFC 6750 §3.1: the scope the request needed.
+            let v = format!("Bearer error=\"insufficient_scope\", scope=\"{need}\"");
+            if let Ok(v) = HeaderValue::from_str(&v) {
+                resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+            }
+        }
         resp
     }
 }
@@ -296,10 +327,11 @@ impl From<StoreError> for ApiError {
                     message: r.to_string(),
                     detail,
                     retry_after: false,
+                    www_scope: None,
                 }
             }
             other => {
-                tracing::error!(error = %other, "storage failure");
+                tracing::error!(error = %crate::logsafe::text(&other), "storage failure");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "store_unavailable",
@@ -327,7 +359,10 @@ async fn mcp_auth(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    match authenticate(&state, req.headers()).await {
+    // Opening the transport needs a live key only: each tool call is a
+    // route called in process with this same key, and needs that route's
+    // scope (crate::mcp).
+    match authenticate_any(&state, req.headers()).await {
         Ok(_) => next.run(req).await,
         Err(e) => e.into_response(),
     }
@@ -390,9 +425,9 @@ impl Drop for Observed {
         let status = self.status.unwrap_or(499);
         let (method, route) = (&self.method, &self.route);
         if self.status.is_some() {
-            tracing::info!(%method, route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request");
+            tracing::info!(method = %crate::logsafe::text(method), route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request");
         } else {
-            tracing::warn!(%method, route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request abandoned: the client closed the connection first");
+            tracing::warn!(method = %crate::logsafe::text(method), route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request abandoned: the client closed the connection first");
         }
         let metrics = &self.state.metrics;
         *lock(&metrics.responses)
@@ -457,6 +492,12 @@ async fn metrics(State(state): State<AppState>) -> Response {
     let g = &state.guards;
     for (name, kind, help, v) in [
         (
+            "pstack_store_login_verifier_busy_total",
+            "counter",
+            "Operator logins answered 429 because every password verifier slot, or this address's share, was taken.",
+            state.login.verifier.refused_busy.load(Ordering::Relaxed),
+        ),
+        (
             "pstack_store_connections_open",
             "gauge",
             "Connections served now.",
@@ -496,10 +537,50 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// The authenticated caller of a route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The key's public id (recorded on everything it writes).
+    pub key_id: String,
+    /// What it may do.
+    pub scopes: ScopeSet,
+}
+
+/// Authenticate the request's key and require `need` of it: 401 without a
+/// live key, 403 `insufficient_scope` naming `need` when the key lacks it.
 pub(crate) async fn authenticate(
     state: &AppState,
     headers: &HeaderMap,
-) -> Result<String, ApiError> {
+    need: Scope,
+) -> Result<Caller, ApiError> {
+    let caller = authenticate_any(state, headers).await?;
+    if caller.scopes.allows(need) {
+        return Ok(caller);
+    }
+    *lock(&state.metrics.auth_failures)
+        .entry("insufficient_scope")
+        .or_insert(0) += 1;
+    tracing::warn!(key_id = %caller.key_id, need = %need, scopes = %caller.scopes, "refused API key: insufficient scope");
+    let mut e = ApiError::new(
+        StatusCode::FORBIDDEN,
+        "insufficient_scope",
+        format!(
+            "this route needs scope {need}; key {} holds {} (scope {need} is for {})",
+            caller.key_id,
+            caller.scopes,
+            need.holder()
+        ),
+    );
+    e.detail = Some(json!({"requiredScope": need.as_str(), "keyScopes": caller.scopes.names()}));
+    e.www_scope = Some(need);
+    Err(e)
+}
+
+/// Authenticate the request's key, whatever its scopes.
+pub(crate) async fn authenticate_any(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<Caller, ApiError> {
     let fail = |reason: &'static str, message: &str| {
         *lock(&state.metrics.auth_failures)
             .entry(reason)
@@ -517,7 +598,7 @@ pub(crate) async fn authenticate(
         ));
     };
     match state.store.check_key(key.trim()).await? {
-        KeyCheck::Valid(id) => Ok(id),
+        KeyCheck::Valid(key_id, scopes) => Ok(Caller { key_id, scopes }),
         KeyCheck::Revoked(_) => Err(fail("revoked_api_key", "this API key was revoked")),
         KeyCheck::Unknown => Err(fail("unknown_api_key", "no such API key")),
     }
@@ -556,15 +637,17 @@ pub struct IngestResponse {
     pub results: Vec<ItemResult>,
 }
 
-async fn post_envelopes(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let key_id = authenticate(&state, &headers).await?;
+/// Admit one ingest request (`/v1/envelopes`, `/v1/traces`) of `key_id`:
+/// a slot of the key's concurrency and its declared wire body reserved from
+/// the in-flight budget, before a byte of the body is read. Refused: 429
+/// `key_busy` or 503 `busy`, both with Retry-After. Returns what it holds
+/// and the bytes declared (Content-Length, at most `max_body_bytes`).
+pub(crate) fn admit_ingest(
+    state: &AppState,
+    key_id: &str,
+    headers: &HeaderMap,
+) -> Result<(crate::conn::Held, u64), ApiError> {
     let limits = state.limits;
-    // Reserve the wire body before reading a byte of it; decoding reserves
-    // each further megabyte as it goes (ingest::decode_body_within).
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -572,9 +655,9 @@ async fn post_envelopes(
         .map_or(limits.max_body_bytes as u64, |n| {
             n.min(limits.max_body_bytes as u64)
         });
-    let mut held = state
+    let held = state
         .guards
-        .admit(&key_id, declared)
+        .admit(key_id, declared)
         .map_err(|r| match r {
             crate::conn::Refusal::KeyBusy { limit } => {
                 let mut e = ApiError::new(
@@ -591,6 +674,19 @@ async fn post_envelopes(
                 format!("requests in flight hold the store's {budget}-byte memory budget; this one needs up to {wanted} bytes: retry after the Retry-After delay"),
             ),
         })?;
+    Ok((held, declared))
+}
+
+/// Read an admitted request's body: at most `max_body_bytes`, streamed into
+/// one buffer sized from Content-Length (what [`admit_ingest`] reserved),
+/// never grown by doubling past it.
+pub(crate) async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    declared: u64,
+    limits: &IngestLimits,
+) -> Result<bytes::Bytes, ApiError> {
+    use http_body_util::BodyExt;
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -606,29 +702,37 @@ async fn post_envelopes(
     {
         return Err(too_large());
     }
-    // Streamed into one buffer sized from Content-Length (what was reserved),
-    // never grown by doubling past it.
-    let raw = {
-        use http_body_util::BodyExt;
-        let mut body = body;
-        let mut buf = Vec::with_capacity(declared as usize);
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "body_incomplete",
-                    format!("the request body ended early: {e}"),
-                )
-            })?;
-            if let Ok(data) = frame.into_data() {
-                if buf.len() + data.len() > limits.max_body_bytes {
-                    return Err(too_large());
-                }
-                buf.extend_from_slice(&data);
+    let mut body = body;
+    let mut buf = Vec::with_capacity(declared as usize);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "body_incomplete",
+                format!("the request body ended early: {e}"),
+            )
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limits.max_body_bytes {
+                return Err(too_large());
             }
+            buf.extend_from_slice(&data);
         }
-        bytes::Bytes::from(buf)
-    };
+    }
+    Ok(bytes::Bytes::from(buf))
+}
+
+async fn post_envelopes(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let key_id = authenticate(&state, &headers, Scope::Ingest).await?.key_id;
+    let limits = state.limits;
+    // Reserve the wire body before reading a byte of it; decoding reserves
+    // each further megabyte as it goes (ingest::decode_body_within).
+    let (mut held, declared) = admit_ingest(&state, &key_id, &headers)?;
+    let raw = read_body(body, &headers, declared, &limits).await?;
     let encoding = headers
         .get(header::CONTENT_ENCODING)
         .map(|v| v.to_str().unwrap_or("invalid").to_string());
@@ -727,6 +831,9 @@ async fn post_envelopes(
                 let mut by_rule = lock(&m.rejected_by_rule);
                 for reason in &r.reasons {
                     *by_rule.entry(reason.rule.clone()).or_insert(0) += 1;
+                    if let Some(missing) = crate::runs::acceptance::unknown_missing(reason) {
+                        m.acceptance.add_unknown_missing(missing);
+                    }
                 }
                 resp.results.push(ItemResult {
                     index,
@@ -786,7 +893,7 @@ async fn get_envelope(
     headers: HeaderMap,
     Path(digest): Path<String>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers).await?;
+    authenticate(&state, &headers, Scope::Read).await?;
     check_digest(&digest)?;
     let bytes = state
         .store
@@ -831,7 +938,7 @@ async fn get_subjects(
     headers: HeaderMap,
     Query(mut params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers).await?;
+    authenticate(&state, &headers, Scope::Read).await?;
     let limit = parse_limit(params.remove("limit").as_ref(), 50)?;
     let before =
         match params.remove("before") {
@@ -877,7 +984,7 @@ async fn get_diff(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers).await?;
+    authenticate(&state, &headers, Scope::Read).await?;
     if let Some(k) = params
         .keys()
         .find(|k| !DiffQuery::PARAMS.contains(&k.as_str()))
@@ -907,7 +1014,7 @@ async fn get_handoff(
     headers: HeaderMap,
     Path(digest): Path<String>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers).await?;
+    authenticate(&state, &headers, Scope::Read).await?;
     let env = load(&state, &digest).await?;
     Ok(Json(pstack_envelope::handoff(&env)).into_response())
 }
@@ -917,7 +1024,7 @@ async fn get_unknowns(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers).await?;
+    authenticate(&state, &headers, Scope::Read).await?;
     for k in params.keys() {
         if !UnknownsQuery::PARAMS.contains(&k.as_str()) {
             return Err(bad_query(format!(
@@ -952,7 +1059,9 @@ async fn post_receipt(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let key_id = authenticate(&state, &headers).await?;
+    let key_id = authenticate(&state, &headers, Scope::Analysis)
+        .await?
+        .key_id;
     let bytes = axum::body::to_bytes(body, 1 << 20).await.map_err(|_| {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -975,7 +1084,7 @@ async fn get_receipts(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers).await?;
+    authenticate(&state, &headers, Scope::Read).await?;
     let subject = params
         .get("subject")
         .ok_or_else(|| bad_query("give subject=<subject key>"))?;

@@ -3,15 +3,17 @@
 //! document of every route the store serves.
 //!
 //! Invariants:
-//! - Every route but `/openapi.json` authenticates with the ingest API key
-//!   before it reads a body.
+//! - Every route but `/openapi.json` authenticates with an API key holding
+//!   the route's scope before it reads a body.
 //! - Errors are `{"error": {"code", "message", "field"?}}`; a refusal of
 //!   input names the field (camelCase path) that caused it.
 //! - A request is validated whole before anything is stored: a finding
 //!   citing an unknown digest, change or eval run stores nothing.
 //! - `causalProofTier` is always derived by the server; a client-sent one is
 //!   ignored (and reported as ignored).
-//! - OTLP decoding (CPU-bound) runs on the blocking pool.
+//! - OTLP decoding (CPU-bound) runs on the blocking pool, under the same
+//!   per-key concurrency and in-flight memory budget as envelope ingest,
+//!   its decoded size bounded before it is decoded (`analysis::otlp_cost`).
 
 // Handlers and their helpers fail with the finished HTTP response: it is
 // what the caller returns, once, so its size is not worth a box.
@@ -36,15 +38,17 @@ use serde_json::{Value, json};
 
 use crate::analysis::blast::{BlastParams, blast_radius};
 use crate::analysis::fleet::FleetMetric;
+use crate::analysis::future::{FutureBound, FutureTime};
 use crate::analysis::ledger::{self, ChangeRequest, FieldError, rfc3339};
 use crate::analysis::otlp::{self, Encoding};
+use crate::analysis::otlp_cost::{Grant, Meter};
 use crate::analysis::proof::{
     self, BrokenState, CausalProofTier, EvalRun, FingerprintInput, ProofFacts,
     RelationshipCertainty,
 };
 use crate::analysis::verdict::Verdict;
 use crate::db::analysis::{FindingRow, new_id};
-use crate::http::{ApiError, AppState, authenticate};
+use crate::http::{ApiError, AppState, Scope, authenticate};
 
 /// The OpenAPI document (every route of the store).
 pub const OPENAPI: &str = include_str!("../openapi.json");
@@ -76,8 +80,17 @@ pub(crate) fn store_err(e: crate::db::StoreError) -> Response {
     ApiError::from(e).into_response()
 }
 
-pub(crate) async fn auth(state: &AppState, headers: &HeaderMap) -> Result<String, Response> {
-    authenticate(state, headers).await.map_err(api)
+/// Authenticate and require `need` (see [`crate::http::authenticate`]);
+/// the caller's key id.
+pub(crate) async fn auth(
+    state: &AppState,
+    headers: &HeaderMap,
+    need: Scope,
+) -> Result<String, Response> {
+    authenticate(state, headers, need)
+        .await
+        .map(|c| c.key_id)
+        .map_err(api)
 }
 
 /// Read a JSON body (≤ 1 MiB) into `T`, naming the field on failure.
@@ -196,11 +209,14 @@ async fn openapi() -> Response {
 // ---- change ledger ----
 
 async fn post_change(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Telemetry).await?;
     let req: ChangeRequest = json_body(body, "invalid_change").await?;
     let now = crate::now_ns();
     let change = ledger::validate(req, now)
         .map_err(|e| field_err(StatusCode::UNPROCESSABLE_ENTITY, "invalid_change", e))?;
+    future_bound(&state)
+        .check_change(&change)
+        .map_err(future_refused)?;
     let id = state
         .store
         .record_change(&change, &key_id, now)
@@ -215,7 +231,7 @@ async fn get_changes(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(&params, ChangesQuery::PARAMS)?;
     let since = time_param(&params, "since")?;
     let limit = limit_param(&params, 100)?;
@@ -237,7 +253,7 @@ async fn get_change(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     let c = state.store.change(&id).await.map_err(store_err)?;
     match c {
         Some(c) => Ok(Json(c).into_response()),
@@ -250,10 +266,62 @@ async fn get_change(
     }
 }
 
+/// Times past this are refused (`serve --max-future-skew`), read on the
+/// gate's clock so the bound moves with the windows it protects.
+fn future_bound(state: &AppState) -> FutureBound {
+    FutureBound::new(state.clock.now_ns(), state.max_future_skew_ns)
+}
+
+fn future_refused(e: FutureTime) -> Response {
+    err(
+        StatusCode::BAD_REQUEST,
+        "time_in_future",
+        e.to_string(),
+        Some(&e.field),
+    )
+}
+
 // ---- OTLP ----
 
+/// A 503 that says when to come back.
+fn busy(code: &str, message: String) -> Response {
+    let mut r = err(StatusCode::SERVICE_UNAVAILABLE, code, message, None);
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    r
+}
+
+fn body_refused(e: crate::ingest::BodyError) -> Response {
+    use crate::ingest::BodyError;
+    let status = match e {
+        BodyError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        BodyError::TooLarge { .. } | BodyError::DecodedTooLarge { .. } => {
+            StatusCode::PAYLOAD_TOO_LARGE
+        }
+        BodyError::Busy => return busy(e.code(), e.to_string()),
+        _ => StatusCode::BAD_REQUEST,
+    };
+    err(status, e.code(), e.to_string(), None)
+}
+
+fn traces_refused(e: otlp::OtlpError) -> Response {
+    use otlp::OtlpError;
+    let status = match e {
+        OtlpError::TooManySpans { .. } | OtlpError::DecodeTooLarge { .. } => {
+            StatusCode::PAYLOAD_TOO_LARGE
+        }
+        OtlpError::Busy => return busy(e.code(), e.to_string()),
+        OtlpError::Protobuf(_)
+        | OtlpError::Json(_)
+        | OtlpError::TooLong { .. }
+        | OtlpError::TooMany { .. } => StatusCode::BAD_REQUEST,
+    };
+    err(status, e.code(), e.to_string(), e.field())
+}
+
 async fn post_traces(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Telemetry).await?;
+    let bound = future_bound(&state);
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -269,43 +337,60 @@ async fn post_traces(State(state): State<AppState>, headers: HeaderMap, body: Bo
         )
     })?;
     let limits = state.limits;
-    let raw = axum::body::to_bytes(body, limits.max_body_bytes)
+    // As /v1/envelopes: a slot of the key's concurrency and the wire body
+    // reserved before a byte is read; then the gzip-decoded body, the
+    // decoded request (bounded by its census before decoding) and the
+    // aggregates are reserved as they grow, and all of it is held until the
+    // batch is stored.
+    let (mut held, declared) = crate::http::admit_ingest(&state, &key_id, &headers).map_err(api)?;
+    let raw = crate::http::read_body(body, &headers, declared, &limits)
         .await
-        .map_err(|_| {
-            err(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!("request body exceeds {} bytes", limits.max_body_bytes),
-                None,
-            )
-        })?;
+        .map_err(api)?;
     let content_encoding = headers
         .get(header::CONTENT_ENCODING)
         .map(|v| v.to_str().unwrap_or("invalid").to_string());
-    let batch = tokio::task::spawn_blocking(move || {
-        let decoded = crate::ingest::decode_body(raw, content_encoding.as_deref(), &limits)
-            .map_err(|e| {
-                let status = match e {
-                    crate::ingest::BodyError::UnsupportedEncoding(_) => {
-                        StatusCode::UNSUPPORTED_MEDIA_TYPE
+    let guards = state.guards.clone();
+    let (batch, held) = tokio::task::spawn_blocking(move || {
+        let batch = {
+            let budget_refused = || {
+                guards
+                    .budget_refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            };
+            let decoded = crate::ingest::decode_body_within(
+                raw,
+                content_encoding.as_deref(),
+                &limits,
+                &mut |n| {
+                    let ok = held.grow(n);
+                    if !ok {
+                        budget_refused();
                     }
-                    crate::ingest::BodyError::TooLarge { .. }
-                    | crate::ingest::BodyError::DecodedTooLarge { .. } => {
-                        StatusCode::PAYLOAD_TOO_LARGE
-                    }
-                    _ => StatusCode::BAD_REQUEST,
-                };
-                err(status, e.code(), e.to_string(), None)
-            })?;
-        let req = otlp::decode(&decoded, encoding).map_err(|e| {
-            err(
-                StatusCode::BAD_REQUEST,
-                e.code(),
-                e.to_string(),
-                Some("body"),
+                    ok
+                },
             )
-        })?;
-        Ok::<_, Response>(otlp::aggregate(&req))
+            .map_err(body_refused)?;
+            let mut grant = |n: usize| {
+                if !held.could_hold(n) {
+                    Grant::OverBudget {
+                        budget: held.budget_bytes(),
+                    }
+                } else if held.grow(n) {
+                    Grant::Granted
+                } else {
+                    budget_refused();
+                    Grant::Busy
+                }
+            };
+            let mut meter = Meter::new(&mut grant);
+            let req = otlp::decode_within(&decoded, encoding, limits.max_spans, &mut meter)
+                .map_err(traces_refused)?;
+            drop(decoded);
+            otlp::check(&req).map_err(traces_refused)?;
+            bound.check_spans(&req).map_err(future_refused)?;
+            otlp::aggregate_within(&req, &mut meter).map_err(traces_refused)?
+        };
+        Ok::<_, Response>((batch, held))
     })
     .await
     .map_err(|e| {
@@ -316,8 +401,13 @@ async fn post_traces(State(state): State<AppState>, headers: HeaderMap, body: Bo
             None,
         )
     })??;
-    state.store.ingest_traces(&batch).await.map_err(store_err)?;
-    tracing::debug!(spans = batch.spans, "otlp traces");
+    state
+        .store
+        .ingest_traces(&batch, &key_id)
+        .await
+        .map_err(store_err)?;
+    drop(held);
+    tracing::debug!(spans = batch.spans, key_id = %key_id, "otlp traces");
     Ok(match encoding {
         Encoding::Protobuf => {
             let resp = opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse::default();
@@ -339,7 +429,7 @@ async fn get_blast_radius(
     Path(id): Path<String>,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(&params, BlastQuery::PARAMS)?;
     let mut p = BlastParams::default();
     if let Some(s) = params.get("minSample") {
@@ -390,7 +480,7 @@ async fn get_claims(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(&params, &["code", "since"])?;
     let code = params
         .get("code")
@@ -467,7 +557,7 @@ fn eval_json(r: &EvalRun, created_ns: i64) -> Value {
 }
 
 async fn post_eval_run(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Analysis).await?;
     let r: EvalRunRequest = json_body(body, "invalid_eval_run").await?;
     for (field, v) in [
         ("evalCaseId", &r.eval_case_id),
@@ -505,7 +595,7 @@ async fn get_eval_run(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     match state.store.eval_run(&id).await.map_err(store_err)? {
         Some((r, created)) => Ok(Json(eval_json(&r, created)).into_response()),
         None => Err(err(
@@ -618,6 +708,9 @@ async fn broken_state(state: &AppState, f: &FindingRow) -> Result<BrokenState, R
         fingerprint: f.fingerprint.clone(),
         service_version: change.as_ref().and_then(|c| c.version.clone()),
         commit_sha: change.as_ref().and_then(|c| c.commit_sha.clone()),
+        candidate_agent_version: change
+            .as_ref()
+            .and_then(|c| c.candidate_agent_version.clone()),
     })
 }
 
@@ -643,7 +736,7 @@ fn refusal_json(e: &proof::CounterfactualRefusal) -> Value {
 }
 
 async fn post_finding(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Analysis).await?;
     let req: FindingRequest = json_body(body, "invalid_finding").await?;
     // Validate everything before storing anything.
     for (field, v) in [
@@ -869,7 +962,7 @@ async fn get_finding(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     match state.store.finding(&id).await.map_err(store_err)? {
         Some(f) => Ok(Json(finding_json(&f)).into_response()),
         None => Err(err(
@@ -886,7 +979,7 @@ async fn get_findings(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(&params, FindingsQuery::PARAMS)?;
     let limit = limit_param(&params, 50)?;
     let rows = match (params.get("fingerprint"), params.get("faultLocusEntityId")) {
@@ -914,7 +1007,7 @@ async fn post_counterfactual(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Analysis).await?;
     let cf: CounterfactualRequest = json_body(body, "invalid_counterfactual").await?;
     let finding = state
         .store

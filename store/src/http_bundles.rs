@@ -27,7 +27,7 @@ use tower::ServiceExt;
 
 use crate::analysis::ledger::rfc3339;
 use crate::bundle::{Section, fit};
-use crate::http::AppState;
+use crate::http::{AppState, Scope};
 use crate::http_analysis::{Reply, auth, bad_query, err, only_params, store_err};
 
 /// Default budget.
@@ -95,7 +95,7 @@ async fn get_bundle(
     headers: HeaderMap,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(&q, BundleQuery::PARAMS)?;
     match q.get("intent").map(String::as_str) {
         Some("triage_incident") => {}

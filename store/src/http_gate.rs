@@ -33,16 +33,16 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::analysis::ledger::rfc3339;
-use crate::analysis::proof::CausalProofTier;
 use crate::db::analysis::new_id;
 use crate::db::gate::{
     ClaimOutcome, Fence, FenceRefusal, Finish, IncidentRow, LeaseOutcome, NewIncident,
     ProposalFilter, ProposalRow, ProposeOutcome, Transition, service_node_key,
 };
 use crate::gate::policy::{self, Action, Autonomy, Status};
+use crate::gate::provenance;
 use crate::gate::webhook::{self, Callback, Delivery};
 use crate::gate::{alertmanager, watchdog};
-use crate::http::AppState;
+use crate::http::{AppState, Scope};
 use crate::http_analysis::{
     Reply, auth, bad_query, err, finding_json, json_body, limit_param, only_params, store_err,
     unprocessable,
@@ -129,7 +129,7 @@ pub struct IncidentRequest {
 }
 
 async fn post_incident(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Analysis).await?;
     let req: IncidentRequest = json_body(body, "invalid_incident").await?;
     for (f, v) in [
         ("project", &req.project),
@@ -168,7 +168,7 @@ async fn get_incidents(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(&params, IncidentsQuery::PARAMS)?;
     if let Some(s) = params.get("status")
         && !["open", "leased", "resolved"].contains(&s.as_str())
@@ -205,7 +205,7 @@ async fn get_incident(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     let Some(inc) = state.store.incident(&id).await.map_err(store_err)? else {
         return Err(incident_not_found(&id));
     };
@@ -300,7 +300,7 @@ async fn post_lease(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Analysis).await?;
     let req: LeaseRequest = json_body(body, "invalid_lease").await?;
     text_field("runnerId", &req.runner_id)?;
     let ttl = match req.ttl_seconds {
@@ -354,7 +354,7 @@ async fn post_lease(
     .map_err(store_err)?;
     match outcome {
         LeaseOutcome::Ok(inc) => {
-            tracing::info!(incident = %inc.id, runner = %req.runner_id, op, fencing_token = inc.fencing_token, "incident lease");
+            tracing::info!(incident = %inc.id, runner = %crate::logsafe::text(&req.runner_id), op, fencing_token = inc.fencing_token, "incident lease");
             Ok(Json(json!({
                 "incident": incident_json(&inc),
                 "lease": {
@@ -406,7 +406,7 @@ async fn post_resolve(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Analysis).await?;
     let req: FenceBody = json_body(body, "invalid_resolve").await?;
     let fence = Fence {
         runner_id: req.runner_id,
@@ -427,7 +427,7 @@ async fn post_resolve(
 // ---- alerts ----
 
 async fn post_alertmanager(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Telemetry).await?;
     let msg: alertmanager::Message = json_body(body, "invalid_alertmanager_payload").await?;
     let opens = alertmanager::incidents_of(&msg).map_err(|e| {
         err(
@@ -652,7 +652,9 @@ fn check_expected_state(v: &Value, subject: bool) -> Result<(), Response> {
 }
 
 /// The pre-mutation envelope rule: a stored envelope of the same subject,
-/// `complete` or `bounded`, captured before now and within the freshness.
+/// `complete` or `bounded`, captured before now and within its kind's
+/// freshness — the store's one rule (`crate::runs::freshness`), shared with
+/// supervised runs.
 async fn check_envelope(
     state: &AppState,
     digest: Option<&str>,
@@ -669,51 +671,17 @@ async fn check_envelope(
             field,
         ));
     };
-    let Some((sk, wall_ns, completeness)) =
-        state.store.envelope_meta(d).await.map_err(store_err)?
-    else {
+    let Some(facts) = state.store.envelope_facts(d).await.map_err(store_err)? else {
         return Err(unprocessable(
             "pre_mutation_envelope_unknown",
             format!("no stored envelope {d}"),
             field,
         ));
     };
-    if sk != subject {
-        return Err(unprocessable(
-            "pre_mutation_envelope_wrong_subject",
-            format!("envelope {d} is of subject {sk:?}, not {subject:?}"),
-            field,
-        ));
-    }
-    if completeness != "complete" && completeness != "bounded" {
-        return Err(unprocessable(
-            "pre_mutation_envelope_incomplete",
-            format!(
-                "envelope {d} is {completeness}; a pre-mutation envelope is complete or bounded"
-            ),
-            field,
-        ));
-    }
-    if wall_ns > now {
-        return Err(unprocessable(
-            "pre_mutation_envelope_not_before",
-            format!("envelope {d} was captured after this request"),
-            field,
-        ));
-    }
-    let fresh = state.gate.envelope_freshness_ns;
-    if now - wall_ns > fresh {
-        return Err(unprocessable(
-            "pre_mutation_envelope_stale",
-            format!(
-                "envelope {d} was captured {} s ago; it authorizes for {} s — capture the subject again",
-                (now - wall_ns) / 1_000_000_000,
-                fresh / 1_000_000_000
-            ),
-            field,
-        ));
-    }
-    Ok(())
+    state
+        .freshness
+        .judge_pre_mutation(&facts, subject, now)
+        .map_err(|r| unprocessable(r.code(), r.to_string(), field))
 }
 
 fn validate_callback(
@@ -778,6 +746,15 @@ async fn deliver_grant(
     });
     let bytes = serde_json::to_vec(&body).unwrap_or_default();
     let d = webhook::deliver(cb, &bytes, state.gate.allow_private_webhooks).await;
+    record_delivery(state, p, d).await
+}
+
+/// Store a delivery's outcome on the proposal (`callbackDelivery`) and log it.
+async fn record_delivery(
+    state: &AppState,
+    p: &ProposalRow,
+    d: Delivery,
+) -> Result<Delivery, Response> {
     let now = state.clock.now_ns();
     let stored = json!({
         "status": if d.delivered { "delivered" } else { "failed" },
@@ -790,12 +767,12 @@ async fn deliver_grant(
         .set_callback_delivery(&p.id, &stored, now)
         .await
         .map_err(store_err)?;
-    tracing::info!(proposal = %p.id, host = %d.host, delivered = d.delivered, attempts = d.attempts, "grant webhook");
+    tracing::info!(proposal = %p.id, host = %crate::logsafe::text(&d.host), delivered = d.delivered, attempts = d.attempts, "grant webhook");
     Ok(d)
 }
 
 async fn post_propose(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Analysis).await?;
     let req: ProposeRequest = json_body(body, "invalid_proposal").await?;
     text_field("idempotencyKey", &req.idempotency_key)?;
     if let Some(existing) = state
@@ -889,9 +866,18 @@ async fn post_propose(State(state): State<AppState>, headers: HeaderMap, body: B
         None => {}
     }
     let callback = validate_callback(req.webhook_url.as_ref(), req.secret.as_ref())?;
-    // The tier is the server's, recorded on the finding; never the caller's.
-    let tier = CausalProofTier::parse(&finding.causal_proof_tier)
-        .unwrap_or(CausalProofTier::UnverifiedLocus);
+    // The tier is the server's, recorded on the finding; never the caller's,
+    // and never one resting on the proposing key's own evidence.
+    let gated = provenance::gate_tier(
+        &provenance::evidence(&state.store, &finding)
+            .await
+            .map_err(store_err)?,
+        provenance::Actor::Proposer(&key_id),
+    );
+    let tier = gated.tier;
+    if let Some(d) = &gated.demotion {
+        tracing::info!(finding = %finding.id, key_id = %key_id, finding_tier = d.finding_tier, gate_tier = d.gate_tier, "tier demoted at the gate: self-attested evidence");
+    }
     let effective = policy::effective_autonomy(action, tier, requested);
     let status = policy::initial_status(effective);
     let minted = if status == Status::GrantIssued {
@@ -1002,6 +988,9 @@ async fn post_propose(State(state): State<AppState>, headers: HeaderMap, body: B
     if let Some(d) = delivery {
         body["grantDelivery"] = json!(d);
     }
+    if let Some(d) = gated.demotion {
+        body["tierDemotion"] = json!(d);
+    }
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
@@ -1027,7 +1016,7 @@ async fn get_proposal(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     let Some(p) = state.store.proposal(&id).await.map_err(store_err)? else {
         return Err(proposal_not_found(&id));
     };
@@ -1075,7 +1064,7 @@ async fn get_proposals(
     headers: HeaderMap,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(&params, &["incidentId", "status", "limit"])?;
     if let Some(s) = params.get("status")
         && Status::parse(s).is_none()
@@ -1129,7 +1118,7 @@ async fn post_grant(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Runner).await?;
     let req: GrantRequest = json_body(body, "invalid_grant_request").await?;
     text_field("runnerId", &req.runner_id)?;
     let Some(p) = state.store.proposal(&id).await.map_err(store_err)? else {
@@ -1150,6 +1139,7 @@ async fn post_grant(
     let now = state.clock.now_ns();
     match req.operation.as_str() {
         "claim" => {
+            check_claimer(&state, &p, &key_id).await?;
             if let Some(subject) = p.target_key.strip_prefix("subject:")
                 && p.status == "grant_issued"
             {
@@ -1163,7 +1153,7 @@ async fn post_grant(
                 .map_err(store_err)?
             {
                 ClaimOutcome::Claimed(p) => {
-                    tracing::info!(proposal = %p.id, runner = %req.runner_id, "grant claimed");
+                    tracing::info!(proposal = %p.id, runner = %crate::logsafe::text(&req.runner_id), "grant claimed");
                     Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
                 }
                 ClaimOutcome::Expired(p) => Err(err(
@@ -1279,6 +1269,63 @@ async fn post_grant(
     }
 }
 
+/// An autonomous grant (no operator decided it) is claimed only by a key
+/// that neither proposed it nor wrote the evidence its tier rests on
+/// (`crate::gate::provenance`); an approved grant had its second party in
+/// the operator, and any runner key holding the token may claim it.
+async fn check_claimer(state: &AppState, p: &ProposalRow, key_id: &str) -> Result<(), Response> {
+    if p.decided_by.is_some() {
+        return Ok(());
+    }
+    let proposer = state
+        .store
+        .proposal_writer(&p.id)
+        .await
+        .map_err(store_err)?;
+    if proposer.as_deref() == Some(key_id) {
+        tracing::warn!(proposal = %p.id, key_id = %key_id, "grant claim refused: the proposing key");
+        return Err(err(
+            StatusCode::FORBIDDEN,
+            "claimer_is_proposer",
+            format!(
+                "key {key_id} proposed this autonomous grant; another key (scope runner) executes it, or an operator approves the proposal first"
+            ),
+            None,
+        ));
+    }
+    let Some(finding) = state
+        .store
+        .finding(&p.finding_id)
+        .await
+        .map_err(store_err)?
+    else {
+        return Ok(());
+    };
+    let gated = provenance::gate_tier(
+        &provenance::evidence(&state.store, &finding)
+            .await
+            .map_err(store_err)?,
+        provenance::Actor::Claimer(key_id),
+    );
+    let (Some(action), Some(d)) = (Action::parse(&p.action), &gated.demotion) else {
+        return Ok(());
+    };
+    let requested = p.requested_autonomy.as_deref().and_then(Autonomy::parse);
+    if policy::effective_autonomy(action, gated.tier, requested) == Autonomy::AutonomousWrite {
+        return Ok(());
+    }
+    tracing::warn!(proposal = %p.id, key_id = %key_id, "grant claim refused: self-attested evidence");
+    let message = format!(
+        "this grant was issued autonomously; for the claiming key it is not: {} (claim with a key that wrote none of that evidence, or have an operator approve)",
+        d.reason
+    );
+    Err((
+        StatusCode::FORBIDDEN,
+        Json(json!({"error": {"code": "self_attested_evidence", "message": message, "detail": d}})),
+    )
+        .into_response())
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ApproveRequest {
@@ -1371,19 +1418,29 @@ async fn post_approve(
         }
         Transition::NotFound => return Err(proposal_not_found(&id)),
     };
-    tracing::info!(proposal = %p.id, by = %key_id, "remediation approved");
-    // The request's callback wins over the one stored at propose time.
-    let cb = match callback {
-        Some((cb, _)) => Some(cb),
-        None => before
-            .callback_sealed
-            .as_deref()
-            .and_then(|s| state.gate.keys.open(s).ok())
-            .and_then(|b| serde_json::from_slice::<Callback>(&b).ok()),
-    };
-    let delivery = match &cb {
-        Some(cb) => Some(deliver_grant(&state, &p, &token, cb).await?),
-        None => None,
+    tracing::info!(proposal = %p.id, by = %crate::logsafe::text(&key_id), "remediation approved");
+    // The request's callback wins over the one stored at propose time. A
+    // stored one that does not open (sealed under another gate key, or an
+    // edited row) is a failed delivery with its reason, never a silent none.
+    let delivery = match (callback, before.callback_sealed.as_deref()) {
+        (Some((cb, _)), _) => Some(deliver_grant(&state, &p, &token, &cb).await?),
+        (None, Some(sealed)) => match open_callback(&state, sealed) {
+            Ok(cb) => Some(deliver_grant(&state, &p, &token, &cb).await?),
+            Err(why) => {
+                tracing::warn!(proposal = %p.id, host = ?before.callback_host, reason = why, "grant webhook not delivered: the stored callback does not open");
+                let failed = Delivery {
+                    attempted: true,
+                    delivered: false,
+                    attempts: 0,
+                    host: before.callback_host.clone().unwrap_or_default(),
+                    error: Some(format!(
+                        "{why}; nothing was sent: hand the grant token to the runner, or approve with webhookUrl"
+                    )),
+                };
+                Some(record_delivery(&state, &p, failed).await?)
+            }
+        },
+        (None, None) => None,
     };
     let p = state
         .store
@@ -1396,6 +1453,15 @@ async fn post_approve(
         body["grantDelivery"] = json!(d);
     }
     Ok(Json(body).into_response())
+}
+
+/// Open a callback sealed at propose time, or say why it does not open.
+fn open_callback(state: &AppState, sealed: &str) -> Result<Callback, &'static str> {
+    let bytes = state.gate.keys.open(sealed).map_err(|_| {
+        "the stored callback did not open: it was sealed under another gate key (a replica with a different --gate-key-file) or the row was modified"
+    })?;
+    serde_json::from_slice::<Callback>(&bytes)
+        .map_err(|_| "the stored callback opened but is not a callback (a modified row)")
 }
 
 async fn post_reject(
@@ -1414,7 +1480,7 @@ async fn post_reject(
         .map_err(store_err)?
     {
         Transition::Done(p) => {
-            tracing::info!(proposal = %p.id, by = %key_id, "remediation rejected");
+            tracing::info!(proposal = %p.id, by = %crate::logsafe::text(&key_id), "remediation rejected");
             Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
         }
         Transition::Refused(p) => Err(status_conflict(
@@ -1439,7 +1505,7 @@ struct ApproveRequestEmpty {
 // ---- watchdog ----
 
 async fn post_watchdog(State(state): State<AppState>, headers: HeaderMap) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Analysis).await?;
     let report = crate::gate_tick::tick(&state).await.map_err(store_err)?;
     Ok(Json(json!(report)).into_response())
 }

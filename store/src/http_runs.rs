@@ -12,7 +12,15 @@
 //! - Time comes from `AppState::clock` only, and only here: the core takes
 //!   `now` as an argument.
 //! - An advance citing an expired handoff is refused (`410
-//!   handoff_expired`) and the run does not move.
+//!   handoff_expired`) and the run does not move (only its count of stale
+//!   handoffs grows).
+//! - A MUTATE step is judged by the store's one pre-mutation rule
+//!   (`crate::runs::freshness`); a refusal answers `verdict: block` with the
+//!   typed error as `refusal` (`{code, message, field, completeness?}`).
+//! - Every envelope a run records is judged against its subject's
+//!   hypothesis ledger (`crate::runs::hypotheses`) once: the ledger is
+//!   written before the run, so a step that loses its revision race leaves
+//!   the ledger moved and the retry finds the same moves, counting them once.
 //! - Every report this edge returns validated against
 //!   `runbook-run-report/v1`; one that cannot be classified is `422`.
 
@@ -37,17 +45,20 @@ use sha2::{Digest, Sha256};
 
 use crate::analysis::ledger::rfc3339;
 use crate::db::analysis::new_id;
-use crate::db::runs::{FailureReceiptRow, GraphPut, RunRow};
-use crate::http::AppState;
+use crate::db::runs::{FailureReceiptRow, GraphPut, LedgerMove, RunRow};
+use crate::http::{AppState, Scope};
 use crate::http_analysis::{Reply, auth, bad_query, err, only_params, store_err, unprocessable};
+use crate::runs::acceptance::{self, StaleHandoff};
 use crate::runs::deviation::Escalation;
+use crate::runs::freshness::EnvelopeFacts;
 use crate::runs::graph::{StepGraph, investigation_loop};
+use crate::runs::hypotheses::{self, HypothesisState};
 use crate::runs::report::{
     self, EnvClass, ExecutorKind, FailureClass, Outcome, Profile, ReportContext, ReportError,
-    RuntimeProfile,
+    ReportHypothesis, RuntimeProfile,
 };
 use crate::runs::supervisor::{
-    self, Capture, Decided, Observation, RunState, RunStatus, StartOptions,
+    self, Capture, Decided, EventKind, Observation, RunState, RunStatus, StartOptions,
 };
 
 /// The routes (merged into [`crate::http::router`]).
@@ -61,6 +72,10 @@ pub fn routes() -> Router<AppState> {
         .route(
             "/internal/schemas/runbook-run-report-v1.json",
             get(get_report_schema),
+        )
+        .route(
+            "/internal/subjects/{subject}/hypotheses",
+            get(get_hypotheses),
         )
 }
 
@@ -160,7 +175,7 @@ pub struct GraphRequest {
 }
 
 async fn post_graph(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Analysis).await?;
     let req: GraphRequest = quiet_body(body).await?;
     let g = req.graph;
     g.validate()
@@ -246,8 +261,10 @@ fn run_json(
         "deviations": st.deviations,
         "events": st.events,
         "subject": st.subject,
-        "captures": st.captures.iter().map(|c| json!({"digest": c.digest, "uri": format!("/v1/envelopes/{}", c.digest), "epoch": c.epoch, "expiresAt": rfc3339(c.expires_ns)})).collect::<Vec<_>>(),
+        "hypotheses": st.subject.as_ref().map(|s| format!("/internal/subjects/{s}/hypotheses")),
+        "captures": st.captures.iter().map(|c| json!({"digest": c.digest, "uri": format!("/v1/envelopes/{}", c.digest), "epoch": c.epoch, "completeness": c.completeness.map(|c| c.as_str()), "expiresAt": rfc3339(c.expires_ns)})).collect::<Vec<_>>(),
         "account": supervisor::local_account(graph, st),
+        "acceptance": acceptance::summarize(st, row.created_ns, row.updated_ns),
         "failureReceipt": receipt.map(|r| json!({
             "failedStepId": r.failed_step_id,
             "failureClass": r.failure_class,
@@ -270,7 +287,7 @@ fn status_str(s: RunStatus) -> &'static str {
 }
 
 async fn post_run(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
-    let key_id = auth(&state, &headers).await?;
+    let key_id = auth(&state, &headers, Scope::Analysis).await?;
     let req: RunRequest = quiet_body(body).await?;
     let (name, version) = match &req.graph {
         Some(g) => (g.name.clone(), g.version.clone()),
@@ -356,7 +373,7 @@ async fn get_run(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     let (row, st, graph) = load_run(&state, &id).await?;
     let receipt = state.store.failure_receipt(&id).await.map_err(store_err)?;
     Ok(Json(json!({"run": run_json(&row, &st, &graph, receipt.as_ref())})).into_response())
@@ -465,31 +482,57 @@ fn valid_digest(d: &str) -> bool {
     })
 }
 
-/// Resolve a cited envelope: (subject key, expiry ns, wall ns).
-async fn resolve_envelope(
+/// Look a cited envelope up: a malformed digest is `400`; `None`: the
+/// store holds no envelope with it.
+async fn lookup_envelope(
     state: &AppState,
     digest: &str,
     field: &str,
-) -> Result<(String, i64, i64), Response> {
+) -> Result<Option<EnvelopeFacts>, Response> {
     if !valid_digest(digest) {
         return Err(bad_query(
             field,
             "a digest is sha256: and 64 lowercase hex digits",
         ));
     }
-    let Some((subject, kind, wall_ns)) = state
+    state.store.envelope_facts(digest).await.map_err(store_err)
+}
+
+fn envelope_unknown(field: &str) -> Response {
+    unprocessable(
+        "envelope_unknown",
+        "no stored envelope with this digest",
+        field,
+    )
+}
+
+/// Count a stale handoff on `/metrics` and in the run (which does not
+/// otherwise move). Best effort in the run: the refusal stands whether or
+/// not the count lands.
+async fn note_stale_handoff(
+    state: &AppState,
+    row: &RunRow,
+    mut st: RunState,
+    why: StaleHandoff,
+    now: i64,
+) {
+    state.metrics.acceptance.add_stale_handoff(why);
+    st.acceptance.stale_handoffs = st.acceptance.stale_handoffs.saturating_add(1);
+    if let Err(e) = state
         .store
-        .envelope_subject(digest)
+        .update_run(
+            &row.id,
+            row.revision,
+            &row.status,
+            &serde_json::to_string(&st).unwrap_or_default(),
+            st.subject.as_deref(),
+            report::outcome_of(&st).as_str(),
+            now,
+        )
         .await
-        .map_err(store_err)?
-    else {
-        return Err(unprocessable(
-            "envelope_unknown",
-            "no stored envelope with this digest",
-            field,
-        ));
-    };
-    Ok((subject, state.freshness.expires_ns(&kind, wall_ns), wall_ns))
+    {
+        tracing::warn!(run = %row.id, error = %e, "a stale handoff was not counted in its run");
+    }
 }
 
 /// Apply one step to a run (shared by HTTP and MCP).
@@ -509,7 +552,10 @@ pub async fn apply_step(
         )
     };
     req.check()?;
-    let decided = match req.kind {
+    let narration = acceptance::narration_tokens(&[req.command.as_deref(), req.stdout.as_deref()]);
+    let bound_before = st.subject.is_some();
+    let captures_before = st.captures.len();
+    let mut decided = match req.kind {
         StepKind::Propose => {
             let tool = req.tool.unwrap_or_default();
             if tool.len() > 4096 {
@@ -530,8 +576,13 @@ pub async fn apply_step(
                 return Err(too_long("step"));
             }
             if let Some(d) = req.handoff {
-                let (_, expires, _) = resolve_envelope(state, &d, "handoff").await?;
+                let Some(facts) = lookup_envelope(state, &d, "handoff").await? else {
+                    note_stale_handoff(state, &row, st, StaleHandoff::Unbound, now).await;
+                    return Err(envelope_unknown("handoff"));
+                };
+                let expires = state.freshness.expires_ns(&facts.kind, facts.wall_ns);
                 if now >= expires {
+                    note_stale_handoff(state, &row, st, StaleHandoff::Expired, now).await;
                     return Err(err(
                         StatusCode::GONE,
                         "handoff_expired",
@@ -556,9 +607,10 @@ pub async fn apply_step(
             }
             let capture = match req.envelope {
                 Some(d) => {
-                    let (subject, expires_ns, wall_ns) =
-                        resolve_envelope(state, &d, "envelope").await?;
-                    if wall_ns > now {
+                    let Some(facts) = lookup_envelope(state, &d, "envelope").await? else {
+                        return Err(envelope_unknown("envelope"));
+                    };
+                    if facts.wall_ns > now {
                         return Err(unprocessable(
                             "envelope_not_before",
                             "the envelope was captured after this request",
@@ -566,10 +618,12 @@ pub async fn apply_step(
                         ));
                     }
                     Some(Capture {
+                        expires_ns: state.freshness.expires_ns(&facts.kind, facts.wall_ns),
                         digest: d,
-                        subject,
-                        wall_ns,
-                        expires_ns,
+                        subject: facts.subject_key,
+                        kind: facts.kind,
+                        completeness: Some(facts.completeness),
+                        wall_ns: facts.wall_ns,
                         epoch: 0,
                     })
                 }
@@ -587,6 +641,26 @@ pub async fn apply_step(
         }
         StepKind::Conclude => supervisor::conclude(&graph, st),
     };
+    let new = &mut decided.state;
+    new.acceptance.narration_tokens = new.acceptance.narration_tokens.saturating_add(narration);
+    let judged = judge_new_capture(state, &row, new, captures_before, now).await?;
+    let mut repeated = false;
+    if !bound_before && let Some(subject) = new.subject.as_deref() {
+        let settled = state
+            .store
+            .settled_runs_on(
+                subject,
+                &row.graph_name,
+                now - acceptance::REPEAT_WINDOW_NS,
+                &row.id,
+            )
+            .await
+            .map_err(store_err)?;
+        if settled > 0 {
+            new.acceptance.repeated_investigation = true;
+            repeated = true;
+        }
+    }
     let new = &decided.state;
     let applied = state
         .store
@@ -595,6 +669,8 @@ pub async fn apply_step(
             row.revision,
             status_str(new.status),
             &serde_json::to_string(new).unwrap_or_default(),
+            new.subject.as_deref(),
+            report::outcome_of(new).as_str(),
             now,
         )
         .await
@@ -606,6 +682,25 @@ pub async fn apply_step(
             "the run moved on since it was read; read it again and retry",
             None,
         ));
+    }
+    // Counted only once the step applied: a lost race counts nothing.
+    let m = &state.metrics.acceptance;
+    let entered = decided
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::Entered)
+        .count();
+    m.add_step(
+        u64::try_from(entered).unwrap_or(0),
+        now - row.updated_ns,
+        narration,
+    );
+    m.add_retractions(judged.retractions);
+    if let Some(seconds) = judged.first_discriminating_s {
+        m.observe_first_discriminating(seconds);
+    }
+    if repeated {
+        m.add_repeated();
     }
     if new.status == RunStatus::Ended && report::outcome_of(new) == Outcome::Failed {
         state
@@ -628,6 +723,100 @@ pub async fn apply_step(
     Ok((run_json(&row, new, &graph, receipt.as_ref()), decided))
 }
 
+/// What judging a step's new capture did to the run's acceptance counts.
+#[derive(Debug, Default)]
+struct Judged {
+    retractions: u64,
+    first_discriminating_s: Option<f64>,
+}
+
+/// Judge the capture this step recorded (if it recorded a new one) against
+/// its subject's hypothesis ledger and fold the moves into the run's
+/// acceptance counts.
+async fn judge_new_capture(
+    state: &AppState,
+    row: &RunRow,
+    new: &mut RunState,
+    captures_before: usize,
+    now: i64,
+) -> Result<Judged, Response> {
+    let mut out = Judged::default();
+    let Some(cap) = new.captures.get(captures_before).cloned() else {
+        return Ok(out);
+    };
+    if new.captures[..captures_before]
+        .iter()
+        .any(|c| c.digest == cap.digest)
+    {
+        // Already judged for this run.
+        return Ok(out);
+    }
+    let Some(env) = state.store.envelope(&cap.digest).await.map_err(store_err)? else {
+        // Deleted since it was resolved: nothing to judge.
+        return Ok(out);
+    };
+    let mutation_ns = new
+        .last_mutation_ns
+        .filter(|_| new.mutations > 0 && new.subject.as_deref() == Some(cap.subject.as_str()));
+    let moves = state
+        .store
+        .record_hypotheses(&cap.subject, &cap.digest, &row.id, now, |ledger| {
+            hypotheses::judge(ledger, &env, cap.wall_ns, mutation_ns)
+        })
+        .await
+        .map_err(store_err)?;
+    let a = &mut new.acceptance;
+    a.unknowns_without_owner_or_probe = a
+        .unknowns_without_owner_or_probe
+        .saturating_add(acceptance::unknowns_without_owner_or_probe(&env));
+    let retractions = moves
+        .iter()
+        .filter(|m| hypotheses::retracts(m.from))
+        .count();
+    a.retractions = a
+        .retractions
+        .saturating_add(u32::try_from(retractions).unwrap_or(u32::MAX));
+    out.retractions = u64::try_from(retractions).unwrap_or(0);
+    if a.first_discriminating_after_ns.is_none()
+        && moves
+            .iter()
+            .any(|m| hypotheses::discriminates(m.from, m.to))
+    {
+        let after = now - row.created_ns;
+        a.first_discriminating_after_ns = Some(after);
+        out.first_discriminating_s = Some(after as f64 / 1e9);
+    }
+    Ok(out)
+}
+
+/// The ledger moves of a run's envelopes of its subject, per hypothesis
+/// (in the order first moved): where the run left it and what moved it.
+fn report_hypotheses(moves: &[LedgerMove], subject: Option<&str>) -> Vec<ReportHypothesis> {
+    let mut out: Vec<ReportHypothesis> = Vec::new();
+    for m in moves
+        .iter()
+        .filter(|m| Some(m.subject_key.as_str()) == subject)
+    {
+        let i = match out.iter().position(|h| h.hypothesis == m.hypothesis) {
+            Some(i) => i,
+            None => {
+                out.push(ReportHypothesis {
+                    hypothesis: m.hypothesis.clone(),
+                    state: m.to,
+                    moved_by: Vec::new(),
+                });
+                out.len() - 1
+            }
+        };
+        let h = &mut out[i];
+        h.state = m.to;
+        if h.moved_by.last() != Some(&m.digest) {
+            h.moved_by.push(m.digest.clone());
+        }
+    }
+    out
+}
+
 /// The typed-failure receipt of a failed run: where, which class (the
 /// report's derivation; `None` if the run recorded no classifiable cause),
 /// the last pre- and post-mutation envelopes of the run's subject.
@@ -643,6 +832,8 @@ fn failure_receipt(run_id: &str, st: &RunState, now: i64) -> FailureReceiptRow {
         reported_at: String::new(),
         elapsed_seconds: None,
         failure_class: None,
+        agent_seconds: None,
+        hypotheses: Vec::new(),
     };
     let (step, class) = match report::build_run_report(st, &ctx) {
         Ok(r) => (r.failed_step_id, r.failure_class),
@@ -681,15 +872,24 @@ async fn post_step(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Analysis).await?;
     let req: StepRequest = quiet_body(body).await?;
     let (run, decided) = apply_step(&state, &id, req).await?;
-    Ok(Json(json!({
+    let mut body = json!({
         "verdict": decided.verdict,
         "events": decided.events,
         "run": run,
-    }))
-    .into_response())
+    });
+    if let Some(r) = &decided.refusal {
+        // The typed error of the pre-mutation rule, in the store's error
+        // shape (the field is the step the run could not enter).
+        let mut e = json!({"code": r.code(), "message": r.to_string(), "field": "step"});
+        if let Some(c) = r.completeness() {
+            e["completeness"] = json!(c.as_str());
+        }
+        body["refusal"] = e;
+    }
+    Ok(Json(body).into_response())
 }
 
 fn parse_enum<T: DeserializeOwned>(
@@ -711,7 +911,7 @@ async fn get_report(
     Path(id): Path<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     only_params(
         &q,
         &[
@@ -745,6 +945,11 @@ async fn get_report(
         "precondition_unmet, tool_missing, permission_denied, expectation_mismatch, timeout, human_abort, upstream_changed",
     )?;
     let (row, st, _) = load_run(&state, &id).await?;
+    let moves = state
+        .store
+        .hypothesis_moves(None, Some(&row.id))
+        .await
+        .map_err(store_err)?;
     let now = state.clock.now_ns();
     let end = row.ended_ns.unwrap_or(now);
     let ctx = ReportContext {
@@ -758,6 +963,8 @@ async fn get_report(
         reported_at: rfc3339(now).chars().take(10).collect(),
         elapsed_seconds: Some((end - row.created_ns) as f64 / 1e9),
         failure_class,
+        agent_seconds: Some((row.updated_ns - row.created_ns) as f64 / 1e9),
+        hypotheses: report_hypotheses(&moves, st.subject.as_deref()),
     };
     match report::emit(&st, &ctx) {
         Ok(r) => Ok(Json(r).into_response()),
@@ -781,10 +988,104 @@ async fn get_report(
 }
 
 async fn get_report_schema(State(state): State<AppState>, headers: HeaderMap) -> Reply {
-    auth(&state, &headers).await?;
+    auth(&state, &headers, Scope::Read).await?;
     Ok((
         [(header::CONTENT_TYPE, "application/schema+json")],
         report::SCHEMA_JSON,
     )
         .into_response())
+}
+
+/// `GET /internal/subjects/{subject}/hypotheses[?state=]`: the subject's
+/// hypothesis ledger, each hypothesis with every move and the envelope
+/// that made it.
+async fn get_hypotheses(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(subject): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Reply {
+    auth(&state, &headers, Scope::Read).await?;
+    only_params(&q, &["state"])?;
+    let only = match q.get("state") {
+        None => None,
+        Some(v) => Some(
+            HypothesisState::parse(v)
+                .ok_or_else(|| bad_query("state", "one of standing, falsified, confirmed"))?,
+        ),
+    };
+    if !valid_digest(&subject) {
+        return Err(err(
+            StatusCode::BAD_REQUEST,
+            "invalid_subject",
+            "a subject key is sha256: and 64 lowercase hex digits",
+            Some("subject"),
+        ));
+    }
+    let ledger = state
+        .store
+        .hypotheses_of(&subject)
+        .await
+        .map_err(store_err)?;
+    if ledger.is_empty()
+        && !state
+            .store
+            .subject_known(&subject)
+            .await
+            .map_err(store_err)?
+    {
+        return Err(err(
+            StatusCode::NOT_FOUND,
+            "subject_not_found",
+            "the store holds no envelope of this subject",
+            Some("subject"),
+        ));
+    }
+    let moves = state
+        .store
+        .hypothesis_moves(Some(&subject), None)
+        .await
+        .map_err(store_err)?;
+    let mut counts = BTreeMap::from([("confirmed", 0u32), ("falsified", 0), ("standing", 0)]);
+    for h in &ledger {
+        *counts.entry(h.state.as_str()).or_insert(0) += 1;
+    }
+    let hypotheses: Vec<Value> = ledger
+        .iter()
+        .filter(|h| only.is_none_or(|s| h.state == s))
+        .map(|h| {
+            let moved: Vec<Value> = moves
+                .iter()
+                .filter(|m| m.hypothesis == h.key)
+                .map(|m| {
+                    json!({
+                        "digest": m.digest,
+                        "uri": format!("/v1/envelopes/{}", m.digest),
+                        "run": m.run_id,
+                        "from": m.from.map(HypothesisState::as_str),
+                        "to": m.to.as_str(),
+                        "rule": m.rule.as_str(),
+                        "at": rfc3339(m.at_ns),
+                    })
+                })
+                .collect();
+            json!({
+                "key": h.key,
+                "code": h.code,
+                "statement": h.statement,
+                "falsifier": h.falsifier,
+                "surfaces": h.surfaces,
+                "effects": h.effects,
+                "state": h.state.as_str(),
+                "openedAt": rfc3339(h.opened_wall_ns),
+                "moves": moved,
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "subject": subject,
+        "counts": counts,
+        "hypotheses": hypotheses,
+    }))
+    .into_response())
 }

@@ -20,7 +20,7 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use crate::db::transfers::TransferRow;
-use crate::http::{ApiError, AppState, authenticate};
+use crate::http::{ApiError, AppState, Scope, authenticate};
 use crate::ident::format_ns;
 use crate::transfers::{self, SideView, TransferView, end_view, is_transfer_id};
 
@@ -88,7 +88,7 @@ async fn get_transfer(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers).await?;
+    authenticate(&state, &headers, Scope::Read).await?;
     if !is_transfer_id(&id) {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -114,7 +114,7 @@ async fn get_envelope_transfer(
     headers: HeaderMap,
     Path(digest): Path<String>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers).await?;
+    authenticate(&state, &headers, Scope::Read).await?;
     if !pstack_envelope::is_sha256_digest(&digest) {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,

@@ -10,9 +10,16 @@
 //!   `X-Forwarded-Proto: https`, see docs/store-tls.md).
 //! - Every state-changing request of a session (approve, reject, logout)
 //!   carries the session's CSRF token in `X-CSRF-Token`; without it: 403.
-//!   Login takes JSON only (a cross-site form cannot send it without a
-//!   preflight the store never answers). Five failed logins of one name
-//!   within 15 minutes refuse that name (429) until the window passes.
+//!   The token is derived from the session id and stored only hashed
+//!   (`crate::operators`). Login takes JSON only (a cross-site form cannot
+//!   send it without a preflight the store never answers).
+//! - A login takes a verifier slot before anything else and is charged to
+//!   the database throttle before its password is verified
+//!   (`crate::login`: 429 `login_verifier_busy` / `login_source_busy` /
+//!   `too_many_login_failures` / `login_source_throttled` /
+//!   `login_user_throttled`, each with `Retry-After`). A disabled operator
+//!   cannot log in (403 `operator_disabled`, only after the right password)
+//!   and has no live session.
 //! - The page renders every value with `textContent`; a grant token is
 //!   shown only from the approve response that minted it and kept in no
 //!   storage, so a reload shows it no more. Scripts come from the store
@@ -23,8 +30,7 @@
     reason = "the error is the HTTP response itself, built once on the way out"
 )]
 
-use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -35,6 +41,7 @@ use serde_json::{Value, json};
 use crate::db::gate::ProposalFilter;
 use crate::http::AppState;
 use crate::http_analysis::{Reply, err, json_body, store_err};
+use crate::login::{ClientSource, ThrottleRefusal, VerifierBusy};
 use crate::operators::{self, COOKIE};
 
 const PAGE: &str = include_str!("ui/index.html");
@@ -107,7 +114,7 @@ pub async fn human(
         return Err(none());
     };
     let hash = operators::session_hash(id);
-    let Some((user, csrf)) = state
+    let Some((user, csrf_hash)) = state
         .store
         .session(&hash, state.clock.now_ns())
         .await
@@ -121,8 +128,8 @@ pub async fn human(
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         // Compare digests: equal-length, no early exit on the secret.
-        if operators::session_hash(sent) != operators::session_hash(&csrf) {
-            tracing::warn!(user = %user, "request without the session's CSRF token");
+        if operators::csrf_hash(sent) != csrf_hash {
+            tracing::warn!(user = %crate::logsafe::text(&user), "request without the session's CSRF token");
             return Err(err(
                 StatusCode::FORBIDDEN,
                 "csrf_token_invalid",
@@ -153,7 +160,50 @@ fn cookie(headers: &HeaderMap, value: &str, max_age: i64) -> HeaderValue {
     .unwrap_or_else(|_| HeaderValue::from_static("pstack_session=; Max-Age=0"))
 }
 
-async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
+fn retry_after(mut r: Response, seconds: i64) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&seconds.max(1).to_string()) {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
+}
+
+fn verifier_busy(busy: VerifierBusy) -> Response {
+    let (code, message) = match busy {
+        VerifierBusy::Slots { limit } => (
+            "login_verifier_busy",
+            format!("{limit} password verifications are running; try again in 1 s"),
+        ),
+        VerifierBusy::Source { limit } => (
+            "login_source_busy",
+            format!("{limit} login(s) from this address are being verified; try again in 1 s"),
+        ),
+    };
+    retry_after(err(StatusCode::TOO_MANY_REQUESTS, code, message, None), 1)
+}
+
+fn throttled(r: ThrottleRefusal) -> Response {
+    let seconds = r.retry_after_ns / 1_000_000_000 + 1;
+    let what = match r.dimension {
+        crate::login::ThrottleDimension::Source => "from this address",
+        crate::login::ThrottleDimension::Pair => "for this user from this address",
+        crate::login::ThrottleDimension::Name => {
+            "for this user from addresses it has not logged in from"
+        }
+    };
+    retry_after(
+        err(
+            StatusCode::TOO_MANY_REQUESTS,
+            r.dimension.code(),
+            format!("{} failed logins {what}; try again in {seconds} s", r.limit),
+            None,
+        ),
+        seconds,
+    )
+}
+
+async fn login(State(state): State<AppState>, request: Request) -> Reply {
+    let (parts, body) = request.into_parts();
+    let headers = &parts.headers;
     let json_ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -167,47 +217,48 @@ async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body) ->
         ));
     }
     let req: LoginRequest = json_body(body, "invalid_login").await?;
-    if let Some(left) = state
-        .login_failures
-        .blocked(&req.username, state.clock.now_ns())
-    {
-        tracing::warn!(user = %req.username, "operator login throttled");
-        let mut r = err(
-            StatusCode::TOO_MANY_REQUESTS,
-            "too_many_login_failures",
-            format!(
-                "{} failed logins for this user; try again in {} s",
-                operators::MAX_LOGIN_FAILURES,
-                left / 1_000_000_000 + 1
-            ),
-            None,
+    let peer = parts
+        .extensions
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
+    let source = ClientSource::resolve(
+        peer,
+        headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok()),
+        &state.login.trusted_proxies,
+    );
+    // A slot first (no database work without one); unknown names too.
+    let slot = state.login.verifier.try_begin(&source).map_err(|busy| {
+        tracing::warn!(
+            source = source.as_str(),
+            "operator login refused: verifier busy"
         );
-        if let Ok(v) = HeaderValue::from_str(&(left / 1_000_000_000 + 1).to_string()) {
-            r.headers_mut().insert(header::RETRY_AFTER, v);
-        }
-        return Err(r);
-    }
-    let stored = state
+        verifier_busy(busy)
+    })?;
+    let limits = state.login.limits;
+    let charge = state
         .store
-        .operator_hash(&req.username)
+        .charge_login(&req.username, &source, &limits, state.clock.now_ns())
         .await
         .map_err(store_err)?;
-    let password = req.password;
-    let ok = tokio::task::spawn_blocking(move || match stored {
-        Some(phc) => operators::verify_password(&password, &phc),
-        None => {
-            // Same work for an unknown name as for a wrong password.
-            let _ = operators::hash_password(&password);
-            false
-        }
-    })
-    .await
-    .unwrap_or(false);
+    if let Some(refusal) = charge.refused {
+        tracing::warn!(user = %crate::logsafe::text(&req.username), "operator login throttled");
+        return Err(throttled(refusal));
+    }
+    let (stored, disabled) = match state
+        .store
+        .operator_login(&req.username)
+        .await
+        .map_err(store_err)?
+    {
+        Some((phc, disabled)) => (Some(phc), disabled),
+        None => (None, false),
+    };
+    let ok = slot.verify(req.password, stored).await;
     if !ok {
-        state
-            .login_failures
-            .failed(&req.username, state.clock.now_ns());
-        tracing::warn!(user = %req.username, "operator login refused");
+        tracing::warn!(user = %crate::logsafe::text(&req.username), "operator login refused");
         return Err(err(
             StatusCode::UNAUTHORIZED,
             "invalid_credentials",
@@ -215,7 +266,20 @@ async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body) ->
             None,
         ));
     }
-    state.login_failures.succeeded(&req.username);
+    if disabled {
+        tracing::warn!(user = %crate::logsafe::text(&req.username), "operator login refused: operator disabled");
+        return Err(err(
+            StatusCode::FORBIDDEN,
+            "operator_disabled",
+            "this operator is disabled (pstack-store users enable NAME)",
+            None,
+        ));
+    }
+    state
+        .store
+        .login_succeeded(&req.username, &source, &charge, state.clock.now_ns())
+        .await
+        .map_err(store_err)?;
     let (id, hash, csrf) = operators::new_session().map_err(|e| {
         err(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -230,17 +294,17 @@ async fn login(State(state): State<AppState>, headers: HeaderMap, body: Body) ->
         .create_session(
             &hash,
             &req.username,
-            &csrf,
+            &operators::csrf_hash(&csrf),
             now,
             now + operators::SESSION_NS,
         )
         .await
         .map_err(store_err)?;
-    tracing::info!(user = %req.username, "operator logged in");
+    tracing::info!(user = %crate::logsafe::text(&req.username), "operator logged in");
     let mut r = Json(json!({"username": req.username, "csrfToken": csrf})).into_response();
     r.headers_mut().insert(
         header::SET_COOKIE,
-        cookie(&headers, &id, operators::SESSION_NS / 1_000_000_000),
+        cookie(headers, &id, operators::SESSION_NS / 1_000_000_000),
     );
     Ok(hardened(r))
 }
@@ -252,7 +316,7 @@ async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Reply {
         .delete_session(&hash, state.clock.now_ns())
         .await
         .map_err(store_err)?;
-    tracing::info!(user = %user, "operator logged out");
+    tracing::info!(user = %crate::logsafe::text(&user), "operator logged out");
     let mut r = Json(json!({"loggedOut": true})).into_response();
     r.headers_mut()
         .insert(header::SET_COOKIE, cookie(&headers, "", 0));
@@ -260,13 +324,13 @@ async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Reply {
 }
 
 async fn session(State(state): State<AppState>, headers: HeaderMap) -> Reply {
-    let (user, hash) = human(&state, &headers, false).await?;
-    let csrf = state
-        .store
-        .session(&hash, state.clock.now_ns())
-        .await
-        .map_err(store_err)?
-        .map(|s| s.1)
+    let (user, _) = human(&state, &headers, false).await?;
+    // The token is derived from the cookie; the database holds only its hash.
+    let csrf = headers
+        .get(header::COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(operators::cookie_value)
+        .map(operators::csrf_token)
         .unwrap_or_default();
     Ok(hardened(
         Json(json!({"username": user, "csrfToken": csrf})).into_response(),

@@ -35,6 +35,11 @@ pub struct IngestLimits {
     pub max_items: usize,
     /// Largest single envelope. Default 4 MiB.
     pub max_envelope_bytes: usize,
+    /// Most spans in one OTLP request (`/v1/traces`). Default 100,000
+    /// ([`crate::analysis::otlp::DEFAULT_MAX_SPANS`]); past it 413
+    /// `too_many_spans`. Bounds a request's decoded spans (264 bytes each
+    /// and up, decoded) whatever its size on the wire.
+    pub max_spans: usize,
 }
 
 impl Default for IngestLimits {
@@ -44,6 +49,7 @@ impl Default for IngestLimits {
             max_decoded_bytes: 64 << 20,
             max_items: 5_000,
             max_envelope_bytes: 4 << 20,
+            max_spans: crate::analysis::otlp::DEFAULT_MAX_SPANS,
         }
     }
 }

@@ -13,6 +13,18 @@
 //!
 //! The plaintext key is shown once, by `pstack-store keys create`, and is never
 //! logged. Revocation is immediate: every request looks its key up afresh.
+//!
+//! **Scopes.** Every key holds a set of [`Scope`]s matching who holds it, and
+//! every route needs exactly one of them (the table is in `openapi.json`,
+//! each operation's `security`): `ingest` for the nodes (envelopes only),
+//! `telemetry` for CI/CD and collectors (changes, OTLP spans, alerts),
+//! `analysis` for the investigating agent (findings, evals, incidents,
+//! proposals, receipts, runs), `runner` for executors (claim, complete or
+//! fail a grant), `read` for every read. A key made before scopes existed
+//! holds `legacy` — every scope, as before — until an operator narrows it
+//! (`pstack-store keys scope ID --scope …`). Scope changes, like revocation,
+//! take effect on the key's next request. Scopes are orthogonal: none
+//! implies another (an agent's key is `analysis` *and* `read`).
 
 use sha2::{Digest, Sha256};
 
@@ -28,6 +40,153 @@ pub struct NewKey {
     pub plaintext: String,
     /// Hex SHA-256 of `plaintext`.
     pub hash: String,
+}
+
+/// What a key may do. Wire and storage name: [`Scope::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// `POST /v1/envelopes`: what every node holds.
+    Ingest,
+    /// Changes (`POST /v1/changes`), OTLP spans (`POST /v1/traces`) and
+    /// Alertmanager alerts: CI/CD and collectors.
+    Telemetry,
+    /// Findings, eval runs, counterfactuals, incidents and leases,
+    /// proposals, the watchdog, receipts, graphs and runs: the
+    /// investigating agent.
+    Analysis,
+    /// Claim, complete or fail a grant it was handed: executors.
+    Runner,
+    /// Every `GET` of evidence and analysis (and the MCP read tools).
+    Read,
+    /// Every scope: a key made before scopes existed, until narrowed.
+    Legacy,
+}
+
+impl Scope {
+    /// Every scope, in the order help texts list them.
+    pub const ALL: [Scope; 6] = [
+        Scope::Ingest,
+        Scope::Telemetry,
+        Scope::Analysis,
+        Scope::Runner,
+        Scope::Read,
+        Scope::Legacy,
+    ];
+
+    /// Wire and storage name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Ingest => "ingest",
+            Scope::Telemetry => "telemetry",
+            Scope::Analysis => "analysis",
+            Scope::Runner => "runner",
+            Scope::Read => "read",
+            Scope::Legacy => "legacy",
+        }
+    }
+
+    /// Parse a wire name.
+    pub fn parse(s: &str) -> Option<Scope> {
+        Scope::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+
+    /// Who holds it, for help texts and refusals.
+    pub fn holder(self) -> &'static str {
+        match self {
+            Scope::Ingest => "nodes shipping envelopes (POST /v1/envelopes)",
+            Scope::Telemetry => {
+                "CI/CD and collectors (POST /v1/changes, POST /v1/traces, Alertmanager alerts)"
+            }
+            Scope::Analysis => {
+                "the investigating agent (findings, evals, incidents, proposals, receipts, runs)"
+            }
+            Scope::Runner => "executors (claim, complete or fail a grant)",
+            Scope::Read => "dashboards and agents (every GET)",
+            Scope::Legacy => "every scope: keys made before scopes existed",
+        }
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One line per scope: `name — holder`, for `--help` and refusals.
+pub fn scopes_help() -> String {
+    Scope::ALL
+        .iter()
+        .map(|s| format!("  {:<9} {}", s.as_str(), s.holder()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The scopes of one key (never empty once stored).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScopeSet(std::collections::BTreeSet<Scope>);
+
+impl ScopeSet {
+    /// These scopes.
+    pub fn of(scopes: impl IntoIterator<Item = Scope>) -> ScopeSet {
+        ScopeSet(scopes.into_iter().collect())
+    }
+
+    /// `legacy`: every scope.
+    pub fn legacy() -> ScopeSet {
+        ScopeSet::of([Scope::Legacy])
+    }
+
+    /// Whether a route needing `need` admits this key.
+    pub fn allows(&self, need: Scope) -> bool {
+        self.0.contains(&Scope::Legacy) || self.0.contains(&need)
+    }
+
+    /// No scope at all.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The scopes, in [`Scope`] order.
+    pub fn iter(&self) -> impl Iterator<Item = Scope> + '_ {
+        self.0.iter().copied()
+    }
+
+    /// Names, in [`Scope`] order.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.iter().map(Scope::as_str).collect()
+    }
+
+    /// Storage form: names separated by single spaces (as OAuth's `scope`).
+    pub fn to_stored(&self) -> String {
+        self.names().join(" ")
+    }
+
+    /// Read the storage form. An unknown name (a database edited by hand,
+    /// or written by a newer store) grants nothing: it is returned apart so
+    /// the caller can say so, and never widens the set.
+    pub fn from_stored(s: &str) -> (ScopeSet, Vec<String>) {
+        let mut set = ScopeSet::default();
+        let mut unknown = Vec::new();
+        for name in s.split_ascii_whitespace() {
+            match Scope::parse(name) {
+                Some(x) => {
+                    set.0.insert(x);
+                }
+                None => unknown.push(name.to_string()),
+            }
+        }
+        (set, unknown)
+    }
+}
+
+impl std::fmt::Display for ScopeSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("(none)");
+        }
+        f.write_str(&self.names().join(","))
+    }
 }
 
 /// Why a key could not be generated or parsed.
@@ -97,6 +256,29 @@ mod tests {
         assert_eq!(parse_id(&a.plaintext).unwrap(), a.id);
         assert!(hashes_equal(&hash_key(&a.plaintext), &a.hash));
         assert!(!hashes_equal(&a.hash, &b.hash));
+    }
+
+    #[test]
+    fn scopes_round_trip_and_legacy_allows_everything() {
+        for s in Scope::ALL {
+            assert_eq!(Scope::parse(s.as_str()), Some(s));
+        }
+        let set = ScopeSet::of([Scope::Read, Scope::Analysis]);
+        assert_eq!(set.to_stored(), "analysis read");
+        assert_eq!(
+            ScopeSet::from_stored("analysis read"),
+            (set.clone(), vec![])
+        );
+        assert!(set.allows(Scope::Read) && set.allows(Scope::Analysis));
+        assert!(!set.allows(Scope::Telemetry) && !set.allows(Scope::Ingest));
+        for s in Scope::ALL {
+            assert!(ScopeSet::legacy().allows(s), "{s}");
+        }
+        // Unknown stored names grant nothing.
+        let (set, unknown) = ScopeSet::from_stored("ingest admin");
+        assert_eq!(set, ScopeSet::of([Scope::Ingest]));
+        assert_eq!(unknown, vec!["admin".to_string()]);
+        assert!(!ScopeSet::default().allows(Scope::Read));
     }
 
     #[test]

@@ -16,7 +16,9 @@
 //!   every rejected item carries typed reasons.
 //! - No receipt stands in for another layer's ([`receipts`]); no envelope a
 //!   receipt cites is ever deleted.
-//! - Nothing logs a key, a body or envelope contents.
+//! - Nothing logs a key, a body or envelope contents; a caller-supplied
+//!   string reaches a log field only through [`logsafe::text`] (escaped,
+//!   capped).
 //! - The remediation gate ([`gate`] rules, `db::gate` storage,
 //!   [`http_gate`] routes, [`gate_tick`] periodic work, [`http_ui`] the
 //!   approval page): a grant token exists only in the response that mints
@@ -42,6 +44,8 @@ pub mod http_ui;
 pub mod ident;
 pub mod ingest;
 pub mod keys;
+pub mod login;
+pub mod logsafe;
 pub mod mcp;
 pub mod operators;
 pub mod query;

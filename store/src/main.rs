@@ -8,6 +8,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use pstack_store::db::{OpenOptions, RetentionPolicy, Store};
 use pstack_store::http::{AppState, serve};
 use pstack_store::ingest::IngestLimits;
+use pstack_store::keys::{Scope, ScopeSet};
 use pstack_store::query::{
     Connection, EnvelopesCommand, Query, ReceiptsArgs, SubjectsCommand, UnknownsArgs,
 };
@@ -90,6 +91,11 @@ enum Command {
         /// Most envelopes per request.
         #[arg(long, default_value_t = 5000)]
         max_items: usize,
+        /// Most spans in one OTLP request (/v1/traces); more get 413
+        /// too_many_spans. Each span takes 264 bytes and up decoded, whatever
+        /// it takes on the wire (memory per request vs batch size).
+        #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..))]
+        max_spans: u32,
         /// Delete envelopes received longer ago than this (e.g. 30d, 12h); off by default.
         #[arg(long, value_parser = parse_duration)]
         retention_max_age: Option<Duration>,
@@ -107,10 +113,13 @@ enum Command {
         /// a restart.
         #[arg(long, env = "PSTACK_STORE_GATE_KEY_FILE")]
         gate_key_file: Option<std::path::PathBuf>,
-        /// How old a pre-mutation envelope may be and still authorize a
-        /// host-subject remediation.
-        #[arg(long, value_parser = parse_duration, default_value = "10m")]
-        envelope_freshness: Duration,
+        /// How long an envelope stays fresh, per subject kind: the one rule
+        /// of run MUTATE steps, gate pre-mutation envelopes and handoff
+        /// expiry. Overrides of the defaults (thread 60s, process 120s,
+        /// network_stream 60s, storage_transfer 300s, host 600s), e.g.
+        /// `process=30s,host=15m`.
+        #[arg(long, env = "PSTACK_STORE_FRESHNESS", value_parser = parse_freshness)]
+        freshness: Option<pstack_store::runs::freshness::Freshness>,
         /// Let grant webhooks reach private, loopback, link-local and other
         /// internal addresses (the SSRF guard refuses them by default).
         #[arg(long, env = "ALERT_WEBHOOK_ALLOW_PRIVATE", default_value_t = false)]
@@ -142,6 +151,39 @@ enum Command {
         /// for the same connection.
         #[arg(long, value_parser = parse_duration, default_value = "120s")]
         transfer_join_window: Duration,
+        /// Refuse (400, naming the field) a change whose `at`, or a span
+        /// whose start or end time, lies further than this in the future of
+        /// the store's clock. Wider tolerates hosts with worse clocks; every
+        /// second of it is a second a forged future record can pin the
+        /// target's current state or fake a recovery.
+        #[arg(long, value_parser = parse_duration, default_value = "5m")]
+        max_future_skew: Duration,
+        /// The URL clients reach this store at through its reverse proxy
+        /// (e.g. https://store.example:7443, docs/store-tls.md). Its host,
+        /// on any port, is accepted in the Host header of /mcp requests,
+        /// which otherwise accept loopback names only (a DNS-rebinding
+        /// guard: any other Host is 403).
+        #[arg(long, env = "PSTACK_STORE_PUBLIC_URL")]
+        public_url: Option<String>,
+        /// Another Host header value /mcp accepts: a host name or address,
+        /// with :port to accept that port only (repeatable; comma-separated
+        /// in the environment). Loopback names are always accepted.
+        #[arg(long, env = "PSTACK_STORE_MCP_ALLOWED_HOSTS", value_delimiter = ',')]
+        mcp_allowed_host: Vec<String>,
+        /// A reverse proxy whose X-Forwarded-For is believed (repeatable; an
+        /// IP address, e.g. 127.0.0.1 for the nginx of docs/store-tls.md).
+        /// The login throttle then keys by the client address that proxy
+        /// saw; without it, by the connection's peer, and the header is
+        /// ignored (any client could write it). Behind a proxy that is not
+        /// listed, every login shares the proxy's address and its limits.
+        #[arg(long = "trusted-proxy", value_name = "IP")]
+        trusted_proxies: Vec<std::net::IpAddr>,
+    },
+    /// The remediation gate key every replica on this database must share:
+    /// show its recorded fingerprint, or adopt a replacement key.
+    GateKey {
+        #[command(subcommand)]
+        command: GateKeyCommand,
     },
     /// Manage API keys.
     Keys {
@@ -217,13 +259,31 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum KeysCommand {
-    /// Create a key and print it once (it is stored only hashed).
+    /// Create a key and print it once (it is stored only hashed). Name
+    /// its scopes: there is no default, since any default is wrong for
+    /// someone (a node needs ingest and nothing more; an agent, analysis
+    /// and read).
+    #[command(after_long_help = KEY_SCOPES_HELP)]
     Create {
         /// Who holds it, e.g. the node name.
         #[arg(long)]
         name: String,
+        /// What it may do (repeatable, or comma-separated): ingest,
+        /// telemetry, analysis, runner, read. Required.
+        #[arg(long = "scope", value_name = "SCOPE", value_delimiter = ',', value_parser = parse_scope)]
+        scopes: Vec<Scope>,
     },
-    /// List keys (ids, names, dates; never secrets).
+    /// Replace a key's scopes, e.g. narrow a key made before scopes
+    /// (`legacy`: every scope) to ingest. Effective on its next request.
+    #[command(after_long_help = KEY_SCOPES_HELP)]
+    Scope {
+        /// Key id (the 16 hex digits after psk_).
+        id: String,
+        /// The scopes it keeps (repeatable, or comma-separated). Required.
+        #[arg(long = "scope", value_name = "SCOPE", value_delimiter = ',', value_parser = parse_scope)]
+        scopes: Vec<Scope>,
+    },
+    /// List keys (ids, names, dates, scopes; never secrets).
     List {
         /// JSON output.
         #[arg(long)]
@@ -236,6 +296,78 @@ enum KeysCommand {
     },
 }
 
+/// The scope table, after `keys create --help` and `keys scope --help`.
+const KEY_SCOPES_HELP: &str = "\
+Scopes (every route needs one; none implies another):
+  ingest     nodes shipping envelopes (POST /v1/envelopes)
+  telemetry  CI/CD and collectors (POST /v1/changes, POST /v1/traces, Alertmanager alerts)
+  analysis   the investigating agent (findings, evals, incidents, proposals, receipts, runs)
+  runner     executors (claim, complete or fail a grant)
+  read       dashboards and agents (every GET)
+  legacy     every scope: only keys made before scopes hold it; narrow them with `keys scope`
+
+Examples:
+  pstack-store keys create --name node-a --scope ingest
+  pstack-store keys create --name ci --scope telemetry
+  pstack-store keys create --name agent --scope analysis --scope read
+  pstack-store keys create --name executor --scope runner
+  pstack-store keys scope 0123456789abcdef --scope ingest";
+
+/// A scope a new key may be given (`legacy` only survives from old keys).
+fn parse_scope(s: &str) -> Result<Scope, String> {
+    match Scope::parse(s) {
+        Some(Scope::Legacy) => Err(
+            "legacy is what keys made before scopes hold; give a new key the scopes it needs (ingest, telemetry, analysis, runner, read)".into(),
+        ),
+        Some(x) => Ok(x),
+        None => Err(format!(
+            "{s:?} is not a scope: ingest, telemetry, analysis, runner or read"
+        )),
+    }
+}
+
+/// `--scope` given at least once, or a usage error (exit 2) listing them.
+fn require_scopes(scopes: Vec<Scope>, command: &str) -> ScopeSet {
+    if scopes.is_empty() {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                format!(
+                    "`keys {command}` needs --scope (repeatable); a key has no default scope.\n{KEY_SCOPES_HELP}"
+                ),
+            )
+            .exit();
+    }
+    ScopeSet::of(scopes)
+}
+
+#[derive(Subcommand, Debug)]
+enum GateKeyCommand {
+    /// Print the fingerprint recorded in the database (the key the first
+    /// replica started with) and, with --gate-key-file, that file's.
+    Show {
+        /// A gate key file to fingerprint.
+        #[arg(long)]
+        gate_key_file: Option<std::path::PathBuf>,
+    },
+    /// Record this key's fingerprint in place of the recorded one, after
+    /// replacing the gate key on purpose with every replica stopped. Grants
+    /// and stored webhook callbacks made under the old key stop working.
+    Adopt {
+        /// The new gate key file.
+        #[arg(long)]
+        gate_key_file: std::path::PathBuf,
+    },
+}
+
+/// A gate key file: 64 hex digits.
+fn read_gate_key(path: &std::path::Path) -> Result<pstack_store::gate::keys::GateKeys> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the gate key {}", path.display()))?;
+    pstack_store::gate::keys::GateKeys::from_hex(&text)
+        .with_context(|| format!("gate key {}", path.display()))
+}
+
 #[derive(Subcommand, Debug)]
 enum UsersCommand {
     /// Create an operator of the approval page; the password is read from
@@ -245,6 +377,59 @@ enum UsersCommand {
         /// Login name.
         name: String,
     },
+    /// List operators: name, created, disabled, live sessions.
+    List {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Disable an operator: no login, and every session of theirs ends now.
+    Disable {
+        /// Login name.
+        name: String,
+    },
+    /// Enable a disabled operator again (they log in anew).
+    Enable {
+        /// Login name.
+        name: String,
+    },
+    /// Set a new password, read from the first line of standard input (at
+    /// least 12 characters); every session of the operator ends now.
+    Passwd {
+        /// Login name.
+        name: String,
+    },
+    /// End every session of an operator now (they log in anew).
+    RevokeSessions {
+        /// Login name.
+        name: String,
+    },
+}
+
+/// The first line of standard input, without its line ending.
+fn password_from_stdin() -> Result<String> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("reading the password from standard input")?;
+    Ok(line.trim_end_matches(['\r', '\n']).to_string())
+}
+
+/// Report what a change to operator `name` did.
+fn operator_changed(
+    name: &str,
+    what: &str,
+    change: pstack_store::db::operators::OperatorChange,
+) -> Result<()> {
+    match change {
+        pstack_store::db::operators::OperatorChange::Done { sessions_ended } => {
+            eprintln!("{what} operator {name:?}; {sessions_ended} session(s) ended");
+            Ok(())
+        }
+        pstack_store::db::operators::OperatorChange::NoSuchOperator => {
+            bail!("no operator named {name:?}")
+        }
+    }
 }
 
 /// A duration that is not zero (a zero timeout would close every connection).
@@ -258,6 +443,12 @@ fn parse_positive_duration(s: &str) -> Result<Duration, String> {
 /// The one duration parser of pstack's CLIs (a unit is required: 30d, 12h, 10m, 45s).
 fn parse_duration(s: &str) -> Result<Duration, String> {
     pstack_cli::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn parse_freshness(s: &str) -> Result<pstack_store::runs::freshness::Freshness, String> {
+    pstack_store::runs::freshness::Freshness::default()
+        .with_overrides(s)
+        .map_err(|e| e.to_string())
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -317,6 +508,11 @@ async fn shutdown_signal() {
 fn parse_cli() -> Cli {
     use clap::{CommandFactory, FromArgMatches};
     fn with_exit_codes(c: clap::Command) -> clap::Command {
+        // A command's own long epilogue (the key scopes) comes first.
+        let c = match c.get_after_long_help().map(|h| h.to_string()) {
+            Some(own) => c.after_long_help(format!("{own}\n\n{EXIT_CODES_HELP}")),
+            None => c,
+        };
         c.after_help(EXIT_CODES_HELP)
             .mut_subcommands(with_exit_codes)
     }
@@ -400,48 +596,114 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Migrate => {
             pstack_cli::outln!("schema version {}", store.schema_version().await?)?;
         }
-        Command::Users {
-            command: UsersCommand::Create { name },
-        } => {
-            let mut line = String::new();
-            std::io::stdin()
-                .read_line(&mut line)
-                .context("reading the password from standard input")?;
-            let password = line.trim_end_matches(['\r', '\n']);
-            pstack_store::operators::validate(&name, password)?;
-            let hash = pstack_store::operators::hash_password(password)?;
-            if !store
-                .create_operator(&name, &hash, pstack_store::now_ns())
-                .await?
-            {
-                bail!("an operator named {name:?} exists");
+        Command::Users { command } => match command {
+            UsersCommand::Create { name } => {
+                let password = password_from_stdin()?;
+                pstack_store::operators::validate(&name, &password)?;
+                let hash = pstack_store::operators::hash_password(&password)?;
+                if !store
+                    .create_operator(&name, &hash, pstack_store::now_ns())
+                    .await?
+                {
+                    bail!("an operator named {name:?} exists");
+                }
+                eprintln!("created operator {name:?}");
             }
-            eprintln!("created operator {name:?}");
-        }
+            UsersCommand::List { json } => {
+                let rows = store.list_operators(pstack_store::now_ns()).await?;
+                let when = |ns: i64| pstack_store::ident::format_ns(ns);
+                if json {
+                    let items: Vec<serde_json::Value> = rows
+                        .iter()
+                        .map(|(name, created, disabled, sessions)| {
+                            serde_json::json!({
+                                "username": name,
+                                "createdAt": when(*created),
+                                "disabledAt": disabled.map(when),
+                                "liveSessions": sessions,
+                            })
+                        })
+                        .collect();
+                    pstack_cli::outln!("{}", serde_json::to_string_pretty(&items)?)?;
+                } else {
+                    pstack_cli::outln!(
+                        "{:<25} {:<25} {:>8} NAME",
+                        "CREATED",
+                        "DISABLED",
+                        "SESSIONS"
+                    )?;
+                    for (name, created, disabled, sessions) in rows {
+                        pstack_cli::outln!(
+                            "{:<25} {:<25} {:>8} {}",
+                            when(created),
+                            disabled.map(when).as_deref().unwrap_or("-"),
+                            sessions,
+                            name
+                        )?;
+                    }
+                }
+            }
+            UsersCommand::Disable { name } => {
+                let change = store
+                    .set_operator_disabled(&name, true, pstack_store::now_ns())
+                    .await?;
+                operator_changed(&name, "disabled", change)?;
+            }
+            UsersCommand::Enable { name } => {
+                let change = store
+                    .set_operator_disabled(&name, false, pstack_store::now_ns())
+                    .await?;
+                operator_changed(&name, "enabled", change)?;
+            }
+            UsersCommand::Passwd { name } => {
+                let password = password_from_stdin()?;
+                pstack_store::operators::validate_password(&password)?;
+                let hash = pstack_store::operators::hash_password(&password)?;
+                let change = store.set_operator_password(&name, &hash).await?;
+                operator_changed(&name, "changed the password of", change)?;
+            }
+            UsersCommand::RevokeSessions { name } => {
+                let change = store.revoke_operator_sessions(&name).await?;
+                operator_changed(&name, "revoked the sessions of", change)?;
+            }
+        },
         Command::Keys { command } => match command {
-            KeysCommand::Create { name } => {
+            KeysCommand::Create { name, scopes } => {
                 if name.trim().is_empty() {
                     bail!("--name must not be empty");
                 }
-                let key = store.create_key(&name).await?;
+                let scopes = require_scopes(scopes, "create");
+                let key = store.create_key(&name, &scopes).await?;
                 eprintln!(
-                    "created key {} for {name:?}; it is shown once, store it now:",
+                    "created key {} for {name:?} with scope {scopes}; it is shown once, store it now:",
                     key.id
                 );
                 pstack_cli::outln!("{}", key.plaintext)?;
+            }
+            KeysCommand::Scope { id, scopes } => {
+                let scopes = require_scopes(scopes, "scope");
+                let (before, after) = store.set_key_scopes(&id, &scopes).await?;
+                pstack_cli::outln!("key {id}: scope {before} -> {after}")?;
             }
             KeysCommand::List { json } => {
                 let keys = store.list_keys().await?;
                 if json {
                     pstack_cli::outln!("{}", serde_json::to_string_pretty(&keys)?)?;
                 } else {
-                    pstack_cli::outln!("{:<18} {:<25} {:<25} NAME", "ID", "CREATED", "REVOKED")?;
+                    pstack_cli::outln!(
+                        "{:<18} {:<25} {:<25} {:<32} NAME",
+                        "ID",
+                        "CREATED",
+                        "REVOKED",
+                        "SCOPES"
+                    )?;
                     for k in keys {
                         pstack_cli::outln!(
-                            "{:<18} {:<25} {:<25} {}",
+                            "{:<18} {:<25} {:<25} {:<32} {}",
                             k.id,
                             k.created_at,
                             k.revoked_at.as_deref().unwrap_or("-"),
+                            k.scopes.join(","),
                             k.name
                         )?;
                     }
@@ -452,6 +714,40 @@ async fn run(cli: Cli) -> Result<()> {
                 pstack_cli::outln!("revoked {id}")?;
             }
         },
+        Command::GateKey {
+            command: GateKeyCommand::Show { gate_key_file },
+        } => {
+            match store.gate_key_fingerprint().await? {
+                Some(r) => pstack_cli::outln!(
+                    "recorded  {}  (since {})",
+                    r.fingerprint,
+                    pstack_store::ident::format_ns(r.recorded_ns)
+                )?,
+                None => pstack_cli::outln!(
+                    "recorded  none (the first serve with --gate-key-file records its key)"
+                )?,
+            }
+            if let Some(path) = gate_key_file {
+                let keys = read_gate_key(&path)?;
+                pstack_cli::outln!("file      {}  ({})", keys.fingerprint(), path.display())?;
+            }
+        }
+        Command::GateKey {
+            command: GateKeyCommand::Adopt { gate_key_file },
+        } => {
+            let keys = read_gate_key(&gate_key_file)?;
+            let before = store
+                .replace_gate_key_fingerprint(keys.fingerprint(), pstack_store::now_ns())
+                .await?;
+            match before {
+                Some(old) if old != keys.fingerprint() => eprintln!(
+                    "adopted gate key {} in place of {old}; start every replica with {}",
+                    keys.fingerprint(),
+                    gate_key_file.display()
+                ),
+                _ => eprintln!("recorded gate key {}", keys.fingerprint()),
+            }
+        }
         Command::Retention { max_age, max_bytes } => {
             if max_age.is_none() && max_bytes.is_none() {
                 bail!("give --max-age and/or --max-bytes");
@@ -477,11 +773,12 @@ async fn run(cli: Cli) -> Result<()> {
             max_body_bytes,
             max_decoded_bytes,
             max_items,
+            max_spans,
             retention_max_age,
             retention_max_bytes,
             retention_interval,
             gate_key_file,
-            envelope_freshness,
+            freshness,
             alert_webhook_allow_private,
             max_connections,
             header_timeout,
@@ -489,11 +786,16 @@ async fn run(cli: Cli) -> Result<()> {
             per_key_concurrency,
             inflight_budget,
             transfer_join_window: _,
+            max_future_skew,
+            public_url,
+            mcp_allowed_host,
+            trusted_proxies,
         } => {
             let limits = IngestLimits {
                 max_body_bytes,
                 max_decoded_bytes,
                 max_items,
+                max_spans: max_spans as usize,
                 ..IngestLimits::default()
             };
             let conn = pstack_store::conn::ConnLimits {
@@ -504,26 +806,46 @@ async fn run(cli: Cli) -> Result<()> {
                 inflight_budget_bytes: inflight_budget,
             };
             let mut state = AppState::with_conn_limits(store.clone(), limits, conn);
-            match &gate_key_file {
+            state.login = pstack_store::login::LoginControls::new(
+                pstack_store::login::LoginLimits::default(),
+                trusted_proxies,
+            );
+            use pstack_store::gate::shared_key::{self, KeyAgreement, KeySource};
+            let key_source = match &gate_key_file {
                 Some(path) => {
-                    let text = std::fs::read_to_string(path)
-                        .with_context(|| format!("reading the gate key {}", path.display()))?;
-                    state.gate.keys = std::sync::Arc::new(
-                        pstack_store::gate::keys::GateKeys::from_hex(&text)
-                            .with_context(|| format!("gate key {}", path.display()))?,
-                    );
+                    state.gate.keys = std::sync::Arc::new(read_gate_key(path)?);
+                    KeySource::File
                 }
-                None => tracing::warn!(
-                    "no --gate-key-file: remediation grants and stored webhook callbacks use a key of this run only"
+                None => {
+                    tracing::warn!(
+                        "no --gate-key-file: remediation grants and stored webhook callbacks use a key of this run only (and no other replica can share it)"
+                    );
+                    KeySource::Ephemeral
+                }
+            };
+            // Every replica on this database must hold the one gate key:
+            // refuse to start before serving anything if this one differs.
+            let fingerprint = state.gate.keys.fingerprint().to_string();
+            match shared_key::check(&store, &state.gate.keys, key_source, pstack_store::now_ns())
+                .await?
+            {
+                KeyAgreement::Recorded => tracing::info!(
+                    fingerprint,
+                    "recorded the gate key's fingerprint: every replica on this database must start with this key"
                 ),
+                KeyAgreement::Matches => {
+                    tracing::info!(fingerprint, "gate key matches the database's")
+                }
+                KeyAgreement::Unrecorded => {}
             }
-            state.gate.envelope_freshness_ns =
-                i64::try_from(envelope_freshness.as_nanos()).unwrap_or(i64::MAX);
+            state.mcp_allowed_hosts =
+                pstack_store::mcp::allowed_hosts(public_url.as_deref(), &mcp_allowed_host)?;
             state.gate.allow_private_webhooks = alert_webhook_allow_private;
             state.mcp_writes = pstack_store::mcp::writes_enabled_from_env();
-            if let Ok(spec) = std::env::var("PSTACK_STORE_FRESHNESS") {
-                state.freshness =
-                    pstack_store::runs::freshness::Freshness::default().with_overrides(&spec)?;
+            state.max_future_skew_ns =
+                i64::try_from(max_future_skew.as_nanos()).unwrap_or(i64::MAX);
+            if let Some(freshness) = freshness {
+                state.freshness = freshness;
             }
             if alert_webhook_allow_private {
                 tracing::warn!(
@@ -550,7 +872,7 @@ async fn run(cli: Cli) -> Result<()> {
                             _ = tick.tick() => {
                                 match store.apply_retention(&policy, pstack_store::now_ns()).await {
                                     Ok(r) => metrics.add_retention_deleted(r.deleted),
-                                    Err(e) => tracing::error!(error = %e, "retention pass failed"),
+                                    Err(e) => tracing::error!(error = %pstack_store::logsafe::text(&e), "retention pass failed"),
                                 }
                             }
                             _ = stop.changed() => break,
@@ -571,7 +893,7 @@ async fn run(cli: Cli) -> Result<()> {
                         tokio::select! {
                             _ = tick.tick() => {
                                 if let Err(e) = pstack_store::gate_tick::tick(&state).await {
-                                    tracing::error!(error = %e, "gate tick failed");
+                                    tracing::error!(error = %pstack_store::logsafe::text(&e), "gate tick failed");
                                 }
                             }
                             _ = stop.changed() => break,

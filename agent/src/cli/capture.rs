@@ -334,9 +334,9 @@ fn emit(
     Ok(0)
 }
 
-/// `sha256-<hex>.json`.
+/// `sha256-<hex>.json` ([`pstack_capture::envelope_file::file_name`]).
 pub fn default_name(envelope: &Envelope) -> PathBuf {
-    PathBuf::from(format!("{}.json", envelope.digest.replace(':', "-")))
+    PathBuf::from(pstack_capture::envelope_file::file_name(envelope))
 }
 
 /// How the summary is drawn: colour, the terminal's width, and whether the

@@ -50,7 +50,7 @@ pub struct Args {
     /// Print envelopes as JSON, one per line (streams first, the transfer last).
     #[arg(long)]
     pub json: bool,
-    /// Also write each envelope to DIR/<digest>.json.
+    /// Also write each envelope to DIR/sha256-<hex>.json.
     #[arg(long)]
     pub out_dir: Option<std::path::PathBuf>,
 }

@@ -116,7 +116,7 @@ pub struct Args {
     /// Print envelopes as JSON, one per line, instead of a summary.
     #[arg(long)]
     pub json: bool,
-    /// Also write each envelope to DIR/<digest>.json.
+    /// Also write each envelope to DIR/sha256-<hex>.json.
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
 }

@@ -497,7 +497,14 @@ impl StoreProc {
         let out = Command::new(&bin)
             .arg("--db")
             .arg(&db)
-            .args(["keys", "create", "--name", "pstackd-test-node"])
+            .args([
+                "keys",
+                "create",
+                "--name",
+                "pstackd-test-node",
+                "--scope",
+                "ingest,read",
+            ])
             .output()
             .unwrap();
         assert!(

@@ -35,7 +35,14 @@ fn store_key(store_bin: &Path, db: &Path) -> String {
     let out = Command::new(store_bin)
         .arg("--db")
         .arg(db)
-        .args(["keys", "create", "--name", "hostile-spool"])
+        .args([
+            "keys",
+            "create",
+            "--name",
+            "hostile-spool",
+            "--scope",
+            "ingest,read",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");

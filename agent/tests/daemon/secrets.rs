@@ -88,7 +88,14 @@ fn a_token_in_a_rewritten_title_reaches_no_output_file_store_or_api() {
     let out = Command::new(&store_bin)
         .arg("--db")
         .arg(&db)
-        .args(["keys", "create", "--name", "secrets-test"])
+        .args([
+            "keys",
+            "create",
+            "--name",
+            "secrets-test",
+            "--scope",
+            "ingest,read",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");

@@ -56,7 +56,14 @@ fn end_to_end_with_the_real_store_down_then_up_across_a_pstackd_restart() {
     let out = Command::new(&store_bin)
         .arg("--db")
         .arg(&db)
-        .args(["keys", "create", "--name", "pstackd-test-node"])
+        .args([
+            "keys",
+            "create",
+            "--name",
+            "pstackd-test-node",
+            "--scope",
+            "ingest,read",
+        ])
         .output()
         .unwrap();
     assert!(

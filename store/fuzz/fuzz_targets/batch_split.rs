@@ -21,6 +21,7 @@ fuzz_target!(|data: &[u8]| {
         max_decoded_bytes: 1 << 20,
         max_items: 64,
         max_envelope_bytes: 64 << 10,
+        ..IngestLimits::default()
     };
     let ndjson = mode & 1 == 1;
     let encoding = match (mode >> 1) % 4 {

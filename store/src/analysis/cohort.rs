@@ -22,6 +22,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::otlp_cost::{ALLOC_OVERHEAD, NODE_PEAK};
 use super::sketch::MinuteCells;
 
 /// Distinct config digests kept per (environment, service, minute).
@@ -118,7 +119,9 @@ pub struct CohortRows {
 }
 
 impl CohortRows {
-    /// Count one request in `(dimension, name, value)`.
+    /// Count one request in `(dimension, name, value)`; returns an estimate
+    /// of the bytes this added (new row, key strings, second cell, bucket),
+    /// which the OTLP decoder charges to its memory budget.
     #[allow(
         clippy::too_many_arguments,
         reason = "one request's coordinates, all needed"
@@ -134,7 +137,8 @@ impl CohortRows {
         second: u8,
         latency_key: u16,
         failed: bool,
-    ) {
+    ) -> usize {
+        let mut added = 0;
         let mut key = CohortKey {
             environment: environment.to_string(),
             service: service.to_string(),
@@ -159,16 +163,31 @@ impl CohortRows {
                     bucket_ns,
                 ))
                 .or_default();
+            if *seen == 0 {
+                added += NODE_PEAK * size_of::<((String, String, Dimension, i64), usize)>()
+                    + environment.len()
+                    + service.len()
+                    + 2 * ALLOC_OVERHEAD;
+            }
             if too_long || *seen >= cap {
                 key = key.overflow();
             } else {
                 *seen += 1;
             }
         }
-        self.rows
-            .entry(key)
-            .or_default()
-            .record(second, latency_key, failed);
+        if !self.rows.contains_key(&key) {
+            added += NODE_PEAK * size_of::<(CohortKey, MinuteCells)>()
+                + [&key.environment, &key.service, &key.name, &key.value]
+                    .iter()
+                    .map(|s| s.len() + ALLOC_OVERHEAD)
+                    .sum::<usize>();
+        }
+        added
+            + self
+                .rows
+                .entry(key)
+                .or_default()
+                .record(second, latency_key, failed)
     }
 
     /// Rows held.

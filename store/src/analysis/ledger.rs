@@ -49,6 +49,10 @@ pub struct ChangeRequest {
     pub commit_sha: Option<String>,
     /// Commit it replaces.
     pub previous_commit_sha: Option<String>,
+    /// The agent version running in the changed state (for an
+    /// `agent_prompt` change, the new one): the broken
+    /// `candidateAgentVersion` a counterfactual baseline must match.
+    pub candidate_agent_version: Option<String>,
     /// `obs.config.digest`.
     pub config_digest: Option<String>,
     /// One line for humans.
@@ -104,6 +108,8 @@ pub struct NewChange {
     pub commit_sha: Option<String>,
     /// Previous commit.
     pub previous_commit_sha: Option<String>,
+    /// Agent version in the changed state.
+    pub candidate_agent_version: Option<String>,
     /// Config digest.
     pub config_digest: Option<String>,
     /// Summary.
@@ -240,6 +246,7 @@ pub fn validate(req: ChangeRequest, now_ns: i64) -> Result<NewChange, FieldError
         previous_version: text("previousVersion", req.previous_version, false)?,
         commit_sha: text("commitSha", req.commit_sha, false)?,
         previous_commit_sha: text("previousCommitSha", req.previous_commit_sha, false)?,
+        candidate_agent_version: text("candidateAgentVersion", req.candidate_agent_version, false)?,
         config_digest: text("configDigest", req.config_digest, false)?,
         summary: text("summary", req.summary, false)?,
         touched_paths,
@@ -268,12 +275,16 @@ pub struct ChangeRecord {
     pub commit_sha: Option<String>,
     /// Previous commit.
     pub previous_commit_sha: Option<String>,
+    /// Agent version in the changed state.
+    pub candidate_agent_version: Option<String>,
     /// Config digest.
     pub config_digest: Option<String>,
     /// Summary.
     pub summary: Option<String>,
     /// Touched paths.
     pub touched_paths: Vec<String>,
+    /// The API key that recorded it (its provenance).
+    pub key_id: String,
     /// When (RFC 3339).
     pub at: String,
     /// When, ns.

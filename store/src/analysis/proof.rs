@@ -172,15 +172,19 @@ pub struct EvalRun {
     pub failure_fingerprint: Option<String>,
 }
 
-/// The broken state a baseline must reproduce.
+/// The broken state a baseline must reproduce: the finding's fingerprint
+/// and its contributing change's version, commit and agent version.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BrokenState {
     /// The finding's recurrence fingerprint.
     pub fingerprint: String,
-    /// The contributing change's version / commit, when a change is named.
+    /// The contributing change's `version` (None: no change named, or the
+    /// change records none).
     pub service_version: Option<String>,
-    /// Commit.
+    /// The contributing change's `commitSha`.
     pub commit_sha: Option<String>,
+    /// The contributing change's `candidateAgentVersion`.
+    pub candidate_agent_version: Option<String>,
 }
 
 /// Why a pairing does not verify.
@@ -197,7 +201,8 @@ pub enum CounterfactualRefusal {
         got: Option<String>,
         want: String,
     },
-    /// The baseline ran against another version than the broken one.
+    /// The baseline ran against another version than the broken one, or
+    /// does not say which it ran against.
     #[error("baseline run {run} ran against {field} {got:?}, not the broken {want:?}")]
     NotBrokenState {
         run: String,
@@ -205,6 +210,12 @@ pub enum CounterfactualRefusal {
         got: Option<String>,
         want: String,
     },
+    /// The broken state itself is not pinned down: the finding names no
+    /// contributing change, or that change does not record this field.
+    #[error(
+        "the broken {field} is unknown: name a contributingChangeId whose change records {field}, so a baseline can be held to it"
+    )]
+    BrokenStateUnknown { field: &'static str },
     /// `requiredTrials` below 1.
     #[error("requiredTrials must be at least 1")]
     NoTrialsRequired,
@@ -255,6 +266,8 @@ pub fn check_counterfactual(
             want: broken.fingerprint.clone(),
         });
     }
+    // Each of the three is required on both sides and compared exactly: a
+    // baseline that does not say what it ran against proves nothing.
     for (field, want, got) in [
         (
             "serviceVersion",
@@ -262,14 +275,20 @@ pub fn check_counterfactual(
             &failing.service_version,
         ),
         ("commitSha", &broken.commit_sha, &failing.commit_sha),
+        (
+            "candidateAgentVersion",
+            &broken.candidate_agent_version,
+            &failing.candidate_agent_version,
+        ),
     ] {
-        if let (Some(want), Some(got)) = (want, got)
-            && want != got
-        {
+        let Some(want) = want else {
+            return Err(CounterfactualRefusal::BrokenStateUnknown { field });
+        };
+        if got.as_deref() != Some(want.as_str()) {
             return Err(CounterfactualRefusal::NotBrokenState {
                 run: failing.id.clone(),
                 field,
-                got: Some(got.clone()),
+                got: got.clone(),
                 want: want.clone(),
             });
         }
@@ -408,19 +427,85 @@ mod tests {
             input_payload_hash: payload.into(),
             passed,
             service_version: Some(if passed { "2.4.2" } else { "2.4.1" }.into()),
-            commit_sha: None,
-            candidate_agent_version: None,
+            commit_sha: Some(if passed { "9c4d" } else { "8f3a" }.into()),
+            candidate_agent_version: Some("agent-7".into()),
             failure_fingerprint: (!passed).then(|| "fp_x".into()),
+        }
+    }
+
+    fn broken() -> BrokenState {
+        BrokenState {
+            fingerprint: "fp_x".into(),
+            service_version: Some("2.4.1".into()),
+            commit_sha: Some("8f3a".into()),
+            candidate_agent_version: Some("agent-7".into()),
+        }
+    }
+
+    // Regression (issue 28): the baseline's serviceVersion, commitSha and
+    // candidateAgentVersion were compared only when both sides gave them
+    // (the agent version never), so any failing run with the finding's
+    // fingerprint was a baseline.
+    #[test]
+    fn the_baseline_must_name_each_broken_field_exactly() {
+        type Set = fn(&mut EvalRun, Option<String>);
+        type Pin = fn(&mut BrokenState, Option<String>);
+        let fields: [(&str, Set, Pin); 3] = [
+            (
+                "serviceVersion",
+                |r, v| r.service_version = v,
+                |b, v| b.service_version = v,
+            ),
+            (
+                "commitSha",
+                |r, v| r.commit_sha = v,
+                |b, v| b.commit_sha = v,
+            ),
+            (
+                "candidateAgentVersion",
+                |r, v| r.candidate_agent_version = v,
+                |b, v| b.candidate_agent_version = v,
+            ),
+        ];
+        let pass = [run("p", true, "h")];
+        assert_eq!(
+            check_counterfactual(&broken(), &run("f", false, "h"), &pass, 1),
+            Ok(())
+        );
+        for (field, set, pin) in fields {
+            for got in [None, Some("other".to_string())] {
+                let mut baseline = run("f", false, "h");
+                set(&mut baseline, got.clone());
+                assert_eq!(
+                    check_counterfactual(&broken(), &baseline, &pass, 1),
+                    Err(CounterfactualRefusal::NotBrokenState {
+                        run: "f".into(),
+                        field,
+                        got,
+                        want: match field {
+                            "serviceVersion" => "2.4.1",
+                            "commitSha" => "8f3a",
+                            _ => "agent-7",
+                        }
+                        .into(),
+                    }),
+                    "{field}"
+                );
+            }
+            // The broken side unknown: nothing to hold the baseline to.
+            let mut b = broken();
+            pin(&mut b, None);
+            assert_eq!(
+                check_counterfactual(&b, &run("f", false, "h"), &pass, 1),
+                Err(CounterfactualRefusal::BrokenStateUnknown { field }),
+                "{field}"
+            );
         }
     }
 
     #[test]
     fn counterfactual_table() {
-        let broken = BrokenState {
-            fingerprint: "fp_x".into(),
-            service_version: Some("2.4.1".into()),
-            commit_sha: None,
-        };
+        let broken = broken();
         let ok = check_counterfactual(&broken, &run("f", false, "h"), &[run("p", true, "h")], 1);
         assert_eq!(ok, Ok(()));
         // A passing "baseline": nothing was reproduced.

@@ -24,6 +24,8 @@ use std::sync::LazyLock;
 
 use sketches_ddsketch::{Config, DDSketch};
 
+use super::otlp_cost::NODE_PEAK;
+
 /// α: every reported quantile is within this relative error of the true one.
 pub const RELATIVE_ACCURACY: f64 = 0.004;
 /// Latencies at or above this (2^32 µs ≈ 71.6 min) share the top bucket.
@@ -349,14 +351,22 @@ impl SecondRange {
 }
 
 impl MinuteCells {
-    /// Record one request.
-    pub fn record(&mut self, second: u8, key: u16, failed: bool) {
-        let cell = self
-            .seconds
-            .entry(second.min(SECONDS_PER_ROW - 1))
-            .or_default();
-        *cell.buckets.entry(key.min(MAPPING.max_key)).or_default() += 1;
+    /// Record one request; returns an estimate of the bytes it added (a
+    /// new second cell, a new bucket), for the decoder's memory budget.
+    pub fn record(&mut self, second: u8, key: u16, failed: bool) -> usize {
+        let second = second.min(SECONDS_PER_ROW - 1);
+        let key = key.min(MAPPING.max_key);
+        let mut added = 0;
+        if !self.seconds.contains_key(&second) {
+            added += NODE_PEAK * size_of::<(u8, SecondCell)>();
+        }
+        let cell = self.seconds.entry(second).or_default();
+        if !cell.buckets.contains_key(&key) {
+            added += NODE_PEAK * size_of::<(u16, u64)>();
+        }
+        *cell.buckets.entry(key).or_default() += 1;
         cell.errors += u64::from(failed);
+        added
     }
 
     /// Add `n` requests (`errors` of them failed) at once.

@@ -51,6 +51,10 @@ type NodeRow = (String, i64, String, String, Option<String>, Vec<u8>);
 /// (digest, wall_ns, identity, key name, body).
 type ClaimRow = (String, i64, String, Option<String>, Vec<u8>);
 
+/// (environment, service, minute bucket, version) of a `span_writers` row;
+/// its value is (requests, errors, calls).
+type WriterKey<'a> = (&'a str, &'a str, i64, &'a str);
+
 /// Which versions a cohort holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VersionFilter<'a> {
@@ -455,8 +459,9 @@ impl Store {
             let mut tx = begin_write!(pool, pg);
             sqlx::query(
                 "INSERT INTO changes (id, environment, kind, service, version, previous_version, commit_sha,
-                    previous_commit_sha, config_digest, summary, touched_paths, at_ns, key_id, created_ns, flags)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+                    previous_commit_sha, config_digest, summary, touched_paths, at_ns, key_id, created_ns,
+                    candidate_agent_version, flags)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
             )
             .bind(&id)
             .bind(&c.environment)
@@ -472,6 +477,7 @@ impl Store {
             .bind(c.at_ns)
             .bind(key_id)
             .bind(now_ns)
+            .bind(c.candidate_agent_version.as_deref())
             .bind(serde_json::to_string(&c.flags).unwrap_or_else(|_| "{}".into()))
             .execute(&mut *tx)
             .await?;
@@ -547,7 +553,8 @@ impl Store {
         with_pool!(self, read, |pool, pg| {
             let Some(row) = sqlx::query(
                 "SELECT id, environment, kind, service, version, previous_version, commit_sha,
-                    previous_commit_sha, config_digest, summary, touched_paths, at_ns, flags
+                    previous_commit_sha, config_digest, summary, touched_paths, at_ns,
+                    candidate_agent_version, key_id, flags
                  FROM changes WHERE id = $1",
             )
             .bind(id)
@@ -572,9 +579,11 @@ impl Store {
                 previous_version: row.try_get("previous_version")?,
                 commit_sha: row.try_get("commit_sha")?,
                 previous_commit_sha: row.try_get("previous_commit_sha")?,
+                candidate_agent_version: row.try_get("candidate_agent_version")?,
                 config_digest: row.try_get("config_digest")?,
                 summary: row.try_get("summary")?,
                 touched_paths: json_column(&row, "touched_paths")?,
+                key_id: row.try_get("key_id")?,
                 at: rfc3339(at_ns),
                 at_ns,
                 nodes: nodes
@@ -591,11 +600,12 @@ impl Store {
 
     // ---- OTLP aggregates ----
 
-    /// Add one body's aggregates, atomically.
-    pub async fn ingest_traces(&self, batch: &Batch) -> Result<(), StoreError> {
+    /// Add one body's aggregates, atomically, with `key_id` recorded as a
+    /// writer of every (environment, service, version, minute) it touches.
+    pub async fn ingest_traces(&self, batch: &Batch, key_id: &str) -> Result<(), StoreError> {
         let mut attempt = 0;
         loop {
-            match self.ingest_traces_once(batch).await {
+            match self.ingest_traces_once(batch, key_id).await {
                 Err(e) if e.is_transient() && attempt < 5 => {
                     attempt += 1;
                     tokio::time::sleep(std::time::Duration::from_millis(5 << attempt)).await;
@@ -605,7 +615,7 @@ impl Store {
         }
     }
 
-    async fn ingest_traces_once(&self, batch: &Batch) -> Result<(), StoreError> {
+    async fn ingest_traces_once(&self, batch: &Batch, key_id: &str) -> Result<(), StoreError> {
         const ROWS: usize = 200;
         let mut cohorts: BTreeMap<CohortKey, PendingRow> = batch
             .cohorts
@@ -621,6 +631,30 @@ impl Store {
                 )
             })
             .collect();
+        // This body's provenance rows, in key order like the rest: requests
+        // from the version cohorts (each request is in exactly one), calls
+        // from the call counters.
+        let mut writes: BTreeMap<WriterKey<'_>, (i64, i64, i64)> = BTreeMap::new();
+        for (k, cells) in batch
+            .cohorts
+            .rows
+            .iter()
+            .filter(|(k, _)| k.dimension == Dimension::Version)
+        {
+            let (requests, errors) = cells.totals();
+            let w = writes
+                .entry((&k.environment, &k.service, k.bucket_ns, &k.value))
+                .or_default();
+            w.0 += i64::try_from(requests).unwrap_or(i64::MAX);
+            w.1 += i64::try_from(errors).unwrap_or(i64::MAX);
+        }
+        for (k, v) in &batch.calls {
+            let w = writes
+                .entry((&k.environment, &k.service, k.bucket_ns, &k.version))
+                .or_default();
+            w.2 += v.calls;
+        }
+        let writes: Vec<_> = writes.into_iter().collect();
         let calls: BTreeMap<&CallKey, &CallAgg> = batch.calls.iter().collect();
         let calls: Vec<_> = calls.into_iter().collect();
         let mut failed: Vec<&FailedRequest> = batch.failed.iter().collect();
@@ -629,6 +663,34 @@ impl Store {
         with_pool!(self, write, |pool, pg| {
             let mut tx = begin_write!(pool, pg);
             upsert_cohorts!(tx, pg, &mut cohorts);
+            for chunk in writes.chunks(ROWS) {
+                let mut sql = format!(
+                    "INSERT INTO span_writers (environment, service, bucket_ns, version, key_id, requests, errors, calls) VALUES {}",
+                    values_rows(pg, chunk.len(), 8)
+                );
+                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 8);
+                for ((env, service, bucket, version), (requests, errors, calls)) in chunk.iter() {
+                    binds.extend([
+                        Bind::Text(env),
+                        Bind::Text(service),
+                        Bind::I64(*bucket),
+                        Bind::Text(version),
+                        Bind::Text(key_id),
+                        Bind::I64(*requests),
+                        Bind::I64(*errors),
+                        Bind::I64(*calls),
+                    ]);
+                }
+                sql.push_str(
+                    " ON CONFLICT (environment, service, bucket_ns, version, key_id) DO UPDATE
+                      SET requests = span_writers.requests + excluded.requests,
+                          errors = span_writers.errors + excluded.errors,
+                          calls = span_writers.calls + excluded.calls",
+                );
+                bind_all!(sqlx::query(&sql), &binds)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             for chunk in calls.chunks(ROWS) {
                 let mut sql = format!(
                     "INSERT INTO call_stats (environment, service, version, bucket_ns, resource, calls, errors, duration_us, exemplar) VALUES {}",
@@ -670,10 +732,10 @@ impl Store {
             for (ci, chunk) in failed.chunks(ROWS).enumerate() {
                 let mut sql = format!(
                     "INSERT INTO failed_requests (span_id, trace_id, environment, service, version, operation,
-                        error_signature, downstream, code_paths, config_digest, feature_flags, start_ns) VALUES {}",
-                    values_rows(pg, chunk.len(), 12)
+                        error_signature, downstream, code_paths, config_digest, feature_flags, start_ns, key_id) VALUES {}",
+                    values_rows(pg, chunk.len(), 13)
                 );
-                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 12);
+                let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 13);
                 for (r, f) in chunk.iter().enumerate() {
                     let (paths, flags) = &texts[ci * ROWS + r];
                     binds.extend([
@@ -689,6 +751,7 @@ impl Store {
                         Bind::OptText(f.config_digest.as_deref()),
                         Bind::Text(flags),
                         Bind::I64(f.start_ns),
+                        Bind::Text(key_id),
                     ]);
                 }
                 sql.push_str(" ON CONFLICT (span_id) DO NOTHING");
@@ -698,6 +761,62 @@ impl Store {
             }
             tx.commit().await?;
             Ok(())
+        })
+    }
+
+    /// Who wrote the spans of `service` (every version) in `[start, end)`:
+    /// key id → spans (requests + client calls) it shipped there.
+    pub async fn span_writers(
+        &self,
+        environment: &str,
+        service: &str,
+        start_ns: i64,
+        end_ns: i64,
+    ) -> Result<BTreeMap<String, i64>, StoreError> {
+        let rows: Vec<(String, i64)> = with_pool!(self, read, |pool, pg| {
+            sqlx::query_as(
+                "SELECT key_id, CAST(SUM(requests + calls) AS BIGINT) FROM span_writers
+                 WHERE environment = $1 AND service = $2 AND bucket_ns >= $3 AND bucket_ns < $4
+                 GROUP BY key_id",
+            )
+            .bind(environment)
+            .bind(service)
+            .bind(start_ns)
+            .bind(end_ns)
+            .fetch_all(pool)
+            .await?
+        });
+        Ok(rows.into_iter().collect())
+    }
+
+    /// Who shipped the envelopes captured in `[start, end)`: key id →
+    /// envelopes.
+    pub async fn envelope_writers(
+        &self,
+        start_ns: i64,
+        end_ns: i64,
+    ) -> Result<BTreeMap<String, i64>, StoreError> {
+        let rows: Vec<(String, i64)> = with_pool!(self, read, |pool, pg| {
+            sqlx::query_as(
+                "SELECT key_id, COUNT(*) FROM envelopes WHERE wall_ns >= $1 AND wall_ns < $2 GROUP BY key_id",
+            )
+            .bind(start_ns)
+            .bind(end_ns)
+            .fetch_all(pool)
+            .await?
+        });
+        Ok(rows.into_iter().collect())
+    }
+
+    /// The key that recorded eval run `id`.
+    pub async fn eval_run_writer(&self, id: &str) -> Result<Option<String>, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            Ok(
+                sqlx::query_scalar("SELECT key_id FROM eval_runs WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await?,
+            )
         })
     }
 

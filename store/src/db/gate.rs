@@ -793,6 +793,19 @@ impl Store {
         self.proposal_where("id", id).await
     }
 
+    /// The key that proposed `id` (its provenance; the claim refuses it
+    /// for an autonomous grant, `crate::gate::provenance`).
+    pub async fn proposal_writer(&self, id: &str) -> Result<Option<String>, StoreError> {
+        with_pool!(self, read, |pool, pg| {
+            Ok(
+                sqlx::query_scalar("SELECT key_id FROM remediation_proposals WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await?,
+            )
+        })
+    }
+
     /// A proposal by idempotency key.
     pub async fn proposal_by_key(&self, key: &str) -> Result<Option<ProposalRow>, StoreError> {
         self.proposal_where("idempotency_key", key).await
@@ -865,8 +878,24 @@ impl Store {
             return Ok(ProposeOutcome::Replay(existing));
         }
         let counts = Status::parse(&p.status).is_some_and(Status::counts_for_breaker);
-        let result = with_pool!(self, write, |pool, pg| {
+        // `None`: another request with this idempotency key committed first
+        // (seen inside the transaction, or lost to on the unique index); the
+        // winner is read after this transaction ends.
+        let inserted: Option<ProposeOutcome> = with_pool!(self, write, |pool, pg| {
             let mut tx = begin_write!(pool, pg);
+            // A replay is a replay whatever the lease or the breaker say
+            // now: it returns what the first request got. SQLite's writer
+            // is serialized (BEGIN IMMEDIATE), so this sees any winner.
+            let replayed: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM remediation_proposals WHERE idempotency_key = $1)",
+            )
+            .bind(&p.idempotency_key)
+            .fetch_one(&mut *tx)
+            .await?;
+            if replayed {
+                tx.rollback().await?;
+                return self.replay_of(&p.idempotency_key).await;
+            }
             // FOR SHARE: a lease change (an UPDATE of this row) waits for this
             // proposal, while proposals of one incident do not wait for each other.
             let lock = if pg { " FOR SHARE" } else { "" };
@@ -888,6 +917,20 @@ impl Store {
                     .bind(format!("{}\u{1f}{}", p.fingerprint, p.action))
                     .execute(&mut *tx)
                     .await?;
+                // A same-key request for the same (fingerprint, action) that
+                // held the lock before us has committed by now: replay it
+                // rather than count it against the breaker (a 429 for a
+                // replay) or lose to it on the unique index.
+                let replayed: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM remediation_proposals WHERE idempotency_key = $1)",
+                )
+                .bind(&p.idempotency_key)
+                .fetch_one(&mut *tx)
+                .await?;
+                if replayed {
+                    tx.rollback().await?;
+                    return self.replay_of(&p.idempotency_key).await;
+                }
             }
             sqlx::query(
                 "UPDATE remediation_proposals SET status = 'expired', updated_ns = $1
@@ -913,10 +956,15 @@ impl Store {
                     return Ok(ProposeOutcome::BreakerOpen { live });
                 }
             }
-            sqlx::query(&format!(
+            // ON CONFLICT: a same-key request that is not serialized with
+            // this one (another fingerprint or action, another replica's
+            // transaction in flight) may win the index; PostgreSQL waits for
+            // it to commit, and this insert then does nothing.
+            let stored = sqlx::query(&format!(
                 "INSERT INTO remediation_proposals ({PROPOSAL_COLUMNS}, key_id)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
-                         $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)"
+                         $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)
+                 ON CONFLICT (idempotency_key) DO NOTHING"
             ))
             .bind(&p.id)
             .bind(&p.incident_id)
@@ -950,18 +998,28 @@ impl Store {
             .bind(p.updated_ns)
             .bind(key_id)
             .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            Ok::<ProposeOutcome, StoreError>(ProposeOutcome::Inserted(p.clone()))
-        });
-        match result {
-            Err(e) if e.is_unique_violation() => {
-                match self.proposal_by_key(&p.idempotency_key).await? {
-                    Some(existing) => Ok(ProposeOutcome::Replay(existing)),
-                    None => Err(e),
-                }
+            .await?
+            .rows_affected();
+            if stored == 0 {
+                tx.rollback().await?;
+                None
+            } else {
+                tx.commit().await?;
+                Some(ProposeOutcome::Inserted(p.clone()))
             }
-            other => other,
+        });
+        match inserted {
+            Some(outcome) => Ok(outcome),
+            None => self.replay_of(&p.idempotency_key).await,
+        }
+    }
+
+    /// The replay of the committed proposal with this idempotency key.
+    async fn replay_of(&self, idempotency_key: &str) -> Result<ProposeOutcome, StoreError> {
+        match self.proposal_by_key(idempotency_key).await? {
+            Some(existing) => Ok(ProposeOutcome::Replay(existing)),
+            // Only a hand-deleted row gets here: the key was taken, then gone.
+            None => Err(StoreError::ProposalVanished(idempotency_key.to_string())),
         }
     }
 

@@ -11,9 +11,16 @@
 //!   rather than delivering a grant somewhere else.
 //! - The two keys are derived from one configured master key with distinct
 //!   labels, so the hash key never doubles as the sealing key.
+//! - The key's fingerprint (what replicas compare through the database,
+//!   `super::shared_key`) is a third derivation with its own label: it
+//!   identifies the key without revealing it or either derived key.
 
 use ring::aead::{self, Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
 use ring::hmac;
+
+/// Bytes of the fingerprint shown (128 bits: a collision between two
+/// operators' keys is not a concern).
+const FINGERPRINT_BYTES: usize = 16;
 
 /// Grant-token prefix.
 pub const TOKEN_PREFIX: &str = "rgt_";
@@ -36,11 +43,12 @@ pub enum KeyMaterialError {
 pub struct GateKeys {
     hash: hmac::Key,
     seal: LessSafeKey,
+    fingerprint: String,
 }
 
 impl std::fmt::Debug for GateKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("GateKeys(..)")
+        write!(f, "GateKeys(fingerprint {})", self.fingerprint)
     }
 }
 
@@ -56,12 +64,20 @@ impl GateKeys {
         let m = hmac::Key::new(hmac::HMAC_SHA256, master);
         let hash = hmac::sign(&m, b"pstack-store gate: grant token hash");
         let seal = hmac::sign(&m, b"pstack-store gate: webhook callback seal");
+        let fingerprint = hmac::sign(&m, b"pstack-store gate: key fingerprint");
         let unbound = UnboundKey::new(&CHACHA20_POLY1305, seal.as_ref())
             .unwrap_or_else(|_| unreachable!("a 32-byte key fits ChaCha20-Poly1305"));
         GateKeys {
             hash: hmac::Key::new(hmac::HMAC_SHA256, hash.as_ref()),
             seal: LessSafeKey::new(unbound),
+            fingerprint: hex::encode(&fingerprint.as_ref()[..FINGERPRINT_BYTES]),
         }
+    }
+
+    /// The key's fingerprint: 32 hex digits naming this master key (equal
+    /// keys, equal fingerprints), from which the key cannot be recovered.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
     }
 
     /// Keys from a master key written as 64 hex digits.
@@ -151,5 +167,16 @@ mod tests {
         assert!(k.open(std::str::from_utf8(&bad).unwrap()).is_err());
         let other = GateKeys::ephemeral().unwrap();
         assert!(other.open(&s).is_err());
+        // Fingerprints: equal for one master key, distinct otherwise, and
+        // not any of the derived keys' material.
+        let master = [7u8; 32];
+        let (a, b) = (
+            GateKeys::from_master(&master),
+            GateKeys::from_master(&master),
+        );
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        assert_eq!(a.fingerprint().len(), 32);
+        assert_ne!(a.fingerprint(), other.fingerprint());
+        assert!(!format!("{a:?}").contains(&hex::encode(master)));
     }
 }

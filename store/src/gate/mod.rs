@@ -4,16 +4,20 @@
 //! to do it.
 //!
 //! Pure rule modules — [`policy`] (matrix, lowering, statuses, windows),
+//! [`provenance`] (no tier resting on the acting key's own evidence),
 //! [`keys`] (grant tokens, sealed callbacks), [`ssrf`] (which addresses a
 //! webhook may reach), [`watchdog`] (checkpoint verdicts), [`alertmanager`]
 //! (webhook payload v4) — plus [`webhook`], the one place that sends a
-//! grant over the network. Storage is `crate::db::gate`; routes are
-//! `crate::http_gate`. The design choices where the seed is silent are in
-//! `store/docs/gate.md`.
+//! grant over the network, and [`shared_key`], the start-up check that
+//! every replica holds the one gate key. Storage is `crate::db::gate`;
+//! routes are `crate::http_gate`. The design choices where the seed is
+//! silent are in `store/docs/gate.md`.
 
 pub mod alertmanager;
 pub mod keys;
 pub mod policy;
+pub mod provenance;
+pub mod shared_key;
 pub mod ssrf;
 pub mod watchdog;
 pub mod webhook;
@@ -25,8 +29,6 @@ use std::sync::Arc;
 pub struct GateConfig {
     /// Grant-hash and callback-sealing keys.
     pub keys: Arc<keys::GateKeys>,
-    /// How old a pre-mutation envelope may be and still authorize.
-    pub envelope_freshness_ns: i64,
     /// `ALERT_WEBHOOK_ALLOW_PRIVATE=true`: webhooks may reach private,
     /// loopback and other internal addresses.
     pub allow_private_webhooks: bool,
@@ -37,7 +39,6 @@ impl GateConfig {
     pub fn with_keys(keys: keys::GateKeys) -> GateConfig {
         GateConfig {
             keys: Arc::new(keys),
-            envelope_freshness_ns: policy::DEFAULT_ENVELOPE_FRESHNESS_NS,
             allow_private_webhooks: false,
         }
     }

@@ -18,8 +18,6 @@ pub const BREAKER_WINDOW_NS: i64 = 60 * 60 * 1_000_000_000;
 /// Live proposals of one action kind per finding fingerprint allowed in the
 /// window; the next one is blocked.
 pub const BREAKER_LIMIT: i64 = 3;
-/// Default freshness of a pre-mutation envelope.
-pub const DEFAULT_ENVELOPE_FRESHNESS_NS: i64 = 10 * 60 * 1_000_000_000;
 
 /// The five remediation actions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

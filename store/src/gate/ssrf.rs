@@ -10,9 +10,12 @@
 //! - Refused unless private delivery is allowed: loopback, RFC 1918
 //!   private, link-local, unique-local (fc00::/7), CGNAT (100.64/10),
 //!   multicast, unspecified, broadcast, documentation/benchmark/reserved
-//!   ranges, and the IPv6 forms that embed an IPv4 address (IPv4-mapped
-//!   `::ffff:a.b.c.d`, IPv4-compatible `::a.b.c.d`, NAT64 `64:ff9b::/96`,
-//!   6to4 `2002::/16`), judged by the IPv4 address inside.
+//!   ranges, and every IPv6 form that embeds an IPv4 address — IPv4-mapped
+//!   `::ffff:0:0/96`, IPv4-translated `::ffff:0:0:0/96` (SIIT), IPv4-compatible
+//!   `::/96`, NAT64 `64:ff9b::/96` and its local-use `64:ff9b:1::/48`, 6to4
+//!   `2002::/16` and Teredo `2001::/32` — refused whole, whatever IPv4
+//!   address is inside: a translator or tunnel can carry the packet to an
+//!   internal IPv4 host, and no webhook receiver needs such an address.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -58,19 +61,32 @@ fn refusal_v6(ip: Ipv6Addr) -> Option<&'static str> {
     if ip.is_loopback() {
         return Some("loopback address");
     }
-    // Forms that carry an IPv4 address: judge the IPv4 address.
+    // Forms that carry an IPv4 address: refused whole (the mapped form
+    // names the IPv4 address's own reason when it has one).
     if let Some(v4) = ip.to_ipv4_mapped() {
-        return refusal_v4(v4).or(Some("IPv4-mapped IPv6 address"));
+        return refusal_v4(v4).or(Some("IPv4-mapped (::ffff:0:0/96) IPv6 address"));
+    }
+    if s[0..6] == [0, 0, 0, 0, 0xffff, 0] {
+        return Some("IPv4-translated (::ffff:0:0:0/96) address embedding an IPv4 address");
     }
     if s[0..6] == [0, 0, 0, 0, 0, 0] {
         // IPv4-compatible (deprecated): never a legitimate destination.
-        return Some("IPv4-compatible IPv6 address");
+        return Some("IPv4-compatible (::/96) IPv6 address");
+    }
+    if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0, 0, 0, 0] {
+        return Some("NAT64 (64:ff9b::/96) address embedding an IPv4 address");
+    }
+    if s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1 {
+        return Some("local-use NAT64 (64:ff9b:1::/48) address embedding an IPv4 address");
     }
     if s[0] == 0x64 && s[1] == 0xff9b {
-        return Some("NAT64 (64:ff9b::/96) address embedding an IPv4 address");
+        return Some("NAT64 prefix (64:ff9b::/32) address");
     }
     if s[0] == 0x2002 {
         return Some("6to4 (2002::/16) address embedding an IPv4 address");
+    }
+    if s[0] == 0x2001 && s[1] == 0 {
+        return Some("Teredo (2001::/32) address embedding an IPv4 address");
     }
     if (s[0] & 0xfe00) == 0xfc00 {
         return Some("unique-local (fc00::/7) address");
@@ -194,6 +210,55 @@ mod tests {
         assert!(check_all("mixed.example", &[public, private], false).is_err());
         assert!(check_all("mixed.example", &[public], false).is_ok());
         for good in ["93.184.215.14", "2606:4700::1111", "8.8.8.8"] {
+            let ip: IpAddr = good.parse().unwrap();
+            assert_eq!(refusal(ip), None, "{good}");
+        }
+    }
+
+    // Regression (issue 28): IPv4-translated `::ffff:0:a.b.c.d` and Teredo
+    // `2001::/32` passed the guard. Every IPv6 form embedding an IPv4
+    // address, each with a loopback, a private and a public IPv4 inside, is
+    // refused with the reason naming its form.
+    #[test]
+    fn every_ipv6_form_embedding_ipv4_is_refused_by_its_form() {
+        let table: &[(&str, &str)] = &[
+            // IPv4-mapped ::ffff:0:0/96
+            ("::ffff:127.0.0.1", "loopback"),
+            ("::ffff:10.0.0.1", "private"),
+            ("::ffff:93.184.215.14", "IPv4-mapped"),
+            // IPv4-translated (SIIT) ::ffff:0:0:0/96
+            ("::ffff:0:127.0.0.1", "IPv4-translated"),
+            ("::ffff:0:10.0.0.1", "IPv4-translated"),
+            ("::ffff:0:93.184.215.14", "IPv4-translated"),
+            // IPv4-compatible ::/96
+            ("::127.0.0.1", "IPv4-compatible"),
+            ("::10.0.0.1", "IPv4-compatible"),
+            ("::93.184.215.14", "IPv4-compatible"),
+            // NAT64 well-known 64:ff9b::/96 and local-use 64:ff9b:1::/48
+            ("64:ff9b::7f00:1", "NAT64 (64:ff9b::/96)"),
+            ("64:ff9b::10.0.0.1", "NAT64 (64:ff9b::/96)"),
+            ("64:ff9b::93.184.215.14", "NAT64 (64:ff9b::/96)"),
+            ("64:ff9b:1::7f00:1", "local-use NAT64"),
+            ("64:ff9b:1:ffff::a00:1", "local-use NAT64"),
+            ("64:ff9b:2::1", "NAT64 prefix"),
+            // 6to4 2002::/16 (2002:AABB:CCDD::)
+            ("2002:7f00:1::", "6to4"),
+            ("2002:a00:1::1", "6to4"),
+            ("2002:5db8:d70e::1", "6to4"),
+            // Teredo 2001:0::/32 (server IPv4, flags, port, client IPv4 XOR ff)
+            ("2001:0:7f00:1::", "Teredo"),
+            ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "Teredo"),
+            ("2001::80ff:fffe", "Teredo"),
+        ];
+        for (addr, why) in table {
+            let ip: IpAddr = addr.parse().unwrap();
+            match refusal(ip) {
+                Some(reason) => assert!(reason.contains(why), "{addr}: {reason:?}, wanted {why:?}"),
+                None => panic!("{addr} passed the guard"),
+            }
+        }
+        // Neighbours of the refused prefixes stay public.
+        for good in ["2001:200::1", "2001:4860::8888", "2003::1"] {
             let ip: IpAddr = good.parse().unwrap();
             assert_eq!(refusal(ip), None, "{good}");
         }

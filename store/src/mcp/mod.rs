@@ -9,6 +9,14 @@
 //! `OBS_MCP_ENABLE_WRITES=true`; only the minting tool may carry a grant
 //! token out (any other response that has one is withheld); tool errors
 //! carry the route's typed error, never the arguments.
+//!
+//! Over HTTP: `/mcp` accepts only the `Host` headers it is configured for
+//! (loopback names, plus `serve --public-url` / `--mcp-allowed-host`; rmcp
+//! answers any other 403, its DNS-rebinding guard), and a session belongs to
+//! the API key that opened it ([`SessionOwners`]): a request carrying its
+//! `Mcp-Session-Id` with any other key is refused `403
+//! mcp_session_key_mismatch` before it reaches the session, and a session
+//! id this server did not open with a key is `404 mcp_session_unknown`.
 
 pub mod tools;
 
@@ -186,23 +194,246 @@ impl rmcp::ServerHandler for PstackMcp {
     }
 }
 
-/// The streamable HTTP service mounted at `/mcp`.
-pub fn http_service(
-    state: AppState,
-) -> rmcp::transport::streamable_http_server::StreamableHttpService<
-    PstackMcp,
-    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
-> {
+/// `Host` header values `/mcp` always accepts (any port): a client on the
+/// store's own machine.
+pub const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+/// A `serve` flag naming an unusable MCP host.
+#[derive(Debug, thiserror::Error)]
+pub enum AllowedHostError {
+    /// `--public-url` is not an absolute http(s) URL with a host.
+    #[error(
+        "--public-url {0:?}: expected the absolute http:// or https:// URL clients reach the store at, e.g. https://store.example:7443"
+    )]
+    PublicUrl(String),
+    /// `--mcp-allowed-host` is not a bare authority.
+    #[error(
+        "--mcp-allowed-host {0:?}: expected a host name or address, optionally with :port (no scheme, path, user or wildcard), e.g. store.example or store.example:7443"
+    )]
+    Host(String),
+}
+
+/// The `Host` values `/mcp` accepts besides [`LOOPBACK_HOSTS`]: the host of
+/// `public_url` on any port (a proxy forwarding nginx's `$host` drops the
+/// port, and the name is what a DNS-rebinding page cannot forge), and each
+/// of `extra` (with a port, that port only).
+pub fn allowed_hosts(
+    public_url: Option<&str>,
+    extra: &[String],
+) -> Result<Vec<String>, AllowedHostError> {
+    let mut out = Vec::new();
+    if let Some(raw) = public_url {
+        let bad = || AllowedHostError::PublicUrl(raw.to_string());
+        let url = reqwest::Url::parse(raw).map_err(|_| bad())?;
+        let host = url.host_str().filter(|h| !h.is_empty()).ok_or_else(bad)?;
+        if !matches!(url.scheme(), "http" | "https") || !url.username().is_empty() {
+            return Err(bad());
+        }
+        out.push(host.to_ascii_lowercase());
+    }
+    for raw in extra {
+        let value = raw.trim();
+        let bad = || AllowedHostError::Host(raw.clone());
+        if value.is_empty() || value.contains(['/', '@', '*', '?', '#']) {
+            return Err(bad());
+        }
+        let authority = axum::http::uri::Authority::try_from(value).map_err(|_| bad())?;
+        if authority.host().is_empty() {
+            return Err(bad());
+        }
+        out.push(value.to_ascii_lowercase());
+    }
+    Ok(out)
+}
+
+/// The streamable HTTP service mounted at `/mcp`: rmcp's, with its `Host`
+/// allow-list from the state, behind the session-owner check.
+pub fn http_service(state: AppState) -> axum::Router {
     use rmcp::transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
     };
     let writes = state.mcp_writes;
+    let hosts: Vec<String> = LOOPBACK_HOSTS
+        .iter()
+        .map(|h| h.to_string())
+        .chain(state.mcp_allowed_hosts.iter().cloned())
+        .collect();
     let server = PstackMcp::new(state, None, writes);
-    StreamableHttpService::new(
+    let sessions = Arc::new(LocalSessionManager::default());
+    let service = StreamableHttpService::new(
         move || Ok(server.clone()),
-        LocalSessionManager::default().into(),
-        StreamableHttpServerConfig::default(),
+        sessions.clone(),
+        StreamableHttpServerConfig::default().with_allowed_hosts(hosts),
+    );
+    let owners = Arc::new(SessionOwners::new(sessions));
+    axum::Router::new()
+        .fallback_service(service)
+        .layer(axum::middleware::from_fn_with_state(owners, bind_session))
+}
+
+/// Which API key opened each live MCP session (by SHA-256 of the key, so
+/// no key is held in memory longer than its request).
+///
+/// Invariants: an owner is recorded from the response that hands out the
+/// session id, before the client can use it; a session id without an owner
+/// is refused, so no session is usable by a key that did not open it; the
+/// map drops sessions rmcp no longer has (closed, or idle past its
+/// keep-alive) whenever it doubles, so it stays bounded by the live ones.
+pub struct SessionOwners {
+    owners: std::sync::Mutex<OwnerMap>,
+    sessions: Arc<rmcp::transport::streamable_http_server::session::local::LocalSessionManager>,
+}
+
+#[derive(Default)]
+struct OwnerMap {
+    by_session: std::collections::HashMap<String, [u8; 32]>,
+    prune_at: usize,
+}
+
+impl std::fmt::Debug for SessionOwners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionOwners(..)")
+    }
+}
+
+/// Smallest map size at which stale owners are looked for.
+const OWNER_PRUNE_FLOOR: usize = 64;
+
+impl SessionOwners {
+    fn new(
+        sessions: Arc<rmcp::transport::streamable_http_server::session::local::LocalSessionManager>,
+    ) -> SessionOwners {
+        SessionOwners {
+            owners: std::sync::Mutex::new(OwnerMap {
+                prune_at: OWNER_PRUNE_FLOOR,
+                ..OwnerMap::default()
+            }),
+            sessions,
+        }
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, OwnerMap> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn record(&self, session: String, owner: [u8; 32]) {
+        let prune = {
+            let mut m = self.map();
+            m.by_session.insert(session, owner);
+            m.by_session.len() >= m.prune_at
+        };
+        if prune {
+            let live: std::collections::HashSet<String> = self
+                .sessions
+                .sessions
+                .read()
+                .await
+                .keys()
+                .map(|k| k.to_string())
+                .collect();
+            let mut m = self.map();
+            m.by_session.retain(|id, _| live.contains(id));
+            m.prune_at = (m.by_session.len() * 2).max(OWNER_PRUNE_FLOOR);
+        }
+    }
+}
+
+/// rmcp refuses a `Host` outside the allow-list with a plain-text 403;
+/// answer it in the store's error shape, saying which flag fixes it.
+async fn host_refusal_as_json(resp: axum::response::Response) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let plain = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_none_or(|v| v.as_bytes().starts_with(b"text/plain"));
+    if resp.status() != axum::http::StatusCode::FORBIDDEN || !plain {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 4096).await else {
+        return axum::response::Response::from_parts(parts, Body::empty());
+    };
+    if !bytes.windows(11).any(|w| w == b"Host header") {
+        return axum::response::Response::from_parts(parts, Body::from(bytes));
+    }
+    crate::http::ApiError::new(
+        axum::http::StatusCode::FORBIDDEN,
+        "mcp_host_not_allowed",
+        "/mcp does not serve this Host: start the store with --public-url https://<this host> or --mcp-allowed-host <this host> (loopback names are always served)",
     )
+    .into_response()
+}
+
+/// SHA-256 of the bearer key (`mcp_auth` in `crate::http` has already
+/// checked it is a valid key).
+fn credential(headers: &axum::http::HeaderMap) -> Option<[u8; 32]> {
+    let key = headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")?
+        .trim();
+    let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+    digest.as_ref().try_into().ok()
+}
+
+const SESSION_HEADER: &str = "mcp-session-id";
+
+async fn bind_session(
+    axum::extract::State(owners): axum::extract::State<Arc<SessionOwners>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let caller = credential(req.headers());
+    let session = req
+        .headers()
+        .get(SESSION_HEADER)
+        .map(|v| v.to_str().unwrap_or_default().to_string());
+    if let Some(id) = &session {
+        let owner = owners.map().by_session.get(id).copied();
+        match owner {
+            Some(o) if Some(o) == caller => {}
+            Some(_) => {
+                tracing::warn!(
+                    "refused an MCP request: its session was opened with another API key"
+                );
+                return crate::http::ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "mcp_session_key_mismatch",
+                    "this MCP session was opened with another API key; initialize a session with your own key",
+                )
+                .into_response();
+            }
+            None => {
+                return crate::http::ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "mcp_session_unknown",
+                    "no such MCP session (closed, expired, or opened on another store process); initialize a new one",
+                )
+                .into_response();
+            }
+        }
+    }
+    let closing = req.method() == axum::http::Method::DELETE;
+    let resp = host_refusal_as_json(next.run(req).await).await;
+    match (&session, caller) {
+        (None, Some(owner)) => {
+            if let Some(id) = resp
+                .headers()
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+            {
+                owners.record(id.to_string(), owner).await;
+            }
+        }
+        (Some(id), _) if closing && resp.status().is_success() => {
+            owners.map().by_session.remove(id);
+        }
+        _ => {}
+    }
+    resp
 }
 
 /// Serve MCP over stdio until the client closes it.

@@ -2,8 +2,10 @@
 //! the one account of a run that may leave the operator's environment.
 //!
 //! Invariants: every field is an enum from a closed vocabulary, a count, a
-//! bucket, an identifier of the graph or a day — there is no field a
-//! message could be written into; an unmapped reason code or a failed run
+//! bucket, an identifier of the graph, a hypothesis key (a hash) or an
+//! envelope digest, or a day — there is no field a message could be
+//! written into (a hypothesis's code, statement and falsifier stay in the
+//! store's ledger); an unmapped reason code or a failed run
 //! without a classifiable cause refuses to emit with a typed error rather
 //! than filing it under something adjacent; assembly is pure (`now` is
 //! passed in) and validation against the published schema happens at the
@@ -11,6 +13,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::acceptance;
+use super::hypotheses::HypothesisState;
 use super::supervisor::{Event, InternalOutcome, RunState, RunStatus};
 
 /// The published JSON Schema of the report.
@@ -28,6 +32,18 @@ pub enum Outcome {
     Aborted,
     /// Not ended.
     Partial,
+}
+
+impl Outcome {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::Failed => "failed",
+            Outcome::Aborted => "aborted",
+            Outcome::Partial => "partial",
+        }
+    }
 }
 
 /// §14's failure classes.
@@ -148,6 +164,45 @@ pub struct RunReportV1 {
     pub env_class: EnvClass,
     /// The day (`YYYY-MM-DD`).
     pub reported_at: String,
+    /// The hypotheses the run's envelopes moved in its subject's ledger.
+    pub hypotheses: Vec<ReportHypothesis>,
+    /// Seed 001's acceptance metrics for this run.
+    pub acceptance: ReportAcceptance,
+}
+
+/// One hypothesis the run moved: its key, where the run left it, and the
+/// run's envelopes that moved it, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportHypothesis {
+    /// `h:` + 16 hex digits.
+    pub hypothesis: String,
+    /// After the run's last move of it.
+    pub state: HypothesisState,
+    /// Digests of the envelopes that moved it.
+    pub moved_by: Vec<String>,
+}
+
+/// The AC1 metrics of one run: counts, and durations bucketed as the
+/// report's duration is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportAcceptance {
+    /// Start to first discriminating envelope, bucketed (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_discriminating_observation_bucket: Option<DurationBucket>,
+    /// Judgements its envelopes withdrew.
+    pub retractions: u32,
+    /// It reopened a settled question.
+    pub repeated_investigation: bool,
+    /// Unknowns without owner or probe in its envelopes.
+    pub unknowns_without_owner_or_probe: u32,
+    /// Expired or unknown handoffs it cited.
+    pub stale_handoffs: u32,
+    /// Steps it entered.
+    pub transitions: u32,
+    /// Steps entered per hour of agent time, rounded down.
+    pub transitions_per_agent_hour: u32,
+    /// Estimated tokens of free text in its steps.
+    pub narration_tokens: u64,
 }
 
 /// Why a report was not emitted.
@@ -186,6 +241,10 @@ pub fn failure_class_for(code: &str) -> Result<Option<FailureClass>, ReportError
         | "run/nothing-to-adjudicate"
         | "run/deviation-limit"
         | "run/out-of-order-step"
+        | "run/pre-mutation-missing"
+        | "run/pre-mutation-incomplete"
+        | "run/pre-mutation-stale"
+        | "run/pre-mutation-refused"
         | "run/unchecked-advance"
         | "run/terminal-not-reached"
         | "run/after-end"
@@ -265,6 +324,10 @@ pub struct ReportContext {
     pub elapsed_seconds: Option<f64>,
     /// The operator's class for a failure the run did not explain.
     pub failure_class: Option<FailureClass>,
+    /// Seconds from the run's start to its latest step (agent time).
+    pub agent_seconds: Option<f64>,
+    /// The ledger moves of the run's envelopes, grouped per hypothesis.
+    pub hypotheses: Vec<ReportHypothesis>,
 }
 
 /// A failed step (if known) and its class (if derivable).
@@ -311,6 +374,23 @@ pub fn build_run_report(state: &RunState, ctx: &ReportContext) -> Result<RunRepo
         ));
     }
     let (failed_step_id, failure_class) = failure.unwrap_or((None, None));
+    let agent_ns = ctx.agent_seconds.map_or(0, |s| (s * 1e9) as i64);
+    let summary = acceptance::summarize(state, 0, agent_ns);
+    let acceptance = ReportAcceptance {
+        first_discriminating_observation_bucket: summary
+            .first_discriminating_observation_seconds
+            .map(|s| duration_bucket(Some(s))),
+        retractions: summary.retractions,
+        repeated_investigation: summary.repeated_investigation,
+        unknowns_without_owner_or_probe: summary.unknowns_without_owner_or_probe,
+        stale_handoffs: summary.stale_handoffs,
+        transitions: summary.transitions,
+        transitions_per_agent_hour: summary
+            .transitions_per_agent_hour
+            .floor()
+            .min(f64::from(u32::MAX)) as u32,
+        narration_tokens: summary.narration_tokens,
+    };
     Ok(RunReportV1 {
         report_schema: "runbook-run-report/v1".into(),
         schema_version: "v1".into(),
@@ -327,6 +407,8 @@ pub fn build_run_report(state: &RunState, ctx: &ReportContext) -> Result<RunRepo
         duration_bucket: duration_bucket(ctx.elapsed_seconds),
         env_class: ctx.env_class,
         reported_at: ctx.reported_at.clone(),
+        hypotheses: ctx.hypotheses.clone(),
+        acceptance,
     })
 }
 

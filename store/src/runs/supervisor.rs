@@ -14,21 +14,28 @@
 //!   arguments) is kept: records and events carry classes, step ids,
 //!   sequence numbers, codes from a closed set and fixed messages.
 //! - pstack's rule for MUTATE: entering a step that requires a fresh
-//!   pre-mutation capture needs a sealed envelope of the run's subject,
-//!   recorded since the last mutation and unexpired at `now`; a capture of
-//!   another subject satisfies nothing; leaving for a step that requires a
-//!   post-mutation capture needs one of the same subject observed at or
-//!   after the mutation.
+//!   pre-mutation capture needs the latest capture of the run's subject
+//!   recorded since the last mutation to pass the store's one pre-mutation
+//!   rule ([`super::freshness`]: `complete` or `bounded`, observed no later
+//!   than `now`, unexpired at `now`); a refusal is an `out-of-order-step`
+//!   whose event code and [`Decided::refusal`] say why (the completeness, the
+//!   staleness, the absence). A capture of another subject satisfies
+//!   nothing; leaving for a step that requires a post-mutation capture needs
+//!   one of the same subject observed at or after the mutation.
 
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use pstack_envelope::Completeness;
+
+use super::acceptance::RunAcceptance;
 use super::deviation::{
     CapabilityClass, Deviation, DeviationClass, Escalation, Response, capability_class_of,
     count_by_class, count_by_step,
 };
+use super::freshness::{EnvelopeFacts, PreMutationRefusal, judge_pre_mutation_until};
 use super::graph::{Requirement, StepGraph, Terminal};
 
 /// Running or ended.
@@ -102,7 +109,8 @@ pub struct Event {
 }
 
 /// A sealed envelope recorded by a CAPTURE step. Only its identity: the
-/// digest, the subject key, and when its freshness lapses.
+/// digest, the subject key and kind, its completeness, and when its
+/// freshness lapses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Capture {
@@ -110,9 +118,18 @@ pub struct Capture {
     pub digest: String,
     /// The subject key (identity, not payload).
     pub subject: String,
+    /// The subject kind (`thread`, `process`, …).
+    #[serde(default)]
+    pub kind: String,
+    /// Its completeness (`None`: recorded before the store kept it, which
+    /// authorizes nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub completeness: Option<Completeness>,
     /// ns since the epoch when it was observed (the envelope's wall time).
     pub wall_ns: i64,
-    /// ns since the epoch after which it is stale.
+    /// ns since the epoch from which it is stale (wall time + the kind's
+    /// freshness when it was recorded).
     pub expires_ns: i64,
     /// The number of mutations before it was recorded.
     #[serde(default)]
@@ -152,6 +169,9 @@ pub struct RunState {
     /// `now` of the last advance into a mutation step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_mutation_ns: Option<i64>,
+    /// Seed 001's acceptance metrics, as far as this run goes.
+    #[serde(default)]
+    pub acceptance: RunAcceptance,
 }
 
 impl RunState {
@@ -209,6 +229,10 @@ pub struct Decided {
     pub verdict: Verdict,
     /// The events this step added.
     pub events: Vec<Event>,
+    /// Why a mutation step was refused (the pre-mutation rule's typed
+    /// error), when that is why the step was blocked.
+    #[serde(skip)]
+    pub refusal: Option<PreMutationRefusal>,
 }
 
 /// What an `observe` reports.
@@ -275,6 +299,7 @@ pub fn start_run(graph: &StepGraph, opts: StartOptions) -> Result<RunState, Vec<
         captures: Vec::new(),
         mutations: 0,
         last_mutation_ns: None,
+        acceptance: RunAcceptance::default(),
     };
     state.events.push(event(
         EventKind::Started,
@@ -288,6 +313,7 @@ pub fn start_run(graph: &StepGraph, opts: StartOptions) -> Result<RunState, Vec<
 struct Step {
     state: RunState,
     events: Vec<Event>,
+    refusal: Option<PreMutationRefusal>,
 }
 
 impl Step {
@@ -295,6 +321,7 @@ impl Step {
         Step {
             state,
             events: Vec::new(),
+            refusal: None,
         }
     }
 
@@ -308,6 +335,7 @@ impl Step {
             state: self.state,
             verdict,
             events: self.events,
+            refusal: self.refusal,
         }
     }
 
@@ -319,6 +347,18 @@ impl Step {
     /// Record a deviation and apply the escalation policy (never to an
     /// ended run).
     fn deviate(&mut self, class: DeviationClass, code: &str, capability: Option<CapabilityClass>) {
+        self.deviate_because(class, code, capability, "");
+    }
+
+    /// [`Step::deviate`] with a payload-free `why` (closed-set words and
+    /// numbers only) appended to the event's message.
+    fn deviate_because(
+        &mut self,
+        class: DeviationClass,
+        code: &str,
+        capability: Option<CapabilityClass>,
+        why: &str,
+    ) {
         let at = self.state.current.clone();
         let sequence = u32::try_from(self.state.deviations.len()).unwrap_or(u32::MAX);
         self.state.deviations.push(Deviation {
@@ -331,7 +371,7 @@ impl Step {
             EventKind::Deviation,
             code,
             Some(&at),
-            format!("deviation: {}", class.as_str()),
+            format!("deviation: {}{why}", class.as_str()),
         ));
         if self.state.status == RunStatus::Ended {
             return;
@@ -495,21 +535,55 @@ pub fn propose_command(graph: &StepGraph, state: RunState, command: &str) -> Dec
     }
 }
 
-fn requirement_met(state: &RunState, req: Requirement, now_ns: i64) -> bool {
+/// The pre-mutation rule on the latest capture of the run's subject since
+/// the last mutation (an earlier, better one does not outvote what the
+/// subject looks like now).
+fn pre_mutation(state: &RunState, now_ns: i64) -> Result<(), PreMutationRefusal> {
+    let Some(subject) = &state.subject else {
+        return Err(PreMutationRefusal::Missing);
+    };
+    let Some(latest) = state
+        .captures
+        .iter()
+        .rfind(|c| &c.subject == subject && c.epoch == state.mutations)
+    else {
+        return Err(PreMutationRefusal::Missing);
+    };
+    let Some(completeness) = latest.completeness else {
+        return Err(PreMutationRefusal::Missing);
+    };
+    let facts = EnvelopeFacts {
+        digest: latest.digest.clone(),
+        subject_key: latest.subject.clone(),
+        kind: latest.kind.clone(),
+        wall_ns: latest.wall_ns,
+        completeness,
+    };
+    judge_pre_mutation_until(&facts, subject, latest.expires_ns, now_ns)
+}
+
+/// The event code of a refused mutation.
+pub fn refusal_code(r: &PreMutationRefusal) -> &'static str {
+    match r {
+        PreMutationRefusal::Missing => "run/pre-mutation-missing",
+        PreMutationRefusal::Incomplete { .. } => "run/pre-mutation-incomplete",
+        PreMutationRefusal::Stale { .. } => "run/pre-mutation-stale",
+        PreMutationRefusal::WrongSubject { .. } | PreMutationRefusal::NotBefore { .. } => {
+            "run/pre-mutation-refused"
+        }
+    }
+}
+
+fn post_mutation_met(state: &RunState) -> bool {
     let Some(subject) = &state.subject else {
         return false;
     };
-    let ours = |c: &&Capture| &c.subject == subject && c.epoch == state.mutations;
-    match req {
-        Requirement::FreshPreMutationCapture => state
+    match state.last_mutation_ns {
+        Some(at) => state
             .captures
             .iter()
-            .filter(ours)
-            .any(|c| c.expires_ns > now_ns),
-        Requirement::PostMutationCapture => match state.last_mutation_ns {
-            Some(at) => state.captures.iter().filter(ours).any(|c| c.wall_ns >= at),
-            None => false,
-        },
+            .any(|c| &c.subject == subject && c.epoch == state.mutations && c.wall_ns >= at),
+        None => false,
     }
 }
 
@@ -554,15 +628,40 @@ pub fn advance(graph: &StepGraph, state: RunState, to: &str, now_ns: i64) -> Dec
         );
         return s.done(Verdict::Block);
     }
-    if let Some(req) = graph.steps.get(to).and_then(|t| t.requires)
-        && !requirement_met(&s.state, req, now_ns)
-    {
-        s.deviate(
-            DeviationClass::OutOfOrderStep,
-            "run/out-of-order-step",
-            None,
-        );
-        return s.done(Verdict::Block);
+    match graph.steps.get(to).and_then(|t| t.requires) {
+        Some(Requirement::FreshPreMutationCapture) => {
+            if let Err(refusal) = pre_mutation(&s.state, now_ns) {
+                let why = match &refusal {
+                    PreMutationRefusal::Incomplete { completeness, .. } => {
+                        format!(" (pre-mutation envelope is {})", completeness.as_str())
+                    }
+                    PreMutationRefusal::Stale { .. } => {
+                        " (pre-mutation envelope is stale)".to_string()
+                    }
+                    PreMutationRefusal::Missing => {
+                        " (no pre-mutation envelope of the subject)".to_string()
+                    }
+                    _ => " (pre-mutation envelope refused)".to_string(),
+                };
+                s.deviate_because(
+                    DeviationClass::OutOfOrderStep,
+                    refusal_code(&refusal),
+                    None,
+                    &why,
+                );
+                s.refusal = Some(refusal);
+                return s.done(Verdict::Block);
+            }
+        }
+        Some(Requirement::PostMutationCapture) if !post_mutation_met(&s.state) => {
+            s.deviate(
+                DeviationClass::OutOfOrderStep,
+                "run/out-of-order-step",
+                None,
+            );
+            return s.done(Verdict::Block);
+        }
+        _ => {}
     }
     s.enter(graph, to);
     if graph.steps.get(to).is_some_and(|t| t.mutates) {

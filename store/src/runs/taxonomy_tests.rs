@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use pstack_envelope::Completeness;
+
 use super::deviation::*;
 use super::graph::*;
 use super::report::*;
@@ -371,12 +373,30 @@ fn recording_on_an_ended_run_does_not_resurrect_it() {
 
 // ---- pstack's rule for MUTATE ----
 
+/// A complete capture expiring at `expires_ns`, observed just before it
+/// but no later than 100 (the `now` these tests advance at).
 fn capture(subject: &str, expires_ns: i64) -> Observation {
+    capture_of(
+        subject,
+        (expires_ns - 1).min(100),
+        expires_ns,
+        Completeness::Complete,
+    )
+}
+
+fn capture_of(
+    subject: &str,
+    wall_ns: i64,
+    expires_ns: i64,
+    completeness: Completeness,
+) -> Observation {
     Observation {
         capture: Some(Capture {
             digest: "ab".repeat(32),
             subject: subject.into(),
-            wall_ns: expires_ns - 1,
+            kind: "process".into(),
+            completeness: Some(completeness),
+            wall_ns,
             expires_ns,
             epoch: 0,
         }),
@@ -449,6 +469,115 @@ fn a_mutate_needs_a_fresh_pre_mutation_capture_of_the_same_subject() {
     );
 }
 
+/// MUTATE refuses a `partial` or `identity_race` capture with the
+/// completeness named, accepts `complete` and `bounded`, and judges
+/// freshness at, just below and just above the threshold (process: 120 s).
+#[test]
+fn a_mutate_needs_a_complete_or_bounded_capture_within_its_freshness() {
+    let g = investigation_loop();
+    let f = super::freshness::Freshness::default();
+    let wall = 1_000_000_000_000i64;
+    let fresh = f.of("process");
+    let expires = f.expires_ns("process", wall);
+    for (completeness, age, permitted, code) in [
+        (
+            Completeness::IdentityRace,
+            1,
+            false,
+            "run/pre-mutation-incomplete",
+        ),
+        (
+            Completeness::Partial,
+            1,
+            false,
+            "run/pre-mutation-incomplete",
+        ),
+        (Completeness::Complete, 1, true, ""),
+        (Completeness::Bounded, 1, true, ""),
+        (Completeness::Complete, fresh - 1, true, ""),
+        (
+            Completeness::Complete,
+            fresh,
+            false,
+            "run/pre-mutation-stale",
+        ),
+        (
+            Completeness::Complete,
+            fresh + 1,
+            false,
+            "run/pre-mutation-stale",
+        ),
+        (
+            Completeness::Bounded,
+            fresh + 1,
+            false,
+            "run/pre-mutation-stale",
+        ),
+    ] {
+        let st = to_choose_falsifier(
+            &g,
+            Some(capture_of("proc:h/1", wall, expires, completeness)),
+        );
+        let d = advance(&g, st, "mutate", wall + age);
+        let what = format!("{completeness:?} at age {age}");
+        assert_eq!(d.verdict == Verdict::Permit, permitted, "{what}: {d:?}");
+        if permitted {
+            assert!(
+                d.refusal.is_none() && d.state.deviations.is_empty(),
+                "{what}"
+            );
+            continue;
+        }
+        assert_eq!(
+            classes(&d.state),
+            [DeviationClass::OutOfOrderStep],
+            "{what}"
+        );
+        let refusal = d.refusal.as_ref().expect("a typed refusal");
+        let dev = d
+            .events
+            .iter()
+            .find(|e| e.kind == EventKind::Deviation)
+            .unwrap();
+        assert_eq!(dev.code, code, "{what}");
+        if code == "run/pre-mutation-incomplete" {
+            assert_eq!(refusal.code(), "pre_mutation_envelope_incomplete");
+            assert_eq!(refusal.completeness(), Some(completeness));
+            assert!(
+                dev.message.contains(completeness.as_str()),
+                "{}",
+                dev.message
+            );
+        } else {
+            assert_eq!(refusal.code(), "pre_mutation_envelope_stale");
+        }
+        // Every code the refusal writes has a row in the report's table.
+        assert_eq!(failure_class_for(&dev.code), Ok(None));
+    }
+    // The latest capture is judged: a fresh complete one followed by an
+    // identity race refuses.
+    let mut st = begin(&g, None, true);
+    for o in [
+        capture_of("proc:h/1", wall, expires, Completeness::Complete),
+        capture_of(
+            "proc:h/1",
+            wall + 5,
+            expires + 5,
+            Completeness::IdentityRace,
+        ),
+    ] {
+        st = observe(&g, st, o).state;
+    }
+    for to in ["bind-identity", "classify-unknown", "choose-falsifier"] {
+        st = advance(&g, st, to, wall + 10).state;
+    }
+    let d = advance(&g, st, "mutate", wall + 10);
+    assert_eq!(
+        d.refusal.and_then(|r| r.completeness()),
+        Some(Completeness::IdentityRace)
+    );
+}
+
 #[test]
 fn a_failed_diff_ends_failed_with_a_typed_report() {
     let g = investigation_loop();
@@ -488,6 +617,12 @@ fn ctx(failure_class: Option<FailureClass>) -> ReportContext {
         reported_at: "2026-12-03".into(),
         elapsed_seconds: Some(75.0),
         failure_class,
+        agent_seconds: Some(60.0),
+        hypotheses: vec![ReportHypothesis {
+            hypothesis: "h:0123456789abcdef".into(),
+            state: super::hypotheses::HypothesisState::Falsified,
+            moved_by: vec![format!("sha256:{}", "a".repeat(64))],
+        }],
     }
 }
 
@@ -603,7 +738,25 @@ fn emitted_reports_validate_and_hostile_ones_do_not() {
     let mut bad = r.clone();
     bad["reported_at"] = serde_json::json!("2026-12-03T19:00:00Z");
     assert!(validate(&bad).is_err(), "the day, not the moment");
-    let mut bad = r;
+    let mut bad = r.clone();
     bad["outcome"] = serde_json::json!("failed");
     assert!(validate(&bad).is_err(), "failed needs a class");
+    // The ledger and the acceptance metrics: keys, states, digests and counts.
+    assert_eq!(r["hypotheses"][0]["state"], "falsified");
+    assert_eq!(r["acceptance"]["retractions"], 0);
+    assert_eq!(r["acceptance"]["transitions"], 0);
+    assert!(
+        r["acceptance"]
+            .get("first_discriminating_observation_bucket")
+            .is_none()
+    );
+    let mut bad = r.clone();
+    bad["hypotheses"][0]["statement"] = serde_json::json!("the FUSE server of /home/alice");
+    assert!(validate(&bad).is_err(), "no statement leaves the store");
+    let mut bad = r.clone();
+    bad["hypotheses"][0]["hypothesis"] = serde_json::json!("fuse_server_not_answering");
+    assert!(validate(&bad).is_err(), "a key, not a code");
+    let mut bad = r;
+    bad["acceptance"]["narration"] = serde_json::json!("status: all good");
+    assert!(validate(&bad).is_err(), "no narration in the report");
 }

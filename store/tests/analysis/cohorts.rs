@@ -242,7 +242,7 @@ async fn legacy_request_stats_are_converted_on_open(db: Db) {
             ..Default::default()
         }],
     });
-    store.ingest_traces(&batch).await.unwrap();
+    store.ingest_traces(&batch, "k_test").await.unwrap();
     let old = total(VersionFilter::Is("1.0.0")).await;
     assert_eq!(old.requests, 1451);
     assert_eq!(old.legacy_rows, 2);

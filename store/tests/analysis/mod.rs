@@ -282,6 +282,7 @@ async fn deploy(h: &Harness, at_ns: i64, extra: Value) -> String {
         "previousVersion": "2.4.0",
         "commitSha": "8f3a1b2c",
         "previousCommitSha": "7d2e0a1b",
+        "candidateAgentVersion": "agent-7",
         "summary": "Switch tax rounding to strict decimal mode",
         "at": rfc(at_ns),
     });
@@ -563,7 +564,15 @@ async fn eval_run(
     version: &str,
     fp: Option<&str>,
 ) -> String {
-    let mut r = json!({"evalCaseId": case, "inputPayloadHash": payload, "passed": passed, "serviceVersion": version});
+    // The broken state (deploy()): 2.4.1 / 8f3a1b2c / agent-7.
+    let commit = if version == "2.4.1" {
+        "8f3a1b2c"
+    } else {
+        "9c4d5e6f"
+    };
+    let mut r = json!({"evalCaseId": case, "inputPayloadHash": payload, "passed": passed,
+                       "serviceVersion": version, "commitSha": commit,
+                       "candidateAgentVersion": "agent-7"});
     if let Some(fp) = fp {
         r["failureFingerprint"] = json!(fp);
     }
@@ -643,6 +652,100 @@ async fn counterfactual(db: Db) {
     assert_eq!(body["error"]["field"], "counterfactual.failingRunId");
     let (_, similar) = h.get(&format!("/internal/findings?fingerprint={fp}")).await;
     assert_eq!(similar["items"].as_array().unwrap().len(), 2, "{similar}");
+    h.finish().await;
+}
+
+// Regression (issue 28): a baseline was held to the broken serviceVersion
+// and commitSha only when both it and the contributing change gave them, and
+// never to candidateAgentVersion, so any key could mint
+// counterfactual_verified with a failing run carrying the (public)
+// fingerprint. Each of the three is now required on both sides, exactly.
+async fn counterfactual_baseline_must_match_the_broken_state_exactly(db: Db) {
+    let Some((h, _at, change)) = start_deployed(db).await else {
+        return;
+    };
+    let (status, body) = post_json(
+        &h,
+        "/internal/findings",
+        &finding("strict", Some(&change), chain("degraded_after_change")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let fid = body["finding"]["id"].as_str().unwrap().to_string();
+    let fp = body["finding"]["fingerprint"].as_str().unwrap().to_string();
+    let pass = eval_run(&h, "case-9", "sha256:cc", true, "2.4.2", None).await;
+    let path = format!("/internal/findings/{fid}/counterfactual");
+    let broken = json!({"evalCaseId": "case-9", "inputPayloadHash": "sha256:cc", "passed": false,
+                        "serviceVersion": "2.4.1", "commitSha": "8f3a1b2c",
+                        "candidateAgentVersion": "agent-7", "failureFingerprint": fp});
+    for (field, value) in [
+        ("candidateAgentVersion", Value::Null),
+        ("candidateAgentVersion", json!("agent-6")),
+        ("serviceVersion", Value::Null),
+        ("serviceVersion", json!("2.4.0")),
+        ("commitSha", Value::Null),
+        ("commitSha", json!("7d2e0a1b")),
+    ] {
+        let mut run = broken.clone();
+        if value.is_null() {
+            run.as_object_mut().unwrap().remove(field);
+        } else {
+            run[field] = value.clone();
+        }
+        let (status, made) = post_json(&h, "/internal/evals/runs", &run).await;
+        assert_eq!(status, StatusCode::CREATED, "{made}");
+        let baseline = made["id"].as_str().unwrap();
+        let (status, body) = post_json(
+            &h,
+            &path,
+            &json!({"failingRunId": baseline, "passingRunIds": [pass], "requiredTrials": 1}),
+        )
+        .await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{field}={value}: {body}"
+        );
+        assert_eq!(code(&body), "not_broken_state", "{field}={value}: {body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(field),
+            "{body}"
+        );
+    }
+    let (_, f) = h.get(&format!("/internal/findings/{fid}")).await;
+    assert_eq!(f["causalProofTier"], "unverified_locus", "{f}");
+    // A finding whose broken state is unknown (no contributing change) has
+    // nothing to hold a baseline to: never counterfactual_verified.
+    let (status, body) = post_json(
+        &h,
+        "/internal/findings",
+        &finding("no-change", None, chain("verified_by_counterfactual")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let lone = body["finding"]["id"].as_str().unwrap().to_string();
+    let (_, made) = post_json(&h, "/internal/evals/runs", &broken).await;
+    let (status, body) = post_json(
+        &h,
+        &format!("/internal/findings/{lone}/counterfactual"),
+        &json!({"failingRunId": made["id"], "passingRunIds": [pass], "requiredTrials": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(code(&body), "broken_state_unknown", "{body}");
+    // The exact baseline verifies.
+    let (_, made) = post_json(&h, "/internal/evals/runs", &broken).await;
+    let (status, body) = post_json(
+        &h,
+        &path,
+        &json!({"failingRunId": made["id"], "passingRunIds": [pass], "requiredTrials": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["finding"]["causalProofTier"],
+        "counterfactual_verified"
+    );
     h.finish().await;
 }
 
@@ -1086,6 +1189,7 @@ on_both_backends!(
     noisy_neighbour,
     code_path_overlap_is_capped,
     counterfactual,
+    counterfactual_baseline_must_match_the_broken_state_exactly,
     thresholds_and_min_sample,
     fleet_kernel_change,
     bad_input_stores_nothing,

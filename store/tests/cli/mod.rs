@@ -4,6 +4,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use pstack_store::db::{KeyCheck, OpenOptions, Store};
+use pstack_store::keys::{Scope, ScopeSet};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_pstack-store"))
@@ -14,8 +15,30 @@ async fn keys_create_list_revoke_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("s.db");
     let db = db.to_str().unwrap();
+    // No default scope: without --scope the command refuses (usage, exit
+    // 2) and lists the scopes with who holds each.
     let out = bin()
         .args(["--db", db, "keys", "create", "--name", "node-a"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for scope in ["ingest", "telemetry", "analysis", "runner", "read"] {
+        assert!(err.contains(&format!("  {scope} ")), "{scope}: {err}");
+    }
+    // legacy is only what old keys hold; an unknown scope names itself.
+    for bad in ["legacy", "admin"] {
+        let out = bin()
+            .args(["--db", db, "keys", "create", "--name", "x", "--scope", bad])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(bad));
+    }
+    let out = bin()
+        .args([
+            "--db", db, "keys", "create", "--name", "node-a", "--scope", "ingest",
+        ])
         .output()
         .unwrap();
     assert!(
@@ -26,6 +49,15 @@ async fn keys_create_list_revoke_sqlite() {
     let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
     assert!(key.starts_with("psk_"), "{key}");
     let id = key[4..20].to_string();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("with scope ingest"));
+    let out = bin()
+        .args([
+            "--db", db, "keys", "create", "--name", "agent", "--scope", "analysis", "--scope",
+            "read",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
 
     let out = bin().args(["--db", db, "keys", "list"]).output().unwrap();
     let listing = String::from_utf8(out.stdout).unwrap();
@@ -33,13 +65,56 @@ async fn keys_create_list_revoke_sqlite() {
         listing.contains(&id) && listing.contains("node-a"),
         "{listing}"
     );
+    assert!(listing.contains("SCOPES"), "{listing}");
+    assert!(listing.contains(" ingest "), "{listing}");
+    assert!(listing.contains(" analysis,read "), "{listing}");
     assert!(!listing.contains(&key[21..]), "the secret is never listed");
+    let out = bin()
+        .args(["--db", db, "keys", "list", "--json"])
+        .output()
+        .unwrap();
+    let keys: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(keys[0]["scopes"], serde_json::json!(["ingest"]));
+    assert_eq!(keys[1]["scopes"], serde_json::json!(["analysis", "read"]));
 
     let store = Store::open(db, &OpenOptions::default()).await.unwrap();
     assert_eq!(
         store.check_key(&key).await.unwrap(),
-        KeyCheck::Valid(id.clone())
+        KeyCheck::Valid(id.clone(), ScopeSet::of([Scope::Ingest]))
     );
+    // `keys scope` replaces the set, effective on the next check.
+    let out = bin()
+        .args(["--db", db, "keys", "scope", &id, "--scope", "ingest,read"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("key {id}: scope ingest -> ingest,read")
+    );
+    assert_eq!(
+        store.check_key(&key).await.unwrap(),
+        KeyCheck::Valid(id.clone(), ScopeSet::of([Scope::Ingest, Scope::Read]))
+    );
+    let out = bin()
+        .args(["--db", db, "keys", "scope", &id])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "no --scope: {out:?}");
+    let out = bin()
+        .args([
+            "--db",
+            db,
+            "keys",
+            "scope",
+            "0000000000000000",
+            "--scope",
+            "read",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no API key"));
     let out = bin()
         .args(["--db", db, "keys", "revoke", &id])
         .output()

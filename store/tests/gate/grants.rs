@@ -223,7 +223,7 @@ async fn circuit_breaker_blocks_the_fourth_live_proposal(db: Db) {
 }
 
 /// Propose an autonomous rollback against live 2.4.1: (proposal id, token).
-async fn granted(h: &Harness, inc: &str, fp: &str, key: &str) -> (String, String) {
+pub(crate) async fn granted(h: &Harness, inc: &str, fp: &str, key: &str) -> (String, String) {
     let f = finding(h, inc, "counterfactual_verified", fp).await;
     let (st, b) = post(
         h,
@@ -239,7 +239,7 @@ async fn granted(h: &Harness, inc: &str, fp: &str, key: &str) -> (String, String
     )
 }
 
-fn grant_op(op: &str, token: &str, runner: &str) -> Value {
+pub(crate) fn grant_op(op: &str, token: &str, runner: &str) -> Value {
     json!({"operation": op, "grantToken": token, "runnerId": runner})
 }
 

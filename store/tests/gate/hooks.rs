@@ -399,10 +399,163 @@ async fn webhook_ssrf_guard(db: Db) {
     h.finish().await;
 }
 
+// Regression (issue 28): `::ffff:0:a.b.c.d` (IPv4-translated) and Teredo
+// `2001::/32` passed the SSRF guard. Each IPv6 form embedding an IPv4
+// address — with the loopback address inside, toward a listening receiver —
+// is refused before any connection, on the path every delivery takes.
+async fn webhook_ssrf_guard_refuses_every_ipv4_embedding_form(db: Db) {
+    let (rx, port) = Receiver::start().await;
+    let Some(h) = harness(db, false).await else {
+        return;
+    };
+    deploy(&h, "2.4.1", "8f3a1b2").await;
+    let inc = open_incident(&h, "ssrf-embedded").await;
+    for (i, (host, form)) in [
+        ("[::ffff:0:127.0.0.1]", "IPv4-translated"),
+        ("[::ffff:0:7f00:1]", "IPv4-translated"),
+        ("[2001:0:7f00:1::]", "Teredo"),
+        // Teredo with client 127.0.0.1 (stored XOR 0xffffffff) behind port 0.
+        ("[2001:0:4136:e378:8000:ffff:80ff:fffe]", "Teredo"),
+        ("[::ffff:127.0.0.1]", "loopback"),
+        ("[::127.0.0.1]", "IPv4-compatible"),
+        ("[64:ff9b::127.0.0.1]", "NAT64"),
+        ("[64:ff9b:1::7f00:1]", "NAT64"),
+        ("[2002:7f00:1::1]", "6to4"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let url = format!("http://{host}:{port}/embedded");
+        let (st, a) = approve_to(&h, &inc, &format!("e{i}"), &url).await;
+        assert_eq!(st, StatusCode::OK, "{url}: {a}");
+        let d = &a["grantDelivery"];
+        assert_eq!(
+            (d["delivered"].as_bool(), d["attempts"].as_u64()),
+            (Some(false), Some(0)),
+            "{url}: refused before any connection: {a}"
+        );
+        let error = d["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("SSRF") && error.contains(form),
+            "{url}: {error}"
+        );
+    }
+    assert_eq!(rx.hits("/embedded"), 0);
+    h.finish().await;
+}
+
+// Regression (issue 28): a callback sealed on a replica with another gate
+// key was silently not delivered on approve — no `grantDelivery`, no
+// stored outcome, no log line. Here a second server on the same database
+// with its own (random) gate key approves it: the delivery is a failure
+// with its reason, stored and logged, the approval stands, and nothing is
+// sent. The same approval on the sealing server delivers (the control).
+async fn stored_callback_sealed_under_another_key_is_a_failed_delivery(db: Db) {
+    let logs = crate::support::captured_logs();
+    let (rx, port) = Receiver::start().await;
+    let Some(h) = harness(db, true).await else {
+        return;
+    };
+    deploy(&h, "2.4.1", "8f3a1b2").await;
+    let inc = open_incident(&h, "unsealable").await;
+    let park = |fp: &'static str, key: &'static str| {
+        let (h, inc) = (&h, inc.clone());
+        async move {
+            let f = finding(h, &inc, "corroborated_candidate", fp).await;
+            let mut body = proposal(&inc, &f, "rollback_deploy", key);
+            body["webhookUrl"] = json!(format!("http://127.0.0.1:{port}/sealed-{key}"));
+            body["secret"] = json!("sealed-secret");
+            let (st, b) = post(h, "/internal/remediations/propose", &body).await;
+            assert_eq!(st, StatusCode::CREATED, "{b}");
+            assert_eq!(b["proposal"]["status"], "pending_human_approval");
+            b["proposal"]["id"].as_str().unwrap().to_string()
+        }
+    };
+    let other_key = park("fp_u1", "u1").await;
+    let same_key = park("fp_u2", "u2").await;
+    // Another server over the same database, its gate key its own.
+    let mut state = pstack_store::http::AppState::new(h.store.clone(), IngestLimits::default());
+    state.gate.allow_private_webhooks = true;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(pstack_store::http::serve(listener, state, async move {
+        let _ = stopped.await;
+    }));
+    let (cookie, csrf) = h.human_session().await;
+    let log_start = logs.lock().unwrap().len();
+    let resp = h
+        .client
+        .post(format!("{other}/internal/remediations/{other_key}/approve"))
+        .header("cookie", format!("pstack_session={cookie}"))
+        .header("x-csrf-token", csrf)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let a: Value = resp.json().await.unwrap();
+    assert!(
+        a["grantToken"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("rgt_")),
+        "the approval stands: {a}"
+    );
+    let d = &a["grantDelivery"];
+    assert_eq!(
+        (
+            d["attempted"].as_bool(),
+            d["delivered"].as_bool(),
+            d["attempts"].as_u64(),
+            d["host"].as_str()
+        ),
+        (Some(true), Some(false), Some(0), Some("127.0.0.1")),
+        "a failed delivery, not a silent none: {a}"
+    );
+    let error = d["error"].as_str().unwrap_or_default();
+    assert!(error.contains("another gate key"), "{error}");
+    let (_, g) = h.get(&format!("/internal/remediations/{other_key}")).await;
+    let stored = &g["proposal"]["callbackDelivery"];
+    assert_eq!(stored["status"], "failed", "{g}");
+    assert_eq!(stored["attempts"], 0);
+    assert!(
+        stored["lastError"]
+            .as_str()
+            .is_some_and(|e| e.contains("another gate key")),
+        "{g}"
+    );
+    assert_eq!(rx.hits("/sealed-u1"), 0, "nothing was sent");
+    let text = String::from_utf8_lossy(&logs.lock().unwrap()[log_start..]).to_string();
+    assert!(
+        text.lines()
+            .any(|l| l.contains(&other_key) && l.contains("the stored callback does not open")),
+        "logged with the proposal: {text}"
+    );
+    assert!(
+        !text.contains("sealed-secret"),
+        "the secret is never logged"
+    );
+    // Control: the sealing server opens its own seal and delivers.
+    let (st, a) = post(
+        &h,
+        &format!("/internal/remediations/{same_key}/approve"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{a}");
+    assert_eq!(a["grantDelivery"]["delivered"], true, "{a}");
+    assert_eq!(rx.hits("/sealed-u2"), 1);
+    let _ = stop.send(());
+    let _ = server.await;
+    h.finish().await;
+}
+
 on_both_backends!(
     webhook_signed_delivery_stored_and_request_callbacks,
     webhook_retries_5xx_and_stops_on_4xx_and_redirects,
     webhook_ssrf_guard,
+    webhook_ssrf_guard_refuses_every_ipv4_embedding_form,
+    stored_callback_sealed_under_another_key_is_a_failed_delivery,
 );
 
 /// Each attempt times out after 5 s and a timeout is retried: 3 × 5 s +

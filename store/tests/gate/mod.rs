@@ -6,6 +6,11 @@
 
 use std::time::Duration;
 
+use pstack_store::analysis::cohort::{CohortKey, Dimension};
+use pstack_store::analysis::ledger;
+use pstack_store::analysis::otlp::Batch;
+use pstack_store::analysis::proof::EvalRun;
+use pstack_store::analysis::sketch::MinuteCells;
 use pstack_store::db::analysis::FindingRow;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -16,17 +21,22 @@ use crate::support::{Db, Harness, code};
 pub(crate) mod grants;
 mod hooks;
 mod recovery;
+mod replays;
 
 pub(crate) const MIN: Duration = Duration::from_secs(60);
 
 /// POST with the API key — or, for approve/reject (human decisions), with
-/// an operator session and its CSRF token instead.
+/// an operator session and its CSRF token instead; a grant is claimed,
+/// completed or failed with the runner key (an autonomous grant is never
+/// claimed by the key that proposed it).
 pub(crate) async fn post(h: &Harness, path: &str, body: &Value) -> (StatusCode, Value) {
     let req = h.client.post(h.url(path)).json(body);
     let req = if path.ends_with("/approve") || path.ends_with("/reject") {
         let (cookie, csrf) = h.human_session().await;
         req.header("cookie", format!("pstack_session={cookie}"))
             .header("x-csrf-token", csrf)
+    } else if path.ends_with("/grant") {
+        req.bearer_auth(&h.runner_key)
     } else {
         req.bearer_auth(&h.key)
     };
@@ -47,10 +57,72 @@ pub(crate) async fn open_incident(h: &Harness, dedup: &str) -> String {
 }
 
 /// A finding of `tier` (stored directly: the tier derivation has its own
-/// tests in the analysis module) with fingerprint `fp`.
+/// tests in the analysis module) with fingerprint `fp`. A tier the gate
+/// acts on autonomously rests on evidence another key wrote
+/// (`gate::provenance`): a counterfactual's eval runs, or a cohort's change
+/// and spans, recorded here under other key ids.
 pub(crate) async fn finding(h: &Harness, incident: &str, tier: &str, fp: &str) -> String {
     let now = h.clock.now_ns();
     let id = format!("fnd_{:016x}", rand_u64());
+    let (mut change_id, mut verdict, mut counterfactual) = (None, None, None);
+    match tier {
+        "counterfactual_verified" => {
+            let mut runs = Vec::new();
+            for passed in [false, true] {
+                let run = EvalRun {
+                    eval_case_id: "case-stub".into(),
+                    input_payload_hash: "h".into(),
+                    passed,
+                    failure_fingerprint: (!passed).then(|| fp.to_string()),
+                    ..EvalRun::default()
+                };
+                runs.push(
+                    h.store
+                        .record_eval_run(&run, "k_eval_harness", now)
+                        .await
+                        .expect("eval run"),
+                );
+            }
+            counterfactual = Some(json!({"failingRunId": runs[0], "passingRunIds": [runs[1]],
+                                         "requiredTrials": 1, "verified": true}));
+        }
+        "cohort_rate_isolated" => {
+            let at = now - 600_000_000_000;
+            let change = ledger::validate(
+                serde_json::from_value(json!({"environment": "prod", "kind": "deploy",
+                    "service": "provenance-stub", "version": "2"}))
+                .unwrap(),
+                at,
+            )
+            .unwrap();
+            change_id = Some(
+                h.store
+                    .record_change(&change, "k_ci", at)
+                    .await
+                    .expect("change"),
+            );
+            let mut batch = Batch::default();
+            let mut cells = MinuteCells::default();
+            cells.record_many(0, 0, 100, 50);
+            batch.cohorts.rows.insert(
+                CohortKey {
+                    environment: "prod".into(),
+                    service: "provenance-stub".into(),
+                    dimension: Dimension::Version,
+                    name: String::new(),
+                    bucket_ns: at + 60_000_000_000,
+                    value: "2".into(),
+                },
+                cells,
+            );
+            h.store
+                .ingest_traces(&batch, "k_collector")
+                .await
+                .expect("spans");
+            verdict = Some("isolated_to_new_version".to_string());
+        }
+        _ => {}
+    }
     let row = FindingRow {
         id: id.clone(),
         environment: "prod".into(),
@@ -58,9 +130,9 @@ pub(crate) async fn finding(h: &Harness, incident: &str, tier: &str, fp: &str) -
         fault_locus_entity_id: "checkout-api".into(),
         causal_chain: json!([]),
         cited_evidence_ids: json!([]),
-        contributing_change_id: None,
-        change_verdict: None,
-        counterfactual: None,
+        contributing_change_id: change_id,
+        change_verdict: verdict,
+        counterfactual,
         fingerprint: fp.into(),
         fingerprint_input: json!({}),
         causal_proof_tier: tier.into(),

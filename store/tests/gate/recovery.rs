@@ -164,11 +164,15 @@ async fn watchdog_healthy_degraded_healthy_is_not_recovery(db: Db) {
     };
     deploy(&h, "2.4.1", "8f3a1b2").await;
     let (id, t0) = completed(&h, "flap").await;
+    // Each minute's spans are sent when it comes (spans more than the
+    // skew ahead of the store's clock are refused).
     traffic(&h, t0, 100, 0, 1).await; // healthy
+    h.clock.advance(2 * MIN);
     traffic(&h, t0 + 2 * MIN_NS, 100, 20, 2).await; // degraded
+    h.clock.advance(3 * MIN);
     traffic(&h, t0 + 5 * MIN_NS, 100, 1, 3).await; // healthy
     h.clock
-        .advance(15 * MIN + std::time::Duration::from_secs(1));
+        .advance(10 * MIN + std::time::Duration::from_secs(1));
     assert_eq!(tick(&h).await["checkpointsEvaluated"], 3);
     let (r, c, cps) = statuses(&h, &id).await;
     let verdicts: Vec<&str> = cps

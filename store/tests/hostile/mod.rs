@@ -9,6 +9,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod login_flood;
+mod otlp;
+
 struct Server {
     child: Child,
     addr: SocketAddr,
@@ -41,7 +44,14 @@ fn start_with(flags: &[&str]) -> Server {
     let out = Command::new(bin)
         .arg("--db")
         .arg(&db)
-        .args(["keys", "create", "--name", "hostile"])
+        .args([
+            "keys",
+            "create",
+            "--name",
+            "hostile",
+            "--scope",
+            "ingest,telemetry,analysis,runner,read",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -194,7 +204,14 @@ fn twenty_concurrent_max_size_bodies_keep_rss_bounded_and_it_comes_back_down() {
     let out = Command::new(env!("CARGO_BIN_EXE_pstack-store"))
         .arg("--db")
         .arg(&server.db)
-        .args(["keys", "create", "--name", "hostile-2"])
+        .args([
+            "keys",
+            "create",
+            "--name",
+            "hostile-2",
+            "--scope",
+            "ingest,telemetry,analysis,runner,read",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");

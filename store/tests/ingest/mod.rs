@@ -3,6 +3,7 @@
 
 use pstack_envelope::Envelope;
 use pstack_store::ingest::IngestLimits;
+use pstack_store::keys::{Scope, ScopeSet};
 use pstack_store::synthetic::Capture;
 use pstack_testkit::verify;
 use reqwest::StatusCode;
@@ -147,6 +148,7 @@ async fn oversized_bodies_are_refused_with_413(db: Db) {
         max_decoded_bytes: 128 << 10,
         max_items: 4,
         max_envelope_bytes: 4 << 20,
+        ..IngestLimits::default()
     };
     let Some(h) = Harness::start_with(db, limits).await else {
         return;
@@ -329,7 +331,11 @@ async fn replay_of_a_batch_stores_nothing_new(db: Db) {
     let items: Vec<Vec<u8>> = (0..20).map(|i| sealed("node-a", 4242, i).1).collect();
     let (_, first) = h.post_batch(&items).await;
     assert_eq!(first.accepted, 20);
-    let other = h.store.create_key("other-node").await.unwrap();
+    let other = h
+        .store
+        .create_key("other-node", &ScopeSet::of([Scope::Ingest, Scope::Read]))
+        .await
+        .unwrap();
     let (status, body) = {
         let resp = h
             .client

@@ -4,12 +4,15 @@
 //! 14 with writes), call, and an error for a bad argument.
 
 use pstack_store::db::{OpenOptions, Store};
+use pstack_store::keys::ScopeSet;
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::{Value, json};
+
+mod proxy;
 
 use crate::runs::secrets::assert_clean;
 use crate::support::{Db, Harness};
@@ -266,7 +269,11 @@ async fn mcp_over_stdio_reads_and_writes() {
     let db = dir.path().join("store.db");
     let db = db.to_str().unwrap().to_string();
     let store = Store::open(&db, &OpenOptions::default()).await.unwrap();
-    let key = store.create_key("mcp-test").await.unwrap().plaintext;
+    let key = store
+        .create_key("mcp-test", &ScopeSet::legacy())
+        .await
+        .unwrap()
+        .plaintext;
     store.close().await;
     for writes in [false, true] {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_pstack-store"));

@@ -20,7 +20,10 @@ async fn reopening_keeps_data_and_applies_no_migration_twice(db: Db) {
     let Some((store, dir, pg)) = fresh_store(db).await else {
         return;
     };
-    assert_eq!(store.schema_version().await.unwrap(), 5);
+    assert_eq!(
+        store.schema_version().await.unwrap(),
+        pstack_store::db::SCHEMA_VERSION
+    );
     let item = verified(&Capture::new("node-a", 1, 1));
     store.ingest(&[&item], "k", 1).await.unwrap();
     store.close().await;
@@ -34,7 +37,10 @@ async fn reopening_keeps_data_and_applies_no_migration_twice(db: Db) {
         ..Default::default()
     };
     let again = pstack_store::db::Store::open(&url, &opts).await.unwrap();
-    assert_eq!(again.schema_version().await.unwrap(), 5);
+    assert_eq!(
+        again.schema_version().await.unwrap(),
+        pstack_store::db::SCHEMA_VERSION
+    );
     assert_eq!(
         again.all_digests().await.unwrap(),
         vec![item.digest.clone()]

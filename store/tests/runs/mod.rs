@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 use crate::on_both_backends;
 use crate::support::{Db, Harness, captured_logs, code};
 
+mod acceptance;
 mod bundles;
+pub(crate) mod mutation;
 mod newcomer;
 pub(crate) mod secrets;
 

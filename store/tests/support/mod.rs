@@ -10,6 +10,7 @@ use std::io::Write;
 use pstack_store::db::{OpenOptions, Store};
 use pstack_store::http::{AppState, IngestResponse, serve};
 use pstack_store::ingest::IngestLimits;
+use pstack_store::keys::{Scope, ScopeSet};
 use pstack_store::synthetic::Capture;
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -49,8 +50,13 @@ pub struct Harness {
     /// The server's clock (tests move it instead of sleeping).
     pub clock: pstack_store::clock::Clock,
     pub base: String,
+    /// A `legacy` key (every scope, as keys made before scopes): what the
+    /// tests that predate scopes act with.
     pub key: String,
     pub key_id: String,
+    /// A `runner` key: claims, completes and fails grants (an autonomous
+    /// grant is never claimed by the key that proposed it).
+    pub runner_key: String,
     pub store: Store,
     pub client: reqwest::Client,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
@@ -158,7 +164,14 @@ impl Harness {
         configure: impl FnOnce(&mut AppState),
     ) -> Option<Harness> {
         let (store, dir, pg) = fresh_store(db).await?;
-        let key = store.create_key("test-node").await.expect("create key");
+        let key = store
+            .create_key("test-node", &ScopeSet::legacy())
+            .await
+            .expect("create key");
+        let runner_key = store
+            .create_key("test-runner", &ScopeSet::of([Scope::Runner]))
+            .await
+            .expect("create runner key");
         let mut state = AppState::new(store.clone(), limits);
         configure(&mut state);
         let clock = state.clock.clone();
@@ -176,6 +189,7 @@ impl Harness {
             base: format!("http://{addr}"),
             key: key.plaintext,
             key_id: key.id,
+            runner_key: runner_key.plaintext,
             store,
 
             client: reqwest::Client::builder()
@@ -221,6 +235,16 @@ impl Harness {
         let s = (cookie, body["csrfToken"].as_str().unwrap().to_string());
         *self.human.lock().unwrap() = Some(s.clone());
         s
+    }
+
+    /// A fresh key holding `scopes`: (plaintext, id).
+    pub async fn scoped_key(&self, name: &str, scopes: &[Scope]) -> (String, String) {
+        let k = self
+            .store
+            .create_key(name, &ScopeSet::of(scopes.iter().copied()))
+            .await
+            .expect("create key");
+        (k.plaintext, k.id)
     }
 
     pub fn url(&self, path: &str) -> String {

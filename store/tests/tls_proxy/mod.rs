@@ -164,7 +164,7 @@ fn root_https_through_the_documented_nginx_proxy() {
     let o = Command::new(store_bin)
         .arg("--db")
         .arg(&db)
-        .args(["keys", "create", "--name", "tls"])
+        .args(["keys", "create", "--name", "tls", "--scope", "ingest,read"])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -172,10 +172,13 @@ fn root_https_through_the_documented_nginx_proxy() {
     std::fs::write(d.join("key"), format!("{key}\n")).unwrap();
 
     let store_port = free_port();
+    let tls_port = free_port();
     let mut store = Command::new(store_bin)
         .arg("--db")
         .arg(&db)
         .args(["serve", "--listen", &format!("127.0.0.1:{store_port}")])
+        // The name MCP clients use through the proxy (issue 28).
+        .args(["--public-url", &format!("https://store.example:{tls_port}")])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -183,7 +186,6 @@ fn root_https_through_the_documented_nginx_proxy() {
     wait_listening(store_port, "pstack-store", &mut store);
     let _store = Reaped(store);
 
-    let tls_port = free_port();
     let block = documented_server_block()
         .replace(
             "listen 7443 ssl;",
@@ -276,4 +278,62 @@ fn root_https_through_the_documented_nginx_proxy() {
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr).to_lowercase();
     assert!(err.contains("certificate"), "{err}");
+
+    // Regression (issue 28): an MCP session through the proxy. nginx
+    // forwards `Host: store.example` ($host, no port), which /mcp refused
+    // with 403 until serve learned its public URL.
+    let (init, listed) = runtime.block_on(async {
+        let client = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+            .resolve(
+                "store.example",
+                std::net::SocketAddr::from(([127, 0, 0, 1], tls_port)),
+            )
+            .build()
+            .unwrap();
+        let mcp = format!("https://store.example:{tls_port}/mcp");
+        let send = |session: Option<&str>, body: serde_json::Value| {
+            let mut req = client
+                .post(&mcp)
+                .bearer_auth(&key)
+                .header("accept", "application/json, text/event-stream")
+                .json(&body);
+            if let Some(id) = session {
+                req = req
+                    .header("mcp-session-id", id)
+                    .header("mcp-protocol-version", "2025-03-26");
+            }
+            req.send()
+        };
+        let init = send(
+            None,
+            serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-03-26", "capabilities": {},
+                "clientInfo": {"name": "tls-proxy-test", "version": "1"}}}),
+        )
+        .await
+        .expect("MCP initialize through the proxy");
+        let status = init.status();
+        let session = init
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let head = format!(
+            "{status} {session:?} {}",
+            init.text().await.unwrap_or_default()
+        );
+        let Some(session) = session else {
+            return (head, String::new());
+        };
+        let initialized =
+            serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        let r = send(Some(&session), initialized).await.unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+        let list = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+        let r = send(Some(&session), list).await.unwrap();
+        (head, r.text().await.unwrap_or_default())
+    });
+    assert!(init.starts_with("200 OK Some("), "{init}");
+    assert!(listed.contains("\"list_incidents\""), "{listed}");
 }

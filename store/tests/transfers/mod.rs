@@ -6,6 +6,7 @@
 
 use std::process::{Command, Output};
 
+use pstack_store::keys::ScopeSet;
 use pstack_store::synthetic::{StreamEnd, StreamLink, TransferEnd};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -43,7 +44,11 @@ struct Node {
 }
 
 async fn node(h: &Harness, name: &str) -> Node {
-    let k = h.store.create_key(name).await.expect("create key");
+    let k = h
+        .store
+        .create_key(name, &ScopeSet::legacy())
+        .await
+        .expect("create key");
     Node { key: k.plaintext }
 }
 
@@ -470,13 +475,15 @@ async fn ends_arriving_at_once_are_joined(db: Db) {
     h.finish().await;
 }
 
-/// Turn a fresh v5 store back into a v4 one (what a store upgraded to this
-/// version holds): the transfer tables and their migration record gone.
+/// Turn a fresh store back into one from before the transfer join: its
+/// tables and its migration record (v5) gone. The later steps stay
+/// applied; the store runs every unrecorded step, so reopening runs v5
+/// alone, over the envelopes already stored.
 async fn downgrade_to_v4(dir: &Option<tempfile::TempDir>, pg: &Option<(String, String)>) {
     use sqlx::Connection;
     const SQL: &str =
         "DROP TABLE transfer_ends; DROP TABLE transfers; DROP TABLE transfer_candidates;
-                       DELETE FROM pstack_schema_migrations WHERE version = 5;";
+         DELETE FROM pstack_schema_migrations WHERE version = 5;";
     match (dir, pg) {
         (Some(d), _) => {
             let path = d.path().join("store.db");
@@ -509,8 +516,14 @@ async fn envelopes_stored_before_the_migration_are_joined_by_it(db: Db) {
         pstack_store::ingest::ItemVerdict::Verified(v) => *v,
         pstack_store::ingest::ItemVerdict::Rejected(r) => panic!("{:?}", r.reasons),
     };
-    let ka = store.create_key("node-a").await.unwrap();
-    let kb = store.create_key("node-b").await.unwrap();
+    let ka = store
+        .create_key("node-a", &ScopeSet::legacy())
+        .await
+        .unwrap();
+    let kb = store
+        .create_key("node-b", &ScopeSet::legacy())
+        .await
+        .unwrap();
     let (da, ba) = sealed(&end_a());
     let (db_, bb) = sealed(&end_b());
     let (a, b) = (verified(ba), verified(bb));
@@ -528,7 +541,10 @@ async fn envelopes_stored_before_the_migration_are_joined_by_it(db: Db) {
         ..Default::default()
     };
     let again = pstack_store::db::Store::open(&url, &opts).await.unwrap();
-    assert_eq!(again.schema_version().await.unwrap(), 5);
+    assert_eq!(
+        again.schema_version().await.unwrap(),
+        pstack_store::db::SCHEMA_VERSION
+    );
     let ids = again.transfers_of(&da).await.unwrap();
     assert_eq!(ids.len(), 1, "joined when the migration ran");
     assert_eq!(again.transfers_of(&db_).await.unwrap(), ids);

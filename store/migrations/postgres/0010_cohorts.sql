@@ -1,4 +1,4 @@
--- pstack-store schema v6 (sqlite): request cohorts exact to the second, with
+-- pstack-store schema v10 (postgres): request cohorts exact to the second, with
 -- a latency sketch of stated error (issue 29; src/analysis/cohort.rs,
 -- src/analysis/sketch.rs, src/db/analysis.rs).
 
@@ -16,13 +16,13 @@ CREATE TABLE cohort_stats (
     service     TEXT    NOT NULL,
     dimension   TEXT    NOT NULL,
     name        TEXT    NOT NULL,
-    bucket_ns   INTEGER NOT NULL,
+    bucket_ns   BIGINT  NOT NULL,
     value       TEXT    NOT NULL,
-    requests    INTEGER NOT NULL,
-    errors      INTEGER NOT NULL,
-    seconds     BLOB    NOT NULL,
-    sketch      BLOB    NOT NULL,
-    legacy      INTEGER NOT NULL DEFAULT 0,
+    requests    BIGINT  NOT NULL,
+    errors      BIGINT  NOT NULL,
+    seconds     BYTEA   NOT NULL,
+    sketch      BYTEA   NOT NULL,
+    legacy      BIGINT  NOT NULL DEFAULT 0,
     PRIMARY KEY (environment, service, dimension, name, bucket_ns, value)
 );
 -- The capped dimensions' distinct values in one minute (the cap check at
