@@ -7,7 +7,9 @@
 //! completes one grant and fails another over MCP alone. This test then
 //! checks through REST that the completion armed the recovery watchdog: the
 //! proposal is `monitoring` with checkpoints due at +2, +5 and +15 minutes of
-//! its completion, and a watchdog tick past +2 minutes evaluates one.
+//! its completion, and a watchdog tick past +2 minutes evaluates one. Over
+//! stdio, a write-enabled `pstack-store mcp` without the database's gate
+//! key (none, or another) then refuses to start; a read-only one needs none.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -300,5 +302,41 @@ async fn mcp_python_sdk_over_stdio_runs_the_seed_workflow() {
     });
     let report = run_client(&py, plan).await;
     check_store(&h, &report).await;
+    // The database now records that gate key: a write-enabled MCP process
+    // with none, or another, refuses to start (its grants would not be
+    // honoured), naming the fix; a read-only one needs none.
+    let other = dir.path().join("other.key");
+    std::fs::write(&other, hex::encode([9u8; 32])).unwrap();
+    for (writes, key, refused) in [
+        ("true", None, true),
+        ("true", Some(&other), true),
+        ("true", Some(&key_file), false),
+        ("false", None, false),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pstack-store"));
+        cmd.args(["--db", &db, "mcp"])
+            .env("PSTACK_STORE_API_KEY", &h.key)
+            .env("OBS_MCP_ENABLE_WRITES", writes)
+            .env_remove("PSTACK_STORE_GATE_KEY_FILE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(k) = key {
+            cmd.env("PSTACK_STORE_GATE_KEY_FILE", k);
+        }
+        // stdin closed: a process that got to serving ends waiting for
+        // the client's initialize; a refused one never gets there.
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert_eq!(
+            (
+                stderr.contains("refusing to start") && stderr.contains("--gate-key-file"),
+                stderr.contains("initialize")
+            ),
+            (refused, !refused),
+            "writes={writes} key={key:?}: {stderr}"
+        );
+    }
     h.finish().await;
 }
