@@ -175,7 +175,9 @@ async fn main() -> anyhow::Result<()> {
             p50.as_secs_f64() / base_p50.as_secs_f64().max(1e-9),
             100.0 * size as f64 / budget as f64,
             last["handoffs"].as_array().map_or(0, Vec::len),
-            last["candidateChanges"].as_array().map_or(0, Vec::len),
+            last["bundle"]["autosre"]["candidateChanges"]
+                .as_array()
+                .map_or(0, Vec::len),
             cut.join(", ")
         );
     }

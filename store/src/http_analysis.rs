@@ -232,14 +232,29 @@ async fn get_changes(
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Reply {
     auth(&state, &headers, Scope::Read).await?;
-    only_params(&params, ChangesQuery::PARAMS)?;
+    let accepted: Vec<&str> = ChangesQuery::PARAMS
+        .iter()
+        .chain(ChangesQuery::ALIASES)
+        .copied()
+        .collect();
+    only_params(&params, &accepted)?;
+    // `serviceName` is the seed's name; `service` its older alias.
+    let service = match (params.get("serviceName"), params.get("service")) {
+        (Some(_), Some(_)) => {
+            return Err(bad_query(
+                "service",
+                "give serviceName or its alias service, not both",
+            ));
+        }
+        (name, alias) => name.or(alias),
+    };
     let since = time_param(&params, "since")?;
     let limit = limit_param(&params, 100)?;
     let items = state
         .store
         .changes(
             params.get("environment").map(String::as_str),
-            params.get("service").map(String::as_str),
+            service.map(String::as_str),
             since,
             limit,
         )
@@ -735,6 +750,17 @@ fn refusal_json(e: &proof::CounterfactualRefusal) -> Value {
     json!({"code": code, "message": e.to_string()})
 }
 
+/// A retry of a recorded finding: the stored finding, unchanged, under
+/// the seed's `data.finding` (and its top-level alias `finding`).
+fn replayed(f: &FindingRow) -> Response {
+    let f = finding_json(f);
+    (
+        StatusCode::OK,
+        Json(json!({"data": {"finding": f}, "finding": f, "idempotentReplay": true})),
+    )
+        .into_response()
+}
+
 async fn post_finding(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
     let key_id = auth(&state, &headers, Scope::Analysis).await?;
     let req: FindingRequest = json_body(body, "invalid_finding").await?;
@@ -837,11 +863,7 @@ async fn post_finding(State(state): State<AppState>, headers: HeaderMap, body: B
         .await
         .map_err(store_err)?
     {
-        return Ok((
-            StatusCode::OK,
-            Json(json!({"finding": finding_json(&existing), "idempotentReplay": true})),
-        )
-            .into_response());
+        return Ok(replayed(&existing));
     }
     // Fingerprint: given, else resolved from a sampled failing span, else the locus as a service.
     let fp_input = match req.fingerprint_input.clone() {
@@ -923,11 +945,7 @@ async fn post_finding(State(state): State<AppState>, headers: HeaderMap, body: B
         .await
         .map_err(store_err)?;
     if !inserted {
-        return Ok((
-            StatusCode::OK,
-            Json(json!({"finding": finding_json(&stored), "idempotentReplay": true})),
-        )
-            .into_response());
+        return Ok(replayed(&stored));
     }
     let mut out = json!({});
     if let (Some(cf), Some((failing, passing))) = (&req.counterfactual, runs) {
@@ -950,6 +968,12 @@ async fn post_finding(State(state): State<AppState>, headers: HeaderMap, body: B
         }
     }
     out["finding"] = finding_json(&stored);
+    // The seed's shape is `data.finding` (+ `data.counterfactualError`);
+    // the top-level members stay as aliases for the clients reading them.
+    out["data"] = json!({"finding": out["finding"]});
+    if let Some(e) = out.get("counterfactualError").cloned() {
+        out["data"]["counterfactualError"] = e;
+    }
     if req.causal_proof_tier.is_some() {
         out["ignoredFields"] = json!(["causalProofTier"]);
     }

@@ -525,8 +525,10 @@ pub(crate) struct ProposeRequest {
     pre_mutation_envelope: Option<String>,
     #[serde(default)]
     webhook_url: Option<String>,
-    #[serde(default)]
-    secret: Option<String>,
+    /// HMAC secret of the grant delivery (seed 000: `webhookSecret`;
+    /// `secret`, the HTTP body's older name, is accepted as an alias).
+    #[serde(default, alias = "secret")]
+    webhook_secret: Option<String>,
     #[serde(default)]
     runner_id: Option<String>,
     #[serde(default)]
@@ -684,16 +686,19 @@ async fn check_envelope(
         .map_err(|r| unprocessable(r.code(), r.to_string(), field))
 }
 
+/// `secret_field`: the secret's name in the request (`webhookSecret` at
+/// propose, `secret` at approve), for the error.
 fn validate_callback(
     url: Option<&String>,
     secret: Option<&String>,
+    secret_field: &str,
 ) -> Result<Option<(Callback, String)>, Response> {
     match (url, secret) {
         (None, None) => Ok(None),
         (None, Some(_)) => Err(unprocessable(
             "invalid_webhook",
-            "secret needs webhookUrl",
-            "secret",
+            format!("{secret_field} needs webhookUrl"),
+            secret_field,
         )),
         (Some(u), s) => {
             let host = webhook::callback_host(u)
@@ -865,7 +870,11 @@ async fn post_propose(State(state): State<AppState>, headers: HeaderMap, body: B
         }
         None => {}
     }
-    let callback = validate_callback(req.webhook_url.as_ref(), req.secret.as_ref())?;
+    let callback = validate_callback(
+        req.webhook_url.as_ref(),
+        req.webhook_secret.as_ref(),
+        "webhookSecret",
+    )?;
     // The tier is the server's, recorded on the finding; never the caller's,
     // and never one resting on the proposing key's own evidence.
     let gated = provenance::gate_tier(
@@ -1363,7 +1372,7 @@ async fn post_approve(
     let (user, _) = crate::http_ui::human(&state, &headers, true).await?;
     let key_id = format!("user:{user}");
     let req: ApproveRequest = optional_body(body, "invalid_approval").await?;
-    let callback = validate_callback(req.webhook_url.as_ref(), req.secret.as_ref())?;
+    let callback = validate_callback(req.webhook_url.as_ref(), req.secret.as_ref(), "secret")?;
     let Some(before) = state.store.proposal(&id).await.map_err(store_err)? else {
         return Err(proposal_not_found(&id));
     };

@@ -212,6 +212,17 @@ enum Command {
         /// The API key the tools act with.
         #[arg(long, env = "PSTACK_STORE_API_KEY", hide_env_values = true)]
         api_key: String,
+        /// The remediation gate key `serve` uses on this database (see
+        /// `serve --gate-key-file`): a grant minted by the server, or by
+        /// another MCP process, is claimed, completed or failed here only
+        /// under the same key. Checked against the database's recorded
+        /// fingerprint before serving, like `serve`.
+        #[arg(long, env = "PSTACK_STORE_GATE_KEY_FILE")]
+        gate_key_file: Option<std::path::PathBuf>,
+        /// Let grant webhooks of `propose_remediation_action` reach private
+        /// and loopback addresses (as `serve --alert-webhook-allow-private`).
+        #[arg(long, env = "ALERT_WEBHOOK_ALLOW_PRIVATE", default_value_t = false)]
+        alert_webhook_allow_private: bool,
     },
     /// Record or list changes (deploys, flag flips, kernel upgrades…) in a
     /// running store, e.g. from a CI/CD pipeline.
@@ -358,6 +369,42 @@ enum GateKeyCommand {
         #[arg(long)]
         gate_key_file: std::path::PathBuf,
     },
+}
+
+/// Put the gate key of `--gate-key-file` (else a random one of this run)
+/// in `state`, checked against the database's recorded fingerprint: every
+/// process on this database (`serve` replicas and stdio `mcp`) must hold
+/// the one gate key, so refuse before serving anything if this one differs.
+async fn adopt_gate_key(
+    store: &Store,
+    state: &mut AppState,
+    gate_key_file: Option<&std::path::Path>,
+) -> Result<()> {
+    use pstack_store::gate::shared_key::{self, KeyAgreement, KeySource};
+    let key_source = match gate_key_file {
+        Some(path) => {
+            state.gate.keys = std::sync::Arc::new(read_gate_key(path)?);
+            KeySource::File
+        }
+        None => {
+            tracing::warn!(
+                "no --gate-key-file: remediation grants and stored webhook callbacks use a key of this run only (and no other replica can share it)"
+            );
+            KeySource::Ephemeral
+        }
+    };
+    let fingerprint = state.gate.keys.fingerprint().to_string();
+    match shared_key::check(store, &state.gate.keys, key_source, pstack_store::now_ns()).await? {
+        KeyAgreement::Recorded => tracing::info!(
+            fingerprint,
+            "recorded the gate key's fingerprint: every replica on this database must start with this key"
+        ),
+        KeyAgreement::Matches => {
+            tracing::info!(fingerprint, "gate key matches the database's")
+        }
+        KeyAgreement::Unrecorded => {}
+    }
+    Ok(())
 }
 
 /// A gate key file: 64 hex digits.
@@ -589,8 +636,18 @@ async fn run(cli: Cli) -> Result<()> {
         .with_context(|| "opening the database (check --db / PSTACK_STORE_DB)".to_string())?;
     match cli.command {
         Command::Changes { .. } => {} // handled above, before the database
-        Command::Mcp { api_key } => {
-            let state = AppState::new(store.clone(), IngestLimits::default());
+        Command::Mcp {
+            api_key,
+            gate_key_file,
+            alert_webhook_allow_private,
+        } => {
+            let mut state = AppState::new(store.clone(), IngestLimits::default());
+            // Only the write tools touch grants: a read-only session needs
+            // no gate key.
+            if gate_key_file.is_some() || pstack_store::mcp::writes_enabled_from_env() {
+                adopt_gate_key(&store, &mut state, gate_key_file.as_deref()).await?;
+            }
+            state.gate.allow_private_webhooks = alert_webhook_allow_private;
             pstack_store::mcp::serve_stdio(state, api_key).await?;
         }
         Command::Migrate => {
@@ -810,34 +867,7 @@ async fn run(cli: Cli) -> Result<()> {
                 pstack_store::login::LoginLimits::default(),
                 trusted_proxies,
             );
-            use pstack_store::gate::shared_key::{self, KeyAgreement, KeySource};
-            let key_source = match &gate_key_file {
-                Some(path) => {
-                    state.gate.keys = std::sync::Arc::new(read_gate_key(path)?);
-                    KeySource::File
-                }
-                None => {
-                    tracing::warn!(
-                        "no --gate-key-file: remediation grants and stored webhook callbacks use a key of this run only (and no other replica can share it)"
-                    );
-                    KeySource::Ephemeral
-                }
-            };
-            // Every replica on this database must hold the one gate key:
-            // refuse to start before serving anything if this one differs.
-            let fingerprint = state.gate.keys.fingerprint().to_string();
-            match shared_key::check(&store, &state.gate.keys, key_source, pstack_store::now_ns())
-                .await?
-            {
-                KeyAgreement::Recorded => tracing::info!(
-                    fingerprint,
-                    "recorded the gate key's fingerprint: every replica on this database must start with this key"
-                ),
-                KeyAgreement::Matches => {
-                    tracing::info!(fingerprint, "gate key matches the database's")
-                }
-                KeyAgreement::Unrecorded => {}
-            }
+            adopt_gate_key(&store, &mut state, gate_key_file.as_deref()).await?;
             state.mcp_allowed_hosts =
                 pstack_store::mcp::allowed_hosts(public_url.as_deref(), &mcp_allowed_host)?;
             state.gate.allow_private_webhooks = alert_webhook_allow_private;

@@ -15,8 +15,12 @@ use serde::{Deserialize, Serialize};
 
 /// A read route's query type.
 pub trait QueryParams: Serialize {
-    /// The parameter names the route accepts.
+    /// The parameter names the route accepts (the documented ones, in the
+    /// input schema).
     const PARAMS: &'static [&'static str];
+    /// Older names the route still accepts for some of them (kept for the
+    /// clients written against them; absent from the schema).
+    const ALIASES: &'static [&'static str] = &[];
 
     /// The pairs to put in the route's query string, in field order.
     fn to_query(&self) -> Vec<(String, String)> {
@@ -43,9 +47,9 @@ pub struct ChangesQuery {
     /// Environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<String>,
-    /// Service.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub service: Option<String>,
+    /// Service (`service.name`). `service` is accepted as an alias.
+    #[serde(default, alias = "service", skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
     /// Only changes at or after this time (RFC 3339, or a window like `24h`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<String>,
@@ -55,7 +59,8 @@ pub struct ChangesQuery {
 }
 
 impl QueryParams for ChangesQuery {
-    const PARAMS: &'static [&'static str] = &["environment", "service", "since", "limit"];
+    const PARAMS: &'static [&'static str] = &["environment", "serviceName", "since", "limit"];
+    const ALIASES: &'static [&'static str] = &["service"];
 }
 
 /// `GET /internal/changes/{id}/blast-radius` (tool `get_change_blast_radius`).
@@ -115,22 +120,33 @@ impl QueryParams for IncidentsQuery {
     const PARAMS: &'static [&'static str] = &["environment", "status", "limit"];
 }
 
-/// `GET /internal/bundles` (tool `get_evidence_bundle`).
+/// `GET /internal/bundles` (tool `get_evidence_bundle`): exactly one
+/// anchor (`incident`, `change` or `finding`; the route refuses none or
+/// two).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BundleQuery {
-    /// What the bundle is for; `triage_incident` (the default of the tool).
+    /// What the bundle is for: `triage_incident` (the default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intent: Option<String>,
-    /// Incident id the bundle is about.
-    pub incident: String,
-    /// Token budget (default 4000).
+    /// Anchor: the incident (`inc_…`) the bundle is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incident: Option<String>,
+    /// Anchor: a change (`chg_…`), the first candidate; its service is the
+    /// fault locus.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<String>,
+    /// Anchor: a finding (`fnd_…`), with its incident if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finding: Option<String>,
+    /// Token budget (100-1000000, default 4000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_tokens: Option<u32>,
 }
 
 impl QueryParams for BundleQuery {
-    const PARAMS: &'static [&'static str] = &["intent", "incident", "budgetTokens"];
+    const PARAMS: &'static [&'static str] =
+        &["intent", "incident", "change", "finding", "budgetTokens"];
 }
 
 /// `GET /v1/diff` (tool `diff_envelopes`).
@@ -205,7 +221,7 @@ mod tests {
     #[test]
     fn only_set_parameters_are_rendered() {
         let q = ChangesQuery {
-            service: Some("checkout".into()),
+            service_name: Some("checkout".into()),
             limit: Some(5),
             ..Default::default()
         };
@@ -213,7 +229,7 @@ mod tests {
             q.to_query(),
             vec![
                 ("limit".to_string(), "5".to_string()),
-                ("service".to_string(), "checkout".to_string())
+                ("serviceName".to_string(), "checkout".to_string())
             ]
         );
         let u = UnknownsQuery {

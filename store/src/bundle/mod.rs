@@ -23,8 +23,27 @@ pub fn estimate_tokens(v: &Value) -> usize {
 pub struct Section {
     /// JSON key.
     pub name: &'static str,
+    /// The objects the section sits in, outermost first (empty: at the top
+    /// level; `["bundle", "autosre"]`: at `bundle.autosre.<name>`).
+    pub parent: &'static [&'static str],
     /// Ranked items.
     pub items: Vec<Value>,
+}
+
+/// Put `v` at `parent.<name>` in `out`, making (or reusing) the parents.
+fn place(out: &mut Map<String, Value>, parent: &[&str], name: &str, v: Value) {
+    let mut at = out;
+    for p in parent {
+        let slot = at
+            .entry(p.to_string())
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !slot.is_object() {
+            *slot = Value::Object(Map::new());
+        }
+        let Value::Object(m) = slot else { return };
+        at = m;
+    }
+    at.insert(name.into(), v);
 }
 
 /// Remove every `grantToken` field, anywhere.
@@ -67,7 +86,7 @@ pub fn fit(header: Map<String, Value>, mut sections: Vec<Section>, budget: usize
     loop {
         let mut out = header.clone();
         for s in &sections {
-            out.insert(s.name.into(), Value::Array(s.items.clone()));
+            place(&mut out, s.parent, s.name, Value::Array(s.items.clone()));
         }
         let cuts: Vec<Value> = sections
             .iter()
@@ -100,10 +119,12 @@ mod tests {
         vec![
             Section {
                 name: "candidateChanges",
+                parent: &[],
                 items: (0..n).map(|i| json!({"id": format!("chg_{i}"), "pad": "x".repeat(200)})).collect(),
             },
             Section {
                 name: "priorFindings",
+                parent: &["bundle", "autosre"],
                 items: (0..n).map(|i| json!({"id": format!("fnd_{i}"), "grantToken": "gt_secret", "pad": "y".repeat(200)})).collect(),
             },
         ]
@@ -111,10 +132,14 @@ mod tests {
 
     #[test]
     fn stays_within_budget_and_says_what_it_cut() {
-        let header: Map<String, Value> = json!({"intent": "triage_incident"})
-            .as_object()
-            .unwrap()
-            .clone();
+        // A section nested in an object the header already has.
+        let header: Map<String, Value> = json!({
+            "intent": "triage_incident",
+            "bundle": {"autosre": {"faultLocus": {"entityId": "checkout-api"}}},
+        })
+        .as_object()
+        .unwrap()
+        .clone();
         for budget in [200, 500, 2000, 100_000] {
             let Some(b) = fit(header.clone(), sections(20), budget) else {
                 assert!(budget < 100, "{budget} should fit something");
@@ -126,7 +151,10 @@ mod tests {
                 estimate_tokens(&b)
             );
             let kept = b["candidateChanges"].as_array().unwrap().len()
-                + b["priorFindings"].as_array().unwrap().len();
+                + b["bundle"]["autosre"]["priorFindings"]
+                    .as_array()
+                    .unwrap()
+                    .len();
             let dropped: u64 = b["cut"]
                 .as_array()
                 .unwrap()
@@ -139,10 +167,17 @@ mod tests {
                 "{budget}: every item is kept or counted as cut"
             );
             assert!(!b.to_string().contains("gt_secret"));
+            assert_eq!(
+                b["bundle"]["autosre"]["faultLocus"]["entityId"],
+                "checkout-api"
+            );
             if budget < 100_000 {
                 // Lower priority goes first.
                 assert!(
-                    b["priorFindings"].as_array().unwrap().len()
+                    b["bundle"]["autosre"]["priorFindings"]
+                        .as_array()
+                        .unwrap()
+                        .len()
                         <= b["candidateChanges"].as_array().unwrap().len()
                 );
             }

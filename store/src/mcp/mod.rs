@@ -83,13 +83,48 @@ fn collect_strings(v: &Value, out: &mut Vec<String>) {
     }
 }
 
-/// Replace each attempted string inside an error body by `<argument>`.
+fn is_word_byte(b: u8) -> bool {
+    // Letters and digits only: a value glued to `_` or `-` (`inc_<arg>`)
+    // is still scrubbed.
+    b.is_ascii_alphanumeric()
+}
+
+/// `s` with each occurrence of `a` that stands as a whole token (no ASCII
+/// letter or digit on either side) replaced by `<argument>`: an argument
+/// such as `claim` leaves the store's own words (`claimed`,
+/// `claimed_executing`) intact.
+fn replace_tokens(s: &str, a: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut from = 0;
+    while let Some(i) = s[from..].find(a).map(|i| i + from) {
+        let end = i + a.len();
+        let free_before = i == 0 || !is_word_byte(bytes[i - 1]);
+        let free_after = end == bytes.len() || !is_word_byte(bytes[end]);
+        if free_before && free_after {
+            out.push_str(&s[from..i]);
+            out.push_str("<argument>");
+            from = end;
+        } else {
+            // Step past this match by one character (a char boundary).
+            let step = s[i..].chars().next().map_or(1, char::len_utf8);
+            out.push_str(&s[from..i + step]);
+            from = i + step;
+        }
+    }
+    out.push_str(&s[from..]);
+    out
+}
+
+/// Replace each attempted string inside an error body by `<argument>`
+/// (longest first, as a whole token). `code` is the store's fixed
+/// vocabulary, never the caller's text, and is kept as it is.
 fn scrub(v: Value, attempted: &[String]) -> Value {
     match v {
         Value::String(mut s) => {
             for a in attempted {
                 if s.contains(a.as_str()) {
-                    s = s.replace(a.as_str(), "<argument>");
+                    s = replace_tokens(&s, a);
                 }
             }
             Value::String(s)
@@ -97,7 +132,13 @@ fn scrub(v: Value, attempted: &[String]) -> Value {
         Value::Array(a) => Value::Array(a.into_iter().map(|v| scrub(v, attempted)).collect()),
         Value::Object(m) => Value::Object(
             m.into_iter()
-                .map(|(k, v)| (k, scrub(v, attempted)))
+                .map(|(k, v)| {
+                    if k == "code" && v.is_string() {
+                        (k, v)
+                    } else {
+                        (k, scrub(v, attempted))
+                    }
+                })
                 .collect(),
         ),
         other => other,
@@ -150,6 +191,7 @@ impl rmcp::ServerHandler for PstackMcp {
         let args = Value::Object(request.arguments.unwrap_or_default());
         let mut attempted = Vec::new();
         collect_strings(&args, &mut attempted);
+        attempted.sort_by_key(|a| std::cmp::Reverse(a.len()));
         let (method, path, body) = (spec.call)(args).map_err(|e| {
             McpError::invalid_params(e.to_string(), Some(serde_json::json!({"field": e.field})))
         })?;
@@ -430,6 +472,16 @@ async fn bind_session(
         }
         (Some(id), _) if closing && resp.status().is_success() => {
             owners.map().by_session.remove(id);
+            // rmcp answers a closed session 202; clients (the official
+            // Python SDK) read 200 or 204 as closed and warn on anything
+            // else. The session is gone: say so with 204.
+            if resp.status() == StatusCode::ACCEPTED {
+                let (mut parts, _) = resp.into_parts();
+                parts.status = StatusCode::NO_CONTENT;
+                parts.headers.remove(header::CONTENT_LENGTH);
+                parts.headers.remove(header::CONTENT_TYPE);
+                return axum::response::Response::from_parts(parts, Body::empty());
+            }
         }
         _ => {}
     }
@@ -443,4 +495,34 @@ pub async fn serve_stdio(state: AppState, key: String) -> anyhow::Result<()> {
     let running = server.serve(rmcp::transport::stdio()).await?;
     running.waiting().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn scrub_removes_arguments_as_tokens_and_keeps_the_stores_words() {
+        let attempted = vec!["sk-live-1".to_string(), "claim".to_string()];
+        let body = json!({"error": {
+            "code": "grant_already_claimed",
+            "message": "the grant was claimed; token sk-live-1 refused; operation \"claim\"",
+            "field": "claim",
+        }});
+        let out = scrub(body, &attempted);
+        assert_eq!(out["error"]["code"], "grant_already_claimed");
+        assert_eq!(
+            out["error"]["message"],
+            "the grant was claimed; token <argument> refused; operation \"<argument>\""
+        );
+        assert_eq!(out["error"]["field"], "<argument>");
+        // Inside another word the argument stays (it is not the caller's).
+        assert_eq!(replace_tokens("xsk-live-1y", "sk-live-1"), "xsk-live-1y");
+        assert_eq!(replace_tokens("é claim é", "claim"), "é <argument> é");
+        assert_eq!(
+            replace_tokens("claimclaim claim", "claim"),
+            "claimclaim <argument>"
+        );
+    }
 }

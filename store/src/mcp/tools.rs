@@ -134,16 +134,51 @@ pub struct DigestArgs {
     pub digest: String,
 }
 
-/// `claim_remediation_grant`.
+/// What `claim_remediation_grant` does with the grant (seed 000: the
+/// grant lifecycle `claim`, `complete`, `fail`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GrantOperation {
+    /// Claim the grant (checks `expectedCurrentState`); the default.
+    #[default]
+    Claim,
+    /// The claiming runner executed it: arms the recovery watchdog.
+    Complete,
+    /// The claiming runner could not execute it.
+    Fail,
+}
+
+impl GrantOperation {
+    /// Its name in `POST /internal/remediations/{id}/grant`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GrantOperation::Claim => "claim",
+            GrantOperation::Complete => "complete",
+            GrantOperation::Fail => "fail",
+        }
+    }
+}
+
+/// `claim_remediation_grant`: the body of `POST
+/// /internal/remediations/{proposalId}/grant`, so claim, complete and fail
+/// are the route's own (one implementation, the runner scope checked there).
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClaimArgs {
     /// The proposal id.
     pub proposal_id: String,
+    /// `claim` (default), then `complete` or `fail` by the claiming runner
+    /// within 5 minutes of the claim.
+    #[serde(default)]
+    pub operation: GrantOperation,
     /// The token minted for it.
     pub grant_token: String,
-    /// The runner claiming.
+    /// The runner claiming (and later completing or failing).
     pub runner_id: String,
+    /// What the execution did (`complete` / `fail` only; stored as the
+    /// proposal's `outcome`).
+    #[serde(default)]
+    pub result: Option<Value>,
 }
 
 /// One tool.
@@ -172,7 +207,7 @@ pub fn all() -> Vec<ToolSpec> {
     vec![
         ToolSpec {
             name: "get_evidence_bundle",
-            description: "A token-budgeted evidence bundle for an incident: fault locus, candidate changes, prior findings, handoffs; says what it cut.",
+            description: "A token-budgeted evidence bundle anchored at one incident, change or finding (intent triage_incident): bundle.autosre has faultLocus, candidateChanges, contentionCandidates and priorFindings (by fingerprint and by entity), plus the cited envelopes' handoffs; says what it cut.",
             write: false,
             mints: false,
             schema: schema_of::<BundleQuery>,
@@ -355,23 +390,27 @@ pub fn all() -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "claim_remediation_grant",
-            description: "Claim a grant with its token (single use).",
+            description: "A grant's lifecycle with its token: claim it (single use, CAS of expectedCurrentState), then complete or fail it as the claiming runner; complete arms the recovery watchdog.",
             write: true,
             mints: false,
             schema: schema_of::<ClaimArgs>,
             call: |a| {
                 let a: ClaimArgs = parse(a)?;
+                let mut body = json!({
+                    "operation": a.operation.as_str(),
+                    "grantToken": a.grant_token,
+                    "runnerId": a.runner_id,
+                });
+                if let Some(r) = a.result {
+                    body["result"] = r;
+                }
                 Ok((
                     Method::POST,
                     format!(
                         "/internal/remediations/{}/grant",
                         id_arg("proposalId", &a.proposal_id)?
                     ),
-                    Some(json!({
-                        "operation": "claim",
-                        "grantToken": a.grant_token,
-                        "runnerId": a.runner_id,
-                    })),
+                    Some(body),
                 ))
             },
         },
@@ -404,6 +443,53 @@ mod tests {
         assert_eq!(offered(true).len(), 14);
         let minting: Vec<_> = all().iter().filter(|t| t.mints).map(|t| t.name).collect();
         assert_eq!(minting, ["propose_remediation_action"]);
+    }
+
+    fn tool(name: &str) -> ToolSpec {
+        all().into_iter().find(|t| t.name == name).unwrap()
+    }
+
+    #[test]
+    fn claim_remediation_grant_speaks_the_routes_three_operations() {
+        let t = tool("claim_remediation_grant");
+        let base = json!({"proposalId": "rp_1", "grantToken": "rgt_x", "runnerId": "r1"});
+        let (m, path, body) = (t.call)(base.clone()).unwrap();
+        assert_eq!(
+            (m, path.as_str()),
+            (Method::POST, "/internal/remediations/rp_1/grant")
+        );
+        assert_eq!(body.unwrap()["operation"], "claim", "claim is the default");
+        for op in ["claim", "complete", "fail"] {
+            let mut a = base.clone();
+            a["operation"] = json!(op);
+            a["result"] = json!({"rolledBackTo": "2.4.0"});
+            let body = (t.call)(a).unwrap().2.unwrap();
+            assert_eq!(body["operation"], op);
+            assert_eq!(body["result"]["rolledBackTo"], "2.4.0");
+        }
+        let mut a = base;
+        a["operation"] = json!("abandon");
+        assert_eq!((t.call)(a).unwrap_err().field, "operation");
+    }
+
+    #[test]
+    fn seed_names_are_the_schemas_and_old_names_still_parse() {
+        let changes = (tool("list_recent_changes").schema)();
+        assert!(changes["properties"].get("serviceName").is_some());
+        assert!(changes["properties"].get("service").is_none());
+        for name in ["serviceName", "service"] {
+            let path = (tool("list_recent_changes").call)(json!({name: "checkout-api"}))
+                .unwrap()
+                .1;
+            assert_eq!(path, "/v1/changes?serviceName=checkout-api");
+        }
+        let propose = (tool("propose_remediation_action").schema)();
+        assert!(propose["properties"].get("webhookSecret").is_some());
+        assert!(propose["properties"].get("secret").is_none());
+        let bundle = (tool("get_evidence_bundle").schema)();
+        for anchor in ["incident", "change", "finding"] {
+            assert!(bundle["properties"].get(anchor).is_some(), "{anchor}");
+        }
     }
 
     #[test]

@@ -479,7 +479,9 @@ async fn noisy_neighbour(db: Db) {
         ))
         .await;
     assert_eq!(st, StatusCode::OK, "{bundle}");
-    let cc = bundle["contentionCandidates"].as_array().unwrap();
+    let cc = bundle["bundle"]["autosre"]["contentionCandidates"]
+        .as_array()
+        .unwrap();
     assert_eq!(cc.len(), 1, "{bundle:#}");
     assert_eq!(
         cc[0]["resource"],
@@ -641,6 +643,13 @@ async fn counterfactual(db: Db) {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["counterfactualError"]["code"], "payload_mismatch");
     assert_eq!(body["finding"]["causalProofTier"], "unverified_locus");
+    // The seed's shape: `data.finding` + `data.counterfactualError` (the
+    // top-level members above are their aliases).
+    assert_eq!(
+        body["data"]["counterfactualError"]["code"],
+        "payload_mismatch"
+    );
+    assert_eq!(body["data"]["finding"], body["finding"], "{body}");
     let mut missing = finding(
         "missing-run",
         Some(&change),
@@ -1353,6 +1362,21 @@ async fn cli_changes_record_posts_a_change() {
         .get("/v1/changes?environment=prod&service=checkout-api")
         .await;
     assert_eq!(list["items"][0]["id"], id.as_str());
+    // The seed's name `serviceName`; `service` above is its alias; both at
+    // once is refused, named.
+    let (_, list) = h
+        .get("/v1/changes?environment=prod&serviceName=checkout-api")
+        .await;
+    assert_eq!(list["items"][0]["id"], id.as_str(), "{list}");
+    let (_, none) = h.get("/v1/changes?serviceName=other-api").await;
+    assert_eq!(none["items"], json!([]), "{none}");
+    let (status, e) = h
+        .get("/v1/changes?serviceName=checkout-api&service=checkout-api")
+        .await;
+    assert_eq!(
+        (status, e["error"]["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("service"))
+    );
     // A refusal names the field and exits non-zero; no database file appears.
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_pstack-store"))
         .current_dir(dir.path())

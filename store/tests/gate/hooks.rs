@@ -115,7 +115,8 @@ async fn webhook_signed_delivery_stored_and_request_callbacks(db: Db) {
     let f = finding(&h, &inc, "counterfactual_verified", "fp_h1").await;
     let mut body = proposal(&inc, &f, "rollback_deploy", "h1");
     body["webhookUrl"] = json!(format!("http://127.0.0.1:{port}/hook-7f3?q=qsecret"));
-    body["secret"] = json!("s3cret-hmac");
+    // The seed's name; `secret` (below, on a parked proposal) is its alias.
+    body["webhookSecret"] = json!("s3cret-hmac");
     let (st, b) = post(&h, "/internal/remediations/propose", &body).await;
     assert_eq!(st, StatusCode::CREATED, "{b}");
     let d = &b["grantDelivery"];
@@ -151,6 +152,13 @@ async fn webhook_signed_delivery_stored_and_request_callbacks(db: Db) {
     let mut body = proposal(&inc, &f2, "rollback_deploy", "h2");
     body["webhookUrl"] = json!(format!("http://127.0.0.1:{port}/stored-path?q=qsecret"));
     body["secret"] = json!("stored-secret");
+    // Both names at once is ambiguous: refused before anything is stored.
+    let mut both = body.clone();
+    both["webhookSecret"] = json!("other-secret");
+    both["idempotencyKey"] = json!("h2-both");
+    let (st, e) = post(&h, "/internal/remediations/propose", &both).await;
+    assert!(st.is_client_error(), "{st} {e}");
+    assert!(!e.to_string().contains("other-secret"), "{e}");
     let (_, b2) = post(&h, "/internal/remediations/propose", &body).await;
     let id2 = b2["proposal"]["id"].as_str().unwrap().to_string();
     assert_eq!(b2["proposal"]["callbackHost"], "127.0.0.1");

@@ -13,6 +13,7 @@ use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::{Value, json};
 
 mod proxy;
+mod sdk;
 
 use crate::runs::secrets::assert_clean;
 use crate::support::{Db, Harness};

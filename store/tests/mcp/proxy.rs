@@ -230,7 +230,7 @@ async fn an_mcp_session_answers_only_the_key_that_opened_it() {
             (403, "mcp_session_key_mismatch".to_string())
         );
         let (st, head, _) = mcp(addr, &host, "DELETE", &a, s, None);
-        assert!((200..300).contains(&st), "{head}");
+        assert_eq!(st, 204, "closed (what MCP clients read as closed): {head}");
         let (st, _, body) = mcp(addr, &host, "POST", &a, s, Some(&list));
         assert_eq!(
             (st, error_code(&body)),

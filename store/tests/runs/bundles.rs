@@ -13,6 +13,7 @@ use crate::support::{Db, Harness, code};
 on_both_backends!(
     bundles_stay_within_budget_and_say_what_they_cut,
     prior_findings_match_by_entity_and_by_fingerprint,
+    bundles_anchor_at_an_incident_a_change_or_a_finding,
 );
 
 async fn finding(h: &Harness, incident: &str, fp: &str, cited: &[String]) {
@@ -87,9 +88,18 @@ async fn bundles_stay_within_budget_and_say_what_they_cut(db: Db) {
     let (st, full) = get(1_000_000).await;
     assert_eq!(st, StatusCode::OK, "{full}");
     assert_eq!(full["cut"], json!([]));
-    assert_eq!(full["faultLocus"], "checkout-api");
-    assert_eq!(full["candidateChanges"].as_array().unwrap().len(), 12);
-    assert_eq!(full["priorFindings"].as_array().unwrap().len(), 1, "{full}");
+    let autosre = &full["bundle"]["autosre"];
+    assert_eq!(
+        autosre["faultLocus"],
+        json!({"entityId": "checkout-api", "source": "incident"})
+    );
+    assert_eq!(autosre["candidateChanges"].as_array().unwrap().len(), 12);
+    assert_eq!(
+        autosre["priorFindings"].as_array().unwrap().len(),
+        1,
+        "{full}"
+    );
+    assert_eq!(full["anchor"], json!({"kind": "incident", "id": inc}));
     let handoff = &full["handoffs"][0];
     assert_eq!(handoff["uri"], format!("/v1/envelopes/{d}"));
     assert!(handoff["observedAt"].is_string() && handoff["expiresAt"].is_string());
@@ -103,14 +113,15 @@ async fn bundles_stay_within_budget_and_say_what_they_cut(db: Db) {
         "{handoff}"
     );
     let total = |b: &Value| {
+        let autosre = &b["bundle"]["autosre"];
         [
-            "handoffs",
-            "candidateChanges",
-            "priorFindings",
-            "contentionCandidates",
+            &b["handoffs"],
+            &autosre["candidateChanges"],
+            &autosre["priorFindings"],
+            &autosre["contentionCandidates"],
         ]
         .iter()
-        .map(|s| b[s].as_array().unwrap().len() as u64)
+        .map(|s| s.as_array().unwrap().len() as u64)
         .sum::<u64>()
             + b["cut"]
                 .as_array()
@@ -207,7 +218,7 @@ async fn prior_findings_match_by_entity_and_by_fingerprint(db: Db) {
         ))
         .await;
     assert_eq!(st, StatusCode::OK, "{bundle}");
-    let mut got: Vec<(String, String)> = bundle["priorFindings"]
+    let mut got: Vec<(String, String)> = bundle["bundle"]["autosre"]["priorFindings"]
         .as_array()
         .unwrap()
         .iter()
@@ -245,6 +256,153 @@ async fn prior_findings_match_by_entity_and_by_fingerprint(db: Db) {
         assert_eq!(
             (st, e["error"]["field"].as_str()),
             (StatusCode::BAD_REQUEST, Some(field)),
+            "{q}: {e}"
+        );
+    }
+    h.finish().await;
+}
+
+/// Seed 000: `get_evidence_bundle` takes an `incident`, `change` or
+/// `finding` anchor and answers `bundle.autosre` (`faultLocus`,
+/// `candidateChanges`, `contentionCandidates`, `priorFindings`).
+async fn bundles_anchor_at_an_incident_a_change_or_a_finding(db: Db) {
+    let Some(h) = Harness::start(db).await else {
+        return;
+    };
+    let (st, c) = post(
+        &h,
+        "/v1/changes",
+        &json!({"environment": "prod", "kind": "deploy", "service": "checkout-api",
+            "version": "2.4.1", "previousVersion": "2.4.0"}),
+    )
+    .await;
+    assert!(st.is_success(), "{c}");
+    let chg = c["id"].as_str().unwrap().to_string();
+    for i in 0..3 {
+        let (st, r) = post(
+            &h,
+            "/v1/changes",
+            &json!({"environment": "prod", "kind": "deploy", "service": format!("svc-{i}"), "version": "1"}),
+        )
+        .await;
+        assert!(st.is_success(), "{r}");
+    }
+    let inc = incident(&h, "now").await;
+    let (st, r) = post(
+        &h,
+        "/internal/findings",
+        &json!({"environment": "prod", "incidentId": inc, "faultLocusEntityId": "checkout-api",
+            "contributingChangeId": chg,
+            "causalChain": [{"subject": chg, "relation": "degraded_after_change", "object": "checkout-api"}],
+            "idempotencyKey": "anchor-now"}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    let fnd = r["finding"]["id"].as_str().unwrap().to_string();
+    let earlier = incident(&h, "earlier").await;
+    let prior = posted_finding(&h, &earlier, "checkout-api", "Timeout").await;
+    let prior_ids = |b: &Value| -> Vec<String> {
+        let mut v: Vec<String> = b["bundle"]["autosre"]["priorFindings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["finding"]["id"].as_str().unwrap().to_string())
+            .collect();
+        v.sort();
+        v
+    };
+
+    // A change: it is the first candidate, its service the locus; every
+    // finding on that service is prior (no incident owns the bundle).
+    let (st, b) = h
+        .get(&format!(
+            "/internal/bundles?change={chg}&budgetTokens=100000"
+        ))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{b}");
+    let autosre = &b["bundle"]["autosre"];
+    assert_eq!(b["anchor"], json!({"kind": "change", "id": chg}));
+    assert_eq!(b["incident"], Value::Null);
+    assert_eq!(b["intent"], "triage_incident");
+    assert_eq!(
+        autosre["faultLocus"],
+        json!({"entityId": "checkout-api", "source": "change"})
+    );
+    assert_eq!(autosre["candidateChanges"][0]["change"]["id"], chg.as_str());
+    assert_eq!(autosre["candidateChanges"].as_array().unwrap().len(), 4);
+    assert!(autosre["contentionCandidates"].is_array(), "{b}");
+    let mut want = vec![fnd.clone(), prior.clone()];
+    want.sort();
+    assert_eq!(prior_ids(&b), want, "{b:#}");
+
+    // A finding: its incident, its locus, the change it names first; its
+    // own incident's findings are not prior.
+    let (st, b) = h
+        .get(&format!(
+            "/internal/bundles?intent=triage_incident&finding={fnd}&budgetTokens=100000"
+        ))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{b}");
+    let autosre = &b["bundle"]["autosre"];
+    assert_eq!(b["anchor"], json!({"kind": "finding", "id": fnd}));
+    assert_eq!(b["incident"]["id"], inc.as_str());
+    assert_eq!(
+        autosre["faultLocus"],
+        json!({"entityId": "checkout-api", "source": "finding"})
+    );
+    assert_eq!(autosre["candidateChanges"][0]["change"]["id"], chg.as_str());
+    assert_eq!(prior_ids(&b), vec![prior.clone()], "{b:#}");
+
+    // The incident anchor ranks the change its finding names first too.
+    let (st, b) = h
+        .get(&format!(
+            "/internal/bundles?incident={inc}&budgetTokens=100000"
+        ))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{b}");
+    assert_eq!(
+        b["bundle"]["autosre"]["candidateChanges"][0]["change"]["id"],
+        chg.as_str()
+    );
+    assert_eq!(prior_ids(&b), vec![prior], "{b:#}");
+
+    // Exactly one anchor, an id, that exists.
+    for (q, want_st, want_code, field) in [
+        (
+            format!("incident={inc}&change={chg}"),
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            "change",
+        ),
+        (
+            "budgetTokens=1000".to_string(),
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            "incident",
+        ),
+        (
+            "change=chg%20x".to_string(),
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            "change",
+        ),
+        (
+            "change=chg_nope".to_string(),
+            StatusCode::NOT_FOUND,
+            "change_not_found",
+            "change",
+        ),
+        (
+            "finding=fnd_nope".to_string(),
+            StatusCode::NOT_FOUND,
+            "finding_not_found",
+            "finding",
+        ),
+    ] {
+        let (st, e) = h.get(&format!("/internal/bundles?{q}")).await;
+        assert_eq!(
+            (st, code(&e), e["error"]["field"].as_str()),
+            (want_st, want_code, Some(field)),
             "{q}: {e}"
         );
     }

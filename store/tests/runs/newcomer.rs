@@ -126,7 +126,7 @@ pub(crate) mod agent {
     /// legal on it: the next action is to ask for the blast radius again
     /// in CHOOSE FALSIFIER. Otherwise the first handoff decides.
     pub fn decide_from_bundle(b: &Value) -> Result<Decision, Refusal> {
-        let changes = b["candidateChanges"]
+        let changes = b["bundle"]["autosre"]["candidateChanges"]
             .as_array()
             .ok_or(Refusal::Missing("candidateChanges"))?;
         for c in changes {
@@ -475,7 +475,7 @@ async fn a_newcomer_with_only_a_handoff_takes_the_next_legal_action(db: Db) {
     let change = c["id"].as_str().unwrap().to_string();
     let inc = incident(&h, "sample", &[], Some(&change)).await;
     let b = bundle(&h, &inc).await;
-    let radius = &b["candidateChanges"][0];
+    let radius = &b["bundle"]["autosre"]["candidateChanges"][0];
     assert_eq!(radius["change"]["id"], change.as_str());
     assert_eq!(radius["blastRadius"]["verdict"], "insufficient_sample");
     let dec = decide_from_bundle(&b).expect("the newcomer can act on the bundle alone");
@@ -521,7 +521,7 @@ async fn a_newcomer_with_only_a_handoff_takes_the_next_legal_action(db: Db) {
     stale["expired"] = json!(true);
     assert_eq!(decide_from_handoff(&stale), Err(Refusal::Expired));
     let mut lost = b.clone();
-    lost["candidateChanges"][0]["blastRadius"] = Value::Null;
+    lost["bundle"]["autosre"]["candidateChanges"][0]["blastRadius"] = Value::Null;
     assert_eq!(
         decide_from_bundle(&lost),
         Err(Refusal::Missing("blastRadius.verdict"))

@@ -58,6 +58,9 @@ pub struct Harness {
     /// grant is never claimed by the key that proposed it).
     pub runner_key: String,
     pub store: Store,
+    /// The SQLite database file (SQLite harnesses only): for a second
+    /// process on the same store (`pstack-store mcp`).
+    pub sqlite_path: Option<String>,
     pub client: reqwest::Client,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -164,6 +167,9 @@ impl Harness {
         configure: impl FnOnce(&mut AppState),
     ) -> Option<Harness> {
         let (store, dir, pg) = fresh_store(db).await?;
+        let sqlite_path = dir
+            .as_ref()
+            .map(|d| d.path().join("store.db").to_string_lossy().into_owned());
         let key = store
             .create_key("test-node", &ScopeSet::legacy())
             .await
@@ -191,6 +197,7 @@ impl Harness {
             key_id: key.id,
             runner_key: runner_key.plaintext,
             store,
+            sqlite_path,
 
             client: reqwest::Client::builder()
                 .no_gzip()
