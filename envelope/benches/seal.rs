@@ -3,7 +3,7 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use pstack_envelope::{
-    canonical_without_digest, example::example_with_threads, sha256_digest, verify,
+    canonical_without_digest, example::example_with_threads, sha256_digest, verify, verify_digest,
 };
 use std::hint::black_box;
 
@@ -50,6 +50,12 @@ fn bench(c: &mut Criterion) {
     // 256 KiB); run the bench under `taskset -c 0` for the one-core figure.
     g.bench_function("verify", |b| {
         b.iter(|| verify(black_box(&compact)).unwrap())
+    });
+    // The same verdict without the typed model (issue 31 item 4): one pass
+    // that checks and hashes, allocating nothing; the hash on a second
+    // thread when the process may use two CPUs.
+    g.bench_function("verify_digest", |b| {
+        b.iter(|| verify_digest(black_box(&compact)).unwrap())
     });
     // Not a verify: the allocation floor of any verify that returns the
     // typed model (every string and map of the envelope allocated, then
