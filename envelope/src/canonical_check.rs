@@ -23,19 +23,17 @@
 //!   names (as names not strictly ascending), floats, integers beyond
 //!   ±(2^53-1) or their field's type, depth past [`MAX_DEPTH`] and UTF-8 are
 //!   checked by the scan that hashes.
-//! - **Both cores for a large envelope.** From [`PIPELINE_FROM`] up, with more
-//!   than one CPU allowed to this process, a thread scoped to the call hashes
-//!   the digest input (every byte but the `digest` member, which canonical
-//!   order puts near the start) while this thread checks the rest; it ends
-//!   before the call returns, on success or refusal. Otherwise the bytes are
-//!   hashed in blocks as the check passes them, still in cache.
+//! - **One thread.** The bytes are hashed in blocks as the check passes
+//!   them, still in cache, on the caller's thread. A hashing thread beside
+//!   the check was measured and not kept: on a loaded machine the wait for
+//!   it to be scheduled cost more than the hash (BENCHMARKS.md, issue 31
+//!   item 4).
 //! - **Bounded.** Recursion is bounded by [`MAX_DEPTH`]; every read is
 //!   bounds-checked; hostile input costs at most this pass plus the full
 //!   verify.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::sync::OnceLock;
 
 use sha2::{Digest, Sha256};
 
@@ -52,32 +50,25 @@ type R<T> = Option<T>;
 /// Hash in blocks of about this many bytes as the check passes them.
 const HASH_BLOCK: usize = 32 * 1024;
 
-/// Envelopes at least this large are hashed on a second thread when the
-/// process may run on more than one CPU.
-pub(crate) const PIPELINE_FROM: usize = 256 * 1024;
-
 /// SHA-256 of the digest input of canonical, valid bytes whose declared
 /// digest matches it; `None` where the full verify must decide.
-/// `may_thread`: whether a large envelope may be hashed on a second thread
-/// (`false` only to test the one-thread pass on large input).
-pub(crate) fn check(bytes: &[u8], may_thread: bool) -> R<[u8; 32]> {
+pub(crate) fn check(bytes: &[u8]) -> R<[u8; 32]> {
     let start = bytes.iter().position(|b| !is_ws(*b))?;
     let end = bytes.len() - bytes.iter().rev().position(|b| !is_ws(*b))?;
     let body = &bytes[..end];
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut scratch) => check_with(body, start, may_thread, &mut scratch),
+        Ok(mut scratch) => check_with(body, start, &mut scratch),
         // Not reentrant in practice; a fresh table is still correct.
-        Err(_) => check_with(body, start, may_thread, &mut Scratch::default()),
+        Err(_) => check_with(body, start, &mut Scratch::default()),
     })
 }
 
-fn check_with(body: &[u8], start: usize, may_thread: bool, scratch: &mut Scratch) -> R<[u8; 32]> {
+fn check_with(body: &[u8], start: usize, scratch: &mut Scratch) -> R<[u8; 32]> {
     scratch.clear();
-    let threaded = may_thread && body.len() >= PIPELINE_FROM && cpus() > 1;
     let mut c = Checker {
         b: body,
         pos: start,
-        hasher: (!threaded).then(Sha256::new),
+        hasher: Sha256::new(),
         hashed: start,
         s: scratch,
         completeness: Completeness::Partial,
@@ -85,31 +76,13 @@ fn check_with(body: &[u8], start: usize, may_thread: bool, scratch: &mut Scratch
     c.eat(b'{')?;
     c.head()?;
     // `,"digest":"…"` is not part of what it digests.
-    let digest_member = c.pos;
-    c.feed_to(digest_member);
+    c.feed_to(c.pos);
     c.next_key(b"\"digest\":")?;
     let declared = c.raw_string()?;
-    let resume = c.pos;
-    c.hashed = resume;
-    let computed = if threaded {
-        let (before, after) = (&body[start..digest_member], &body[resume..]);
-        std::thread::scope(|scope| {
-            let hashing = scope.spawn(move || {
-                let mut h = Sha256::new();
-                h.update(before);
-                h.update(after);
-                h.finalize()
-            });
-            let checked = c.tail();
-            // The hash of bytes the check refused is dropped with them.
-            let digest = hashing.join().ok()?;
-            checked.map(|()| digest)
-        })?
-    } else {
-        c.tail()?;
-        c.feed_to(body.len());
-        c.hasher.take()?.finalize()
-    };
+    c.hashed = c.pos;
+    c.tail()?;
+    c.feed_to(body.len());
+    let computed = c.hasher.finalize();
     let computed: [u8; 32] = computed.into();
     written_as(&body[declared.start..declared.end], &computed).then_some(computed)
 }
@@ -124,12 +97,6 @@ pub(crate) fn written_as(declared: &[u8], digest: &[u8; 32]) -> bool {
         && digest.iter().zip(hex.chunks_exact(2)).all(|(d, h)| {
             h[0] == HEX[usize::from(d >> 4)] && h[1] == HEX[usize::from(d & 0xf)]
         })
-}
-
-/// CPUs this process may run on (its affinity and cgroup quota), read once.
-fn cpus() -> usize {
-    static CPUS: OnceLock<usize> = OnceLock::new();
-    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
 }
 
 fn is_ws(b: u8) -> bool {
@@ -266,8 +233,7 @@ impl IdTable {
 struct Checker<'a, 's> {
     b: &'a [u8],
     pos: usize,
-    /// Inline hashing; `None` when a thread hashes.
-    hasher: Option<Sha256>,
+    hasher: Sha256,
     /// Bytes before this offset (minus the digest member) are hashed.
     hashed: usize,
     s: &'s mut Scratch,
@@ -277,9 +243,7 @@ struct Checker<'a, 's> {
 impl<'a> Checker<'a, '_> {
     fn feed_to(&mut self, to: usize) {
         if to > self.hashed {
-            if let Some(h) = &mut self.hasher {
-                h.update(&self.b[self.hashed..to]);
-            }
+            self.hasher.update(&self.b[self.hashed..to]);
             self.hashed = to;
         }
     }

@@ -51,8 +51,7 @@ pub use redact::{RedactedCommand, RedactedEnviron, redact_argv, redact_cmdline, 
 pub use rules::{check_rules, from_value};
 pub use seal::{
     Rejection, VerifiedDigest, canonical_without_digest, compute_digest, parse, sha256_digest,
-    verify, verify_canonical, verify_digest, verify_digest_fast, verify_digest_fast_one_thread,
-    verify_general,
+    verify, verify_canonical, verify_digest, verify_digest_fast, verify_general,
 };
 pub use secrets::{REDACTED, looks_secret, redact_text};
 pub use strict::{MAX_DEPTH, MAX_SAFE_INTEGER, parse_strict};

@@ -265,14 +265,7 @@ pub fn verify_digest(bytes: &[u8]) -> Result<VerifiedDigest, Rejection> {
 /// equivalence tests.
 #[doc(hidden)]
 pub fn verify_digest_fast(bytes: &[u8]) -> Option<VerifiedDigest> {
-    crate::canonical_check::check(bytes, true).map(VerifiedDigest)
-}
-
-/// [`verify_digest_fast`] never hashing on a second thread, whatever the
-/// size. Exposed for the equivalence tests.
-#[doc(hidden)]
-pub fn verify_digest_fast_one_thread(bytes: &[u8]) -> Option<VerifiedDigest> {
-    crate::canonical_check::check(bytes, false).map(VerifiedDigest)
+    crate::canonical_check::check(bytes).map(VerifiedDigest)
 }
 
 /// Verify's fast path alone: `None` where the bytes are not the canonical

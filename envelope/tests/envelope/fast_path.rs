@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use pstack_envelope::{
     Envelope, Rejection, example::example_sealed, verify_canonical, verify_digest,
-    verify_digest_fast, verify_digest_fast_one_thread, verify_general,
+    verify_digest_fast, verify_general,
 };
 use serde_json::{Value, json};
 
@@ -25,9 +25,9 @@ pub fn check_same_verdict(bytes: &[u8]) -> bool {
         "verify and the general path disagree on {}",
         String::from_utf8_lossy(bytes)
     );
-    // The digest-only paths (issue 31): the single pass, on its own and on
-    // one thread, says yes only where the general path does, with its
-    // digest; `verify_digest` returns the general path's verdict.
+    // The digest-only path (issue 31): the single pass says yes only where
+    // the general path does, with its digest; `verify_digest` returns the
+    // general path's verdict.
     let general_digest = general.as_ref().map(|e| e.digest.clone());
     assert_eq!(
         verify_digest(bytes).map(|d| d.to_string()),
@@ -35,18 +35,13 @@ pub fn check_same_verdict(bytes: &[u8]) -> bool {
         "verify_digest and the general path disagree on {}",
         String::from_utf8_lossy(bytes)
     );
-    for (pass, fast) in [
-        ("auto", verify_digest_fast(bytes)),
-        ("one thread", verify_digest_fast_one_thread(bytes)),
-    ] {
-        if let Some(d) = fast {
-            assert_eq!(
-                Ok(d.to_string()),
-                general_digest.clone(),
-                "the digest-only pass ({pass}) and the general path disagree on {}",
-                String::from_utf8_lossy(bytes)
-            );
-        }
+    if let Some(d) = verify_digest_fast(bytes) {
+        assert_eq!(
+            Ok(d.to_string()),
+            general_digest.clone(),
+            "the digest-only pass and the general path disagree on {}",
+            String::from_utf8_lossy(bytes)
+        );
     }
     match verify_canonical(bytes) {
         Some(fast) => {
@@ -552,7 +547,6 @@ fn every_rule_broken_in_canonical_bytes_is_left_to_the_full_verify() {
         let general = verify_general(&bytes);
         assert!(general.is_err(), "{what}: the rule is not broken");
         assert_eq!(verify_digest_fast(&bytes), None, "{what}");
-        assert_eq!(verify_digest_fast_one_thread(&bytes), None, "{what}");
         check_same_verdict(&bytes);
     }
     // And the control: the same envelope, unbroken, is the pass's.
