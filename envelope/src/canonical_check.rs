@@ -94,9 +94,10 @@ pub(crate) fn written_as(declared: &[u8], digest: &[u8; 32]) -> bool {
         return false;
     };
     hex.len() == 64
-        && digest.iter().zip(hex.chunks_exact(2)).all(|(d, h)| {
-            h[0] == HEX[usize::from(d >> 4)] && h[1] == HEX[usize::from(d & 0xf)]
-        })
+        && digest
+            .iter()
+            .zip(hex.chunks_exact(2))
+            .all(|(d, h)| h[0] == HEX[usize::from(d >> 4)] && h[1] == HEX[usize::from(d & 0xf)])
 }
 
 fn is_ws(b: u8) -> bool {
@@ -899,8 +900,7 @@ impl<'a> Checker<'a, '_> {
         if status == SurfaceStatus::Error && !explained {
             return None;
         }
-        if self.completeness == Completeness::Complete
-            && (status != SurfaceStatus::Ok || truncated)
+        if self.completeness == Completeness::Complete && (status != SurfaceStatus::Ok || truncated)
         {
             return None;
         }
@@ -993,7 +993,7 @@ fn is_decimal(s: &str) -> bool {
 /// a non-ASCII byte (whose UTF-8 the slow path checks).
 #[inline(always)]
 fn ends_plain(b: u8) -> bool {
-    b < 0x20 || b >= 0x80 || b == b'"' || b == b'\\'
+    !(0x20..0x80).contains(&b) || b == b'"' || b == b'\\'
 }
 
 /// Index of the first byte at or after `from` that ends a plain run

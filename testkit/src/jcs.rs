@@ -50,7 +50,10 @@ pub fn verify(bytes: &[u8]) -> Result<Envelope, Rejection> {
     // Without the model (issue 31): the same verdict, the same digest.
     assert_eq!(
         pstack_envelope::verify_digest(bytes).map(|d| d.to_string()),
-        verdict.as_ref().map(|e| e.digest.clone()).map_err(Clone::clone),
+        verdict
+            .as_ref()
+            .map(|e| e.digest.clone())
+            .map_err(Clone::clone),
         "verify_digest (single pass: {}) and verify disagree",
         pstack_envelope::verify_digest_fast(bytes).is_some()
     );

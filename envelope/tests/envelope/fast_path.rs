@@ -454,7 +454,9 @@ fn every_rule_broken_in_canonical_bytes_is_left_to_the_full_verify() {
             e.completeness = Completeness::Complete;
             e.universe.termination = Termination::Cap;
         }),
-        ("duplicate claim id", |e| e.claims[1].id = e.claims[0].id.clone()),
+        ("duplicate claim id", |e| {
+            e.claims[1].id = e.claims[0].id.clone()
+        }),
         ("identity race, a fact", |e| {
             e.completeness = Completeness::IdentityRace
         }),
@@ -475,7 +477,9 @@ fn every_rule_broken_in_canonical_bytes_is_left_to_the_full_verify() {
         ("universal outside complete", |e| {
             e.claims[0].scope = Scope::Universal
         }),
-        ("hypothesis without falsifier", |e| e.claims[1].falsifier = None),
+        ("hypothesis without falsifier", |e| {
+            e.claims[1].falsifier = None
+        }),
         ("hypothesis with a blank falsifier", |e| {
             e.claims[1].falsifier = Some("  ".into())
         }),
@@ -483,23 +487,37 @@ fn every_rule_broken_in_canonical_bytes_is_left_to_the_full_verify() {
             let u = e.unknowns[0].clone();
             e.unknowns.push(u);
         }),
-        ("unknown without probe", |e| e.unknowns[0].probe = " ".into()),
-        ("unknown without owner", |e| e.unknowns[0].owner = String::new()),
+        ("unknown without probe", |e| {
+            e.unknowns[0].probe = " ".into()
+        }),
+        ("unknown without owner", |e| {
+            e.unknowns[0].owner = String::new()
+        }),
         ("unknown without question", |e| {
             e.unknowns[0].question = "\t".into()
         }),
-        ("unknown without blocks", |e| e.unknowns[0].blocks = String::new()),
+        ("unknown without blocks", |e| {
+            e.unknowns[0].blocks = String::new()
+        }),
         ("unknown cites a missing surface", |e| {
             e.unknowns[0].surface = Some("task/9/none".into())
         }),
         ("no action", |e| e.next_transition.action = " ".into()),
-        ("no receipt", |e| e.next_transition.success_receipt = String::new()),
+        ("no receipt", |e| {
+            e.next_transition.success_receipt = String::new()
+        }),
         ("no abort condition", |e| {
             e.next_transition.abort_conditions = vec![" ".into(), String::new()]
         }),
-        ("wall time", |e| e.clock.wall_time = "2026-13-01T00:00:00Z".into()),
-        ("monotonic start", |e| e.clock.monotonic_start_ns = "-1".into()),
-        ("monotonic end", |e| e.clock.monotonic_end_ns = String::new()),
+        ("wall time", |e| {
+            e.clock.wall_time = "2026-13-01T00:00:00Z".into()
+        }),
+        ("monotonic start", |e| {
+            e.clock.monotonic_start_ns = "-1".into()
+        }),
+        ("monotonic end", |e| {
+            e.clock.monotonic_end_ns = String::new()
+        }),
         ("selector digest", |e| {
             e.universe.selector_digest = "sha256:".into()
         }),
