@@ -3,7 +3,7 @@
 //!
 //! # Invariants
 //!
-//! - **Only a yes of its own.** [`check`] answers `Some(digest)` only when the
+//! - **Yes only where verify says yes.** [`check`] answers `Some(digest)` only when the
 //!   bytes are exactly the canonical form the model fast path
 //!   (`canonical_read.rs`) accepts, every semantic rule of `rules.rs` holds,
 //!   and the declared digest equals the SHA-256 of the bytes minus the
@@ -389,7 +389,8 @@ impl<'a> Checker<'a, '_> {
         (!self.text(r)?.trim().is_empty()).then_some(r)
     }
 
-    /// A string that must equal `want` exactly (unescaped).
+    /// A string's bytes, for comparing with a fixed word; `None` when it
+    /// holds an escape (no word the envelope names needs one).
     fn word(&mut self) -> R<&'a [u8]> {
         let r = self.raw_string()?;
         let b: &'a [u8] = self.b;
