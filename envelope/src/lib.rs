@@ -21,6 +21,7 @@
 
 mod builder;
 mod canonical;
+mod canonical_check;
 mod canonical_read;
 mod canonical_write;
 mod diff;
@@ -49,8 +50,8 @@ pub use model::*;
 pub use redact::{RedactedCommand, RedactedEnviron, redact_argv, redact_cmdline, redact_environ};
 pub use rules::{check_rules, from_value};
 pub use seal::{
-    Rejection, canonical_without_digest, compute_digest, parse, sha256_digest, verify,
-    verify_canonical, verify_general,
+    Rejection, VerifiedDigest, canonical_without_digest, compute_digest, parse, sha256_digest,
+    verify, verify_canonical, verify_digest, verify_digest_fast, verify_general,
 };
 pub use secrets::{REDACTED, looks_secret, redact_text};
 pub use strict::{MAX_DEPTH, MAX_SAFE_INTEGER, parse_strict};

@@ -16,6 +16,10 @@
 //!   or not valid, go to [`verify_general`] (typed parse, strict parse to name
 //!   an error, digest of the model's canonical form). Where the fast path
 //!   decides, the general path decides the same; it is tested to.
+//! - **A verdict without a model.** [`verify_digest`] gives [`verify`]'s
+//!   verdict and, on success, only the digest: canonical bytes of a valid
+//!   envelope are checked and hashed in one pass that builds nothing
+//!   (`canonical_check.rs`); everything else goes through [`verify`].
 //! - **No `Value` tree on the way to a seal.** The canonical form of the typed
 //!   model is written straight to bytes (`canonical_write.rs`); only an
 //!   envelope the writer refuses (a float, an unsafe integer) is rendered as a
@@ -196,6 +200,72 @@ pub fn verify(bytes: &[u8]) -> Result<Envelope, Rejection> {
         Some(verdict) => verdict,
         None => verify_general(bytes),
     }
+}
+
+/// The digest of an envelope that verified, as [`verify_digest`] returns it:
+/// 32 bytes, written `sha256:<lowercase hex>` (its `Display`), held without
+/// allocating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct VerifiedDigest([u8; 32]);
+
+impl VerifiedDigest {
+    /// The SHA-256 itself.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for VerifiedDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(DIGEST_PREFIX)?;
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl PartialEq<str> for VerifiedDigest {
+    /// Whether `other` is this digest written `sha256:<lowercase hex>`.
+    fn eq(&self, other: &str) -> bool {
+        crate::canonical_check::written_as(other.as_bytes(), &self.0)
+    }
+}
+
+/// [`verify`] without the typed model: the same verdict (every rule, the
+/// digest), and on success only the digest. For a caller that keeps the
+/// bytes and needs nothing read out of them.
+///
+/// Canonical bytes (what pstack writes) are checked and hashed in one pass
+/// that allocates nothing (`canonical_check.rs`); anything that pass does not
+/// accept — not canonical, invalid, a wrong digest — goes through [`verify`],
+/// whose verdict (and error list) this returns unchanged.
+pub fn verify_digest(bytes: &[u8]) -> Result<VerifiedDigest, Rejection> {
+    if let Some(digest) = verify_digest_fast(bytes) {
+        return Ok(digest);
+    }
+    let envelope = verify(bytes)?;
+    // `verify` compared the declared digest to the one it computed, so it is
+    // `sha256:` + 64 lowercase hex digits.
+    let mut digest = [0u8; 32];
+    envelope
+        .digest
+        .strip_prefix(DIGEST_PREFIX)
+        .and_then(|hex| hex::decode_to_slice(hex, &mut digest).ok())
+        .ok_or_else(|| EnvelopeError::BadDigest {
+            declared: envelope.digest.clone(),
+            computed: envelope.digest.clone(),
+        })?;
+    Ok(VerifiedDigest(digest))
+}
+
+/// [`verify_digest`]'s single pass alone: `Some` only for canonical bytes of
+/// a valid envelope whose digest matches (where [`verify`] says `Ok` with
+/// that digest), `None` where [`verify`] must decide. Exposed for the
+/// equivalence tests.
+#[doc(hidden)]
+pub fn verify_digest_fast(bytes: &[u8]) -> Option<VerifiedDigest> {
+    crate::canonical_check::check(bytes).map(VerifiedDigest)
 }
 
 /// Verify's fast path alone: `None` where the bytes are not the canonical

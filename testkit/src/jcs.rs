@@ -35,7 +35,7 @@ fn assert_digest_agrees(value: &Value) {
 
 /// `pstack_envelope::verify`, plus: its verdict is the general path's (so where
 /// verify's single-pass fast path decided, it decided as the general path does),
-/// and an envelope that verifies has the digest the independent canonicalizer
+/// `verify_digest` (no model) gives the same verdict and digest, and an envelope that verifies has the digest the independent canonicalizer
 /// computes.
 #[track_caller]
 pub fn verify(bytes: &[u8]) -> Result<Envelope, Rejection> {
@@ -46,6 +46,16 @@ pub fn verify(bytes: &[u8]) -> Result<Envelope, Rejection> {
         general,
         "verify (fast path: {}) and the general path disagree",
         pstack_envelope::verify_canonical(bytes).is_some()
+    );
+    // Without the model (issue 31): the same verdict, the same digest.
+    assert_eq!(
+        pstack_envelope::verify_digest(bytes).map(|d| d.to_string()),
+        verdict
+            .as_ref()
+            .map(|e| e.digest.clone())
+            .map_err(Clone::clone),
+        "verify_digest (single pass: {}) and verify disagree",
+        pstack_envelope::verify_digest_fast(bytes).is_some()
     );
     if verdict.is_ok() {
         match serde_json::from_slice::<Value>(bytes) {

@@ -5,10 +5,12 @@
 
 use proptest::prelude::*;
 use pstack_envelope::{
-    Envelope, Rejection, example::example_sealed, verify_canonical, verify_general,
+    Envelope, Rejection, example::example_sealed, verify_canonical, verify_digest,
+    verify_digest_fast, verify_general,
 };
 use serde_json::{Value, json};
 
+use crate::properties::mutation_fuzz::{self, mutation};
 use crate::properties::{envelope, scramble};
 
 /// Both paths on `bytes`: `verify` equals the general path, and where the fast
@@ -23,6 +25,24 @@ pub fn check_same_verdict(bytes: &[u8]) -> bool {
         "verify and the general path disagree on {}",
         String::from_utf8_lossy(bytes)
     );
+    // The digest-only path (issue 31): the single pass says yes only where
+    // the general path does, with its digest; `verify_digest` returns the
+    // general path's verdict.
+    let general_digest = general.as_ref().map(|e| e.digest.clone());
+    assert_eq!(
+        verify_digest(bytes).map(|d| d.to_string()),
+        general_digest.clone().map_err(Clone::clone),
+        "verify_digest and the general path disagree on {}",
+        String::from_utf8_lossy(bytes)
+    );
+    if let Some(d) = verify_digest_fast(bytes) {
+        assert_eq!(
+            Ok(d.to_string()),
+            general_digest.clone(),
+            "the digest-only pass and the general path disagree on {}",
+            String::from_utf8_lossy(bytes)
+        );
+    }
     match verify_canonical(bytes) {
         Some(fast) => {
             assert_eq!(
@@ -328,6 +348,233 @@ proptest! {
         bytes[i] = c;
         check_same_verdict(&bytes);
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Issue 31: every mutation the verify property tests make — the tweaks
+    /// and flips of `fast_and_general_paths_give_the_same_verdict` and the
+    /// flips, truncations, insertions and deletions of the mutation fuzz,
+    /// together — through the fast paths (the digest-only single pass, the
+    /// model pass) and the general path: the same verdicts. Where nothing was
+    /// mutated the digest-only pass must decide (canonical renderings).
+    #[test]
+    fn fast_and_general_paths_give_the_same_verdict_on_every_mutation(
+        e in envelope(),
+        deep in prop::option::weighted(0.3, 24usize..34),
+        tweak in tweak(),
+        flips in prop::collection::vec(flip(), 0..3),
+        ms in prop::collection::vec(mutation(), 0..3),
+    ) {
+        let e = sealed(e, deep);
+        let v = serde_json::to_value(&e).unwrap();
+        let canonical = serde_json::to_vec(&e).unwrap();
+        let mut bytes = render(&v, &tweak).into_bytes();
+        let rendered_canonically = bytes == canonical;
+        for f in &flips {
+            apply(&mut bytes, f);
+        }
+        for m in &ms {
+            if bytes.is_empty() {
+                break;
+            }
+            mutation_fuzz::apply(&mut bytes, m);
+        }
+        check_same_verdict(&bytes);
+        if flips.is_empty() && ms.is_empty() && rendered_canonically {
+            let within_depth = deep.is_none_or(|n| n <= 28);
+            prop_assert_eq!(
+                verify_digest_fast(&bytes).is_some(),
+                within_depth,
+                "a canonical valid envelope is the single pass's to decide"
+            );
+        }
+    }
+
+    /// The mutation fuzz's own inputs (the example, compact or pretty),
+    /// through the digest-only pass and the general path.
+    #[test]
+    fn the_mutation_fuzz_gets_the_same_verdict_on_fast_and_general_paths(
+        ms in prop::collection::vec(mutation(), 1..4),
+        compact in any::<bool>(),
+    ) {
+        let mut bytes = if compact {
+            serde_json::to_vec(&example_sealed()).unwrap()
+        } else {
+            example_sealed().to_json_pretty()
+        };
+        for m in &ms {
+            if bytes.is_empty() {
+                break;
+            }
+            mutation_fuzz::apply(&mut bytes, m);
+        }
+        check_same_verdict(&bytes);
+    }
+}
+
+/// Each rule the digest-only pass checks without the model, broken once in
+/// canonical bytes that are then resealed: the pass must not say yes, and
+/// `verify_digest` names the rule as `verify` does.
+#[test]
+fn every_rule_broken_in_canonical_bytes_is_left_to_the_full_verify() {
+    use pstack_envelope::{ClaimKind, Completeness, Scope, SurfaceStatus, Termination};
+    let base = pstack_envelope::example::example_unsealed();
+    type Break = fn(&mut Envelope);
+    let breaks: Vec<(&str, Break)> = vec![
+        ("duplicate surface id", |e| {
+            e.surfaces[1].id = e.surfaces[0].id.clone()
+        }),
+        ("surface digest form", |e| {
+            e.surfaces[0].digest = Some("sha256:XY".into())
+        }),
+        ("error without cause", |e| {
+            e.surfaces[2].status = SurfaceStatus::Error;
+            e.surfaces[2].cause = None;
+        }),
+        ("error with a blank cause", |e| {
+            e.surfaces[2].status = SurfaceStatus::Error;
+            if let Some(c) = &mut e.surfaces[2].cause {
+                c.message = " \n\t".into();
+            }
+        }),
+        ("complete with a non-ok surface", |e| {
+            e.completeness = Completeness::Complete
+        }),
+        ("complete with a truncated surface", |e| {
+            e.surfaces.truncate(2);
+            e.unknowns.clear();
+            e.completeness = Completeness::Complete;
+            e.surfaces[0].truncated = true;
+        }),
+        ("complete, universe not exhausted", |e| {
+            e.surfaces.truncate(2);
+            e.unknowns.clear();
+            e.completeness = Completeness::Complete;
+            e.universe.termination = Termination::Cap;
+        }),
+        ("duplicate claim id", |e| {
+            e.claims[1].id = e.claims[0].id.clone()
+        }),
+        ("identity race, a fact", |e| {
+            e.completeness = Completeness::IdentityRace
+        }),
+        ("unbound claim", |e| e.claims[0].surfaces.clear()),
+        ("falsifier outside a hypothesis", |e| {
+            e.claims[0].falsifier = Some("x".into())
+        }),
+        ("cites a missing surface", |e| {
+            e.claims[0].surfaces = vec!["task/9/none".into()]
+        }),
+        ("fact bound to a surface not read", |e| {
+            e.claims[0].surfaces = vec!["task/4243/stack".into()]
+        }),
+        ("inference bound to a surface not read", |e| {
+            e.claims[0].kind = ClaimKind::Inference;
+            e.claims[0].surfaces = vec!["task/4243/stack".into()];
+        }),
+        ("universal outside complete", |e| {
+            e.claims[0].scope = Scope::Universal
+        }),
+        ("hypothesis without falsifier", |e| {
+            e.claims[1].falsifier = None
+        }),
+        ("hypothesis with a blank falsifier", |e| {
+            e.claims[1].falsifier = Some("  ".into())
+        }),
+        ("duplicate unknown id", |e| {
+            let u = e.unknowns[0].clone();
+            e.unknowns.push(u);
+        }),
+        ("unknown without probe", |e| {
+            e.unknowns[0].probe = " ".into()
+        }),
+        ("unknown without owner", |e| {
+            e.unknowns[0].owner = String::new()
+        }),
+        ("unknown without question", |e| {
+            e.unknowns[0].question = "\t".into()
+        }),
+        ("unknown without blocks", |e| {
+            e.unknowns[0].blocks = String::new()
+        }),
+        ("unknown cites a missing surface", |e| {
+            e.unknowns[0].surface = Some("task/9/none".into())
+        }),
+        ("no action", |e| e.next_transition.action = " ".into()),
+        ("no receipt", |e| {
+            e.next_transition.success_receipt = String::new()
+        }),
+        ("no abort condition", |e| {
+            e.next_transition.abort_conditions = vec![" ".into(), String::new()]
+        }),
+        ("wall time", |e| {
+            e.clock.wall_time = "2026-13-01T00:00:00Z".into()
+        }),
+        ("monotonic start", |e| {
+            e.clock.monotonic_start_ns = "-1".into()
+        }),
+        ("monotonic end", |e| {
+            e.clock.monotonic_end_ns = String::new()
+        }),
+        ("selector digest", |e| {
+            e.universe.selector_digest = "sha256:".into()
+        }),
+        ("empty identity field", |e| {
+            if let pstack_envelope::Subject::Process(p) = &mut e.subject {
+                p.cgroup = " ".into();
+            }
+        }),
+        ("cap name", |e| {
+            e.bounds.caps.insert("Bad".into(), 1);
+        }),
+        ("cap name repeating a bound", |e| {
+            e.bounds.caps.insert("max_threads".into(), 1);
+        }),
+        ("trigger kind", |e| {
+            e.collector.trigger = Some(pstack_envelope::Trigger {
+                condition: [("a".to_string(), "b".to_string())].into_iter().collect(),
+                fired_at: "2026-12-01T00:00:00Z".into(),
+                kind: "no_such_kind".into(),
+                rule: "r".into(),
+            })
+        }),
+        ("trigger rule", |e| {
+            e.collector.trigger = Some(pstack_envelope::Trigger {
+                condition: Default::default(),
+                fired_at: "2026-12-01T00:00:00Z".into(),
+                kind: "d_state".into(),
+                rule: " ".into(),
+            })
+        }),
+        ("trigger time", |e| {
+            e.collector.trigger = Some(pstack_envelope::Trigger {
+                condition: Default::default(),
+                fired_at: "yesterday".into(),
+                kind: "d_state".into(),
+                rule: "r".into(),
+            })
+        }),
+    ];
+    for (what, break_it) in breaks {
+        let mut e = base.clone();
+        break_it(&mut e);
+        let e = e.seal_unchecked().unwrap();
+        let bytes = e.to_canonical_json().unwrap();
+        let general = verify_general(&bytes);
+        assert!(general.is_err(), "{what}: the rule is not broken");
+        assert_eq!(verify_digest_fast(&bytes), None, "{what}");
+        check_same_verdict(&bytes);
+    }
+    // And the control: the same envelope, unbroken, is the pass's.
+    let e = base.seal().unwrap();
+    let bytes = e.to_canonical_json().unwrap();
+    assert_eq!(
+        verify_digest_fast(&bytes).map(|d| d.to_string()),
+        Some(e.digest.clone())
+    );
+    assert_eq!(verify_digest(&bytes).unwrap().to_string(), e.digest);
 }
 
 #[test]

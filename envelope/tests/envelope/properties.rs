@@ -217,18 +217,18 @@ fn sealed_example_verifies() {
 /// Hostile byte-level mutations of a valid envelope (the same oracle as the
 /// cargo-fuzz target, run on stable in every `cargo test`): never a panic;
 /// anything accepted re-renders to an envelope that verifies identically.
-mod mutation_fuzz {
+pub mod mutation_fuzz {
     use super::*;
 
     #[derive(Debug, Clone)]
-    enum Mutation {
+    pub enum Mutation {
         Flip(prop::sample::Index, u8),
         Truncate(prop::sample::Index),
         Insert(prop::sample::Index, Vec<u8>),
         Delete(prop::sample::Index, usize),
     }
 
-    fn mutation() -> impl Strategy<Value = Mutation> {
+    pub fn mutation() -> impl Strategy<Value = Mutation> {
         prop_oneof![
             (any::<prop::sample::Index>(), 1u8..=255).prop_map(|(i, x)| Mutation::Flip(i, x)),
             any::<prop::sample::Index>().prop_map(Mutation::Truncate),
@@ -253,7 +253,7 @@ mod mutation_fuzz {
         ]
     }
 
-    fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
+    pub fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
         match m {
             Mutation::Flip(i, x) => {
                 let i = i.index(bytes.len());
