@@ -133,8 +133,8 @@ impl Spool {
             }
         };
         let digest = format!("{DIGEST_PREFIX}{hex}");
-        match pstack_envelope::verify(&bytes) {
-            Ok(env) if env.digest == digest => {}
+        match pstack_envelope::verify_digest(&bytes) {
+            Ok(d) if d.to_string() == digest => {}
             _ => return Tmp::Quarantine(QuarantineReason::StrayTmp),
         }
         let final_path = self.final_path(&hex);
