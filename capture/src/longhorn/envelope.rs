@@ -73,6 +73,10 @@ pub struct Readings {
     /// the rebuild's entry was gone at the end and a Kubernetes API is
     /// configured (None: not read).
     pub events: Option<Vec<EventsRead>>,
+    /// The rebuild's Engine Events its watcher saw (pstackd's Events watch).
+    pub signals: Vec<super::kube::Event>,
+    /// The watcher's verdict on the rebuild's end (None: no watcher verdict).
+    pub verdict: Option<super::Verdict>,
     /// The capture's own clock.
     pub clock: Clock,
 }
@@ -805,6 +809,159 @@ pub fn transfer_envelope(
             }
         }
     }
+    // The rebuild's Engine Events seen by the watcher, and its verdict.
+    // Formats: longhorn-manager v1.9.0 `controller/engine_controller.go`
+    // l.1860 (Rebuilding), l.1874 (FailedRebuilding), l.1916 (Rebuilt),
+    // l.1793/1827 (snapshot purge), l.855 (Faulted).
+    if !r.signals.is_empty() {
+        let mut facts = Map::new();
+        facts.insert("events".into(), json!(r.signals));
+        facts.insert("source".into(), json!("pstackd's Engine Events watch"));
+        o.surfaces.push(Surface {
+            id: "kubernetes/events/watch".into(),
+            authority: format!(
+                "k8s:WATCH /api/v1/namespaces/{}/events?fieldSelector=involvedObject.kind=Engine",
+                super::kube::NAMESPACE
+            ),
+            status: SurfaceStatus::Ok,
+            cause: None,
+            deadline_ms: super::kube::WATCH_SESSION.as_millis() as u64,
+            elapsed_us: 0,
+            digest: None,
+            bytes: 0,
+            truncated: false,
+            facts,
+        });
+    }
+    for ev in &r.signals {
+        let addrs = parse_error_addrs(&ev.message);
+        o.claim(
+            ClaimKind::Fact,
+            "longhorn_engine_event",
+            format!(
+                "Kubernetes Event {} ({}) on {} {} at {}: {:?}",
+                ev.reason, ev.event_type, ev.kind, ev.name, ev.last, ev.message
+            ),
+            &["kubernetes/events/watch"],
+            None,
+        );
+        let failure = matches!(
+            ev.reason.as_str(),
+            "FailedRebuilding" | "TimeoutSnapshotPurge" | "FailedStartingSnapshotPurge" | "Faulted"
+        );
+        if !failure {
+            continue;
+        }
+        // The address pairs and endpoints it names, linked to flows.
+        let cause = addrs.cause.clone().unwrap_or_else(|| "an error".into());
+        let mut named: Vec<(Option<SocketAddr>, SocketAddr)> =
+            addrs.pairs.iter().map(|(a, b)| (Some(*a), *b)).collect();
+        named.extend(addrs.endpoints.iter().map(|b| (None, *b)));
+        for (x, y) in named {
+            let hits: Vec<&Envelope> = streams
+                .flows
+                .iter()
+                .filter(|s| {
+                    endpoints(s).is_some_and(|(l, rm)| match x {
+                        Some(x) => (l == x && rm == y) || (l == y && rm == x),
+                        None => rm == y,
+                    })
+                })
+                .collect();
+            let what = match x {
+                Some(x) => format!("{x}→{y}"),
+                None => format!("a connection to {y}"),
+            };
+            if hits.is_empty() {
+                if x.is_some() {
+                    o.claim(
+                        ClaimKind::Fact,
+                        "longhorn_error_names_unlinked_connection",
+                        format!(
+                            "the {} Event names {cause} on {what}; no stream linked here has that address pair (it closed before the window, or is captured on the other node)",
+                            ev.reason
+                        ),
+                        &["kubernetes/events/watch", "streams"],
+                        None,
+                    );
+                }
+                continue;
+            }
+            for s in hits {
+                let (flow, state) = match &s.subject {
+                    Subject::NetworkStream(n) => (
+                        n.flow_id.clone(),
+                        s.surfaces
+                            .iter()
+                            .find(|x| x.id == "tcp/end")
+                            .and_then(|x| x.facts.get("state"))
+                            .and_then(Value::as_str)
+                            .unwrap_or("?")
+                            .to_string(),
+                    ),
+                    _ => (String::new(), String::new()),
+                };
+                o.claim(
+                    ClaimKind::Fact,
+                    "longhorn_error_names_stream",
+                    format!(
+                        "the {} Event names {cause} on {what}; this is flow {flow} (last state {state}), role {}, stream envelope {}",
+                        ev.reason,
+                        role_of(&s.digest).map(FlowRole::as_str).unwrap_or("?"),
+                        s.digest
+                    ),
+                    &["kubernetes/events/watch", "streams"],
+                    None,
+                );
+            }
+        }
+    }
+    let verdict_closes = r
+        .verdict
+        .as_ref()
+        .is_some_and(|v| v.outcome != "unresolved" && !v.outcome.is_empty());
+    if let Some(v) = &r.verdict {
+        let (code, statement) = if v.outcome.starts_with("failed") {
+            (
+                "longhorn_rebuild_failed",
+                format!(
+                    "the rebuild failed ({}) at step {}{}: {:?}",
+                    v.basis,
+                    v.step,
+                    if v.before_file_sync {
+                        ", before file sync (no rebuildStatus entry was in_progress)"
+                    } else {
+                        ""
+                    },
+                    v.error
+                ),
+            )
+        } else if v.outcome == "complete" {
+            (
+                "longhorn_rebuild_complete",
+                format!("the rebuild completed ({})", v.basis),
+            )
+        } else if v.outcome == "removed" {
+            (
+                "longhorn_rebuild_removed",
+                format!(
+                    "the rebuild ended without a FailedRebuilding Event because the replica or volume was removed on purpose ({}): not a failure",
+                    v.basis
+                ),
+            )
+        } else {
+            (
+                "longhorn_rebuild_unresolved",
+                format!("the rebuild's outcome is not known: {}", v.basis),
+            )
+        };
+        let mut on: Vec<&str> = vec!["longhorn/manager/end"];
+        if !r.signals.is_empty() {
+            on.push("kubernetes/events/watch");
+        }
+        on.retain(|s| o.ok(s) || o.surfaces.iter().any(|x| x.id == *s));
+        o.claim(ClaimKind::Fact, code, statement, &on, None);
+    }
     // `[]` (or no entry for the target) after the target's rebuild was seen.
     let gone = seen_start.is_some()
         && volumes[1].as_ref().is_some_and(|v| {
@@ -812,7 +969,7 @@ pub fn transfer_envelope(
                 .iter()
                 .any(|e| Some(&e.replica) == target_name.as_ref())
         });
-    if gone {
+    if gone && !verdict_closes {
         let t = target_name.clone().unwrap_or_default();
         let failed_at = volumes[1]
             .as_ref()
@@ -946,7 +1103,7 @@ pub fn transfer_envelope(
             probe,
             Some("longhorn/manager/end"),
         );
-    } else if !terminal {
+    } else if !terminal && !verdict_closes {
         let surface = ["longhorn/manager/end", "longhorn/manager/start"]
             .into_iter()
             .find(|s| o.surfaces.iter().any(|x| x.id == *s));

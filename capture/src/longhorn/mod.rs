@@ -284,6 +284,26 @@ pub struct Watcher {
     /// The Kubernetes API, for the Events of a rebuild whose entry is gone
     /// at the end (None: the probe names the `kubectl` command instead).
     pub kube: Option<kube::KubeApi>,
+    /// The rebuild's Engine Events the watcher saw (its Events watch), in order.
+    pub signals: Arc<Mutex<Vec<kube::Event>>>,
+    /// The watcher's verdict on how the rebuild ended, when it did.
+    pub verdict: Arc<Mutex<Option<Verdict>>>,
+}
+
+/// A watcher's verdict on a rebuild's end (pstackd's `longhorn_rebuild`
+/// condition, a pure function of the manager reads and Engine Events).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// `complete`, `failed_<how>`, `removed`, `unresolved`.
+    pub outcome: String,
+    /// What showed it.
+    pub basis: String,
+    /// The `AddReplica` step a failure names ("" when not a failure).
+    pub step: String,
+    /// The failure happened before file sync.
+    pub before_file_sync: bool,
+    /// The failure's text ("" when none).
+    pub error: String,
 }
 
 impl Watcher {
@@ -293,6 +313,17 @@ impl Watcher {
             *self.terminal.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
         }
         self.stop.stop();
+    }
+
+    /// [`Watcher::end`] with the watcher's verdict.
+    pub fn end_with(&self, terminal: Option<ApiRead>, verdict: Verdict) {
+        *self.verdict.lock().unwrap_or_else(|p| p.into_inner()) = Some(verdict);
+        self.end(terminal);
+    }
+
+    /// The rebuild's Engine Events so far (replacing what was handed before).
+    pub fn set_signals(&self, events: Vec<kube::Event>) {
+        *self.signals.lock().unwrap_or_else(|p| p.into_inner()) = events;
     }
 }
 
@@ -369,6 +400,16 @@ pub fn capture_watched(
         progress(Progress::PhaseDone);
         Some(reads)
     });
+    let signals = watcher
+        .signals
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let verdict = watcher
+        .verdict
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     let hubble = r.hubble_server.as_ref().map(|server| {
         progress(Progress::Phase {
             what: "reading Hubble flows",
@@ -396,6 +437,8 @@ pub fn capture_watched(
         by_ip,
         hubble,
         events,
+        signals,
+        verdict,
         clock,
     };
     let transfer = transfer_envelope(r, &narrowed, &readings)?;

@@ -9,12 +9,19 @@
 //!   a rule has at most one in flight ([`super::longhorn::LonghornWatch::take_poll`]).
 //! - **A rule reloaded away drops its poll's result**: it is folded only
 //!   into the rule of the same name and definition.
+//! - **One Engine Events watch per rule** (when a Kubernetes API is
+//!   configured), on a thread of its own, ended by the rule's `stop` when
+//!   the rule is dropped; its reports are folded in order, through a bounded
+//!   queue.
 //! - **A capture's life is reported** (`started`, then `done` whatever the
 //!   outcome, a deadline overrun included), so the rule never continues a
 //!   window that is still running nor waits for one that is gone.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+
+use pstack_capture::longhorn::kube::{KubeApi, WatchReport, run_engine_event_watch};
 
 use pstack_capture::clock::wall_time_now;
 use pstack_capture::request::ValidRequest;
@@ -30,6 +37,28 @@ use crate::daemon::state::DaemonState;
 /// poll's result is folded by its rule and its firings considered.
 pub(super) fn polls(state: &Arc<DaemonState>) {
     let engine = &state.watch;
+    let watches: Vec<(String, rules::LonghornRule, KubeApi, Arc<AtomicBool>)> = {
+        let mut inner = lock(&engine.inner);
+        inner
+            .rules
+            .iter_mut()
+            .filter_map(|s| match &s.rule.condition {
+                Condition::LonghornRebuild(lh) => {
+                    let api = s.longhorn.take_events_watch(lh)?;
+                    Some((
+                        s.rule.name.clone(),
+                        (**lh).clone(),
+                        api,
+                        s.longhorn.events.stop.clone(),
+                    ))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    for (name, lh, api, stop) in watches {
+        events_watch(state, name, lh, api, stop);
+    }
     let due: Vec<(String, rules::LonghornRule)> = {
         let mut inner = lock(&engine.inner);
         let now = Instant::now();
@@ -89,6 +118,64 @@ pub(super) fn polls(state: &Arc<DaemonState>) {
             }
         });
     }
+}
+
+/// Most watch reports queued between the watch thread and the rule: the
+/// thread blocks (the watch stalls, bounded) rather than dropping one.
+const EVENT_QUEUE: usize = 256;
+
+/// The rule's Engine Events watch: a thread of its own runs
+/// [`pstack_capture::longhorn::kube::run_engine_event_watch`] until the
+/// rule is dropped (its `stop`); a task folds each report into the rule of
+/// the same name and definition and considers the firings.
+fn events_watch(
+    state: &Arc<DaemonState>,
+    name: String,
+    lh: rules::LonghornRule,
+    api: KubeApi,
+    stop: Arc<AtomicBool>,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<WatchReport>(EVENT_QUEUE);
+    let thread_stop = stop.clone();
+    let spawned = std::thread::Builder::new()
+        .name("lh-events".into())
+        .spawn(move || {
+            run_engine_event_watch(&api, &thread_stop, &mut |r| {
+                if tx.blocking_send(r).is_err() {
+                    thread_stop.store(true, Ordering::SeqCst);
+                }
+            });
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "the Engine Events watch thread did not start");
+        return;
+    }
+    let state = state.clone();
+    tokio::spawn(async move {
+        while let Some(report) = rx.recv().await {
+            let engine = &state.watch;
+            let (firings, events) = {
+                let mut inner = lock(&engine.inner);
+                let Some(s) = inner.rules.iter_mut().find(|s| {
+                    s.rule.name == name
+                        && s.rule.condition == Condition::LonghornRebuild(Box::new(lh.clone()))
+                }) else {
+                    stop.store(true, Ordering::SeqCst);
+                    return; // reloaded away
+                };
+                let rule = s.rule.clone();
+                s.longhorn.on_events(&rule, &lh, report)
+            };
+            for mut e in events {
+                e["at_seen"] = json!(wall_time_now());
+                tracing::info!(event = %e, "longhorn rebuild watch");
+                engine.emit(e);
+            }
+            for f in firings {
+                consider(&state, f);
+            }
+        }
+    });
 }
 
 /// A rebuild's capture: its window ends when the rule's poll sees the
