@@ -872,8 +872,42 @@ pub fn transfer_envelope(
                 Some(x) => format!("{x}→{y}"),
                 None => format!("a connection to {y}"),
             };
+            // Flows that lived inside the window between the two sock_diag
+            // samples (a dial that timed out on a dropped SYN is one).
+            let transient: Vec<&crate::transport::TransientFlow> = streams
+                .short_lived
+                .iter()
+                .flatten()
+                .filter(|f| match x {
+                    Some(x) => (f.local == x && f.remote == y) || (f.local == y && f.remote == x),
+                    None => f.remote == y,
+                })
+                .collect();
+            for f in &transient {
+                o.claim(
+                    ClaimKind::Fact,
+                    "longhorn_error_names_short_lived_flow",
+                    format!(
+                        "the {} Event names {cause} on {what}; this is the short-lived flow {}→{} seen by eBPF inside the window (states {}; {} retransmit(s), {} RST sent, {} RST received{})",
+                        ev.reason,
+                        f.local,
+                        f.remote,
+                        if f.transitions.is_empty() { "?".to_string() } else { f.transitions.join(" ") },
+                        f.retransmits,
+                        f.resets_sent,
+                        f.resets_received,
+                        if !f.transitions.is_empty() && !f.transitions.iter().any(|t| t.contains(">ESTABLISHED")) {
+                            "; it never reached ESTABLISHED"
+                        } else {
+                            ""
+                        }
+                    ),
+                    &["kubernetes/events/watch", "streams"],
+                    None,
+                );
+            }
             if hits.is_empty() {
-                if x.is_some() {
+                if x.is_some() && transient.is_empty() {
                     o.claim(
                         ClaimKind::Fact,
                         "longhorn_error_names_unlinked_connection",
@@ -969,7 +1003,7 @@ pub fn transfer_envelope(
                 .iter()
                 .any(|e| Some(&e.replica) == target_name.as_ref())
         });
-    if gone && !verdict_closes {
+    if gone {
         let t = target_name.clone().unwrap_or_default();
         let failed_at = volumes[1]
             .as_ref()
@@ -1095,7 +1129,8 @@ pub fn transfer_envelope(
                 kubectl_events(&t)
             )
         };
-        o.unknown(
+        if !verdict_closes {
+            o.unknown(
             format!(
                 "did the rebuild of replica {t} complete or fail, and with what error? (its rebuildStatus entry is gone)"
             ),
@@ -1103,6 +1138,7 @@ pub fn transfer_envelope(
             probe,
             Some("longhorn/manager/end"),
         );
+        }
     } else if !terminal && !verdict_closes {
         let surface = ["longhorn/manager/end", "longhorn/manager/start"]
             .into_iter()

@@ -145,6 +145,7 @@ pub fn plan(a: &LonghornRequest) -> Result<LonghornPlan, RequestError> {
 fn read_start(
     api: &str,
     volume: &str,
+    target: Option<&str>,
 ) -> (ApiRead, Option<topology::Topology>, Vec<(String, ApiRead)>) {
     let start = client::fetch_volume(api, volume);
     let Some(mut topo) = start
@@ -153,7 +154,10 @@ fn read_start(
         .ok()
         .and_then(|b| model::parse_volume(b).ok())
         .filter(|v| v.data_engine != "v2" && !v.replicas.iter().any(|r| r.data_engine == "v2"))
-        .map(|v| topology::resolve(&v, None))
+        .map(|v| {
+            let known = target.filter(|t| v.replicas.iter().any(|r| r.name == *t));
+            topology::resolve(&v, known)
+        })
     else {
         return (start, None, Vec::new());
     };
@@ -288,6 +292,10 @@ pub struct Watcher {
     pub signals: Arc<Mutex<Vec<kube::Event>>>,
     /// The watcher's verdict on how the rebuild ended, when it did.
     pub verdict: Arc<Mutex<Option<Verdict>>>,
+    /// The target replica the watcher follows: before file sync there is
+    /// no `rebuildStatus` entry (nor, before `ReplicaCreate`, a WO replica)
+    /// to name it.
+    pub target_replica: Option<String>,
 }
 
 /// A watcher's verdict on a rebuild's end (pstackd's `longhorn_rebuild`
@@ -365,7 +373,7 @@ pub fn capture_watched(
                 what: "reading the Longhorn manager",
                 expected: API_DEADLINE,
             });
-            let (s, t, i) = read_start(api, &r.volume);
+            let (s, t, i) = read_start(api, &r.volume, watcher.target_replica.as_deref());
             progress(Progress::PhaseDone);
             (Some(s), t, i)
         }

@@ -12,6 +12,11 @@ use super::*;
 const IN_PROGRESS: &[u8] = include_bytes!("fixtures/v1.9-in-progress.json");
 const ERROR: &[u8] = include_bytes!("fixtures/v1.9-error.json");
 const UNREPORTED: &[u8] = include_bytes!("fixtures/v1.9-unreported.json");
+/// After a failed rebuild outside backoff: the engine removed the replica
+/// (`ReplicaRemove`, manager v1.9.0 `controller/engine_controller.go`
+/// l.1880), so its REST `mode` (the engine's `ReplicaModeMap`, `api/model.go`
+/// l.1515-1520) is `""`, not `ERR`; `failedAt` set and desire state stopped
+/// (l.1892-1899), so `running: false`.
 const AFTER_FAILURE: &[u8] = include_bytes!("fixtures/v1.9-after-failure.json");
 const V11_IN_PROGRESS: &[u8] = include_bytes!("fixtures/v1.11-in-progress.json");
 const V11_COMPLETE: &[u8] = include_bytes!("fixtures/v1.11-complete.json");

@@ -475,7 +475,7 @@ impl LonghornWatch {
                             // No window running: seal the terminal reading now.
                             let mut request = w.request.clone();
                             request.window_ms = TERMINAL_WINDOW_MS;
-                            let watcher = watcher_for(lh);
+                            let watcher = watcher_for(lh, &ev.replica);
                             watcher.set_signals(
                                 ev.seen
                                     .signals
@@ -531,7 +531,7 @@ impl LonghornWatch {
             };
             let action = LonghornAction {
                 request,
-                watcher: watcher_for(lh),
+                watcher: watcher_for(lh, &key.1),
                 life: Arc::new(WindowLife::default()),
             };
             let (watcher, life) = (action.watcher.clone(), action.life.clone());
@@ -603,7 +603,7 @@ impl LonghornWatch {
             .map_err(|e| format!("building the capture: {e}"))?;
         let action = LonghornAction {
             request: request.clone(),
-            watcher: watcher_for(lh),
+            watcher: watcher_for(lh, &ev.replica),
             life: Arc::new(WindowLife::default()),
         };
         let w = Window {
@@ -701,9 +701,10 @@ pub fn kubernetes_api(lh: &LonghornRule) -> Option<KubeApi> {
     lh.kubernetes.clone().or_else(KubeApi::in_cluster)
 }
 
-fn watcher_for(lh: &LonghornRule) -> Watcher {
+fn watcher_for(lh: &LonghornRule, replica: &str) -> Watcher {
     Watcher {
         kube: kubernetes_api(lh),
+        target_replica: (!replica.is_empty()).then(|| replica.to_string()),
         ..Watcher::default()
     }
 }

@@ -140,9 +140,25 @@ fn events_watch(
     let spawned = std::thread::Builder::new()
         .name("lh-events".into())
         .spawn(move || {
+            // The report is handed on from inside the watch's own runtime,
+            // where `blocking_send` is refused: a full queue is waited out
+            // here (the watch stalls, bounded by the stop flag).
             run_engine_event_watch(&api, &thread_stop, &mut |r| {
-                if tx.blocking_send(r).is_err() {
-                    thread_stop.store(true, Ordering::SeqCst);
+                let mut r = Some(r);
+                while let Some(report) = r.take() {
+                    match tx.try_send(report) {
+                        Ok(()) => {}
+                        Err(tokio::sync::mpsc::error::TrySendError::Full(back)) => {
+                            if thread_stop.load(Ordering::SeqCst) {
+                                return;
+                            }
+                            r = Some(back);
+                            std::thread::sleep(std::time::Duration::from_millis(10));
+                        }
+                        Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {
+                            thread_stop.store(true, Ordering::SeqCst);
+                        }
+                    }
                 }
             });
         });
