@@ -637,8 +637,7 @@ pub fn run_engine_event_watch(
             }),
             Some(v) => {
                 let mut on = |e: Event| report(WatchReport::Event(e));
-                let r = watch_engine_events(api, v, stop, &mut on);
-                r
+                watch_engine_events(api, v, stop, &mut on)
             }
         };
         match result {

@@ -760,7 +760,7 @@ fn bad_managers_are_typed_surface_statuses_never_no_volume() {
         Some(("application/json", IM_S.to_vec())),
         Some(("application/json", IM_T.to_vec())),
     ]);
-    let (start, topo, ims) = read_start(&format!("{api}/v1/"), "pvc-7");
+    let (start, topo, ims) = read_start(&format!("{api}/v1/"), "pvc-7", None);
     assert!(start.result.is_ok());
     assert_eq!(ims.len(), 2);
     let t = topo.unwrap();
@@ -778,7 +778,7 @@ fn bad_managers_are_typed_surface_statuses_never_no_volume() {
         "text/html",
         b"<!DOCTYPE html><html><body>Longhorn UI</body></html>".to_vec(),
     ))]);
-    let (start, topo, _) = read_start(&api, "pvc-7");
+    let (start, topo, _) = read_start(&api, "pvc-7", None);
     assert!(topo.is_none());
     let mut r = readings(IN_PROGRESS, IN_PROGRESS, vec![]);
     r.start = Some(start);
