@@ -347,7 +347,8 @@ fn lh3_args<'a>(ns: &'a str, api: &'a str, window: &'a str) -> Vec<&'a str> {
 
 /// Longhorn's real pattern in three namespaces: a capture on T (peer S)
 /// with 40 other volumes' flows between S and T. The #13703 socket options on
-/// T's control channel give the keepalive-vs-user-timeout hypothesis; then S
+/// S's accepted end of the control channel give the keepalive-vs-user-timeout
+/// hypothesis on S's capture (T's end is the client's, named so); then S
 /// resets the control channel mid-window, the manager's end read carries the
 /// engine's error text with the 4-tuple, and the capture names that stream by
 /// role. Prints the Longhorn capture measurement (BENCHMARKS.md).
@@ -405,22 +406,18 @@ fn root_target_capture_names_the_control_channel_reset_by_the_source_by_role() {
         surface(transfer, "longhorn/topology").facts["capture_role"],
         "target"
     );
+    // T holds the gRPC client's end: not the side that aborts (#13703).
     let ctl = surface(transfer, "longhorn/control_channel");
-    assert_eq!(
-        ctl.facts["sync_control_sockopts"][0]["user_timeout_ms"],
-        20_000
-    );
-    assert_eq!(ctl.facts["sync_control_sockopts"][0]["keepidle_s"], 15);
-    let hyp = transfer
-        .claims
-        .iter()
-        .find(|c| c.code == "control_channel_user_timeout_below_keepalive_retry")
-        .unwrap_or_else(|| panic!("{:?}", codes(transfer)));
+    let t_end = &ctl.facts["idle_channel_sockopts"][0];
+    assert_eq!(t_end["server_side"], false, "{t_end}");
+    assert_eq!(t_end["hazard"], "client_side", "{t_end}");
     assert!(
-        hyp.falsifier
-            .as_deref()
-            .is_some_and(|f| f.contains("20000 ms"))
+        !codes(transfer)
+            .contains(&"control_channel_user_timeout_below_keepalive_retry".to_string()),
+        "{:?}",
+        codes(transfer)
     );
+    assert!(codes(transfer).contains(&"control_channel_client_side".to_string()));
     let Subject::StorageTransfer(t) = &transfer.subject else {
         panic!()
     };
@@ -480,6 +477,29 @@ fn root_target_capture_names_the_control_channel_reset_by_the_source_by_role() {
             .collect();
         roles.sort();
         assert_eq!(roles, want, "{role}");
+        if role == "source" {
+            // S's sync agent holds the accepted end: grpc-go's 20 s user
+            // timeout against the 15 s keepalive is judged here (#13703).
+            let s_end =
+                &surface(transfer, "longhorn/control_channel").facts["idle_channel_sockopts"][0];
+            assert_eq!(s_end["server_side"], true, "{s_end}");
+            assert_eq!(s_end["user_timeout_ms"], 20_000, "{s_end}");
+            let hyp = transfer
+                .claims
+                .iter()
+                .find(|c| c.code == "control_channel_user_timeout_below_keepalive_retry")
+                .unwrap_or_else(|| panic!("{:?}", codes(transfer)));
+            assert!(
+                hyp.statement.contains("the source's sync agent (S:P_S+2)"),
+                "{}",
+                hyp.statement
+            );
+            assert!(
+                hyp.falsifier
+                    .as_deref()
+                    .is_some_and(|f| f.contains("20000 ms"))
+            );
+        }
         let Subject::StorageTransfer(t) = &transfer.subject else {
             panic!()
         };

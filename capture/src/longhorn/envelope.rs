@@ -1157,10 +1157,15 @@ pub fn transfer_envelope(
         );
     }
 
-    // #13703: the control channel's keepalive against its user timeout.
+    // #13703: an idle gRPC channel's keepalive against its user timeout,
+    // judged on the side that aborts: grpc-go sets TCP_USER_TIMEOUT (20 s)
+    // only on the server's accepted socket (`internal/transport/http2_server.go`);
+    // Longhorn's replica client sets none. So for sync_control (T→S:P_S+2,
+    // `FileSend`) it is S's sync agent's socket, and for files_sync
+    // (E→T:P_T+2, `FilesSync`, idle for the whole rebuild) T's.
     let mut ctl_opts = Vec::new();
     for (e, role) in &roles {
-        if *role != FlowRole::SyncControl {
+        if *role != FlowRole::SyncControl && *role != FlowRole::FilesSync {
             continue;
         }
         let Some(so) = e
@@ -1171,28 +1176,43 @@ pub fn transfer_envelope(
             continue;
         };
         let g = |k: &str| so.facts.get(k).and_then(Value::as_i64).unwrap_or(0);
-        let ka = so
-            .facts
-            .get("keepalive")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        let (ut, idle, intvl) = (g("user_timeout_ms"), g("keepidle_s"), g("keepintvl_s"));
-        ctl_opts.push((e, ka, ut, idle, intvl));
+        let server = if *role == FlowRole::SyncControl {
+            topo.and_then(|t| t.source.as_ref())
+        } else {
+            topo.and_then(|t| t.target.as_ref())
+        }
+        .and_then(|p| p.block)
+        .map(|b| b.start.saturating_add(2));
+        let local_port = endpoints(e).map(|(l, _)| l.port());
+        let o_ = ChannelSockopts {
+            keepalive: so
+                .facts
+                .get("keepalive")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            user_timeout_ms: g("user_timeout_ms"),
+            keepidle_s: g("keepidle_s"),
+            keepintvl_s: g("keepintvl_s"),
+            server_side: server.is_some() && server == local_port,
+        };
+        ctl_opts.push((e, *role, o_, idle_hazard(&o_)));
     }
     if !ctl_opts.is_empty() {
         let mut f = Map::new();
         f.insert(
-            "sync_control_sockopts".into(),
+            "idle_channel_sockopts".into(),
             Value::Array(
                 ctl_opts
                     .iter()
-                    .map(|(e, ka, ut, idle, intvl)| json!({"digest": e.digest, "keepalive": ka, "user_timeout_ms": ut, "keepidle_s": idle, "keepintvl_s": intvl}))
+                    .map(|(e, role, s, h)| json!({"digest": e.digest, "role": role.as_str(), "server_side": s.server_side, "keepalive": s.keepalive, "user_timeout_ms": s.user_timeout_ms, "keepidle_s": s.keepidle_s, "keepintvl_s": s.keepintvl_s, "hazard": h.as_str()}))
                     .collect(),
             ),
         );
         o.surfaces.push(Surface {
             id: "longhorn/control_channel".into(),
-            authority: "pstack: tcp/sockopt of the linked sync_control stream envelopes".into(),
+            authority:
+                "pstack: tcp/sockopt of the linked sync_control and files_sync stream envelopes"
+                    .into(),
             status: SurfaceStatus::Ok,
             cause: None,
             deadline_ms: transport::SURFACE_DEADLINE_MS,
@@ -1203,21 +1223,49 @@ pub fn transfer_envelope(
             facts: f,
         });
     }
-    for (e, ka, ut, idle, intvl) in &ctl_opts {
-        if *ka && *ut > 0 && *idle > 0 && *ut < (idle + intvl.max(&1)) * 1000 {
-            o.claim(
+    for (e, role, s, h) in &ctl_opts {
+        let (ut, idle, intvl) = (s.user_timeout_ms, s.keepidle_s, s.keepintvl_s);
+        let (server, channel) = if *role == FlowRole::SyncControl {
+            ("the source's sync agent (S:P_S+2)", "FileSend")
+        } else {
+            ("the target's sync agent (T:P_T+2)", "FilesSync")
+        };
+        match h {
+            IdleHazard::Hazardous => o.claim(
                 ClaimKind::Hypothesis,
                 "control_channel_user_timeout_below_keepalive_retry",
                 format!(
-                    "the sync_control channel (stream {}) sends its first keepalive probe after {idle} s idle and the next {intvl} s later, but TCP_USER_TIMEOUT is {ut} ms: one unanswered probe (a single lost ACK) outlives the user timeout and the kernel aborts the idle FileSend channel (ETIMEDOUT), and the rebuild fails — the #13703 pattern (grpc-go sets 20 s TCP_USER_TIMEOUT on accepted connections, Go's listener keepalive is 15 s; longhorn-engine app/cmd/sync_agent.go v1.9.0 uses a plain net.Listen)",
-                    e.digest
+                    "the idle {channel} channel's server side here, {server} (stream {}, role {}), sends its first keepalive probe after {idle} s idle and the next {intvl} s later, but TCP_USER_TIMEOUT is {ut} ms: one unanswered probe (a single lost ACK) outlives the user timeout and this side's kernel aborts the channel (ETIMEDOUT) and resets it; the gRPC client at the other end reads `connection reset by peer` and the rebuild fails — the #13703 pattern (grpc-go sets 20 s TCP_USER_TIMEOUT on accepted connections, Go's listener keepalive is 15 s; longhorn-engine app/cmd/sync_agent.go v1.9.0 uses a plain net.Listen)",
+                    e.digest,
+                    role.as_str()
                 ),
                 &["longhorn/control_channel"],
                 Some(format!(
                     "the channel survives an unanswered keepalive probe for longer than {ut} ms (drop the peer's ACKs for {} s: it stays ESTABLISHED), or the reset that ended it was received from the peer (eBPF tcp_receive_reset) rather than raised by this side's timer",
                     idle + intvl
                 )),
-            );
+            ),
+            IdleHazard::PostFixOsKeepalive => o.claim(
+                ClaimKind::Fact,
+                "control_channel_keepalive_not_hazardous",
+                format!(
+                    "the idle {channel} channel's server side here (stream {}) keeps the OS keepalive ({idle} s idle, {intvl} s interval) with TCP_USER_TIMEOUT {ut} ms: the first probe comes only after {idle} s idle, so the #13703 abort needs an unanswered probe after that long — the settings of upstream's fix (longhorn-engine master \"preserve OS TCP keepalive settings\"), not the 15 s/20 s hazard",
+                    e.digest
+                ),
+                &["longhorn/control_channel"],
+                None,
+            ),
+            IdleHazard::ClientSide => o.claim(
+                ClaimKind::Fact,
+                "control_channel_client_side",
+                format!(
+                    "stream {} is the gRPC client's end of the idle {channel} channel (keepalive {}, TCP_USER_TIMEOUT {ut} ms): grpc-go sets its user timeout only on the server's accepted socket, so a #13703 abort would be raised by {server}, not here — capture on that node to read its socket options",
+                    e.digest, s.keepalive
+                ),
+                &["longhorn/control_channel"],
+                None,
+            ),
+            IdleHazard::NoUserTimeout | IdleHazard::NoKeepalive | IdleHazard::Safe => {}
         }
     }
 
@@ -1428,4 +1476,140 @@ pub fn transfer_envelope(
         builder.unknown(u)?;
     }
     Ok(builder.seal(next)?)
+}
+
+/// Linux's default `net.ipv4.tcp_keepalive_time`: what a socket keeps when
+/// the listener leaves the OS keepalive in place (upstream's #13703 fix).
+pub const OS_DEFAULT_KEEPIDLE_S: i64 = 7200;
+
+/// The socket options of one end of an idle gRPC channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelSockopts {
+    /// SO_KEEPALIVE.
+    pub keepalive: bool,
+    /// TCP_USER_TIMEOUT (0: none).
+    pub user_timeout_ms: i64,
+    /// TCP_KEEPIDLE.
+    pub keepidle_s: i64,
+    /// TCP_KEEPINTVL.
+    pub keepintvl_s: i64,
+    /// This end is the gRPC server's accepted socket (its local port is the
+    /// sync agent's P+2).
+    pub server_side: bool,
+}
+
+/// What the #13703 check says of one end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleHazard {
+    /// The client's end: the abort would come from the server's side.
+    ClientSide,
+    /// No user timeout: nothing aborts an unanswered probe early.
+    NoUserTimeout,
+    /// No keepalive: an idle channel sends nothing to go unanswered.
+    NoKeepalive,
+    /// The OS keepalive (first probe after [`OS_DEFAULT_KEEPIDLE_S`] or
+    /// later): upstream's fix; not the hazard.
+    PostFixOsKeepalive,
+    /// One unanswered probe outlives the user timeout.
+    Hazardous,
+    /// The user timeout outlasts a probe and its retry.
+    Safe,
+}
+
+impl IdleHazard {
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleHazard::ClientSide => "client_side",
+            IdleHazard::NoUserTimeout => "no_user_timeout",
+            IdleHazard::NoKeepalive => "no_keepalive",
+            IdleHazard::PostFixOsKeepalive => "post_fix_os_keepalive",
+            IdleHazard::Hazardous => "hazardous",
+            IdleHazard::Safe => "safe",
+        }
+    }
+}
+
+/// The #13703 rule, a pure function of one end's socket options.
+pub fn idle_hazard(s: &ChannelSockopts) -> IdleHazard {
+    if !s.server_side {
+        IdleHazard::ClientSide
+    } else if s.user_timeout_ms <= 0 {
+        IdleHazard::NoUserTimeout
+    } else if !s.keepalive || s.keepidle_s <= 0 {
+        IdleHazard::NoKeepalive
+    } else if s.keepidle_s >= OS_DEFAULT_KEEPIDLE_S {
+        IdleHazard::PostFixOsKeepalive
+    } else if s.user_timeout_ms < (s.keepidle_s + s.keepintvl_s.max(1)) * 1000 {
+        IdleHazard::Hazardous
+    } else {
+        IdleHazard::Safe
+    }
+}
+
+#[cfg(test)]
+mod hazard_tests {
+    use super::*;
+
+    #[test]
+    fn the_13703_rule_judges_the_server_side_and_knows_the_fix() {
+        let s = |server_side, keepalive, ut, idle, intvl| ChannelSockopts {
+            keepalive,
+            user_timeout_ms: ut,
+            keepidle_s: idle,
+            keepintvl_s: intvl,
+            server_side,
+        };
+        let rows = [
+            (
+                "grpc-go server, Go 15 s keepalive: #13703",
+                s(true, true, 20_000, 15, 15),
+                IdleHazard::Hazardous,
+            ),
+            (
+                "just below a probe and its retry",
+                s(true, true, 29_999, 15, 15),
+                IdleHazard::Hazardous,
+            ),
+            (
+                "at a probe and its retry",
+                s(true, true, 30_000, 15, 15),
+                IdleHazard::Safe,
+            ),
+            ("above", s(true, true, 30_001, 15, 15), IdleHazard::Safe),
+            (
+                "the client's end, same options",
+                s(false, true, 20_000, 15, 15),
+                IdleHazard::ClientSide,
+            ),
+            (
+                "Longhorn's client: no options",
+                s(false, false, 0, 0, 0),
+                IdleHazard::ClientSide,
+            ),
+            (
+                "no user timeout",
+                s(true, true, 0, 15, 15),
+                IdleHazard::NoUserTimeout,
+            ),
+            (
+                "no keepalive",
+                s(true, false, 20_000, 15, 15),
+                IdleHazard::NoKeepalive,
+            ),
+            (
+                "just below the OS default idle",
+                s(true, true, 20_000, OS_DEFAULT_KEEPIDLE_S - 1, 75),
+                IdleHazard::Hazardous,
+            ),
+            (
+                "upstream's fix: the OS keepalive",
+                s(true, true, 20_000, OS_DEFAULT_KEEPIDLE_S, 75),
+                IdleHazard::PostFixOsKeepalive,
+            ),
+        ];
+        for (name, o, want) in rows {
+            assert_eq!(idle_hazard(&o), want, "{name}");
+        }
+    }
 }
