@@ -76,6 +76,7 @@ impl FakeManager {
                         r#"{{"type":"collection","resourceType":"volume","links":{{"self":"http://{addr}/v1/volumes"}},"createTypes":{{}},"actions":{{}},"data":[{vol}]}}"#
                     )),
                     "/v1/volumes/pvc-7" => Some(vol),
+                    "/v1/settings" => Some(crate::longhorn::lh_settings()),
                     "/v1/instancemanagers/im-s" => Some(lh_im("im-s", "pvc-7-r-s", P_S)),
                     "/v1/instancemanagers/im-t" => Some(lh_im("im-t", "pvc-7-r-t", P_T)),
                     _ => None,
@@ -405,7 +406,10 @@ fn root_a_rebuild_that_fails_is_captured_on_the_target_until_it_ends_and_its_err
     // S resets the control channel; the manager reports the engine's error.
     rb.source_resets_control();
     let error = format!(
-        "failed to send file volume-snap-c3.img to {LH_T}:{}: failed to sync: Post \"http://{LH_T}:{}/v1-ssync/open\": read tcp {}->{LH_S}:{}: read: connection reset by peer",
+        // longhorn-engine v1.9.0 `pkg/sync/rpc/server.go` l.539 around
+        // `pkg/replica/client/client.go` l.465 around the gRPC error, as in
+        // longhorn#11006.
+        "replica tcp://{LH_S}:{P_S} failed to send file volume-snap-c3.img to {LH_T}:{}: failed to send file volume-snap-c3.img to {LH_T}:{}: rpc error: code = Unavailable desc = error reading from server: read tcp {}->{LH_S}:{}: read: connection reset by peer",
         P_T + 3,
         P_T + 3,
         rb.control_local,

@@ -268,6 +268,16 @@ pub fn fetch_volumes(base: &str) -> ApiRead {
     )
 }
 
+/// `GET {base}/v1/settings` (longhorn-manager `api/router.go` v1.9.0 l.63).
+pub fn fetch_settings(base: &str) -> ApiRead {
+    get(
+        base,
+        "/settings",
+        API_DEADLINE,
+        "the manager has no settings list",
+    )
+}
+
 /// `GET {base}/v1/instancemanagers/{im}`.
 pub fn fetch_instance_manager(base: &str, im: &str) -> ApiRead {
     get(

@@ -77,6 +77,8 @@ pub struct Readings {
     pub signals: Vec<super::kube::Event>,
     /// The watcher's verdict on the rebuild's end (None: no watcher verdict).
     pub verdict: Option<super::Verdict>,
+    /// `GET /v1/settings` at window start (None: not read).
+    pub settings: Option<ApiRead>,
     /// The capture's own clock.
     pub clock: Clock,
 }
@@ -807,6 +809,61 @@ pub fn transfer_envelope(
                     ),
                 }
             }
+        }
+    }
+    // The Longhorn settings that bound each failure.
+    if let Some(read) = &r.settings {
+        let parsed = read
+            .result
+            .as_ref()
+            .map_err(|f| (f.status, f.errno, f.message.clone()))
+            .and_then(|b| {
+                super::model::parse_settings(b)
+                    .map(|m| (m, b))
+                    .map_err(|e| (SurfaceStatus::Error, None, format!("GET {}: {e}", read.url)))
+            });
+        match parsed {
+            Ok((all, body)) => {
+                let mut facts = Map::new();
+                facts.insert("read_at".into(), json!(read.at));
+                let mut said = Vec::new();
+                for name in super::model::BOUNDING_SETTINGS {
+                    let v = all.get(name);
+                    facts.insert(name.into(), json!(v));
+                    said.push(match v {
+                        Some(v) => format!("{name} {v:?}"),
+                        None => format!("{name} not set on this manager"),
+                    });
+                }
+                o.surfaces.push(Surface {
+                    id: "longhorn/settings".into(),
+                    authority: format!("longhorn-manager:GET {}", read.url),
+                    status: SurfaceStatus::Ok,
+                    cause: None,
+                    deadline_ms: API_DEADLINE.as_millis() as u64,
+                    elapsed_us: read.elapsed_us,
+                    digest: Some(sha256_digest(body)),
+                    bytes: body.len() as u64,
+                    truncated: false,
+                    facts,
+                });
+                o.claim(
+                    ClaimKind::Fact,
+                    "longhorn_settings_bound_failures",
+                    format!(
+                        "the settings that bound a rebuild's failure: {} (engine-replica-timeout: seconds before the engine marks a replica ERR; replica-file-sync-http-client-timeout: seconds of the sync agents' HTTP transfer; long-grpc-timeout: seconds of FilesSync; replica-rebuild-concurrent-sync-limit: sources per rebuild from v1.11; storage-network: \"\" is the pod network)",
+                        said.join(", ")
+                    ),
+                    &["longhorn/settings"],
+                    None,
+                );
+            }
+            Err(e) => o.surfaces.push(failed(
+                "longhorn/settings",
+                format!("longhorn-manager:GET {}", read.url),
+                read,
+                e,
+            )),
         }
     }
     // The rebuild's Engine Events seen by the watcher, and its verdict.

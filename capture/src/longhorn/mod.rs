@@ -44,8 +44,9 @@ use crate::supervisor::{LeakBudget, SupervisorConfig};
 use crate::transport::{self, CaptureResult, LONGHORN_PORTS, Plan, TransportError, WindowStop};
 
 /// Most manager reads one capture makes (volume at start, the source's and
-/// target's instance managers, volume at end), each under [`API_DEADLINE`].
-pub const MAX_API_READS: u32 = 4;
+/// target's instance managers, the settings, volume at end), each under
+/// [`API_DEADLINE`].
+pub const MAX_API_READS: u32 = 5;
 
 pub use client::{API_DEADLINE, ApiFailure, ApiRead, MAX_API_BYTES, parse_base_url};
 pub use envelope::{Excluded, Readings, transfer_envelope};
@@ -379,6 +380,11 @@ pub fn capture_watched(
         }
         None => (None, None, Vec::new()),
     };
+    // The settings that bound each failure, recorded as facts.
+    let settings = r
+        .longhorn_api
+        .as_ref()
+        .map(|api| client::fetch_settings(api));
     let narrowed = narrow(&plan.transport, topo.as_ref());
     let captured = transport::capture_until(&narrowed, config, budget, progress, &watcher.stop)?;
     let (streams, excluded, by_ip) = select(captured, topo.as_ref());
@@ -447,6 +453,7 @@ pub fn capture_watched(
         events,
         signals,
         verdict,
+        settings,
         clock,
     };
     let transfer = transfer_envelope(r, &narrowed, &readings)?;

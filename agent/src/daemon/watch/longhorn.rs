@@ -134,6 +134,10 @@ pub struct LonghornWatch {
     last_docs: BTreeMap<String, Vec<u8>>,
     last_read: Option<ApiRead>,
     pub(super) events: EventsWatch,
+    /// v2 volumes in the last poll (skipped).
+    v2_volumes: Vec<String>,
+    /// Engine Events of v2 volumes ignored.
+    v2_events_skipped: u64,
 }
 
 /// The Engine Events watch's side of the rule.
@@ -179,6 +183,8 @@ impl Default for LonghornWatch {
             last_docs: BTreeMap::new(),
             last_read: None,
             events: EventsWatch::default(),
+            v2_volumes: Vec::new(),
+            v2_events_skipped: 0,
         }
     }
 }
@@ -295,6 +301,13 @@ impl LonghornWatch {
             .into_iter()
             .filter(|(v, _)| lh.volumes.is_empty() || lh.volumes.contains(&v.name))
             .collect();
+        // v2 volumes (SPDK over NVMe-oF/TCP between spdk_tgt processes) do not
+        // rebuild through the v1 sync agents this rule captures: skipped,
+        // counted, and their Events ignored.
+        let (v2, list): (Vec<_>, Vec<_>) = list.into_iter().partition(|(v, _)| {
+            v.data_engine == "v2" || v.replicas.iter().any(|r| r.data_engine == "v2")
+        });
+        self.v2_volumes = v2.into_iter().map(|(v, _)| v.name).collect();
         let volumes: Vec<Volume> = list.iter().map(|(v, _)| v.clone()).collect();
         let bytes: BTreeMap<&str, &[u8]> = list
             .iter()
@@ -349,6 +362,10 @@ impl LonghornWatch {
                     return (Vec::new(), Vec::new());
                 };
                 if !lh.volumes.is_empty() && !lh.volumes.contains(&volume) {
+                    return (Vec::new(), Vec::new());
+                }
+                if self.v2_volumes.contains(&volume) {
+                    self.v2_events_skipped += 1;
                     return (Vec::new(), Vec::new());
                 }
                 let changes = self.book.signal(&volume, &ev);
@@ -685,6 +702,8 @@ impl LonghornWatch {
                 "resource_version": self.events.state.as_ref().and_then(|s| s.as_ref().ok()),
                 "received": self.events.received, "rebuild_signals": self.events.rebuild_signals,
                 "failures": self.events.failures, "watching": self.events.started},
+            "skipped": {"v2_volumes": self.v2_volumes.len(), "v2_events": self.v2_events_skipped,
+                "reason": "v2 data engine: SPDK over NVMe-oF/TCP between spdk_tgt processes, not the v1 sync-agent rebuild this rule captures"},
             "rebuilds_started": self.started,
             "rebuilds_ended": self.ended,
             "not_a_party": self.not_a_party,
@@ -939,6 +958,37 @@ mod tests {
         assert!(t.watcher.stop.is_stopped());
         assert!(t.watcher.terminal.lock().unwrap().is_some());
         assert_eq!(w.terminal, 1);
+    }
+
+    #[test]
+    fn v2_volumes_are_skipped_and_counted() {
+        let (r, lh) = rule("node-t");
+        let mut w = LonghornWatch::default();
+        let mut read = list(running("in_progress", ""), "WO");
+        let body = String::from_utf8(read.result.clone().unwrap()).unwrap();
+        read.result = Ok(body
+            .replace("\"dataEngine\":\"v1\"", "\"dataEngine\":\"v2\"")
+            .into_bytes());
+        let (f, ev) = w.on_poll(&r, &lh, read);
+        assert!(f.is_empty() && ev.is_empty(), "{ev:?}");
+        let (f, ev) = w.on_events(
+            &r,
+            &lh,
+            engine_event(
+                "Rebuilding",
+                "Start rebuilding replica r-t with Address 10.0.0.3:20001",
+            ),
+        );
+        assert!(f.is_empty() && ev.is_empty(), "{ev:?}");
+        let st = w.status_json(&lh);
+        assert_eq!(st["skipped"]["v2_volumes"], 1, "{st:#}");
+        assert_eq!(st["skipped"]["v2_events"], 1, "{st:#}");
+        assert!(
+            st["skipped"]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("v2 data engine")
+        );
     }
 
     #[test]

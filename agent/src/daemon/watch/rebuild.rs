@@ -731,7 +731,9 @@ mod tests {
         }
     }
 
-    const RESET: &str = "failed to send file x.img to 10.0.0.3:10503: read tcp 10.0.0.3:43126->10.0.0.2:10002: read: connection reset by peer";
+    /// Engine v1.9.0 `pkg/sync/rpc/server.go` l.539 around
+    /// `pkg/replica/client/client.go` l.465 (longhorn#11006's shape).
+    const RESET: &str = "replica tcp://10.0.0.2:10000 failed to send file x.img to 10.0.0.3:10503: failed to send file x.img to 10.0.0.3:10503: rpc error: code = Unavailable desc = error reading from server: read tcp 10.0.0.3:43126->10.0.0.2:10002: read: connection reset by peer";
     /// longhorn#8091, verbatim (manager l.1874 format around the engine's text).
     const DIAL: &str = "Failed rebuilding replica with Address 10.0.0.3:10000: proxyServer=10.0.0.1:8501 destination=10.0.0.1:10000: failed to add replica tcp://10.0.0.3:10000 for volume: rpc error: code = Unavailable desc = failed to get replica 10.0.0.3:10000: rpc error: code = Unavailable desc = connection error: desc = \"transport: Error while dialing: dial tcp 10.0.0.3:10000: i/o timeout\"";
 
