@@ -406,7 +406,13 @@ impl LonghornWatch {
         let mut firings = Vec::new();
         let mut events = Vec::new();
         let at = Instant::now();
-        let volumes: Vec<Volume> = self.book.last_reading().to_vec();
+        // Only a change needs the reading (an Event that changes nothing
+        // must not copy 200 volumes).
+        let volumes: Vec<Volume> = if changes.is_empty() {
+            Vec::new()
+        } else {
+            self.book.last_reading().to_vec()
+        };
         for ev in changes {
             let key = (ev.volume.clone(), ev.replica.clone());
             let vol = volumes.iter().find(|v| v.name == ev.volume);
@@ -1078,5 +1084,82 @@ mod tests {
             ),
         );
         assert!(f.is_empty() && ev.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod bench {
+    //! The rule's own cost per poll and per Event with 200 volumes (the
+    //! parse of `GET /v1/volumes` and the fold; the HTTP read is not in it).
+    //! `cargo test -p pstack-agent --lib bench_the_rule -- --ignored --nocapture`
+    use super::*;
+    use crate::daemon::watch::rules::WatchRuleConfig;
+
+    #[test]
+    #[ignore = "a measurement, printed for BENCHMARKS.md"]
+    fn bench_the_rule_with_200_volumes() {
+        let cfg: WatchRuleConfig = toml::from_str(
+            "name = \"rebuilds\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://127.0.0.1:9500\"\nnode = \"node-t\"\nwindow = \"30s\"",
+        )
+        .unwrap();
+        let r = cfg.validate().unwrap();
+        let super::super::rules::Condition::LonghornRebuild(lh) = &r.condition else {
+            panic!()
+        };
+        let lh = (**lh).clone();
+        let vols: Vec<Value> = (0..200)
+            .map(|i| {
+                json!({"name": format!("pvc-{i}"), "state": "attached", "robustness": "healthy", "dataEngine": "v1",
+                    "replicas": [
+                        {"name": format!("pvc-{i}-r-a"), "hostId": "node-s", "address": "10.0.0.2", "instanceManagerName": "im-s", "mode": "RW", "failedAt": ""},
+                        {"name": format!("pvc-{i}-r-b"), "hostId": "node-t", "address": "10.0.0.3", "instanceManagerName": "im-t", "mode": "RW", "failedAt": ""},
+                        {"name": format!("pvc-{i}-r-c"), "hostId": "node-e", "address": "10.0.0.1", "instanceManagerName": "im-e", "mode": "RW", "failedAt": ""}],
+                    "controllers": [{"name": format!("pvc-{i}-e-0"), "hostId": "node-e", "address": "10.0.0.1"}],
+                    "rebuildStatus": []})
+            })
+            .collect();
+        let body = json!({"type": "collection", "data": vols})
+            .to_string()
+            .into_bytes();
+        let read = ApiRead {
+            url: "http://127.0.0.1:9500/v1/volumes".into(),
+            at: "2026-12-07T08:00:00Z".into(),
+            result: Ok(body.clone()),
+            elapsed_us: 0,
+        };
+        let mut w = LonghornWatch::default();
+        let n = 50;
+        let t = Instant::now();
+        for _ in 0..n {
+            let _ = w.on_poll(&r, &lh, read.clone());
+        }
+        let per_poll = t.elapsed() / n;
+        let ev = Event {
+            kind: "Engine".into(),
+            name: "pvc-77-e-0".into(),
+            reason: "Rebuilding".into(),
+            event_type: "Normal".into(),
+            message: "Detected rebuilding replica pvc-77-r-b (10.0.0.3:10000)".into(),
+            count: 1,
+            last: String::new(),
+            component: String::new(),
+            resource_version: String::new(),
+        };
+        let other = Event {
+            reason: "Attached".into(),
+            ..ev.clone()
+        };
+        let m = 1000;
+        let t = Instant::now();
+        for _ in 0..m {
+            let _ = w.on_events(&r, &lh, WatchReport::Event(other.clone()));
+        }
+        let per_event = t.elapsed() / m;
+        eprintln!(
+            "BENCH longhorn_rebuild rule, 200 volumes ({} bytes of GET /v1/volumes): parse + fold {:?} per poll (mean of {n}); an Engine Event that is not a rebuild signal {:?} (mean of {m}); debug build",
+            body.len(),
+            per_poll,
+            per_event
+        );
     }
 }
