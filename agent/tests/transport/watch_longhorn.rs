@@ -141,6 +141,8 @@ struct KubeFixture {
     events: Arc<Mutex<Vec<(u64, Value)>>>,
     listed_only: Arc<Mutex<Vec<Value>>>,
     watches: Arc<Mutex<u64>>,
+    /// Replica CRs by name (`GET /apis/longhorn.io/v1beta2/namespaces/longhorn-system/replicas/<name>`).
+    replicas: Arc<Mutex<std::collections::BTreeMap<String, Value>>>,
 }
 
 impl KubeFixture {
@@ -150,12 +152,18 @@ impl KubeFixture {
         let events: Arc<Mutex<Vec<(u64, Value)>>> = Arc::new(Mutex::new(Vec::new()));
         let listed_only: Arc<Mutex<Vec<Value>>> = Arc::new(Mutex::new(Vec::new()));
         let watches = Arc::new(Mutex::new(0u64));
-        let (ev, lo, w) = (events.clone(), listed_only.clone(), watches.clone());
+        let replicas = Arc::new(Mutex::new(std::collections::BTreeMap::new()));
+        let (ev, lo, w, rp) = (
+            events.clone(),
+            listed_only.clone(),
+            watches.clone(),
+            replicas.clone(),
+        );
         std::thread::spawn(move || {
             for s in l.incoming() {
                 let Ok(s) = s else { continue };
-                let (ev, lo, w) = (ev.clone(), lo.clone(), w.clone());
-                std::thread::spawn(move || serve_kube(s, token, &ev, &lo, &w));
+                let (ev, lo, w, rp) = (ev.clone(), lo.clone(), w.clone(), rp.clone());
+                std::thread::spawn(move || serve_kube(s, token, &ev, &lo, &w, &rp));
             }
         });
         KubeFixture {
@@ -163,6 +171,7 @@ impl KubeFixture {
             events,
             listed_only,
             watches,
+            replicas,
         }
     }
 
@@ -195,6 +204,7 @@ fn serve_kube(
     events: &Mutex<Vec<(u64, Value)>>,
     listed_only: &Mutex<Vec<Value>>,
     watches: &Mutex<u64>,
+    replicas: &Mutex<std::collections::BTreeMap<String, Value>>,
 ) {
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
     let mut buf = vec![0u8; 8192];
@@ -224,6 +234,18 @@ fn serve_kube(
             "401 Unauthorized",
             json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Unauthorized", "code": 401}),
         );
+    }
+    if let Some(name) =
+        target.strip_prefix("/apis/longhorn.io/v1beta2/namespaces/longhorn-system/replicas/")
+    {
+        return match replicas.lock().unwrap().get(name).cloned() {
+            Some(cr) => reply(&mut s, "200 OK", cr),
+            None => reply(
+                &mut s,
+                "404 Not Found",
+                json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}),
+            ),
+        };
     }
     if !target.starts_with("/api/v1/namespaces/longhorn-system/events?") {
         return reply(
@@ -964,5 +986,65 @@ fn root_a_rebuilt_event_closes_the_terminal_question_as_success() {
     assert!(
         codes.iter().any(|c| c == "longhorn_engine_event"),
         "{codes:?}"
+    );
+}
+
+#[test]
+fn root_a_rebuild_failed_condition_on_the_replica_cr_is_the_verdict_when_the_event_was_missed() {
+    if !root_or_skip(
+        "root_a_rebuild_failed_condition_on_the_replica_cr_is_the_verdict_when_the_event_was_missed",
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let rig = rig("lhc", "node-t");
+    let _rb = rig.bed.start_rebuild(0, None);
+    rig.manager
+        .set(volume_with_target(entry("in_progress", true, 30, ""), "WO"));
+    rig.wait_event("started", "a window", |e| e["subject"] == SUBJECT);
+    std::thread::sleep(Duration::from_millis(1500));
+    // Outside backoff the manager sets the condition (engine_controller.go
+    // v1.9.0 l.1892-1899, reason from getReplicaRebuildFailedReasonFromError)
+    // and removes the replica from the engine; the watch never saw the Event.
+    let message = format!(
+        "proxyServer={LH_E}:8501 destination={LH_E}:10000: failed to add replica tcp://{LH_T}:{P_T} for volume: rpc error: code = Unavailable desc = error reading from server: EOF"
+    );
+    rig.kube.replicas.lock().unwrap().insert(
+        "pvc-7-r-t".into(),
+        json!({"apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
+            "metadata": {"name": "pvc-7-r-t", "namespace": "longhorn-system"},
+            "spec": {"failedAt": "2026-12-07T08:00:00Z"},
+            "status": {"conditions": [{"type": "RebuildFailed", "status": "True", "reason": "Disconnection", "message": message}]}}),
+    );
+    let mut v: Value = serde_json::from_str(&volume_with_target(json!([]), "")).unwrap();
+    v["replicas"][1]["failedAt"] = json!("2026-12-07T08:00:00Z");
+    rig.manager.set(v.to_string());
+    let ended = rig.wait_event("rebuild_ended", "the end", |_| true);
+    assert_eq!(
+        ended["outcome"]["failure"], "rebuild_failed_condition",
+        "{ended:#}"
+    );
+    assert!(
+        ended["outcome"]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("RebuildFailed (Disconnection): "),
+        "{ended:#}"
+    );
+    let transfer = rig.transfer();
+    let failed = transfer
+        .claims
+        .iter()
+        .find(|c| c.code == "longhorn_rebuild_failed")
+        .unwrap_or_else(|| panic!("{:?}", codes_of(&transfer)));
+    assert!(
+        failed.statement.contains("Disconnection"),
+        "{}",
+        failed.statement
+    );
+    let r = rig.d.watch_rule("rebuilds");
+    assert!(
+        r["longhorn"]["replica_crs"]["reads"].as_u64().unwrap() >= 1,
+        "{r:#}"
     );
 }

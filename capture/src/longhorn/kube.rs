@@ -664,6 +664,90 @@ pub fn run_engine_event_watch(
     }
 }
 
+/// A Replica CR's `RebuildFailed` condition (longhorn-manager
+/// `k8s/pkg/apis/longhorn/v1beta2/replica.go` v1.9.0 l.13-19: reasons
+/// `Disconnection`, `General`, or a node reason such as
+/// `KubernetesNodeNotReady`, set by `updateReplicaRebuildFailedCondition`,
+/// `controller/engine_controller.go` l.1992-2041, outside backoff only).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RebuildFailedCondition {
+    /// `status` (`True`/`False`).
+    pub status: String,
+    /// `reason`: Longhorn's own network-or-not verdict.
+    pub reason: String,
+    /// `message`: the rebuild's error text.
+    pub message: String,
+}
+
+/// Parse a `GET …/replicas/{name}` body: its `RebuildFailed` condition, if any.
+pub fn parse_replica_rebuild_failed(
+    body: &[u8],
+) -> Result<Option<RebuildFailedCondition>, EventsError> {
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| EventsError::NotJson(e.to_string()))?;
+    let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
+    if kind != "Replica" {
+        return Err(EventsError::NotEventList(format!("{kind} (want Replica)")));
+    }
+    let s = |c: &serde_json::Value, k: &str| {
+        c.get(k)
+            .and_then(|x| x.as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    Ok(v.pointer("/status/conditions")
+        .and_then(|c| c.as_array())
+        .and_then(|cs| cs.iter().find(|c| s(c, "type") == "RebuildFailed"))
+        .map(|c| RebuildFailedCondition {
+            status: s(c, "status"),
+            reason: s(c, "reason"),
+            message: s(c, "message"),
+        }))
+}
+
+/// `GET {base}/apis/longhorn.io/v1beta2/namespaces/longhorn-system/replicas/{name}`:
+/// the Replica CR's `RebuildFailed` condition.
+pub fn fetch_replica_rebuild_failed(
+    api: &KubeApi,
+    replica: &str,
+) -> Result<Option<RebuildFailedCondition>, ApiFailure> {
+    let auth = auth_for(api)?;
+    let name: String = replica
+        .bytes()
+        .filter(|b| b.is_ascii_alphanumeric() || b"-.".contains(b))
+        .map(char::from)
+        .collect();
+    let url = format!(
+        "{}/apis/longhorn.io/v1beta2/namespaces/{NAMESPACE}/replicas/{name}",
+        api.base.trim_end_matches('/')
+    );
+    let body = client::fetch(&url, EVENTS_DEADLINE, &auth, &format!("no replica {name}"))?;
+    parse_replica_rebuild_failed(&body).map_err(|e| ApiFailure {
+        status: SurfaceStatus::Error,
+        errno: None,
+        message: format!("the API server's answer: {e}"),
+    })
+}
+
+#[cfg(test)]
+mod replica_tests {
+    use super::*;
+
+    #[test]
+    fn the_rebuild_failed_condition_is_read_from_the_replica_cr() {
+        let body = br#"{"apiVersion":"longhorn.io/v1beta2","kind":"Replica","metadata":{"name":"pvc-7-r-t"},"spec":{"failedAt":"2026-12-07T08:00:00Z"},"status":{"conditions":[{"type":"InstanceCreation","status":"True","reason":"","message":""},{"type":"RebuildFailed","status":"True","reason":"Disconnection","message":"rpc error: code = Unavailable desc = error reading from server"}]}}"#;
+        let c = parse_replica_rebuild_failed(body).unwrap().unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "Disconnection")
+        );
+        let none = br#"{"kind":"Replica","status":{"conditions":[]}}"#;
+        assert_eq!(parse_replica_rebuild_failed(none).unwrap(), None);
+        assert!(parse_replica_rebuild_failed(br#"{"kind":"Status","code":404}"#).is_err());
+        assert!(parse_replica_rebuild_failed(b"<html>").is_err());
+    }
+}
+
 #[cfg(test)]
 mod watch_tests {
     use super::*;

@@ -138,6 +138,35 @@ pub struct LonghornWatch {
     v2_volumes: Vec<String>,
     /// Engine Events of v2 volumes ignored.
     v2_events_skipped: u64,
+    cr_reads: u64,
+    cr_failures: u64,
+    cr_last_failure: Option<String>,
+}
+
+/// Most Replica CRs read with one poll.
+pub const MAX_REPLICA_CR_READS: usize = 16;
+
+/// One Replica CR read: its `RebuildFailed` condition, or why not.
+pub type ConditionRead = Result<
+    Option<pstack_capture::longhorn::kube::RebuildFailedCondition>,
+    pstack_capture::longhorn::ApiFailure,
+>;
+
+/// Read the Replica CRs' `RebuildFailed` conditions (blocking; run it off
+/// the runtime), each under the Events deadline.
+pub fn read_conditions(lh: &LonghornRule, replicas: &[String]) -> Vec<(String, ConditionRead)> {
+    let Some(api) = kubernetes_api(lh) else {
+        return Vec::new();
+    };
+    replicas
+        .iter()
+        .map(|r| {
+            (
+                r.clone(),
+                pstack_capture::longhorn::kube::fetch_replica_rebuild_failed(&api, r),
+            )
+        })
+        .collect()
 }
 
 /// The Engine Events watch's side of the rule.
@@ -185,6 +214,9 @@ impl Default for LonghornWatch {
             events: EventsWatch::default(),
             v2_volumes: Vec::new(),
             v2_events_skipped: 0,
+            cr_reads: 0,
+            cr_failures: 0,
+            cr_last_failure: None,
         }
     }
 }
@@ -323,6 +355,35 @@ impl LonghornWatch {
         });
         let changes = self.book.observe(&volumes);
         self.apply(rule, lh, changes)
+    }
+
+    /// The Replica CRs a poll reads with the volume list (the followed
+    /// rebuilds' targets, at most [`MAX_REPLICA_CR_READS`]), when a
+    /// Kubernetes API is configured.
+    pub fn replicas_to_check(&self, lh: &LonghornRule) -> Vec<String> {
+        if kubernetes_api(lh).is_none() {
+            return Vec::new();
+        }
+        self.book.replicas_to_check(MAX_REPLICA_CR_READS)
+    }
+
+    /// Fold the Replica CR reads made with a poll (before the poll itself):
+    /// a `RebuildFailed` condition `True` is Longhorn's own verdict.
+    pub fn on_conditions(&mut self, reads: Vec<(String, ConditionRead)>) {
+        for (replica, read) in reads {
+            self.cr_reads += 1;
+            match read {
+                Ok(Some(c)) => {
+                    self.book
+                        .condition(&replica, &c.reason, &c.message, c.status == "True")
+                }
+                Ok(None) => self.book.condition(&replica, "", "", false),
+                Err(f) => {
+                    self.cr_failures += 1;
+                    self.cr_last_failure = Some(f.message);
+                }
+            }
+        }
     }
 
     /// Whether the Engine Events watch should be started now (once per
@@ -710,6 +771,7 @@ impl LonghornWatch {
                 "failures": self.events.failures, "watching": self.events.started},
             "skipped": {"v2_volumes": self.v2_volumes.len(), "v2_events": self.v2_events_skipped,
                 "reason": "v2 data engine: SPDK over NVMe-oF/TCP between spdk_tgt processes, not the v1 sync-agent rebuild this rule captures"},
+            "replica_crs": {"reads": self.cr_reads, "failures": self.cr_failures, "last_failure": self.cr_last_failure},
             "rebuilds_started": self.started,
             "rebuilds_ended": self.ended,
             "not_a_party": self.not_a_party,

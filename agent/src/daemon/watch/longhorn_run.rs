@@ -13,6 +13,9 @@
 //!   configured), on a thread of its own, ended by the rule's `stop` when
 //!   the rule is dropped; its reports are folded in order, through a bounded
 //!   queue.
+//! - **A poll reads the followed replicas' CRs too** (their `RebuildFailed`
+//!   condition, at most 16, each under the Events deadline, only with a
+//!   Kubernetes API), folded before the volume list it came with.
 //! - **A capture's life is reported** (`started`, then `done` whatever the
 //!   outcome, a deadline overrun included), so the rule never continues a
 //!   window that is still running nor waits for one that is gone.
@@ -59,37 +62,50 @@ pub(super) fn polls(state: &Arc<DaemonState>) {
     for (name, lh, api, stop) in watches {
         events_watch(state, name, lh, api, stop);
     }
-    let due: Vec<(String, rules::LonghornRule)> = {
+    let due: Vec<(String, rules::LonghornRule, Vec<String>)> = {
         let mut inner = lock(&engine.inner);
         let now = Instant::now();
         inner
             .rules
             .iter_mut()
             .filter_map(|s| match &s.rule.condition {
-                Condition::LonghornRebuild(lh) if s.longhorn.take_poll(lh, now) => {
-                    Some((s.rule.name.clone(), (**lh).clone()))
-                }
+                Condition::LonghornRebuild(lh) if s.longhorn.take_poll(lh, now) => Some((
+                    s.rule.name.clone(),
+                    (**lh).clone(),
+                    s.longhorn.replicas_to_check(lh),
+                )),
                 _ => None,
             })
             .collect()
     };
-    for (name, lh) in due {
+    for (name, lh, replicas) in due {
         let state = state.clone();
         tokio::spawn(async move {
             let poll_lh = lh.clone();
-            let read = match tokio::task::spawn_blocking(move || longhorn::poll(&poll_lh)).await {
+            let read = match tokio::task::spawn_blocking(move || {
+                // The followed replicas' CRs first: a condition set by the
+                // time the list is read is folded before it.
+                let conditions = longhorn::read_conditions(&poll_lh, &replicas);
+                (longhorn::poll(&poll_lh), conditions)
+            })
+            .await
+            {
                 Ok(r) => r,
-                Err(e) => pstack_capture::longhorn::ApiRead {
-                    url: lh.manager_url.clone(),
-                    at: wall_time_now(),
-                    result: Err(pstack_capture::longhorn::ApiFailure {
-                        status: pstack_envelope::SurfaceStatus::Error,
-                        errno: None,
-                        message: format!("the poll task failed: {e}"),
-                    }),
-                    elapsed_us: 0,
-                },
+                Err(e) => (
+                    pstack_capture::longhorn::ApiRead {
+                        url: lh.manager_url.clone(),
+                        at: wall_time_now(),
+                        result: Err(pstack_capture::longhorn::ApiFailure {
+                            status: pstack_envelope::SurfaceStatus::Error,
+                            errno: None,
+                            message: format!("the poll task failed: {e}"),
+                        }),
+                        elapsed_us: 0,
+                    },
+                    Vec::new(),
+                ),
             };
+            let (read, conditions) = read;
             let engine = &state.watch;
             let (firings, events) = {
                 let mut inner = lock(&engine.inner);
@@ -100,6 +116,7 @@ pub(super) fn polls(state: &Arc<DaemonState>) {
                     return; // reloaded away meanwhile
                 };
                 let rule = s.rule.clone();
+                s.longhorn.on_conditions(conditions);
                 let out = s.longhorn.on_poll(&rule, &lh, read);
                 if let longhorn::Health::Degraded(r) = s.longhorn.health() {
                     s.availability = Availability::Degraded(r.clone());

@@ -199,6 +199,11 @@ pub struct Seen {
     /// The replica was seen in the engine (mode `WO`/`RW`/`ERR`): before
     /// that, `mode ""` is the rebuild not yet past `GetReplica`.
     pub in_engine_seen: bool,
+    /// The Replica CR's `RebuildFailed` condition when it is `True`:
+    /// (reason, message). Reset by the manager before each rebuild
+    /// (`engine_controller.go` v1.9.0 l.1838), so a `True` read while this
+    /// rebuild is followed is this rebuild's.
+    pub rebuild_failed: Option<(String, String)>,
 }
 
 impl Seen {
@@ -220,6 +225,9 @@ pub enum Failure {
     EngineFault,
     /// The replica's `failedAt` is set.
     ReplicaFailed,
+    /// The Replica CR's `RebuildFailed` condition is `True` (its reason is
+    /// Longhorn's own verdict: `Disconnection`, `General`, a node reason).
+    RebuildFailedCondition,
 }
 
 impl Failure {
@@ -231,6 +239,7 @@ impl Failure {
             Failure::StateError => "state_error",
             Failure::EngineFault => "engine_fault",
             Failure::ReplicaFailed => "replica_failed",
+            Failure::RebuildFailedCondition => "rebuild_failed_condition",
         }
     }
 }
@@ -359,6 +368,13 @@ pub fn step(
     }
     if let Some(s) = seen.signal(Signal::Faulted) {
         return Some(failed(Failure::EngineFault, s.message.clone(), None));
+    }
+    if let Some((reason, message)) = &seen.rebuild_failed {
+        return Some(failed(
+            Failure::RebuildFailedCondition,
+            format!("RebuildFailed ({reason}): {message}"),
+            None,
+        ));
     }
     let Some(vol) = now else {
         // Events only so far: the rebuild goes on.
@@ -652,6 +668,29 @@ impl RebuildBook {
     }
 }
 
+impl RebuildBook {
+    /// The followed rebuilds' target replicas (at most `max`), whose Replica
+    /// CRs a poll reads.
+    pub fn replicas_to_check(&self, max: usize) -> Vec<String> {
+        self.followed
+            .keys()
+            .filter(|k| !k.1.is_empty())
+            .map(|k| k.1.clone())
+            .take(max)
+            .collect()
+    }
+
+    /// Fold a Replica CR's `RebuildFailed` condition read for `replica`
+    /// (before the poll that read it is folded).
+    pub fn condition(&mut self, replica: &str, reason: &str, message: &str, status_true: bool) {
+        for (k, s) in self.followed.iter_mut() {
+            if k.1 == replica {
+                s.rebuild_failed = status_true.then(|| (reason.to_string(), message.to_string()));
+            }
+        }
+    }
+}
+
 fn update(s: &mut Seen, now: Option<&Volume>, replica: &str) {
     let rep = now.and_then(|v| v.replicas.iter().find(|r| r.name == replica));
     let e = now.and_then(|v| v.rebuild.iter().find(|e| e.replica == replica));
@@ -754,6 +793,7 @@ mod tests {
                 .collect(),
             gone_polls,
             in_engine_seen: true,
+            rebuild_failed: None,
         }
     }
 
@@ -763,6 +803,13 @@ mod tests {
         let before = with(&[], false, 0);
         let gone1 = with(&[], true, GONE_GRACE_POLLS - 2);
         let gone2 = with(&[], true, GONE_GRACE_POLLS - 1);
+        let condition = Seen {
+            rebuild_failed: Some((
+                "Disconnection".into(),
+                "rpc error: code = Unavailable desc = error reading from server".into(),
+            )),
+            ..with(&[], true, 0)
+        };
         let not_added = Seen {
             in_engine_seen: false,
             ..with(&[], false, GONE_GRACE_POLLS + 5)
@@ -972,6 +1019,19 @@ mod tests {
                 None,
                 None,
                 Some(Change::Continuing),
+            ),
+            (
+                "RebuildFailed condition True: Longhorn's own verdict",
+                Some(&condition),
+                Some(Some(vol(None, "", "2026-12-07T08:00:00Z"))),
+                None,
+                failed(
+                    Failure::RebuildFailedCondition,
+                    "RebuildFailed (Disconnection): rpc error: code = Unavailable desc = error reading from server",
+                    FailStep::FileSync,
+                    "2026-12-07T08:00:00Z",
+                    "",
+                ),
             ),
             // Followed: manager readings.
             (
