@@ -636,7 +636,16 @@ pub fn run_engine_event_watch(
                 SessionEnd::Closed
             }),
             Some(v) => {
-                let mut on = |e: Event| report(WatchReport::Event(e));
+                // Recovered as soon as an Event arrives, not at the session's end.
+                let mut on = |e: Event| {
+                    if !healthy {
+                        healthy = true;
+                        report(WatchReport::Healthy {
+                            rv: e.resource_version.clone(),
+                        });
+                    }
+                    report(WatchReport::Event(e))
+                };
                 watch_engine_events(api, v, stop, &mut on)
             }
         };
@@ -745,6 +754,112 @@ mod replica_tests {
         assert_eq!(parse_replica_rebuild_failed(none).unwrap(), None);
         assert!(parse_replica_rebuild_failed(br#"{"kind":"Status","code":404}"#).is_err());
         assert!(parse_replica_rebuild_failed(b"<html>").is_err());
+    }
+}
+
+#[cfg(test)]
+mod reconnect_tests {
+    //! The watch against a loopback API server that closes sessions, answers
+    //! 410 and sends an over-long line: it re-opens from the last
+    //! resourceVersion, lists again on 410, and reports the bound as a failure.
+    use super::*;
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    fn event_line(rv: u64, reason: &str) -> String {
+        format!(
+            r#"{{"type":"ADDED","object":{{"kind":"Event","metadata":{{"resourceVersion":"{rv}"}},"involvedObject":{{"kind":"Engine","name":"pvc-7-e-0"}},"reason":"{reason}","message":"m","type":"Normal"}}}}"#
+        )
+    }
+
+    #[test]
+    fn the_watch_reopens_from_its_resource_version_lists_again_on_410_and_bounds_a_line() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let requests = Arc::new(Mutex::new(Vec::<String>::new()));
+        let seen = requests.clone();
+        std::thread::spawn(move || {
+            for (i, s) in l.incoming().enumerate() {
+                let Ok(mut s) = s else { continue };
+                let mut buf = vec![0u8; 4096];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                let target = head.split(' ').nth(1).unwrap_or("").to_string();
+                seen.lock().unwrap().push(target.clone());
+                let stream = |s: &mut std::net::TcpStream, body: &str| {
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{body}"
+                    );
+                };
+                match i {
+                    // list → rv 5
+                    0 | 3 => stream(
+                        &mut s,
+                        r#"{"kind":"EventList","metadata":{"resourceVersion":"5"},"items":[]}"#,
+                    ),
+                    // session 1: one Event, then the server closes it
+                    1 => stream(&mut s, &format!("{}\n", event_line(6, "Rebuilding"))),
+                    // session 2 (from 6): the resourceVersion is gone
+                    2 => stream(
+                        &mut s,
+                        "{\"type\":\"ERROR\",\"object\":{\"kind\":\"Status\",\"code\":410,\"message\":\"too old resource version\"}}\n",
+                    ),
+                    // session 3 (from 5, after the new list): a line past the bound
+                    4 => stream(&mut s, &"x".repeat(MAX_WATCH_LINE + 10)),
+                    _ => stream(&mut s, &format!("{}\n", event_line(9, "Rebuilt"))),
+                }
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, "t").unwrap();
+        let api = KubeApi {
+            base: format!("http://{addr}"),
+            token_file,
+            ca_file: None,
+        };
+        let stop = AtomicBool::new(false);
+        let mut reports = Vec::new();
+        run_engine_event_watch(&api, &stop, &mut |r| {
+            let last = matches!(&r, WatchReport::Event(e) if e.reason == "Rebuilt");
+            reports.push(r);
+            if last {
+                stop.store(true, Ordering::SeqCst);
+            }
+        });
+        let reqs = requests.lock().unwrap().clone();
+        assert!(reqs[0].ends_with("&limit=500"), "{reqs:?}");
+        assert!(
+            reqs[1].contains("watch=1") && reqs[1].ends_with("resourceVersion=5"),
+            "{reqs:?}"
+        );
+        assert!(
+            reqs[2].ends_with("resourceVersion=6"),
+            "re-opened from the last: {reqs:?}"
+        );
+        assert!(reqs[3].ends_with("&limit=500"), "410 lists again: {reqs:?}");
+        assert!(reqs[4].ends_with("resourceVersion=5"), "{reqs:?}");
+        let kinds: Vec<String> = reports
+            .iter()
+            .map(|r| match r {
+                WatchReport::Healthy { rv } => format!("healthy {rv}"),
+                WatchReport::Event(e) => format!("event {} {}", e.reason, e.resource_version),
+                WatchReport::Failed(f) => format!("failed {:?}", f.status),
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "healthy 5",
+                "event Rebuilding 6",
+                "failed Truncated",
+                "healthy 9",
+                "event Rebuilt 9"
+            ],
+            "{reqs:?}"
+        );
     }
 }
 
