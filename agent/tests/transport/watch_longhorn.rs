@@ -7,6 +7,14 @@
 //! engine's real-format error text naming that connection (the window ends,
 //! the terminal reading is sealed, the error's address pair is linked to
 //! the control stream) → the envelopes reach a real `pstack-store`.
+//!
+//! Issue 30: a loopback Kubernetes API with a real Engine Events watch
+//! (list for the resourceVersion, then streamed `WatchEvent` lines) and
+//! Replica CRs: a dial timeout E→T:P_T before file sync (nftables drop) is
+//! sealed with its `FailedRebuilding` text, the step and the dropped flow,
+//! the window having opened at `Rebuilding`; a replica deleted on purpose
+//! is not a failure; `Rebuilt` closes the terminal question as success; a
+//! `RebuildFailed` condition is the verdict when the Event was missed.
 //! Root only (namespaces, the net helper, eBPF).
 
 use std::io::{Read, Write};
