@@ -103,14 +103,21 @@ fn root_transfer_reads_manager_api_when_configured() {
     // `fromReplica`, a replica name), answered at window start and end.
     let server = std::thread::spawn(move || {
         let mut first = String::new();
-        for _ in 0..2 {
+        // Volume at start, the settings, volume at end.
+        for _ in 0..3 {
             let (mut s, _) = l.accept().unwrap();
             let mut req = vec![0u8; 4096];
             let n = s.read(&mut req).unwrap();
+            let head = String::from_utf8_lossy(&req[..n]).into_owned();
             if first.is_empty() {
-                first = String::from_utf8_lossy(&req[..n]).into_owned();
+                first = head.clone();
             }
-            let body = r#"{"id":"pvc-7","type":"volume","name":"pvc-7","state":"attached","robustness":"degraded","dataEngine":"v1","controllers":[{"name":"pvc-7-e-0","hostId":"node-a","address":"10.77.0.1","instanceManagerName":"im-a"}],"replicas":[],"rebuildStatus":[{"id":"","type":"rebuildStatus","links":null,"actions":null,"replica":"pvc-7-r-1","fromReplica":"pvc-7-r-0","state":"in_progress","progress":37,"isRebuilding":true,"error":""}]}"#;
+            let settings = lh_settings();
+            let body = if head.starts_with("GET /v1/settings ") {
+                settings.as_str()
+            } else {
+                r#"{"id":"pvc-7","type":"volume","name":"pvc-7","state":"attached","robustness":"degraded","dataEngine":"v1","controllers":[{"name":"pvc-7-e-0","hostId":"node-a","address":"10.77.0.1","instanceManagerName":"im-a"}],"replicas":[],"rebuildStatus":[{"id":"","type":"rebuildStatus","links":null,"actions":null,"replica":"pvc-7-r-1","fromReplica":"pvc-7-r-0","state":"in_progress","progress":37,"isRebuilding":true,"error":""}]}"#
+            };
             write!(
                 s,
                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -269,6 +276,16 @@ pub(crate) fn lh_volume(rebuild: serde_json::Value) -> String {
     .to_string()
 }
 
+/// A v1.9.0 `GET /v1/settings` collection (`api/model.go` `Setting`) with
+/// the defaults of the settings that bound a rebuild's failure.
+pub(crate) fn lh_settings() -> String {
+    let set = |n: &str, v: &str| serde_json::json!({"id": n, "type": "setting", "links": {}, "actions": {}, "name": n, "value": v, "applied": true, "definition": {}});
+    serde_json::json!({"type": "collection", "resourceType": "setting", "links": {}, "createTypes": {}, "actions": {},
+        "data": [set("engine-replica-timeout", "8"), set("replica-file-sync-http-client-timeout", "30"),
+                 set("long-grpc-timeout", "86400"), set("storage-network", ""), set("backup-target", "")]})
+    .to_string()
+}
+
 /// A v1.9.0 instance-manager document with `replica`'s block at `port`, plus
 /// another volume's replica next to it.
 pub(crate) fn lh_im(name: &str, replica: &str, port: u16) -> String {
@@ -291,7 +308,7 @@ fn lh_manager(
 ) -> (String, std::thread::JoinHandle<Vec<String>>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
-    let total = volume.len() + ims.len();
+    let total = volume.len() + ims.len() + 1;
     let h = std::thread::spawn(move || {
         let mut volume = volume.into_iter();
         let mut seen = Vec::new();
@@ -306,6 +323,8 @@ fn lh_manager(
                 .to_string();
             let body = if line.starts_with("GET /v1/volumes/pvc-7 ") {
                 volume.next().unwrap_or_default()
+            } else if line.starts_with("GET /v1/settings ") {
+                lh_settings()
             } else {
                 ims.iter()
                     .find(|(n, _)| line.starts_with(&format!("GET /v1/instancemanagers/{n} ")))
@@ -347,7 +366,8 @@ fn lh3_args<'a>(ns: &'a str, api: &'a str, window: &'a str) -> Vec<&'a str> {
 
 /// Longhorn's real pattern in three namespaces: a capture on T (peer S)
 /// with 40 other volumes' flows between S and T. The #13703 socket options on
-/// T's control channel give the keepalive-vs-user-timeout hypothesis; then S
+/// S's accepted end of the control channel give the keepalive-vs-user-timeout
+/// hypothesis on S's capture (T's end is the client's, named so); then S
 /// resets the control channel mid-window, the manager's end read carries the
 /// engine's error text with the 4-tuple, and the capture names that stream by
 /// role. Prints the Longhorn capture measurement (BENCHMARKS.md).
@@ -383,9 +403,18 @@ fn root_target_capture_names_the_control_channel_reset_by_the_source_by_role() {
     let wall = t0.elapsed();
     assert_eq!(code, 0, "{err}");
     let seen = h.join().unwrap();
-    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert_eq!(seen.len(), 5, "{seen:?}");
     let envs = envelopes(&out);
     let transfer = envs.last().unwrap();
+    // The settings that bound each failure, as facts.
+    let settings = surface(transfer, "longhorn/settings");
+    assert_eq!(
+        settings.facts["engine-replica-timeout"], "8",
+        "{settings:?}"
+    );
+    assert_eq!(settings.facts["long-grpc-timeout"], "86400");
+    assert!(settings.facts["replica-rebuild-concurrent-sync-limit"].is_null());
+    assert!(codes(transfer).contains(&"longhorn_settings_bound_failures".to_string()));
     let streams = surface(transfer, "streams");
     assert_eq!(streams.facts["excluded_count"], 40, "{:?}", streams.facts);
     let mut roles: Vec<&str> = streams.facts["links"]
@@ -405,22 +434,18 @@ fn root_target_capture_names_the_control_channel_reset_by_the_source_by_role() {
         surface(transfer, "longhorn/topology").facts["capture_role"],
         "target"
     );
+    // T holds the gRPC client's end: not the side that aborts (#13703).
     let ctl = surface(transfer, "longhorn/control_channel");
-    assert_eq!(
-        ctl.facts["sync_control_sockopts"][0]["user_timeout_ms"],
-        20_000
-    );
-    assert_eq!(ctl.facts["sync_control_sockopts"][0]["keepidle_s"], 15);
-    let hyp = transfer
-        .claims
-        .iter()
-        .find(|c| c.code == "control_channel_user_timeout_below_keepalive_retry")
-        .unwrap_or_else(|| panic!("{:?}", codes(transfer)));
+    let t_end = &ctl.facts["idle_channel_sockopts"][0];
+    assert_eq!(t_end["server_side"], false, "{t_end}");
+    assert_eq!(t_end["hazard"], "client_side", "{t_end}");
     assert!(
-        hyp.falsifier
-            .as_deref()
-            .is_some_and(|f| f.contains("20000 ms"))
+        !codes(transfer)
+            .contains(&"control_channel_user_timeout_below_keepalive_retry".to_string()),
+        "{:?}",
+        codes(transfer)
     );
+    assert!(codes(transfer).contains(&"control_channel_client_side".to_string()));
     let Subject::StorageTransfer(t) = &transfer.subject else {
         panic!()
     };
@@ -480,6 +505,29 @@ fn root_target_capture_names_the_control_channel_reset_by_the_source_by_role() {
             .collect();
         roles.sort();
         assert_eq!(roles, want, "{role}");
+        if role == "source" {
+            // S's sync agent holds the accepted end: grpc-go's 20 s user
+            // timeout against the 15 s keepalive is judged here (#13703).
+            let s_end =
+                &surface(transfer, "longhorn/control_channel").facts["idle_channel_sockopts"][0];
+            assert_eq!(s_end["server_side"], true, "{s_end}");
+            assert_eq!(s_end["user_timeout_ms"], 20_000, "{s_end}");
+            let hyp = transfer
+                .claims
+                .iter()
+                .find(|c| c.code == "control_channel_user_timeout_below_keepalive_retry")
+                .unwrap_or_else(|| panic!("{:?}", codes(transfer)));
+            assert!(
+                hyp.statement.contains("the source's sync agent (S:P_S+2)"),
+                "{}",
+                hyp.statement
+            );
+            assert!(
+                hyp.falsifier
+                    .as_deref()
+                    .is_some_and(|f| f.contains("20000 ms"))
+            );
+        }
         let Subject::StorageTransfer(t) = &transfer.subject else {
             panic!()
         };
@@ -492,7 +540,10 @@ fn root_target_capture_names_the_control_channel_reset_by_the_source_by_role() {
     // 2. S resets the control channel mid-window; the manager's end read
     //    reports the engine's error with the dead connection's 4-tuple.
     let error = format!(
-        "failed to send file volume-snap-c3.img to {LH_T}:{}: failed to sync: Post \"http://{LH_T}:{}/v1-ssync/open\": read tcp {}->{LH_S}:{}: read: connection reset by peer",
+        // longhorn-engine v1.9.0 `pkg/sync/rpc/server.go` l.539 around
+        // `pkg/replica/client/client.go` l.465 around the gRPC error, as in
+        // longhorn#11006.
+        "replica tcp://{LH_S}:{P_S} failed to send file volume-snap-c3.img to {LH_T}:{}: failed to send file volume-snap-c3.img to {LH_T}:{}: rpc error: code = Unavailable desc = error reading from server: read tcp {}->{LH_S}:{}: read: connection reset by peer",
         P_T + 3,
         P_T + 3,
         rb.control_local,

@@ -696,8 +696,10 @@ impl LonghornBed {
     }
 
     /// Start the rebuild's connections and `others` other volumes' flows.
-    /// `control_opts`: (keepidle s, keepintvl s, user timeout ms) set on T's
-    /// control-channel client socket.
+    /// `control_opts`: (keepidle s, keepintvl s, user timeout ms) set on S's
+    /// accepted socket of the control channel: grpc-go sets its user timeout
+    /// on the server's accepted socket only (`http2_server.go`), Go's
+    /// listener its 15 s keepalive; Longhorn's client (T) sets neither.
     pub fn start_rebuild(&self, others: u16, control_opts: Option<(i32, i32, i32)>) -> Rebuild {
         let addr = |ip: &str, port: u16| -> SocketAddr { format!("{ip}:{port}").parse().unwrap() };
         let listen = |ns: &Netns, ip: &'static str, port: u16| {
@@ -720,8 +722,9 @@ impl LonghornBed {
         // C3: T's sync agent → S:P_S+2 (FileSend), idle.
         let l = listen(&self.s, LH_S, P_S + 2);
         let control_t = connect(&self.t, addr(LH_S, P_S + 2));
+        let (control_s, _) = l.accept().unwrap();
         if let Some((idle, intvl, ut)) = control_opts {
-            let fd = control_t.as_raw_fd();
+            let fd = control_s.as_raw_fd();
             for (level, name, v) in [
                 (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
                 (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle),
@@ -733,7 +736,6 @@ impl LonghornBed {
                 assert_eq!(rc, 0, "setsockopt: {}", std::io::Error::last_os_error());
             }
         }
-        let (control_s, _) = l.accept().unwrap();
         let control_local = control_t.local_addr().unwrap();
         // C4: S's sync agent → T:P_T+3, a file streaming.
         let l = listen(&self.t, LH_T, P_T + 3);

@@ -7,6 +7,14 @@
 //! engine's real-format error text naming that connection (the window ends,
 //! the terminal reading is sealed, the error's address pair is linked to
 //! the control stream) → the envelopes reach a real `pstack-store`.
+//!
+//! Issue 30: a loopback Kubernetes API with a real Engine Events watch
+//! (list for the resourceVersion, then streamed `WatchEvent` lines) and
+//! Replica CRs: a dial timeout E→T:P_T before file sync (nftables drop) is
+//! sealed with its `FailedRebuilding` text, the step and the dropped flow,
+//! the window having opened at `Rebuilding`; a replica deleted on purpose
+//! is not a failure; `Rebuilt` closes the terminal question as success; a
+//! `RebuildFailed` condition is the verdict when the Event was missed.
 //! Root only (namespaces, the net helper, eBPF).
 
 use std::io::{Read, Write};
@@ -76,6 +84,7 @@ impl FakeManager {
                         r#"{{"type":"collection","resourceType":"volume","links":{{"self":"http://{addr}/v1/volumes"}},"createTypes":{{}},"actions":{{}},"data":[{vol}]}}"#
                     )),
                     "/v1/volumes/pvc-7" => Some(vol),
+                    "/v1/settings" => Some(crate::longhorn::lh_settings()),
                     "/v1/instancemanagers/im-s" => Some(lh_im("im-s", "pvc-7-r-s", P_S)),
                     "/v1/instancemanagers/im-t" => Some(lh_im("im-t", "pvc-7-r-t", P_T)),
                     _ => None,
@@ -125,63 +134,186 @@ impl Drop for FakeManager {
     }
 }
 
-/// A stand-in Kubernetes API on loopback: `GET
-/// /api/v1/namespaces/longhorn-system/events?fieldSelector=involvedObject.name%3D<name>`
-/// answered with a `v1.EventList` (k8s.io/api `core/v1/types.go`) holding a
-/// `FailedRebuilding` Warning on the engine, when the bearer token is
-/// `token`; 401 otherwise. Serves until the test process ends.
-fn kube_api(token: &'static str, message: String) -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-            let mut buf = vec![0u8; 8192];
-            let n = s.read(&mut buf).unwrap_or(0);
-            let head = String::from_utf8_lossy(&buf[..n]).to_string();
-            let authorized = head.to_ascii_lowercase().contains(&format!(
-                "authorization: bearer {}",
-                token.to_ascii_lowercase()
-            ));
-            let object = head
-                .split(' ')
-                .nth(1)
-                .and_then(|p| p.rsplit("involvedObject.name%3D").next())
-                .unwrap_or("")
-                .to_string();
-            let (code, body) = if !authorized {
-                (
-                    "401 Unauthorized",
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Unauthorized", "code": 401}),
-                )
-            } else {
-                let items = if object == "pvc-7-e-0" {
-                    vec![
-                        json!({"metadata": {"name": "pvc-7-e-0.18a0", "namespace": "longhorn-system"},
-                        "involvedObject": {"kind": "Engine", "namespace": "longhorn-system", "name": "pvc-7-e-0", "apiVersion": "longhorn.io/v1beta2"},
-                        "reason": "FailedRebuilding", "message": message, "type": "Warning", "count": 1,
-                        "source": {"component": "longhorn-engine-controller", "host": "node-e"},
-                        "firstTimestamp": "2026-12-04T18:00:00Z", "lastTimestamp": "2026-12-04T18:00:00Z",
-                        "reportingComponent": "", "reportingInstance": ""}),
-                    ]
-                } else {
-                    vec![]
-                };
-                (
-                    "200 OK",
-                    json!({"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items}),
-                )
-            };
-            let body = body.to_string();
-            let _ = write!(
-                s,
-                "HTTP/1.1 {code}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
+/// A stand-in Kubernetes API on loopback, for bearer `token` (401
+/// otherwise), serving what pstack reads (k8s.io/api `core/v1/types.go`
+/// `Event`/`EventList`, apimachinery `metav1.WatchEvent`):
+/// - `GET …/events?fieldSelector=involvedObject.kind%3DEngine&limit=…`: an
+///   `EventList` of the Events pushed so far, with the current
+///   `metadata.resourceVersion`;
+/// - the same with `watch=1&resourceVersion=N&timeoutSeconds=S`: one JSON
+///   line per Event pushed after N, streamed as pushed, closed after S;
+/// - `GET …/events?fieldSelector=involvedObject.name%3D<name>`: the Events
+///   on that object, pushed or `listed_only` (an Event the watch missed).
+struct KubeFixture {
+    addr: SocketAddr,
+    events: Arc<Mutex<Vec<(u64, Value)>>>,
+    listed_only: Arc<Mutex<Vec<Value>>>,
+    watches: Arc<Mutex<u64>>,
+    /// Replica CRs by name (`GET /apis/longhorn.io/v1beta2/namespaces/longhorn-system/replicas/<name>`).
+    replicas: Arc<Mutex<std::collections::BTreeMap<String, Value>>>,
+}
+
+impl KubeFixture {
+    fn start(token: &'static str) -> KubeFixture {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let events: Arc<Mutex<Vec<(u64, Value)>>> = Arc::new(Mutex::new(Vec::new()));
+        let listed_only: Arc<Mutex<Vec<Value>>> = Arc::new(Mutex::new(Vec::new()));
+        let watches = Arc::new(Mutex::new(0u64));
+        let replicas = Arc::new(Mutex::new(std::collections::BTreeMap::new()));
+        let (ev, lo, w, rp) = (
+            events.clone(),
+            listed_only.clone(),
+            watches.clone(),
+            replicas.clone(),
+        );
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(s) = s else { continue };
+                let (ev, lo, w, rp) = (ev.clone(), lo.clone(), w.clone(), rp.clone());
+                std::thread::spawn(move || serve_kube(s, token, &ev, &lo, &w, &rp));
+            }
+        });
+        KubeFixture {
+            addr,
+            events,
+            listed_only,
+            watches,
+            replicas,
         }
-    });
-    addr
+    }
+
+    /// Record an Event on the Engine `pvc-7-e-0`, as the manager's
+    /// `eventRecorder.Eventf` does; its resourceVersion.
+    fn push(&self, reason: &str, event_type: &str, message: &str) -> u64 {
+        let mut ev = self.events.lock().unwrap();
+        let rv = 100 + ev.len() as u64 + 1;
+        ev.push((rv, engine_event(rv, reason, event_type, message)));
+        rv
+    }
+
+    fn watch_requests(&self) -> u64 {
+        *self.watches.lock().unwrap()
+    }
+}
+
+fn engine_event(rv: u64, reason: &str, event_type: &str, message: &str) -> Value {
+    let now = pstack_capture::clock::wall_time_now();
+    json!({"metadata": {"name": format!("pvc-7-e-0.{rv:x}"), "namespace": "longhorn-system", "resourceVersion": rv.to_string()},
+        "involvedObject": {"kind": "Engine", "namespace": "longhorn-system", "name": "pvc-7-e-0", "apiVersion": "longhorn.io/v1beta2"},
+        "reason": reason, "message": message, "type": event_type, "count": 1,
+        "source": {"component": "longhorn-engine-controller", "host": "node-e"},
+        "firstTimestamp": now, "lastTimestamp": now, "reportingComponent": "", "reportingInstance": ""})
+}
+
+fn serve_kube(
+    mut s: std::net::TcpStream,
+    token: &str,
+    events: &Mutex<Vec<(u64, Value)>>,
+    listed_only: &Mutex<Vec<Value>>,
+    watches: &Mutex<u64>,
+    replicas: &Mutex<std::collections::BTreeMap<String, Value>>,
+) {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut buf = vec![0u8; 8192];
+    let n = s.read(&mut buf).unwrap_or(0);
+    let head = String::from_utf8_lossy(&buf[..n]).to_string();
+    let authorized = head.to_ascii_lowercase().contains(&format!(
+        "authorization: bearer {}",
+        token.to_ascii_lowercase()
+    ));
+    let target = head.split(' ').nth(1).unwrap_or("").to_string();
+    let param = |k: &str| {
+        target
+            .split(['?', '&'])
+            .find_map(|p| p.strip_prefix(&format!("{k}=")).map(str::to_string))
+    };
+    let reply = |s: &mut std::net::TcpStream, code: &str, body: Value| {
+        let body = body.to_string();
+        let _ = write!(
+            s,
+            "HTTP/1.1 {code}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    };
+    if !authorized {
+        return reply(
+            &mut s,
+            "401 Unauthorized",
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Unauthorized", "code": 401}),
+        );
+    }
+    if let Some(name) =
+        target.strip_prefix("/apis/longhorn.io/v1beta2/namespaces/longhorn-system/replicas/")
+    {
+        return match replicas.lock().unwrap().get(name).cloned() {
+            Some(cr) => reply(&mut s, "200 OK", cr),
+            None => reply(
+                &mut s,
+                "404 Not Found",
+                json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}),
+            ),
+        };
+    }
+    if !target.starts_with("/api/v1/namespaces/longhorn-system/events?") {
+        return reply(
+            &mut s,
+            "404 Not Found",
+            json!({"kind": "Status", "code": 404}),
+        );
+    }
+    if param("watch").as_deref() == Some("1") {
+        *watches.lock().unwrap() += 1;
+        let mut from: u64 = param("resourceVersion")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let secs: u64 = param("timeoutSeconds")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(30);
+        if write!(
+            s,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+        )
+        .is_err()
+        {
+            return;
+        }
+        let end = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < end {
+            let new: Vec<(u64, Value)> = events
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(rv, _)| *rv > from)
+                .cloned()
+                .collect();
+            for (rv, e) in new {
+                let line = json!({"type": "ADDED", "object": e}).to_string();
+                if writeln!(s, "{line}").is_err() {
+                    return;
+                }
+                from = rv;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        return;
+    }
+    let all = events.lock().unwrap().clone();
+    let rv = all.last().map(|(rv, _)| *rv).unwrap_or(100);
+    let items: Vec<Value> = match target.rsplit("involvedObject.name%3D").next() {
+        Some(object) if target.contains("involvedObject.name%3D") => all
+            .iter()
+            .map(|(_, e)| e.clone())
+            .chain(listed_only.lock().unwrap().iter().cloned())
+            .filter(|e| e["involvedObject"]["name"] == object)
+            .collect(),
+        _ => all.iter().map(|(_, e)| e.clone()).collect(),
+    };
+    reply(
+        &mut s,
+        "200 OK",
+        json!({"kind": "EventList", "apiVersion": "v1", "metadata": {"resourceVersion": rv.to_string()}, "items": items}),
+    );
 }
 
 fn entry(state: &str, is_rebuilding: bool, progress: i64, error: &str) -> Value {
@@ -211,19 +343,28 @@ fn root_a_rebuild_that_fails_is_captured_on_the_target_until_it_ends_and_its_err
     let _serial = serial();
     let bed = LonghornBed::new("lhw");
     let mut rb = bed.start_rebuild(3, Some((15, 15, 20_000)));
-    let manager = FakeManager::start(lh_volume(json!([])));
+    let manager = FakeManager::start(volume_with_target(json!([]), "RW"));
     let dir = tempfile::tempdir().unwrap();
     let store = Store::start(dir.path());
     const TOKEN: &str = "kube-token-for-the-watch-test";
     let token_file = dir.path().join("k8s-token");
     std::fs::write(&token_file, TOKEN).unwrap();
-    let kube = kube_api(
-        TOKEN,
-        format!(
-            "Failed rebuilding replica with Address {LH_T}:{P_T}: failed to add replica tcp://{LH_T}:{P_T} for volume: rpc error: code = Unknown desc = read tcp {LH_T}:43999->{LH_S}:{}: read: connection reset by peer",
+    let kube = KubeFixture::start(TOKEN);
+    // An Event the watch missed (pstackd started after it), read at the end.
+    // Format: manager v1.9.0 `controller/engine_controller.go` l.1874 around
+    // the engine's `FilesSync` error as in longhorn#11006.
+    kube.listed_only.lock().unwrap().push(engine_event(
+        1,
+        "FailedRebuilding",
+        "Warning",
+        &format!(
+            "Failed rebuilding replica with Address {LH_T}:{P_T}: proxyServer={LH_E}:8501 destination={LH_E}:10000: failed to add replica tcp://{LH_T}:{P_T} for volume: rpc error: code = Unknown desc = replica tcp://{LH_S}:{P_S} failed to send file volume-snap-c3.img to {LH_T}:{}: failed to send file volume-snap-c3.img to {LH_T}:{}: rpc error: code = Unavailable desc = error reading from server: read tcp {LH_T}:43999->{LH_S}:{}: read: connection reset by peer",
+            P_T + 3,
+            P_T + 3,
             P_S + 2
         ),
-    );
+    ));
+    let kube = kube.addr;
     let rule = format!(
         "[[watch]]\nname = \"rebuilds\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://{}/v1\"\nnode = \"node-t\"\nnetns = \"{}\"\npoll_seconds = 1\nwindow = \"60s\"\nkubernetes_api = \"http://{kube}\"\nkubernetes_token_file = \"{}\"\n",
         manager.addr,
@@ -295,7 +436,10 @@ fn root_a_rebuild_that_fails_is_captured_on_the_target_until_it_ends_and_its_err
     // S resets the control channel; the manager reports the engine's error.
     rb.source_resets_control();
     let error = format!(
-        "failed to send file volume-snap-c3.img to {LH_T}:{}: failed to sync: Post \"http://{LH_T}:{}/v1-ssync/open\": read tcp {}->{LH_S}:{}: read: connection reset by peer",
+        // longhorn-engine v1.9.0 `pkg/sync/rpc/server.go` l.539 around
+        // `pkg/replica/client/client.go` l.465 around the gRPC error, as in
+        // longhorn#11006.
+        "replica tcp://{LH_S}:{P_S} failed to send file volume-snap-c3.img to {LH_T}:{}: failed to send file volume-snap-c3.img to {LH_T}:{}: rpc error: code = Unavailable desc = error reading from server: read tcp {}->{LH_S}:{}: read: connection reset by peer",
         P_T + 3,
         P_T + 3,
         rb.control_local,
@@ -384,9 +528,10 @@ fn root_a_rebuild_that_fails_is_captured_on_the_target_until_it_ends_and_its_err
     );
 
     // 2. Another rebuild of the same replica; this time Longhorn drops the
-    //    entry and marks the replica failed (`[]`, mode ERR, failedAt): the
-    //    window ends, the end read is that reading, and the Events are read
-    //    through the Kubernetes API.
+    //    entry, removes the replica from the engine (`ReplicaRemove`, so
+    //    mode "") and marks it failed (failedAt, outside backoff): the window
+    //    ends, the end read is that reading, and the Events the watch missed
+    //    are read through the Kubernetes API.
     manager.set(lh_volume(entry("in_progress", true, 3, "")));
     let deadline = Instant::now() + Duration::from_secs(15);
     while events_of(&d, "started")
@@ -404,7 +549,8 @@ fn root_a_rebuild_that_fails_is_captured_on_the_target_until_it_ends_and_its_err
     }
     std::thread::sleep(Duration::from_millis(1500));
     let mut gone: Value = serde_json::from_str(&lh_volume(json!([]))).unwrap();
-    gone["replicas"][1]["mode"] = json!("ERR");
+    gone["replicas"][1]["mode"] = json!("");
+    gone["replicas"][1]["running"] = json!(false);
     gone["replicas"][1]["failedAt"] = json!("2026-12-04T18:00:00Z");
     manager.set(gone.to_string());
     let deadline = Instant::now() + Duration::from_secs(40);
@@ -475,5 +621,438 @@ fn root_a_rebuild_that_fails_is_captured_on_the_target_until_it_ends_and_its_err
         r["longhorn"]["manager"]["last_poll_us"],
         r["longhorn"]["manager"]["polls"],
         took.as_secs_f64()
+    );
+}
+
+/// [`lh_volume`] with T's replica in `mode` (`""`: not in the engine yet,
+/// or removed from it; `RW`: healthy; `WO`: added, rebuilding).
+fn volume_with_target(rebuild: Value, mode: &str) -> String {
+    let mut v: Value = serde_json::from_str(&lh_volume(rebuild)).unwrap();
+    v["replicas"][1]["mode"] = json!(mode);
+    v.to_string()
+}
+
+/// The manager's `Rebuilding` Event (v1.9.0 `controller/engine_controller.go` l.1860).
+fn start_rebuilding() -> String {
+    format!(
+        "Start rebuilding replica pvc-7-r-t with Address {LH_T}:{P_T} for normal engine pvc-7-e-0 and volume pvc-7"
+    )
+}
+
+/// One rule on one node of the bed, its manager, Kubernetes API and store.
+struct Rig {
+    bed: LonghornBed,
+    manager: FakeManager,
+    kube: KubeFixture,
+    store: Store,
+    d: Daemon,
+    _dir: tempfile::TempDir,
+}
+
+const SUBJECT: &str = "longhorn:pvc-7/pvc-7-r-t";
+const RIG_TOKEN: &str = "kube-token-for-the-events-watch";
+
+/// The rule on `node` (`node-e`/`node-t`), capturing in that node's
+/// namespace; T's replica starts outside the engine (`mode ""`). Returns
+/// once the rule reads the manager and its Events watch is established.
+fn rig(tag: &str, node: &str) -> Rig {
+    let bed = LonghornBed::new(tag);
+    let manager = FakeManager::start(volume_with_target(json!([]), ""));
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::start(dir.path());
+    let token_file = dir.path().join("k8s-token");
+    std::fs::write(&token_file, RIG_TOKEN).unwrap();
+    let kube = KubeFixture::start(RIG_TOKEN);
+    let netns = match node {
+        "node-e" => bed.e.name.clone(),
+        "node-s" => bed.s.name.clone(),
+        _ => bed.t.name.clone(),
+    };
+    let rule = format!(
+        "[[watch]]\nname = \"rebuilds\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://{}\"\nnode = \"{node}\"\nnetns = \"{netns}\"\npoll_seconds = 1\nwindow = \"60s\"\nkubernetes_api = \"http://{}\"\nkubernetes_token_file = \"{}\"\n",
+        manager.addr,
+        kube.addr,
+        token_file.display()
+    );
+    let settings = Settings {
+        collector_url: Some(format!("http://{}", store.addr)),
+        api_key: Some(store.key.clone()),
+        backoff_initial_ms: 50,
+        backoff_max_ms: 300,
+        extra: rule,
+        ..Settings::default()
+    };
+    let d = Daemon::start(&dir.path().join("d"), &settings);
+    d.wait_status(
+        Duration::from_secs(20),
+        "the rule reads the manager and watches the Engine Events",
+        |s| {
+            let r = &s["watch"]["rules"][0];
+            r["state"] == "armed"
+                && r["longhorn"]["manager"]["state"] == "ok"
+                && r["longhorn"]["engine_events"]["state"] == "ok"
+        },
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while kube.watch_requests() == 0 {
+        assert!(Instant::now() < deadline, "no watch request after the list");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Rig {
+        bed,
+        manager,
+        kube,
+        store,
+        d,
+        _dir: dir,
+    }
+}
+
+impl Rig {
+    fn wait_event(&self, event: &str, what: &str, want: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(e) = events_of(&self.d, event).into_iter().find(|e| want(e)) {
+                return e;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {:#?}\n{:#}\n{}",
+                self.d.watch_events(),
+                self.d.status()["watch"],
+                self.d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The transfer envelope of the first capture of the rebuild.
+    fn transfer(&self) -> pstack_envelope::Envelope {
+        let captured = self
+            .d
+            .wait_captured(Duration::from_secs(40), "the rebuild's window", |e| {
+                e["subject"] == SUBJECT
+            });
+        let last = captured["envelopes"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .as_str()
+            .unwrap()
+            .to_string();
+        self.store.envelope(&last)
+    }
+}
+
+fn codes_of(e: &pstack_envelope::Envelope) -> Vec<String> {
+    e.claims.iter().map(|c| c.code.clone()).collect()
+}
+
+#[test]
+fn root_a_dial_timeout_before_file_sync_is_sealed_with_the_event_the_step_and_the_dropped_flow() {
+    if !root_or_skip(
+        "root_a_dial_timeout_before_file_sync_is_sealed_with_the_event_the_step_and_the_dropped_flow",
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let rig = rig("lhd", "node-e");
+    // T drops E's SYNs to P_T: the engine's GetReplica cannot connect.
+    rig.bed.t.nft(&format!(
+        "table inet pstest {{ chain input {{ type filter hook input priority 0; policy accept; \
+         tcp dport {P_T} drop; }} }}"
+    ));
+    // The manager records `Rebuilding` and calls ReplicaAdd: the window
+    // opens on the Event, while T's replica is not in the engine yet.
+    rig.kube.push("Rebuilding", "Normal", &start_rebuilding());
+    let started = rig.wait_event("started", "a window opened by the Rebuilding Event", |e| {
+        e["subject"] == SUBJECT
+    });
+    let opened = rig.wait_event("rebuild_started", "the rebuild followed", |e| {
+        e["replica"] == "pvc-7-r-t"
+    });
+    assert_eq!(opened["opened_by"], "Rebuilding Event", "{opened:#}");
+    assert_eq!(opened["role"], "engine");
+    let fired = events_of(&rig.d, "fired")
+        .into_iter()
+        .find(|e| e["subject"] == SUBJECT)
+        .unwrap();
+    assert_eq!(fired["condition"]["peer"], LH_T, "{fired:#}");
+    assert_eq!(fired["condition"]["phase"], "started", "{started:#}");
+    // Let the capture's first sample pass, then the engine dials T:P_T (E's
+    // GetReplica) and times out on the dropped SYN.
+    std::thread::sleep(Duration::from_millis(1500));
+    let to: SocketAddr = format!("{LH_T}:{P_T}").parse().unwrap();
+    let dial = rig.bed.e.spawn(move || {
+        std::net::TcpStream::connect_timeout(&to, Duration::from_secs(4)).map(|_| ())
+    });
+    let dialled = dial.join().unwrap();
+    let err = dialled.expect_err("the SYN is dropped");
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+    // Only now does Longhorn say why: FailedRebuilding in #8091's format.
+    let text = format!(
+        "Failed rebuilding replica with Address {LH_T}:{P_T}: proxyServer={LH_E}:8501 destination={LH_E}:10000: failed to add replica tcp://{LH_T}:{P_T} for volume: rpc error: code = Unavailable desc = failed to get replica {LH_T}:{P_T}: rpc error: code = Unavailable desc = connection error: desc = \"transport: Error while dialing: dial tcp {LH_T}:{P_T}: i/o timeout\""
+    );
+    let event_at = Instant::now();
+    rig.kube.push("FailedRebuilding", "Warning", &text);
+    let transfer = rig.transfer();
+    let sealed_in = event_at.elapsed();
+    let codes = codes_of(&transfer);
+    // The verdict: failed at GetReplica, before file sync, with the text.
+    let failed = transfer
+        .claims
+        .iter()
+        .find(|c| c.code == "longhorn_rebuild_failed")
+        .unwrap_or_else(|| panic!("{codes:?}"));
+    assert!(
+        failed.statement.contains("at step get_replica"),
+        "{}",
+        failed.statement
+    );
+    assert!(
+        failed.statement.contains("before file sync"),
+        "{}",
+        failed.statement
+    );
+    assert!(
+        failed.statement.contains("i/o timeout"),
+        "{}",
+        failed.statement
+    );
+    // Both Events are in the envelope, in order.
+    let evs: Vec<&str> = transfer
+        .claims
+        .iter()
+        .filter(|c| c.code == "longhorn_engine_event")
+        .map(|c| c.statement.as_str())
+        .collect();
+    assert_eq!(evs.len(), 2, "{evs:#?}");
+    assert!(
+        evs[0].starts_with("Kubernetes Event Rebuilding"),
+        "{evs:#?}"
+    );
+    assert!(
+        evs[1].starts_with("Kubernetes Event FailedRebuilding"),
+        "{evs:#?}"
+    );
+    // The dropped flow is linked: E's connection to T:P_T, which lived
+    // between the window's two sock_diag samples (eBPF saw it) and never
+    // reached ESTABLISHED.
+    let linked = transfer
+        .claims
+        .iter()
+        .find(|c| {
+            c.code == "longhorn_error_names_short_lived_flow"
+                && c.statement
+                    .contains(&format!("a connection to {LH_T}:{P_T}"))
+        })
+        .unwrap_or_else(|| panic!("{codes:?} {:#?}", transfer.claims));
+    assert!(
+        linked.statement.contains("FailedRebuilding"),
+        "{}",
+        linked.statement
+    );
+    assert!(
+        linked.statement.contains(&format!("{LH_E}:"))
+            && linked.statement.contains("SYN_SENT")
+            && linked.statement.contains("never reached ESTABLISHED"),
+        "{}",
+        linked.statement
+    );
+    // The capture knew the target before file sync (from the rule).
+    let topo = transfer
+        .claims
+        .iter()
+        .find(|c| c.code == "longhorn_topology_resolved")
+        .unwrap();
+    assert!(
+        topo.statement.contains("target pvc-7-r-t on node-t"),
+        "{}",
+        topo.statement
+    );
+    assert!(
+        !codes.iter().any(|c| c == "longhorn_flag_mismatch"),
+        "{codes:?}"
+    );
+    let trig = transfer.collector.trigger.as_ref().unwrap();
+    assert_eq!(
+        trig.condition["phase"], "started",
+        "the window opened at the Rebuilding Event"
+    );
+    // No terminal question is left open.
+    assert!(
+        !transfer
+            .unknowns
+            .iter()
+            .any(|u| u.blocks == "CLASSIFY_TRANSFER_TERMINAL"),
+        "{:#?}",
+        transfer.unknowns
+    );
+    let ended = rig.wait_event("rebuild_ended", "the end", |_| true);
+    assert_eq!(
+        ended["outcome"]["failure"], "failed_rebuilding",
+        "{ended:#}"
+    );
+    assert_eq!(ended["outcome"]["step"], "get_replica");
+    assert_eq!(ended["outcome"]["before_file_sync"], "true");
+    assert!(
+        !rig.d.log_text().contains(RIG_TOKEN),
+        "the token is never logged"
+    );
+    eprintln!(
+        "BENCH longhorn_rebuild FailedRebuilding Event → transfer sealed and captured {:.3} s",
+        sealed_in.as_secs_f64()
+    );
+}
+
+#[test]
+fn root_a_replica_deleted_on_purpose_mid_rebuild_is_not_a_failure() {
+    if !root_or_skip("root_a_replica_deleted_on_purpose_mid_rebuild_is_not_a_failure") {
+        return;
+    }
+    let _serial = serial();
+    let rig = rig("lhr", "node-t");
+    let _rb = rig.bed.start_rebuild(0, None);
+    // The engine added T in WO; file sync runs.
+    rig.manager
+        .set(volume_with_target(entry("in_progress", true, 20, ""), "WO"));
+    rig.wait_event("started", "a window", |e| e["subject"] == SUBJECT);
+    std::thread::sleep(Duration::from_millis(1500));
+    // The user deletes the replica: it leaves the list, no FailedRebuilding.
+    let mut v: Value = serde_json::from_str(&lh_volume(json!([]))).unwrap();
+    v["replicas"].as_array_mut().unwrap().truncate(1);
+    rig.manager.set(v.to_string());
+    let ended = rig.wait_event("rebuild_ended", "the end", |_| true);
+    assert_eq!(ended["outcome"]["outcome"], "removed", "{ended:#}");
+    let transfer = rig.transfer();
+    let codes = codes_of(&transfer);
+    assert!(
+        codes.iter().any(|c| c == "longhorn_rebuild_removed"),
+        "{codes:?}"
+    );
+    assert!(
+        !codes.iter().any(|c| c == "longhorn_rebuild_failed"),
+        "{codes:?}"
+    );
+    let r = rig.d.watch_rule("rebuilds");
+    assert_eq!(r["longhorn"]["rebuilds_ended"]["removed"], 1, "{r:#}");
+    assert!(
+        r["longhorn"]["rebuilds_ended"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .all(|k| !k.starts_with("failed")),
+        "{r:#}"
+    );
+    assert_eq!(r["longhorn"]["terminal_captures"], 0, "no failure capture");
+}
+
+#[test]
+fn root_a_rebuilt_event_closes_the_terminal_question_as_success() {
+    if !root_or_skip("root_a_rebuilt_event_closes_the_terminal_question_as_success") {
+        return;
+    }
+    let _serial = serial();
+    let rig = rig("lhb", "node-t");
+    let _rb = rig.bed.start_rebuild(0, None);
+    rig.kube.push("Rebuilding", "Normal", &start_rebuilding());
+    rig.wait_event("started", "a window", |e| e["subject"] == SUBJECT);
+    rig.manager
+        .set(volume_with_target(entry("in_progress", true, 60, ""), "WO"));
+    std::thread::sleep(Duration::from_millis(1500));
+    // Success as upstream records it (v1.9.0 l.1916), before the manager's
+    // next poll shows RW.
+    rig.kube.push(
+        "Rebuilt",
+        "Normal",
+        &format!("Replica pvc-7-r-t with Address {LH_T}:{P_T} has been rebuilt for volume pvc-7"),
+    );
+    let ended = rig.wait_event("rebuild_ended", "the end", |_| true);
+    assert_eq!(ended["outcome"]["outcome"], "complete", "{ended:#}");
+    assert_eq!(ended["outcome"]["basis"], "Rebuilt Event");
+    let transfer = rig.transfer();
+    let codes = codes_of(&transfer);
+    let done = transfer
+        .claims
+        .iter()
+        .find(|c| c.code == "longhorn_rebuild_complete")
+        .unwrap_or_else(|| panic!("{codes:?}"));
+    assert!(
+        done.statement.contains("Rebuilt Event"),
+        "{}",
+        done.statement
+    );
+    assert!(
+        !transfer
+            .unknowns
+            .iter()
+            .any(|u| u.blocks == "CLASSIFY_TRANSFER_TERMINAL"),
+        "{:#?}",
+        transfer.unknowns
+    );
+    assert!(
+        codes.iter().any(|c| c == "longhorn_engine_event"),
+        "{codes:?}"
+    );
+}
+
+#[test]
+fn root_a_rebuild_failed_condition_on_the_replica_cr_is_the_verdict_when_the_event_was_missed() {
+    if !root_or_skip(
+        "root_a_rebuild_failed_condition_on_the_replica_cr_is_the_verdict_when_the_event_was_missed",
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let rig = rig("lhc", "node-t");
+    let _rb = rig.bed.start_rebuild(0, None);
+    rig.manager
+        .set(volume_with_target(entry("in_progress", true, 30, ""), "WO"));
+    rig.wait_event("started", "a window", |e| e["subject"] == SUBJECT);
+    std::thread::sleep(Duration::from_millis(1500));
+    // Outside backoff the manager sets the condition (engine_controller.go
+    // v1.9.0 l.1892-1899, reason from getReplicaRebuildFailedReasonFromError)
+    // and removes the replica from the engine; the watch never saw the Event.
+    let message = format!(
+        "proxyServer={LH_E}:8501 destination={LH_E}:10000: failed to add replica tcp://{LH_T}:{P_T} for volume: rpc error: code = Unavailable desc = error reading from server: EOF"
+    );
+    rig.kube.replicas.lock().unwrap().insert(
+        "pvc-7-r-t".into(),
+        json!({"apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
+            "metadata": {"name": "pvc-7-r-t", "namespace": "longhorn-system"},
+            "spec": {"failedAt": "2026-12-07T08:00:00Z"},
+            "status": {"conditions": [{"type": "RebuildFailed", "status": "True", "reason": "Disconnection", "message": message}]}}),
+    );
+    let mut v: Value = serde_json::from_str(&volume_with_target(json!([]), "")).unwrap();
+    v["replicas"][1]["failedAt"] = json!("2026-12-07T08:00:00Z");
+    rig.manager.set(v.to_string());
+    let ended = rig.wait_event("rebuild_ended", "the end", |_| true);
+    assert_eq!(
+        ended["outcome"]["failure"], "rebuild_failed_condition",
+        "{ended:#}"
+    );
+    assert!(
+        ended["outcome"]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("RebuildFailed (Disconnection): "),
+        "{ended:#}"
+    );
+    let transfer = rig.transfer();
+    let failed = transfer
+        .claims
+        .iter()
+        .find(|c| c.code == "longhorn_rebuild_failed")
+        .unwrap_or_else(|| panic!("{:?}", codes_of(&transfer)));
+    assert!(
+        failed.statement.contains("Disconnection"),
+        "{}",
+        failed.statement
+    );
+    let r = rig.d.watch_rule("rebuilds");
+    assert!(
+        r["longhorn"]["replica_crs"]["reads"].as_u64().unwrap() >= 1,
+        "{r:#}"
     );
 }

@@ -268,6 +268,16 @@ pub fn fetch_volumes(base: &str) -> ApiRead {
     )
 }
 
+/// `GET {base}/v1/settings` (longhorn-manager `api/router.go` v1.9.0 l.63).
+pub fn fetch_settings(base: &str) -> ApiRead {
+    get(
+        base,
+        "/settings",
+        API_DEADLINE,
+        "the manager has no settings list",
+    )
+}
+
 /// `GET {base}/v1/instancemanagers/{im}`.
 pub fn fetch_instance_manager(base: &str, im: &str) -> ApiRead {
     get(
@@ -280,7 +290,7 @@ pub fn fetch_instance_manager(base: &str, im: &str) -> ApiRead {
 
 /// A failed manager request as a surface status: a timeout is `timeout`;
 /// otherwise the OS error under it (errno kept), else `error`.
-fn http_failure(e: &reqwest::Error, url: &str) -> ApiFailure {
+pub(crate) fn http_failure(e: &reqwest::Error, url: &str) -> ApiFailure {
     let mut io: Option<&std::io::Error> = None;
     let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     while let Some(c) = cause {

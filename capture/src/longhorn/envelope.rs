@@ -73,6 +73,12 @@ pub struct Readings {
     /// the rebuild's entry was gone at the end and a Kubernetes API is
     /// configured (None: not read).
     pub events: Option<Vec<EventsRead>>,
+    /// The rebuild's Engine Events its watcher saw (pstackd's Events watch).
+    pub signals: Vec<super::kube::Event>,
+    /// The watcher's verdict on the rebuild's end (None: no watcher verdict).
+    pub verdict: Option<super::Verdict>,
+    /// `GET /v1/settings` at window start (None: not read).
+    pub settings: Option<ApiRead>,
     /// The capture's own clock.
     pub clock: Clock,
 }
@@ -805,6 +811,248 @@ pub fn transfer_envelope(
             }
         }
     }
+    // The Longhorn settings that bound each failure.
+    if let Some(read) = &r.settings {
+        let parsed = read
+            .result
+            .as_ref()
+            .map_err(|f| (f.status, f.errno, f.message.clone()))
+            .and_then(|b| {
+                super::model::parse_settings(b)
+                    .map(|m| (m, b))
+                    .map_err(|e| (SurfaceStatus::Error, None, format!("GET {}: {e}", read.url)))
+            });
+        match parsed {
+            Ok((all, body)) => {
+                let mut facts = Map::new();
+                facts.insert("read_at".into(), json!(read.at));
+                let mut said = Vec::new();
+                for name in super::model::BOUNDING_SETTINGS {
+                    let v = all.get(name);
+                    facts.insert(name.into(), json!(v));
+                    said.push(match v {
+                        Some(v) => format!("{name} {v:?}"),
+                        None => format!("{name} not set on this manager"),
+                    });
+                }
+                o.surfaces.push(Surface {
+                    id: "longhorn/settings".into(),
+                    authority: format!("longhorn-manager:GET {}", read.url),
+                    status: SurfaceStatus::Ok,
+                    cause: None,
+                    deadline_ms: API_DEADLINE.as_millis() as u64,
+                    elapsed_us: read.elapsed_us,
+                    digest: Some(sha256_digest(body)),
+                    bytes: body.len() as u64,
+                    truncated: false,
+                    facts,
+                });
+                o.claim(
+                    ClaimKind::Fact,
+                    "longhorn_settings_bound_failures",
+                    format!(
+                        "the settings that bound a rebuild's failure: {} (engine-replica-timeout: seconds before the engine marks a replica ERR; replica-file-sync-http-client-timeout: seconds of the sync agents' HTTP transfer; long-grpc-timeout: seconds of FilesSync; replica-rebuild-concurrent-sync-limit: sources per rebuild from v1.11; storage-network: \"\" is the pod network)",
+                        said.join(", ")
+                    ),
+                    &["longhorn/settings"],
+                    None,
+                );
+            }
+            Err(e) => o.surfaces.push(failed(
+                "longhorn/settings",
+                format!("longhorn-manager:GET {}", read.url),
+                read,
+                e,
+            )),
+        }
+    }
+    // The rebuild's Engine Events seen by the watcher, and its verdict.
+    // Formats: longhorn-manager v1.9.0 `controller/engine_controller.go`
+    // l.1860 (Rebuilding), l.1874 (FailedRebuilding), l.1916 (Rebuilt),
+    // l.1793/1827 (snapshot purge), l.855 (Faulted).
+    if !r.signals.is_empty() {
+        let mut facts = Map::new();
+        facts.insert("events".into(), json!(r.signals));
+        facts.insert("source".into(), json!("pstackd's Engine Events watch"));
+        o.surfaces.push(Surface {
+            id: "kubernetes/events/watch".into(),
+            authority: format!(
+                "k8s:WATCH /api/v1/namespaces/{}/events?fieldSelector=involvedObject.kind=Engine",
+                super::kube::NAMESPACE
+            ),
+            status: SurfaceStatus::Ok,
+            cause: None,
+            deadline_ms: super::kube::WATCH_SESSION.as_millis() as u64,
+            elapsed_us: 0,
+            digest: None,
+            bytes: 0,
+            truncated: false,
+            facts,
+        });
+    }
+    for ev in &r.signals {
+        let addrs = parse_error_addrs(&ev.message);
+        o.claim(
+            ClaimKind::Fact,
+            "longhorn_engine_event",
+            format!(
+                "Kubernetes Event {} ({}) on {} {} at {}: {:?}",
+                ev.reason, ev.event_type, ev.kind, ev.name, ev.last, ev.message
+            ),
+            &["kubernetes/events/watch"],
+            None,
+        );
+        let failure = matches!(
+            ev.reason.as_str(),
+            "FailedRebuilding" | "TimeoutSnapshotPurge" | "FailedStartingSnapshotPurge" | "Faulted"
+        );
+        if !failure {
+            continue;
+        }
+        // The address pairs and endpoints it names, linked to flows.
+        let cause = addrs.cause.clone().unwrap_or_else(|| "an error".into());
+        let mut named: Vec<(Option<SocketAddr>, SocketAddr)> =
+            addrs.pairs.iter().map(|(a, b)| (Some(*a), *b)).collect();
+        named.extend(addrs.endpoints.iter().map(|b| (None, *b)));
+        for (x, y) in named {
+            let hits: Vec<&Envelope> = streams
+                .flows
+                .iter()
+                .filter(|s| {
+                    endpoints(s).is_some_and(|(l, rm)| match x {
+                        Some(x) => (l == x && rm == y) || (l == y && rm == x),
+                        None => rm == y,
+                    })
+                })
+                .collect();
+            let what = match x {
+                Some(x) => format!("{x}→{y}"),
+                None => format!("a connection to {y}"),
+            };
+            // Flows that lived inside the window between the two sock_diag
+            // samples (a dial that timed out on a dropped SYN is one).
+            let transient: Vec<&crate::transport::TransientFlow> = streams
+                .short_lived
+                .iter()
+                .flatten()
+                .filter(|f| match x {
+                    Some(x) => (f.local == x && f.remote == y) || (f.local == y && f.remote == x),
+                    None => f.remote == y,
+                })
+                .collect();
+            for f in &transient {
+                o.claim(
+                    ClaimKind::Fact,
+                    "longhorn_error_names_short_lived_flow",
+                    format!(
+                        "the {} Event names {cause} on {what}; this is the short-lived flow {}→{} seen by eBPF inside the window (states {}; {} retransmit(s), {} RST sent, {} RST received{})",
+                        ev.reason,
+                        f.local,
+                        f.remote,
+                        if f.transitions.is_empty() { "?".to_string() } else { f.transitions.join(" ") },
+                        f.retransmits,
+                        f.resets_sent,
+                        f.resets_received,
+                        if !f.transitions.is_empty() && !f.transitions.iter().any(|t| t.contains(">ESTABLISHED")) {
+                            "; it never reached ESTABLISHED"
+                        } else {
+                            ""
+                        }
+                    ),
+                    &["kubernetes/events/watch", "streams"],
+                    None,
+                );
+            }
+            if hits.is_empty() {
+                if x.is_some() && transient.is_empty() {
+                    o.claim(
+                        ClaimKind::Fact,
+                        "longhorn_error_names_unlinked_connection",
+                        format!(
+                            "the {} Event names {cause} on {what}; no stream linked here has that address pair (it closed before the window, or is captured on the other node)",
+                            ev.reason
+                        ),
+                        &["kubernetes/events/watch", "streams"],
+                        None,
+                    );
+                }
+                continue;
+            }
+            for s in hits {
+                let (flow, state) = match &s.subject {
+                    Subject::NetworkStream(n) => (
+                        n.flow_id.clone(),
+                        s.surfaces
+                            .iter()
+                            .find(|x| x.id == "tcp/end")
+                            .and_then(|x| x.facts.get("state"))
+                            .and_then(Value::as_str)
+                            .unwrap_or("?")
+                            .to_string(),
+                    ),
+                    _ => (String::new(), String::new()),
+                };
+                o.claim(
+                    ClaimKind::Fact,
+                    "longhorn_error_names_stream",
+                    format!(
+                        "the {} Event names {cause} on {what}; this is flow {flow} (last state {state}), role {}, stream envelope {}",
+                        ev.reason,
+                        role_of(&s.digest).map(FlowRole::as_str).unwrap_or("?"),
+                        s.digest
+                    ),
+                    &["kubernetes/events/watch", "streams"],
+                    None,
+                );
+            }
+        }
+    }
+    let verdict_closes = r
+        .verdict
+        .as_ref()
+        .is_some_and(|v| v.outcome != "unresolved" && !v.outcome.is_empty());
+    if let Some(v) = &r.verdict {
+        let (code, statement) = if v.outcome.starts_with("failed") {
+            (
+                "longhorn_rebuild_failed",
+                format!(
+                    "the rebuild failed ({}) at step {}{}: {:?}",
+                    v.basis,
+                    v.step,
+                    if v.before_file_sync {
+                        ", before file sync (no rebuildStatus entry was in_progress)"
+                    } else {
+                        ""
+                    },
+                    v.error
+                ),
+            )
+        } else if v.outcome == "complete" {
+            (
+                "longhorn_rebuild_complete",
+                format!("the rebuild completed ({})", v.basis),
+            )
+        } else if v.outcome == "removed" {
+            (
+                "longhorn_rebuild_removed",
+                format!(
+                    "the rebuild ended without a FailedRebuilding Event because the replica or volume was removed on purpose ({}): not a failure",
+                    v.basis
+                ),
+            )
+        } else {
+            (
+                "longhorn_rebuild_unresolved",
+                format!("the rebuild's outcome is not known: {}", v.basis),
+            )
+        };
+        let mut on: Vec<&str> = vec!["longhorn/manager/end"];
+        if !r.signals.is_empty() {
+            on.push("kubernetes/events/watch");
+        }
+        on.retain(|s| o.ok(s) || o.surfaces.iter().any(|x| x.id == *s));
+        o.claim(ClaimKind::Fact, code, statement, &on, None);
+    }
     // `[]` (or no entry for the target) after the target's rebuild was seen.
     let gone = seen_start.is_some()
         && volumes[1].as_ref().is_some_and(|v| {
@@ -938,7 +1186,8 @@ pub fn transfer_envelope(
                 kubectl_events(&t)
             )
         };
-        o.unknown(
+        if !verdict_closes {
+            o.unknown(
             format!(
                 "did the rebuild of replica {t} complete or fail, and with what error? (its rebuildStatus entry is gone)"
             ),
@@ -946,7 +1195,8 @@ pub fn transfer_envelope(
             probe,
             Some("longhorn/manager/end"),
         );
-    } else if !terminal {
+        }
+    } else if !terminal && !verdict_closes {
         let surface = ["longhorn/manager/end", "longhorn/manager/start"]
             .into_iter()
             .find(|s| o.surfaces.iter().any(|x| x.id == *s));
@@ -964,10 +1214,15 @@ pub fn transfer_envelope(
         );
     }
 
-    // #13703: the control channel's keepalive against its user timeout.
+    // #13703: an idle gRPC channel's keepalive against its user timeout,
+    // judged on the side that aborts: grpc-go sets TCP_USER_TIMEOUT (20 s)
+    // only on the server's accepted socket (`internal/transport/http2_server.go`);
+    // Longhorn's replica client sets none. So for sync_control (T→S:P_S+2,
+    // `FileSend`) it is S's sync agent's socket, and for files_sync
+    // (E→T:P_T+2, `FilesSync`, idle for the whole rebuild) T's.
     let mut ctl_opts = Vec::new();
     for (e, role) in &roles {
-        if *role != FlowRole::SyncControl {
+        if *role != FlowRole::SyncControl && *role != FlowRole::FilesSync {
             continue;
         }
         let Some(so) = e
@@ -978,28 +1233,43 @@ pub fn transfer_envelope(
             continue;
         };
         let g = |k: &str| so.facts.get(k).and_then(Value::as_i64).unwrap_or(0);
-        let ka = so
-            .facts
-            .get("keepalive")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        let (ut, idle, intvl) = (g("user_timeout_ms"), g("keepidle_s"), g("keepintvl_s"));
-        ctl_opts.push((e, ka, ut, idle, intvl));
+        let server = if *role == FlowRole::SyncControl {
+            topo.and_then(|t| t.source.as_ref())
+        } else {
+            topo.and_then(|t| t.target.as_ref())
+        }
+        .and_then(|p| p.block)
+        .map(|b| b.start.saturating_add(2));
+        let local_port = endpoints(e).map(|(l, _)| l.port());
+        let o_ = ChannelSockopts {
+            keepalive: so
+                .facts
+                .get("keepalive")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            user_timeout_ms: g("user_timeout_ms"),
+            keepidle_s: g("keepidle_s"),
+            keepintvl_s: g("keepintvl_s"),
+            server_side: server.is_some() && server == local_port,
+        };
+        ctl_opts.push((e, *role, o_, idle_hazard(&o_)));
     }
     if !ctl_opts.is_empty() {
         let mut f = Map::new();
         f.insert(
-            "sync_control_sockopts".into(),
+            "idle_channel_sockopts".into(),
             Value::Array(
                 ctl_opts
                     .iter()
-                    .map(|(e, ka, ut, idle, intvl)| json!({"digest": e.digest, "keepalive": ka, "user_timeout_ms": ut, "keepidle_s": idle, "keepintvl_s": intvl}))
+                    .map(|(e, role, s, h)| json!({"digest": e.digest, "role": role.as_str(), "server_side": s.server_side, "keepalive": s.keepalive, "user_timeout_ms": s.user_timeout_ms, "keepidle_s": s.keepidle_s, "keepintvl_s": s.keepintvl_s, "hazard": h.as_str()}))
                     .collect(),
             ),
         );
         o.surfaces.push(Surface {
             id: "longhorn/control_channel".into(),
-            authority: "pstack: tcp/sockopt of the linked sync_control stream envelopes".into(),
+            authority:
+                "pstack: tcp/sockopt of the linked sync_control and files_sync stream envelopes"
+                    .into(),
             status: SurfaceStatus::Ok,
             cause: None,
             deadline_ms: transport::SURFACE_DEADLINE_MS,
@@ -1010,21 +1280,49 @@ pub fn transfer_envelope(
             facts: f,
         });
     }
-    for (e, ka, ut, idle, intvl) in &ctl_opts {
-        if *ka && *ut > 0 && *idle > 0 && *ut < (idle + intvl.max(&1)) * 1000 {
-            o.claim(
+    for (e, role, s, h) in &ctl_opts {
+        let (ut, idle, intvl) = (s.user_timeout_ms, s.keepidle_s, s.keepintvl_s);
+        let (server, channel) = if *role == FlowRole::SyncControl {
+            ("the source's sync agent (S:P_S+2)", "FileSend")
+        } else {
+            ("the target's sync agent (T:P_T+2)", "FilesSync")
+        };
+        match h {
+            IdleHazard::Hazardous => o.claim(
                 ClaimKind::Hypothesis,
                 "control_channel_user_timeout_below_keepalive_retry",
                 format!(
-                    "the sync_control channel (stream {}) sends its first keepalive probe after {idle} s idle and the next {intvl} s later, but TCP_USER_TIMEOUT is {ut} ms: one unanswered probe (a single lost ACK) outlives the user timeout and the kernel aborts the idle FileSend channel (ETIMEDOUT), and the rebuild fails — the #13703 pattern (grpc-go sets 20 s TCP_USER_TIMEOUT on accepted connections, Go's listener keepalive is 15 s; longhorn-engine app/cmd/sync_agent.go v1.9.0 uses a plain net.Listen)",
-                    e.digest
+                    "the idle {channel} channel's server side here, {server} (stream {}, role {}), sends its first keepalive probe after {idle} s idle and the next {intvl} s later, but TCP_USER_TIMEOUT is {ut} ms: one unanswered probe (a single lost ACK) outlives the user timeout and this side's kernel aborts the channel (ETIMEDOUT) and resets it; the gRPC client at the other end reads `connection reset by peer` and the rebuild fails — the #13703 pattern (grpc-go sets 20 s TCP_USER_TIMEOUT on accepted connections, Go's listener keepalive is 15 s; longhorn-engine app/cmd/sync_agent.go v1.9.0 uses a plain net.Listen)",
+                    e.digest,
+                    role.as_str()
                 ),
                 &["longhorn/control_channel"],
                 Some(format!(
                     "the channel survives an unanswered keepalive probe for longer than {ut} ms (drop the peer's ACKs for {} s: it stays ESTABLISHED), or the reset that ended it was received from the peer (eBPF tcp_receive_reset) rather than raised by this side's timer",
                     idle + intvl
                 )),
-            );
+            ),
+            IdleHazard::PostFixOsKeepalive => o.claim(
+                ClaimKind::Fact,
+                "control_channel_keepalive_not_hazardous",
+                format!(
+                    "the idle {channel} channel's server side here (stream {}) keeps the OS keepalive ({idle} s idle, {intvl} s interval) with TCP_USER_TIMEOUT {ut} ms: the first probe comes only after {idle} s idle, so the #13703 abort needs an unanswered probe after that long — the settings of upstream's fix (longhorn-engine master \"preserve OS TCP keepalive settings\"), not the 15 s/20 s hazard",
+                    e.digest
+                ),
+                &["longhorn/control_channel"],
+                None,
+            ),
+            IdleHazard::ClientSide => o.claim(
+                ClaimKind::Fact,
+                "control_channel_client_side",
+                format!(
+                    "stream {} is the gRPC client's end of the idle {channel} channel (keepalive {}, TCP_USER_TIMEOUT {ut} ms): grpc-go sets its user timeout only on the server's accepted socket, so a #13703 abort would be raised by {server}, not here — capture on that node to read its socket options",
+                    e.digest, s.keepalive
+                ),
+                &["longhorn/control_channel"],
+                None,
+            ),
+            IdleHazard::NoUserTimeout | IdleHazard::NoKeepalive | IdleHazard::Safe => {}
         }
     }
 
@@ -1235,4 +1533,140 @@ pub fn transfer_envelope(
         builder.unknown(u)?;
     }
     Ok(builder.seal(next)?)
+}
+
+/// Linux's default `net.ipv4.tcp_keepalive_time`: what a socket keeps when
+/// the listener leaves the OS keepalive in place (upstream's #13703 fix).
+pub const OS_DEFAULT_KEEPIDLE_S: i64 = 7200;
+
+/// The socket options of one end of an idle gRPC channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelSockopts {
+    /// SO_KEEPALIVE.
+    pub keepalive: bool,
+    /// TCP_USER_TIMEOUT (0: none).
+    pub user_timeout_ms: i64,
+    /// TCP_KEEPIDLE.
+    pub keepidle_s: i64,
+    /// TCP_KEEPINTVL.
+    pub keepintvl_s: i64,
+    /// This end is the gRPC server's accepted socket (its local port is the
+    /// sync agent's P+2).
+    pub server_side: bool,
+}
+
+/// What the #13703 check says of one end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleHazard {
+    /// The client's end: the abort would come from the server's side.
+    ClientSide,
+    /// No user timeout: nothing aborts an unanswered probe early.
+    NoUserTimeout,
+    /// No keepalive: an idle channel sends nothing to go unanswered.
+    NoKeepalive,
+    /// The OS keepalive (first probe after [`OS_DEFAULT_KEEPIDLE_S`] or
+    /// later): upstream's fix; not the hazard.
+    PostFixOsKeepalive,
+    /// One unanswered probe outlives the user timeout.
+    Hazardous,
+    /// The user timeout outlasts a probe and its retry.
+    Safe,
+}
+
+impl IdleHazard {
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleHazard::ClientSide => "client_side",
+            IdleHazard::NoUserTimeout => "no_user_timeout",
+            IdleHazard::NoKeepalive => "no_keepalive",
+            IdleHazard::PostFixOsKeepalive => "post_fix_os_keepalive",
+            IdleHazard::Hazardous => "hazardous",
+            IdleHazard::Safe => "safe",
+        }
+    }
+}
+
+/// The #13703 rule, a pure function of one end's socket options.
+pub fn idle_hazard(s: &ChannelSockopts) -> IdleHazard {
+    if !s.server_side {
+        IdleHazard::ClientSide
+    } else if s.user_timeout_ms <= 0 {
+        IdleHazard::NoUserTimeout
+    } else if !s.keepalive || s.keepidle_s <= 0 {
+        IdleHazard::NoKeepalive
+    } else if s.keepidle_s >= OS_DEFAULT_KEEPIDLE_S {
+        IdleHazard::PostFixOsKeepalive
+    } else if s.user_timeout_ms < (s.keepidle_s + s.keepintvl_s.max(1)) * 1000 {
+        IdleHazard::Hazardous
+    } else {
+        IdleHazard::Safe
+    }
+}
+
+#[cfg(test)]
+mod hazard_tests {
+    use super::*;
+
+    #[test]
+    fn the_13703_rule_judges_the_server_side_and_knows_the_fix() {
+        let s = |server_side, keepalive, ut, idle, intvl| ChannelSockopts {
+            keepalive,
+            user_timeout_ms: ut,
+            keepidle_s: idle,
+            keepintvl_s: intvl,
+            server_side,
+        };
+        let rows = [
+            (
+                "grpc-go server, Go 15 s keepalive: #13703",
+                s(true, true, 20_000, 15, 15),
+                IdleHazard::Hazardous,
+            ),
+            (
+                "just below a probe and its retry",
+                s(true, true, 29_999, 15, 15),
+                IdleHazard::Hazardous,
+            ),
+            (
+                "at a probe and its retry",
+                s(true, true, 30_000, 15, 15),
+                IdleHazard::Safe,
+            ),
+            ("above", s(true, true, 30_001, 15, 15), IdleHazard::Safe),
+            (
+                "the client's end, same options",
+                s(false, true, 20_000, 15, 15),
+                IdleHazard::ClientSide,
+            ),
+            (
+                "Longhorn's client: no options",
+                s(false, false, 0, 0, 0),
+                IdleHazard::ClientSide,
+            ),
+            (
+                "no user timeout",
+                s(true, true, 0, 15, 15),
+                IdleHazard::NoUserTimeout,
+            ),
+            (
+                "no keepalive",
+                s(true, false, 20_000, 15, 15),
+                IdleHazard::NoKeepalive,
+            ),
+            (
+                "just below the OS default idle",
+                s(true, true, 20_000, OS_DEFAULT_KEEPIDLE_S - 1, 75),
+                IdleHazard::Hazardous,
+            ),
+            (
+                "upstream's fix: the OS keepalive",
+                s(true, true, 20_000, OS_DEFAULT_KEEPIDLE_S, 75),
+                IdleHazard::PostFixOsKeepalive,
+            ),
+        ];
+        for (name, o, want) in rows {
+            assert_eq!(idle_hazard(&o), want, "{name}");
+        }
+    }
 }

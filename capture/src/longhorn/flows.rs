@@ -23,6 +23,10 @@ use super::topology::{Party, Topology};
 pub enum FlowRole {
     /// T → S:P_S+2, the `FileSend` control channel.
     SyncControl,
+    /// E (the engine or its IM proxy) → S:P_S+2: `SnapshotPurgeStatus` in
+    /// source selection and the head `.meta` `FileSend` of `AddReplica`
+    /// (engine `pkg/sync/sync.go` v1.9.0 l.439-495), not T's control channel.
+    EngineSyncAgent,
     /// S → T:P_T+3…+9, a bulk file stream.
     SsyncData,
     /// E → replica :P/:P+1, live writes.
@@ -40,6 +44,7 @@ impl FlowRole {
     pub fn as_str(self) -> &'static str {
         match self {
             FlowRole::SyncControl => "sync_control",
+            FlowRole::EngineSyncAgent => "engine_sync_agent",
             FlowRole::SsyncData => "ssync_data",
             FlowRole::EngineData => "engine_data",
             FlowRole::FilesSync => "files_sync",
@@ -66,7 +71,17 @@ fn at(party: &Option<Party>, a: SocketAddr, lo: u16, hi: u16, by_ip: bool) -> bo
 pub fn classify(t: &Topology, x: SocketAddr, y: SocketAddr, by_ip: bool) -> FlowRole {
     let either = |f: &dyn Fn(SocketAddr) -> bool| f(x) || f(y);
     if either(&|a| at(&t.source, a, 2, 2, by_ip)) {
-        FlowRole::SyncControl
+        // Decided by both ends: the other end is E's only when E has an
+        // address of its own (on all-in-one instance managers E often shares
+        // T's pod IP, and then the two cannot be told apart: sync_control).
+        let other = if at(&t.source, x, 2, 2, by_ip) { y } else { x };
+        let ip = |p: &Option<Party>| p.as_ref().and_then(|p| p.address);
+        let engine = ip(&t.engine);
+        if by_ip && engine.is_some() && engine == Some(other.ip()) && engine != ip(&t.target) {
+            FlowRole::EngineSyncAgent
+        } else {
+            FlowRole::SyncControl
+        }
     } else if either(&|a| at(&t.target, a, 3, 9, by_ip)) {
         FlowRole::SsyncData
     } else if either(&|a| at(&t.target, a, 2, 2, by_ip)) {
@@ -133,6 +148,24 @@ mod tests {
         // A storage network: pod IPs differ, ports alone decide.
         assert_eq!(
             classify(&t, a("192.168.9.2:41000"), a("192.168.9.1:10002"), false),
+            FlowRole::SyncControl
+        );
+        // S:P_S+2 is decided by both ends: E's own address → E's sync-agent
+        // calls; T's → T's control channel; E sharing T's IP → sync_control.
+        let mut with_e = t.clone();
+        with_e.engine = p(PartyRole::Engine, "10.0.0.3", 0);
+        assert_eq!(
+            classify(&with_e, a("10.0.0.3:41007"), a("10.0.0.1:10002"), true),
+            FlowRole::EngineSyncAgent
+        );
+        assert_eq!(
+            classify(&with_e, a("10.0.0.2:41000"), a("10.0.0.1:10002"), true),
+            FlowRole::SyncControl
+        );
+        let mut shared = t.clone();
+        shared.engine = p(PartyRole::Engine, "10.0.0.2", 0);
+        assert_eq!(
+            classify(&shared, a("10.0.0.2:41008"), a("10.0.0.1:10002"), true),
             FlowRole::SyncControl
         );
         assert_eq!(

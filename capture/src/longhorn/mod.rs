@@ -44,8 +44,9 @@ use crate::supervisor::{LeakBudget, SupervisorConfig};
 use crate::transport::{self, CaptureResult, LONGHORN_PORTS, Plan, TransportError, WindowStop};
 
 /// Most manager reads one capture makes (volume at start, the source's and
-/// target's instance managers, volume at end), each under [`API_DEADLINE`].
-pub const MAX_API_READS: u32 = 4;
+/// target's instance managers, the settings, volume at end), each under
+/// [`API_DEADLINE`].
+pub const MAX_API_READS: u32 = 5;
 
 pub use client::{API_DEADLINE, ApiFailure, ApiRead, MAX_API_BYTES, parse_base_url};
 pub use envelope::{Excluded, Readings, transfer_envelope};
@@ -145,6 +146,7 @@ pub fn plan(a: &LonghornRequest) -> Result<LonghornPlan, RequestError> {
 fn read_start(
     api: &str,
     volume: &str,
+    target: Option<&str>,
 ) -> (ApiRead, Option<topology::Topology>, Vec<(String, ApiRead)>) {
     let start = client::fetch_volume(api, volume);
     let Some(mut topo) = start
@@ -153,7 +155,10 @@ fn read_start(
         .ok()
         .and_then(|b| model::parse_volume(b).ok())
         .filter(|v| v.data_engine != "v2" && !v.replicas.iter().any(|r| r.data_engine == "v2"))
-        .map(|v| topology::resolve(&v, None))
+        .map(|v| {
+            let known = target.filter(|t| v.replicas.iter().any(|r| r.name == *t));
+            topology::resolve(&v, known)
+        })
     else {
         return (start, None, Vec::new());
     };
@@ -284,6 +289,30 @@ pub struct Watcher {
     /// The Kubernetes API, for the Events of a rebuild whose entry is gone
     /// at the end (None: the probe names the `kubectl` command instead).
     pub kube: Option<kube::KubeApi>,
+    /// The rebuild's Engine Events the watcher saw (its Events watch), in order.
+    pub signals: Arc<Mutex<Vec<kube::Event>>>,
+    /// The watcher's verdict on how the rebuild ended, when it did.
+    pub verdict: Arc<Mutex<Option<Verdict>>>,
+    /// The target replica the watcher follows: before file sync there is
+    /// no `rebuildStatus` entry (nor, before `ReplicaCreate`, a WO replica)
+    /// to name it.
+    pub target_replica: Option<String>,
+}
+
+/// A watcher's verdict on a rebuild's end (pstackd's `longhorn_rebuild`
+/// condition, a pure function of the manager reads and Engine Events).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// `complete`, `failed_<how>`, `removed`, `unresolved`.
+    pub outcome: String,
+    /// What showed it.
+    pub basis: String,
+    /// The `AddReplica` step a failure names ("" when not a failure).
+    pub step: String,
+    /// The failure happened before file sync.
+    pub before_file_sync: bool,
+    /// The failure's text ("" when none).
+    pub error: String,
 }
 
 impl Watcher {
@@ -293,6 +322,17 @@ impl Watcher {
             *self.terminal.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
         }
         self.stop.stop();
+    }
+
+    /// [`Watcher::end`] with the watcher's verdict.
+    pub fn end_with(&self, terminal: Option<ApiRead>, verdict: Verdict) {
+        *self.verdict.lock().unwrap_or_else(|p| p.into_inner()) = Some(verdict);
+        self.end(terminal);
+    }
+
+    /// The rebuild's Engine Events so far (replacing what was handed before).
+    pub fn set_signals(&self, events: Vec<kube::Event>) {
+        *self.signals.lock().unwrap_or_else(|p| p.into_inner()) = events;
     }
 }
 
@@ -334,12 +374,17 @@ pub fn capture_watched(
                 what: "reading the Longhorn manager",
                 expected: API_DEADLINE,
             });
-            let (s, t, i) = read_start(api, &r.volume);
+            let (s, t, i) = read_start(api, &r.volume, watcher.target_replica.as_deref());
             progress(Progress::PhaseDone);
             (Some(s), t, i)
         }
         None => (None, None, Vec::new()),
     };
+    // The settings that bound each failure, recorded as facts.
+    let settings = r
+        .longhorn_api
+        .as_ref()
+        .map(|api| client::fetch_settings(api));
     let narrowed = narrow(&plan.transport, topo.as_ref());
     let captured = transport::capture_until(&narrowed, config, budget, progress, &watcher.stop)?;
     let (streams, excluded, by_ip) = select(captured, topo.as_ref());
@@ -369,6 +414,16 @@ pub fn capture_watched(
         progress(Progress::PhaseDone);
         Some(reads)
     });
+    let signals = watcher
+        .signals
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let verdict = watcher
+        .verdict
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     let hubble = r.hubble_server.as_ref().map(|server| {
         progress(Progress::Phase {
             what: "reading Hubble flows",
@@ -396,6 +451,9 @@ pub fn capture_watched(
         by_ip,
         hubble,
         events,
+        signals,
+        verdict,
+        settings,
         clock,
     };
     let transfer = transfer_envelope(r, &narrowed, &readings)?;

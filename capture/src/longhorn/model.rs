@@ -468,15 +468,66 @@ pub fn address_ip(s: &str) -> Option<IpAddr> {
         .or_else(|| s.parse::<IpAddr>().ok())
 }
 
+/// The Longhorn settings that bound a rebuild's failure, recorded as facts
+/// (longhorn-manager `types/setting.go`): `engine-replica-timeout` (8 s: the
+/// engine marks a replica ERR), `replica-file-sync-http-client-timeout`
+/// (30 s), `long-grpc-timeout` (86400 s: `FilesSync`),
+/// `replica-rebuild-concurrent-sync-limit` (1–5 sources, v1.11+) and
+/// `storage-network` ("" = the pod network).
+pub const BOUNDING_SETTINGS: [&str; 5] = [
+    "engine-replica-timeout",
+    "replica-file-sync-http-client-timeout",
+    "long-grpc-timeout",
+    "replica-rebuild-concurrent-sync-limit",
+    "storage-network",
+];
+
+#[derive(Deserialize)]
+struct RawSetting {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    value: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawSettings {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    data: Option<Vec<RawSetting>>,
+}
+
+/// `GET /v1/settings` (a go-rancher collection of `api/model.go` `Setting
+/// {name, value, applied, definition}`, v1.9.0 l.199-205): name → value.
+pub fn parse_settings(body: &[u8]) -> Result<BTreeMap<String, String>, ModelError> {
+    let raw: RawSettings = serde_json::from_slice(body).map_err(|e| ModelError::NotJson {
+        what: sniff(body),
+        detail: e.to_string(),
+    })?;
+    match (raw.kind.as_deref(), raw.data) {
+        (Some("collection"), Some(data)) => Ok(data
+            .into_iter()
+            .filter_map(|s| Some((s.name?, s.value.unwrap_or_default())))
+            .collect()),
+        _ => Err(ModelError::Field {
+            field: "type",
+            detail: "not a collection of settings".into(),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn error_texts_yield_their_address_pairs() {
-        // #11006, verbatim shape.
+        // longhorn#11006, the target IM's log, verbatim: engine v1.9.0
+        // `pkg/sync/rpc/server.go` l.539 ("replica %v failed to send file %v
+        // to %v:%v") around `pkg/replica/client/client.go` l.465 ("failed to
+        // send file %v to %v:%v") around the gRPC error.
         let e = parse_error_addrs(
-            "failed to send file volume-snap-x.img to 10.42.8.200:10124: failed to sync: Post \"http://10.42.8.200:10124/v1-ssync/open\": read tcp 10.42.8.200:43126->10.42.9.96:10122: read: connection reset by peer",
+            "replica tcp://10.42.9.96:10120 failed to send file volume-snap-9e536535-4400-4596-9533-4156d0051934.img to 10.42.8.200:10124: failed to send file volume-snap-9e536535-4400-4596-9533-4156d0051934.img to 10.42.8.200:10124: rpc error: code = Unavailable desc = error reading from server: read tcp 10.42.8.200:43126->10.42.9.96:10122: read: connection reset by peer",
         );
         assert_eq!(
             e.pairs,
@@ -525,6 +576,16 @@ mod tests {
         );
         let e = parse_volume_list(b"<html><body>UI</body></html>").unwrap_err();
         assert!(e.to_string().contains("HTML"), "{e}");
+    }
+
+    #[test]
+    fn settings_are_a_collection_of_name_and_value() {
+        let body = br#"{"type":"collection","resourceType":"setting","data":[{"type":"setting","name":"engine-replica-timeout","value":"8","applied":true,"definition":{}},{"type":"setting","name":"storage-network","value":"","applied":true}]}"#;
+        let s = parse_settings(body).unwrap();
+        assert_eq!(s["engine-replica-timeout"], "8");
+        assert_eq!(s["storage-network"], "");
+        assert!(parse_settings(b"<html></html>").is_err());
+        assert!(parse_settings(br#"{"type":"setting","name":"x","value":"1"}"#).is_err());
     }
 
     #[test]

@@ -12,6 +12,11 @@ use super::*;
 const IN_PROGRESS: &[u8] = include_bytes!("fixtures/v1.9-in-progress.json");
 const ERROR: &[u8] = include_bytes!("fixtures/v1.9-error.json");
 const UNREPORTED: &[u8] = include_bytes!("fixtures/v1.9-unreported.json");
+/// After a failed rebuild outside backoff: the engine removed the replica
+/// (`ReplicaRemove`, manager v1.9.0 `controller/engine_controller.go`
+/// l.1880), so its REST `mode` (the engine's `ReplicaModeMap`, `api/model.go`
+/// l.1515-1520) is `""`, not `ERR`; `failedAt` set and desire state stopped
+/// (l.1892-1899), so `running: false`.
 const AFTER_FAILURE: &[u8] = include_bytes!("fixtures/v1.9-after-failure.json");
 const V11_IN_PROGRESS: &[u8] = include_bytes!("fixtures/v1.11-in-progress.json");
 const V11_COMPLETE: &[u8] = include_bytes!("fixtures/v1.11-complete.json");
@@ -117,6 +122,9 @@ fn readings(start: &[u8], end: &[u8], flows: Vec<Envelope>) -> Readings {
         by_ip,
         hubble: None,
         events: None,
+        signals: Vec::new(),
+        verdict: None,
+        settings: None,
         clock: Clock {
             wall_time: "2026-12-03T19:39:58.000Z".into(),
             monotonic_start_ns: "1".into(),
@@ -375,39 +383,81 @@ fn flags_are_checked_and_a_storage_network_is_a_fact_with_a_probe() {
     assert_eq!(e.surfaces[0].facts["links"][0]["role"], "sync_control");
 }
 
+/// S's sync agent's accepted end of T's `FileSend` channel (S:P_S+2).
+const CONTROL_AT_S: (&str, &str) = ("10.78.0.2:10002", "10.78.0.3:43126");
+/// T's sync agent's accepted end of E's `FilesSync` channel (T:P_T+2).
+const FILES_SYNC_AT_T: (&str, &str) = ("10.78.0.3:10022", "10.78.0.1:51000");
+
 #[test]
 fn keepalive_against_user_timeout_on_the_control_channel_is_a_hypothesis_with_a_falsifier() {
-    let so = |ut: i64| json!({"owner_pid": 1, "fd": 3, "owner_comm": "longhorn", "user_timeout_ms": ut, "keepalive": true, "keepidle_s": 15, "keepintvl_s": 15, "keepcnt": 9});
+    let so = |ut: i64, idle: i64| json!({"owner_pid": 1, "fd": 3, "owner_comm": "longhorn", "user_timeout_ms": ut, "keepalive": true, "keepidle_s": idle, "keepintvl_s": 15, "keepcnt": 9});
+    let hyps = |e: &Envelope| {
+        e.claims
+            .iter()
+            .filter(|c| c.code == "control_channel_user_timeout_below_keepalive_retry")
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    // The aborting side is the gRPC server's accepted socket: S's sync
+    // agent for FileSend, T's for FilesSync; both idle channels are checked.
     let e = build(
         &request(""),
         &readings(
             IN_PROGRESS,
             IN_PROGRESS,
             vec![
-                stream(CONTROL, Some(so(20_000))),
-                stream(BULK, Some(so(20_000))),
+                stream(CONTROL_AT_S, Some(so(20_000, 15))),
+                stream(FILES_SYNC_AT_T, Some(so(20_000, 15))),
+                stream(BULK, Some(so(20_000, 15))),
             ],
         ),
     );
-    let h = e
-        .claims
-        .iter()
-        .find(|c| c.code == "control_channel_user_timeout_below_keepalive_retry")
-        .expect("hypothesis");
-    assert_eq!(h.kind, ClaimKind::Hypothesis);
-    assert!(
-        h.statement.contains("TCP_USER_TIMEOUT is 20000 ms") && h.statement.contains("15 s"),
-        "{}",
-        h.statement
-    );
-    assert!(h.falsifier.as_deref().unwrap().contains("20000 ms"));
+    let h = hyps(&e);
     assert_eq!(
-        e.claims
-            .iter()
-            .filter(|c| c.kind == ClaimKind::Hypothesis)
-            .count(),
-        1,
-        "only the control channel"
+        h.len(),
+        2,
+        "both idle channels, not the bulk stream: {:?}",
+        codes(&e)
+    );
+    assert!(h.iter().all(|h| h.kind == ClaimKind::Hypothesis));
+    assert!(
+        h[0].statement.contains("TCP_USER_TIMEOUT is 20000 ms")
+            && h[0].statement.contains("the source's sync agent (S:P_S+2)")
+            && h[0].statement.contains("FileSend"),
+        "{}",
+        h[0].statement
+    );
+    assert!(
+        h[1].statement.contains("the target's sync agent (T:P_T+2)")
+            && h[1].statement.contains("FilesSync"),
+        "{}",
+        h[1].statement
+    );
+    assert!(h[0].falsifier.as_deref().unwrap().contains("20000 ms"));
+    // The client's end (T's ephemeral port) is not the side that aborts.
+    let e = build(
+        &request(""),
+        &readings(
+            IN_PROGRESS,
+            IN_PROGRESS,
+            vec![stream(CONTROL, Some(so(20_000, 15)))],
+        ),
+    );
+    assert!(hyps(&e).is_empty(), "{:?}", codes(&e));
+    assert!(statement(&e, "control_channel_client_side").contains("S:P_S+2"));
+    // Upstream's fix: the OS keepalive (first probe after 2 h) is not the hazard.
+    let e = build(
+        &request(""),
+        &readings(
+            IN_PROGRESS,
+            IN_PROGRESS,
+            vec![stream(CONTROL_AT_S, Some(so(20_000, 7200)))],
+        ),
+    );
+    assert!(hyps(&e).is_empty(), "{:?}", codes(&e));
+    assert!(
+        statement(&e, "control_channel_keepalive_not_hazardous")
+            .contains("preserve OS TCP keepalive")
     );
     // Near misses: no user timeout, or one that outlasts the keepalive retry.
     for ut in [0, 31_000] {
@@ -416,13 +466,10 @@ fn keepalive_against_user_timeout_on_the_control_channel_is_a_hypothesis_with_a_
             &readings(
                 IN_PROGRESS,
                 IN_PROGRESS,
-                vec![stream(CONTROL, Some(so(ut)))],
+                vec![stream(CONTROL_AT_S, Some(so(ut, 15)))],
             ),
         );
-        assert!(
-            !codes(&e).contains(&"control_channel_user_timeout_below_keepalive_retry"),
-            "{ut}"
-        );
+        assert!(hyps(&e).is_empty(), "{ut}");
     }
 }
 
@@ -753,7 +800,7 @@ fn bad_managers_are_typed_surface_statuses_never_no_volume() {
         Some(("application/json", IM_S.to_vec())),
         Some(("application/json", IM_T.to_vec())),
     ]);
-    let (start, topo, ims) = read_start(&format!("{api}/v1/"), "pvc-7");
+    let (start, topo, ims) = read_start(&format!("{api}/v1/"), "pvc-7", None);
     assert!(start.result.is_ok());
     assert_eq!(ims.len(), 2);
     let t = topo.unwrap();
@@ -771,7 +818,7 @@ fn bad_managers_are_typed_surface_statuses_never_no_volume() {
         "text/html",
         b"<!DOCTYPE html><html><body>Longhorn UI</body></html>".to_vec(),
     ))]);
-    let (start, topo, _) = read_start(&api, "pvc-7");
+    let (start, topo, _) = read_start(&api, "pvc-7", None);
     assert!(topo.is_none());
     let mut r = readings(IN_PROGRESS, IN_PROGRESS, vec![]);
     r.start = Some(start);
