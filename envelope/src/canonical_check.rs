@@ -37,12 +37,13 @@ use std::cell::RefCell;
 
 use sha2::{Digest, Sha256};
 
+use crate::canonical_cursor::{Cursor, is_ws};
 use crate::form::{DIGEST_PREFIX, is_sha256_digest};
 use crate::model::{
     ClaimKind, Completeness, SCHEMA_ID, Scope, SurfaceStatus, TRIGGER_KINDS, is_cap_name,
 };
 use crate::scan::name_before;
-use crate::strict::{MAX_DEPTH, MAX_SAFE_INTEGER};
+use crate::strict::MAX_DEPTH;
 
 /// `None`: the full verify decides.
 type R<T> = Option<T>;
@@ -66,8 +67,10 @@ pub(crate) fn check(bytes: &[u8]) -> R<[u8; 32]> {
 fn check_with(body: &[u8], start: usize, scratch: &mut Scratch) -> R<[u8; 32]> {
     scratch.clear();
     let mut c = Checker {
-        b: body,
-        pos: start,
+        at: Cursor {
+            b: body,
+            pos: start,
+        },
         hasher: Sha256::new(),
         hashed: start,
         s: scratch,
@@ -98,10 +101,6 @@ pub(crate) fn written_as(declared: &[u8], digest: &[u8; 32]) -> bool {
             .iter()
             .zip(hex.chunks_exact(2))
             .all(|(d, h)| h[0] == HEX[usize::from(d >> 4)] && h[1] == HEX[usize::from(d & 0xf)])
-}
-
-fn is_ws(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
 thread_local! {
@@ -232,13 +231,27 @@ impl IdTable {
 }
 
 struct Checker<'a, 's> {
-    b: &'a [u8],
-    pos: usize,
+    /// The input and the position in it (`self.b`, `self.pos` through
+    /// `Deref`).
+    at: Cursor<'a>,
     hasher: Sha256,
     /// Bytes before this offset (minus the digest member) are hashed.
     hashed: usize,
     s: &'s mut Scratch,
     completeness: Completeness,
+}
+
+impl<'a> std::ops::Deref for Checker<'a, '_> {
+    type Target = Cursor<'a>;
+    fn deref(&self) -> &Cursor<'a> {
+        &self.at
+    }
+}
+
+impl std::ops::DerefMut for Checker<'_, '_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.at
+    }
 }
 
 impl<'a> Checker<'a, '_> {
@@ -254,48 +267,6 @@ impl<'a> Checker<'a, '_> {
         if self.pos.saturating_sub(self.hashed) >= HASH_BLOCK {
             self.feed_to(self.pos);
         }
-    }
-
-    #[inline]
-    fn eat(&mut self, c: u8) -> R<()> {
-        if self.b.get(self.pos) == Some(&c) {
-            self.pos += 1;
-            Some(())
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn peek(&self) -> R<u8> {
-        self.b.get(self.pos).copied()
-    }
-
-    #[inline]
-    fn key(&mut self, tag: &[u8]) -> R<()> {
-        if self.b.get(self.pos..self.pos + tag.len()) == Some(tag) {
-            self.pos += tag.len();
-            Some(())
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn opt_key(&mut self, tag: &[u8]) -> bool {
-        let at = self.pos + 1;
-        if self.b.get(self.pos) == Some(&b',') && self.b.get(at..at + tag.len()) == Some(tag) {
-            self.pos = at + tag.len();
-            true
-        } else {
-            false
-        }
-    }
-
-    #[inline]
-    fn next_key(&mut self, tag: &[u8]) -> R<()> {
-        self.eat(b',')?;
-        self.key(tag)
     }
 
     /// A string, as the range between its quotes: UTF-8, and escaped only
@@ -395,59 +366,6 @@ impl<'a> Checker<'a, '_> {
         let r = self.raw_string()?;
         let b: &'a [u8] = self.b;
         (!r.escaped).then(|| &b[r.start..r.end])
-    }
-
-    fn u64(&mut self) -> R<u64> {
-        let start = self.pos;
-        let first = self.peek()?;
-        if first == b'0' {
-            self.pos += 1;
-            return if self.peek().is_some_and(|c| c.is_ascii_digit()) {
-                None
-            } else {
-                Some(0)
-            };
-        }
-        if !first.is_ascii_digit() {
-            return None;
-        }
-        let mut v: u64 = 0;
-        while let Some(d) = self.peek().filter(u8::is_ascii_digit) {
-            if self.pos - start >= 16 {
-                return None; // 17 digits is beyond 2^53
-            }
-            v = v * 10 + u64::from(d - b'0');
-            self.pos += 1;
-        }
-        (v <= MAX_SAFE_INTEGER).then_some(v)
-    }
-
-    fn u32(&mut self) -> R<u32> {
-        u32::try_from(self.u64()?).ok()
-    }
-
-    /// A canonical integer, negative allowed (never `-0`).
-    fn i64(&mut self) -> R<i64> {
-        if self.peek()? == b'-' {
-            self.pos += 1;
-            let m = self.u64()?;
-            if m == 0 {
-                return None;
-            }
-            Some(-(m as i64))
-        } else {
-            Some(self.u64()? as i64)
-        }
-    }
-
-    fn bool(&mut self) -> R<bool> {
-        if self.key(b"true").is_some() {
-            Some(true)
-        } else if self.key(b"false").is_some() {
-            Some(false)
-        } else {
-            None
-        }
     }
 
     /// `[` items `]`, each checked by `item`; how many.

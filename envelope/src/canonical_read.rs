@@ -41,9 +41,10 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Number, Value};
 use sha2::{Digest, Sha256};
 
+use crate::canonical_cursor::{Cursor, is_ws};
 use crate::model::*;
 use crate::scan::{find_special, name_before};
-use crate::strict::{MAX_DEPTH, MAX_SAFE_INTEGER};
+use crate::strict::MAX_DEPTH;
 
 /// `None`: not canonical or not valid; the general path decides.
 type R<T> = Option<T>;
@@ -137,8 +138,7 @@ fn tail_split(body: &[u8], start: usize) -> Option<usize> {
 /// (whether because `at` was no boundary or because they are not canonical).
 fn surfaces_from(body: &[u8], at: usize) -> R<(Vec<Surface>, usize)> {
     let mut r = Reader {
-        b: body,
-        pos: at,
+        at: Cursor { b: body, pos: at },
         sink: HashSink::Skip,
         hashed: at,
         stack: Vec::new(),
@@ -164,8 +164,10 @@ fn parse_all(
     tail: Option<(usize, TailReceiver)>,
 ) -> R<Envelope> {
     let mut r = Reader {
-        b: body,
-        pos: start,
+        at: Cursor {
+            b: body,
+            pos: start,
+        },
         sink,
         hashed: start,
         stack: Vec::new(),
@@ -182,13 +184,10 @@ fn parse_all(
 /// The second thread's surfaces, when its split was a real boundary.
 type TailReceiver = std::sync::mpsc::Receiver<R<(Vec<Surface>, usize)>>;
 
-fn is_ws(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
-}
-
 struct Reader<'a, 'h> {
-    b: &'a [u8],
-    pos: usize,
+    /// The input and the position in it (`self.b`, `self.pos` through
+    /// `Deref`).
+    at: Cursor<'a>,
     sink: HashSink<'h>,
     /// Bytes before this offset (minus the digest member) are hashed.
     hashed: usize,
@@ -199,11 +198,25 @@ struct Reader<'a, 'h> {
     tail: Option<(usize, TailReceiver)>,
 }
 
+impl<'a> std::ops::Deref for Reader<'a, '_> {
+    type Target = Cursor<'a>;
+    fn deref(&self) -> &Cursor<'a> {
+        &self.at
+    }
+}
+
+impl std::ops::DerefMut for Reader<'_, '_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.at
+    }
+}
+
 impl<'a> Reader<'a, '_> {
     fn feed_to(&mut self, to: usize) {
         if to > self.hashed {
+            let b = self.at.b;
             match &mut self.sink {
-                HashSink::Inline(hasher) => hasher.update(&self.b[self.hashed..to]),
+                HashSink::Inline(hasher) => hasher.update(&b[self.hashed..to]),
                 // A send fails only when the thread is gone, which it is not
                 // before the reader is dropped.
                 HashSink::Thread(tx) => {
@@ -233,51 +246,6 @@ impl<'a> Reader<'a, '_> {
         if self.pos.saturating_sub(self.hashed) >= HASH_BLOCK {
             self.feed_to(self.pos);
         }
-    }
-
-    #[inline]
-    fn eat(&mut self, c: u8) -> R<()> {
-        if self.b.get(self.pos) == Some(&c) {
-            self.pos += 1;
-            Some(())
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn peek(&self) -> R<u8> {
-        self.b.get(self.pos).copied()
-    }
-
-    /// `"name":` exactly (`tag` is the name with its quotes and colon).
-    #[inline]
-    fn key(&mut self, tag: &[u8]) -> R<()> {
-        if self.b.get(self.pos..self.pos + tag.len()) == Some(tag) {
-            self.pos += tag.len();
-            Some(())
-        } else {
-            None
-        }
-    }
-
-    /// `,"name":` if the next member is `name` (an optional member).
-    #[inline]
-    fn opt_key(&mut self, tag: &[u8]) -> bool {
-        let at = self.pos + 1;
-        if self.b.get(self.pos) == Some(&b',') && self.b.get(at..at + tag.len()) == Some(tag) {
-            self.pos = at + tag.len();
-            true
-        } else {
-            false
-        }
-    }
-
-    /// `,"name":` of a required member that is not the first.
-    #[inline]
-    fn next_key(&mut self, tag: &[u8]) -> R<()> {
-        self.eat(b',')?;
-        self.key(tag)
     }
 
     /// A string's text, borrowed from the input unless it holds escapes.
@@ -345,60 +313,6 @@ impl<'a> Reader<'a, '_> {
                 }
                 _ => return None, // a raw control character
             }
-        }
-    }
-
-    /// A canonical unsigned integer within ±(2^53-1).
-    fn u64(&mut self) -> R<u64> {
-        let start = self.pos;
-        let first = self.peek()?;
-        if first == b'0' {
-            self.pos += 1;
-            return if self.peek().is_some_and(|c| c.is_ascii_digit()) {
-                None
-            } else {
-                Some(0)
-            };
-        }
-        if !first.is_ascii_digit() {
-            return None;
-        }
-        let mut v: u64 = 0;
-        while let Some(d) = self.peek().filter(u8::is_ascii_digit) {
-            if self.pos - start >= 16 {
-                return None; // 17 digits is beyond 2^53
-            }
-            v = v * 10 + u64::from(d - b'0');
-            self.pos += 1;
-        }
-        (v <= MAX_SAFE_INTEGER).then_some(v)
-    }
-
-    fn u32(&mut self) -> R<u32> {
-        u32::try_from(self.u64()?).ok()
-    }
-
-    /// A canonical integer, negative allowed (never `-0`).
-    fn i64(&mut self) -> R<i64> {
-        if self.peek()? == b'-' {
-            self.pos += 1;
-            let m = self.u64()?;
-            if m == 0 {
-                return None;
-            }
-            Some(-(m as i64))
-        } else {
-            Some(self.u64()? as i64)
-        }
-    }
-
-    fn bool(&mut self) -> R<bool> {
-        if self.key(b"true").is_some() {
-            Some(true)
-        } else if self.key(b"false").is_some() {
-            Some(false)
-        } else {
-            None
         }
     }
 
@@ -575,7 +489,7 @@ impl<'a> Reader<'a, '_> {
         self.key(b"\"bundle_deadline_ms\":")?;
         let bundle_deadline_ms = self.u64()?;
         let caps: BTreeMap<String, u64> = if self.opt_key(b"\"caps\":") {
-            let caps = self.members(Self::u64)?;
+            let caps = self.members(|r| r.u64())?;
             if caps.is_empty() {
                 return None; // the model omits empty caps
             }

@@ -22,6 +22,7 @@
 mod builder;
 mod canonical;
 mod canonical_check;
+mod canonical_cursor;
 mod canonical_read;
 mod canonical_write;
 mod diff;
