@@ -79,6 +79,8 @@ pub struct Readings {
     pub verdict: Option<super::Verdict>,
     /// `GET /v1/settings` at window start (None: not read).
     pub settings: Option<ApiRead>,
+    /// The network the flows were selected on (None: no topology).
+    pub selected_on: Option<super::topology::SelectedOn>,
     /// The capture's own clock.
     pub clock: Clock,
 }
@@ -584,6 +586,9 @@ pub fn transfer_envelope(
             }),
         );
         facts.insert("flag_mismatches".into(), json!(mismatches));
+        if let Some(sel) = &r.selected_on {
+            facts.insert("selected_on".into(), json!(sel));
+        }
         // The join key of the three capture points (volume + target replica
         // + the first time this node saw the rebuild).
         facts.insert(
@@ -650,6 +655,24 @@ pub fn transfer_envelope(
             &["longhorn/manager/start", "longhorn/topology"],
             None,
         );
+        if let Some(sel) = &r.selected_on {
+            o.claim(
+                ClaimKind::Fact,
+                "longhorn_flows_selected_on",
+                format!(
+                    "flows selected on the {} ({}): {}",
+                    sel.network,
+                    if sel.addresses.is_empty() {
+                        "no address known".to_string()
+                    } else {
+                        sel.addresses.join(", ")
+                    },
+                    sel.basis
+                ),
+                &["longhorn/topology"],
+                None,
+            );
+        }
         for m in &mismatches {
             o.claim(
                 ClaimKind::Fact,

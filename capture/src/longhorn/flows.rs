@@ -55,12 +55,13 @@ impl FlowRole {
 }
 
 /// Whether `a` is `party`'s port at `offset..=offset_hi` from its block
-/// start. With `by_ip`, the address must also be the party's pod IP (without
-/// it — a storage network — ports alone decide).
+/// start. With `by_ip`, the address must also be the party's data address
+/// (its Replica CR storage IP under a storage network, else its pod IP;
+/// without `by_ip` ports alone decide).
 fn at(party: &Option<Party>, a: SocketAddr, lo: u16, hi: u16, by_ip: bool) -> bool {
     let Some(p) = party else { return false };
     let Some(b) = p.block else { return false };
-    if by_ip && p.address.is_some_and(|ip| ip != a.ip()) {
+    if by_ip && p.data_ip().is_some_and(|ip| ip != a.ip()) {
         return false;
     }
     let port = a.port();
@@ -75,7 +76,7 @@ pub fn classify(t: &Topology, x: SocketAddr, y: SocketAddr, by_ip: bool) -> Flow
         // address of its own (on all-in-one instance managers E often shares
         // T's pod IP, and then the two cannot be told apart: sync_control).
         let other = if at(&t.source, x, 2, 2, by_ip) { y } else { x };
-        let ip = |p: &Option<Party>| p.as_ref().and_then(|p| p.address);
+        let ip = |p: &Option<Party>| p.as_ref().and_then(Party::data_ip);
         let engine = ip(&t.engine);
         if by_ip && engine.is_some() && engine == Some(other.ip()) && engine != ip(&t.target) {
             FlowRole::EngineSyncAgent
@@ -110,6 +111,7 @@ mod tests {
             node: String::new(),
             address: Some(ip.parse().unwrap()),
             instance_manager: String::new(),
+            storage_ip: None,
             block: Some(PortBlock {
                 start,
                 end: start + 9,

@@ -59,6 +59,17 @@ pub struct Party {
     pub instance_manager: String,
     /// Port block, once read from the instance manager.
     pub block: Option<PortBlock>,
+    /// The Replica CR's `status.storageIP`, read only when the
+    /// `storage-network` setting is non-empty (None: the pod network).
+    pub storage_ip: Option<IpAddr>,
+}
+
+impl Party {
+    /// The address its data path uses: the storage IP when one was read,
+    /// else the pod IP.
+    pub fn data_ip(&self) -> Option<IpAddr> {
+        self.storage_ip.or(self.address)
+    }
 }
 
 /// The rebuild's topology.
@@ -129,6 +140,7 @@ fn party(role: PartyRole, i: &super::model::Instance) -> Party {
         address: address_ip(&i.address),
         instance_manager: i.instance_manager.clone(),
         block: None,
+        storage_ip: None,
     }
 }
 
@@ -177,6 +189,98 @@ pub fn resolve(v: &Volume, want_target: Option<&str>) -> Topology {
     }
 }
 
+/// The network a capture selects its flows on (the envelope's
+/// `longhorn_flows_selected_on`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SelectedOn {
+    /// `storage_network` or `pod_network`.
+    pub network: &'static str,
+    /// The `storage-network` setting as read ("" = the pod network; None:
+    /// not read).
+    pub setting: Option<String>,
+    /// The addresses selected on, per party: `role name ip`.
+    pub addresses: Vec<String>,
+    /// Why this network.
+    pub basis: String,
+}
+
+/// Choose the network flows are selected on, and set each replica party's
+/// storage IP from its Replica CR read (`storage`: replica name → the read's
+/// storage IP, or why it could not be read). Pure.
+///
+/// The storage network is chosen only when the `storage-network` setting is
+/// non-empty and both S's and T's Replica CRs give a storage IP (when T's or
+/// S's is missing, selecting on one network for one end and the other for
+/// the other would match nothing: the pod network is kept and the reason
+/// said). The engine has no Replica CR: its address stays its pod IP.
+pub fn select_network(
+    t: &mut Topology,
+    setting: Option<&str>,
+    storage: &BTreeMap<String, Result<Option<IpAddr>, String>>,
+) -> SelectedOn {
+    let pod = |t: &Topology, basis: String| SelectedOn {
+        network: "pod_network",
+        setting: setting.map(str::to_string),
+        addresses: t
+            .parties()
+            .filter_map(|p| {
+                p.address
+                    .map(|a| format!("{} {} {a}", p.role.as_str(), p.name))
+            })
+            .collect(),
+        basis,
+    };
+    let Some(net) = setting.map(str::trim).filter(|s| !s.is_empty()) else {
+        let basis = match setting {
+            Some(_) => {
+                "the storage-network setting is empty: replicas use their pod IPs".to_string()
+            }
+            None => "the storage-network setting was not read: pod IPs assumed".to_string(),
+        };
+        return pod(t, basis);
+    };
+    let mut missing = Vec::new();
+    let mut found = Vec::new();
+    for p in [&t.source, &t.target].into_iter().flatten() {
+        match storage.get(&p.name) {
+            Some(Ok(Some(ip))) => found.push((p.name.clone(), *ip)),
+            Some(Ok(None)) => missing.push(format!("{}: no status.storageIP", p.name)),
+            Some(Err(e)) => missing.push(format!("{}: {e}", p.name)),
+            None => missing.push(format!("{}: Replica CR not read", p.name)),
+        }
+    }
+    if found.is_empty() || !missing.is_empty() || t.source.is_none() || t.target.is_none() {
+        if t.source.is_none() || t.target.is_none() {
+            missing.push("the source or target replica is not known yet".into());
+        }
+        return pod(
+            t,
+            format!(
+                "storage-network is {net:?} but the replicas' storage IPs are not all known ({}): flows selected on pod IPs, which under a storage network carry no rebuild traffic",
+                missing.join("; ")
+            ),
+        );
+    }
+    for p in [&mut t.source, &mut t.target].into_iter().flatten() {
+        p.storage_ip = found.iter().find(|(n, _)| *n == p.name).map(|(_, ip)| *ip);
+    }
+    SelectedOn {
+        network: "storage_network",
+        setting: Some(net.to_string()),
+        addresses: [&t.source, &t.target]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| {
+                p.storage_ip
+                    .map(|a| format!("{} {} {a}", p.role.as_str(), p.name))
+            })
+            .collect(),
+        basis: format!(
+            "storage-network is {net:?}: flows selected on the Replica CRs' status.storageIP (the pod IPs carry no rebuild traffic)"
+        ),
+    }
+}
+
 /// A flag that disagrees with the manager.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Mismatch {
@@ -217,7 +321,11 @@ pub fn check_flags(
         .parties()
         .filter_map(|p| p.address.map(|a| format!("{} {a}", p.role.as_str())))
         .collect();
-    if !ips.is_empty() && !t.parties().any(|p| p.address == Some(peer)) {
+    if !ips.is_empty()
+        && !t
+            .parties()
+            .any(|p| p.address == Some(peer) || p.storage_ip == Some(peer))
+    {
         out.push(Mismatch {
             flag: "peer",
             given: peer.to_string(),
@@ -238,19 +346,19 @@ pub fn capture_role(
     peer: IpAddr,
 ) -> (Option<PartyRole>, String) {
     for p in t.parties() {
-        if let Some(a) = p.address
+        if let Some(a) = p.data_ip()
             && local_ips.contains(&a)
         {
             return (
                 Some(p.role),
                 format!(
-                    "the flows' local address {a} is the {} pod IP",
+                    "the flows' local address {a} is the {} data address",
                     p.role.as_str()
                 ),
             );
         }
     }
-    let peer_is = |p: &Option<Party>| p.as_ref().is_some_and(|p| p.address == Some(peer));
+    let peer_is = |p: &Option<Party>| p.as_ref().is_some_and(|p| p.data_ip() == Some(peer));
     if peer_is(&t.source) && !peer_is(&t.target) {
         return (
             Some(PartyRole::Target),
@@ -271,6 +379,61 @@ pub fn capture_role(
 mod tests {
     use super::*;
     use crate::longhorn::model::parse_volume;
+
+    #[test]
+    fn the_storage_network_is_selected_only_with_the_setting_and_both_storage_ips() {
+        let v = parse_volume(
+            br#"{"replicas":[{"name":"r-s","hostId":"n1","address":"10.0.0.1","instanceManagerName":"im-1","mode":"RW"},
+                             {"name":"r-t","hostId":"n2","address":"10.0.0.2","instanceManagerName":"im-2","mode":"WO"}],
+                 "controllers":[{"name":"e-0","hostId":"n3","address":"10.0.0.3"}],
+                 "rebuildStatus":[{"replica":"r-t","fromReplica":"r-s","state":"in_progress"}]}"#,
+        )
+        .unwrap();
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let both: BTreeMap<String, Result<Option<IpAddr>, String>> = [
+            ("r-s".to_string(), Ok(Some(ip("10.9.0.1")))),
+            ("r-t".to_string(), Ok(Some(ip("10.9.0.2")))),
+        ]
+        .into();
+        let mut one = both.clone();
+        one.insert("r-t".into(), Ok(None));
+        let mut failed = both.clone();
+        failed.insert("r-s".into(), Err("timeout".into()));
+        let net = "kube-system/demo-192-168-0-0";
+        // (setting, storage reads, network, S's data IP)
+        let table: [(Option<&str>, &BTreeMap<_, _>, &str, &str); 6] = [
+            (None, &both, "pod_network", "10.0.0.1"),
+            (Some(""), &both, "pod_network", "10.0.0.1"),
+            (Some("  "), &both, "pod_network", "10.0.0.1"),
+            (Some(net), &one, "pod_network", "10.0.0.1"),
+            (Some(net), &failed, "pod_network", "10.0.0.1"),
+            (Some(net), &both, "storage_network", "10.9.0.1"),
+        ];
+        for (setting, reads, want, s_ip) in table {
+            let mut t = resolve(&v, None);
+            let sel = select_network(&mut t, setting, reads);
+            assert_eq!(sel.network, want, "{setting:?} {reads:?}: {sel:?}");
+            assert_eq!(t.source.as_ref().unwrap().data_ip(), Some(ip(s_ip)));
+            assert_eq!(t.engine.as_ref().unwrap().data_ip(), Some(ip("10.0.0.3")));
+        }
+        let mut t = resolve(&v, None);
+        let sel = select_network(&mut t, Some(net), &both);
+        assert_eq!(
+            sel.addresses,
+            ["source r-s 10.9.0.1", "target r-t 10.9.0.2"]
+        );
+        // The peer flag may be a storage IP.
+        assert!(check_flags(&t, "", "", ip("10.9.0.1")).is_empty());
+        // No source named yet: the pod network, with the reason.
+        let v0 = parse_volume(
+            br#"{"replicas":[{"name":"r-t","hostId":"n2","address":"10.0.0.2","mode":"WO"}],"rebuildStatus":[]}"#,
+        )
+        .unwrap();
+        let mut t = resolve(&v0, None);
+        let sel = select_network(&mut t, Some(net), &both);
+        assert_eq!(sel.network, "pod_network");
+        assert!(sel.basis.contains("not known yet"), "{}", sel.basis);
+    }
 
     #[test]
     fn source_named_by_address_falls_back_to_the_replica_with_that_ip() {
