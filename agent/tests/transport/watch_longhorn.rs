@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 
 use crate::daemon_common::{Daemon, Settings};
 use crate::daemon_e2e::Store;
-use crate::longhorn::{lh_im, lh_volume};
+use crate::longhorn::{lh_im, lh_settings_with, lh_volume};
 use crate::testbed::*;
 
 /// A stand-in Longhorn manager answering by path from shared state:
@@ -38,6 +38,8 @@ use crate::testbed::*;
 struct FakeManager {
     addr: SocketAddr,
     volume: Arc<Mutex<String>>,
+    /// The `GET /v1/settings` answer.
+    settings: Arc<Mutex<String>>,
     requests: Arc<Mutex<Vec<String>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -49,9 +51,15 @@ impl FakeManager {
         l.set_nonblocking(true).unwrap();
         let addr = l.local_addr().unwrap();
         let volume = Arc::new(Mutex::new(volume));
+        let settings = Arc::new(Mutex::new(crate::longhorn::lh_settings()));
         let requests = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (v, r, st) = (volume.clone(), requests.clone(), stop.clone());
+        let (v, r, st, se) = (
+            volume.clone(),
+            requests.clone(),
+            stop.clone(),
+            settings.clone(),
+        );
         let thread = std::thread::spawn(move || {
             while !st.load(Ordering::Relaxed) {
                 let mut s = match l.accept() {
@@ -84,7 +92,7 @@ impl FakeManager {
                         r#"{{"type":"collection","resourceType":"volume","links":{{"self":"http://{addr}/v1/volumes"}},"createTypes":{{}},"actions":{{}},"data":[{vol}]}}"#
                     )),
                     "/v1/volumes/pvc-7" => Some(vol),
-                    "/v1/settings" => Some(crate::longhorn::lh_settings()),
+                    "/v1/settings" => Some(se.lock().unwrap().clone()),
                     "/v1/instancemanagers/im-s" => Some(lh_im("im-s", "pvc-7-r-s", P_S)),
                     "/v1/instancemanagers/im-t" => Some(lh_im("im-t", "pvc-7-r-t", P_T)),
                     _ => None,
@@ -105,6 +113,7 @@ impl FakeManager {
         FakeManager {
             addr,
             volume,
+            settings,
             requests,
             stop,
             thread: Some(thread),
@@ -1055,4 +1064,92 @@ fn root_a_rebuild_failed_condition_on_the_replica_cr_is_the_verdict_when_the_eve
         r["longhorn"]["replica_crs"]["reads"].as_u64().unwrap() >= 1,
         "{r:#}"
     );
+}
+
+/// Issue 30, storage network: with `storage-network` set, the rebuild runs
+/// on a second network (a second veth pair per namespace, as Multus's
+/// `lhnet1`) whose addresses only the Replica CRs' `status.storageIP`
+/// give; the REST API gives pod IPs. The capture on T reads the CRs through
+/// the Kubernetes API, selects flows on the storage IPs (none on the pod
+/// network, where a connection inside S's port block is left as a decoy)
+/// and says so in the envelope.
+#[test]
+fn root_under_a_storage_network_flows_are_selected_on_the_replica_crs_storage_ips() {
+    if !root_or_skip(
+        "root_under_a_storage_network_flows_are_selected_on_the_replica_crs_storage_ips",
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let rig = rig("lhn", "node-t");
+    rig.bed.add_storage_network();
+    *rig.manager.settings.lock().unwrap() = lh_settings_with("kube-system/demo-192-168-0-0");
+    for (name, pod_ip, storage_ip, port) in [
+        ("pvc-7-r-s", LH_S, LH_S_STORAGE, P_S),
+        ("pvc-7-r-t", LH_T, LH_T_STORAGE, P_T),
+    ] {
+        rig.kube.replicas.lock().unwrap().insert(
+            name.into(),
+            json!({"apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
+                "metadata": {"name": name, "namespace": "longhorn-system"},
+                "spec": {"failedAt": ""},
+                "status": {"ip": pod_ip, "storageIP": storage_ip, "port": port, "conditions": []}}),
+        );
+    }
+    let _rb = rig
+        .bed
+        .start_rebuild_on([LH_S_STORAGE, LH_T_STORAGE], 0, None);
+    // A decoy on the pod network inside S's block (T → S:P_S+5).
+    let decoy_l = rig
+        .bed
+        .s
+        .within(|| std::net::TcpListener::bind(format!("{LH_S}:{}", P_S + 5)).expect("bind decoy"));
+    let _decoy_t = rig.bed.t.within(|| {
+        std::net::TcpStream::connect(format!("{LH_S}:{}", P_S + 5)).expect("connect decoy")
+    });
+    let _decoy_s = decoy_l.accept().unwrap();
+    rig.manager
+        .set(volume_with_target(entry("in_progress", true, 30, ""), "WO"));
+    rig.wait_event("started", "a window", |e| e["subject"] == SUBJECT);
+    std::thread::sleep(Duration::from_millis(1500));
+    rig.kube.push(
+        "Rebuilt",
+        "Normal",
+        &format!(
+            "Replica pvc-7-r-t with Address {LH_T_STORAGE}:{P_T} has been rebuilt for volume pvc-7"
+        ),
+    );
+    rig.wait_event("rebuild_ended", "the end", |_| true);
+    let transfer = rig.transfer();
+    let selected = statement_of(&transfer, "longhorn_flows_selected_on");
+    assert!(
+        selected.starts_with("flows selected on the storage_network"),
+        "{selected}"
+    );
+    for ip in [LH_S_STORAGE, LH_T_STORAGE] {
+        assert!(selected.contains(ip), "{selected}");
+    }
+    let topo = surface(&transfer, "longhorn/topology");
+    assert_eq!(
+        topo.facts["selected_on"]["network"], "storage_network",
+        "{:#?}",
+        topo.facts
+    );
+    assert_eq!(topo.facts["capture_role"], "target", "{:#?}", topo.facts);
+    let links = surface(&transfer, "streams").facts["links"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let mut roles: Vec<&str> = links.iter().filter_map(|l| l["role"].as_str()).collect();
+    roles.sort();
+    assert_eq!(roles, ["ssync_data", "sync_control"], "{links:#?}");
+    for l in &links {
+        for end in ["src", "dst"] {
+            let a = l[end].as_str().unwrap();
+            assert!(
+                a.starts_with("10.79.0."),
+                "{end} {a} not on the storage network: {l}"
+            );
+        }
+    }
 }
