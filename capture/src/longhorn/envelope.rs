@@ -366,6 +366,12 @@ pub fn transfer_envelope(
             .find(|(e, _)| e.digest == digest)
             .map(|(_, r)| *r)
     };
+    // Which source a flow belongs to (v1.11+ may name several).
+    let source_of = |e: &Envelope| -> Option<String> {
+        let t = topo?;
+        let (x, y) = endpoints(e)?;
+        super::flows::classify_source(t, x, y, r.by_ip).1
+    };
     let links: Vec<Value> = linked
         .iter()
         .map(|e| {
@@ -376,6 +382,7 @@ pub fn transfer_envelope(
             json!({
                 "digest": e.digest, "kind": e.subject.kind(), "flow_id": flow, "src": src, "dst": dst,
                 "role": role_of(&e.digest).map(FlowRole::as_str),
+                "source_replica": source_of(e),
                 "completeness": e.completeness.as_str(),
                 "claims": e.claims.iter().map(|c| format!("{}:{}", c.kind.as_str(), c.code)).collect::<Vec<_>>(),
             })

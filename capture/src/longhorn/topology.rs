@@ -83,6 +83,11 @@ pub struct Topology {
     pub target: Option<Party>,
     /// Every source the manager names (v1.11+ may list several).
     pub sources_named: Vec<String>,
+    /// The sources after the first (`fromReplicaList`, v1.11+, up to
+    /// `replica-rebuild-concurrent-sync-limit`), resolved like `source`:
+    /// each has its own port block, flows and role.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_sources: Vec<Party>,
     /// How the target was chosen.
     pub target_basis: &'static str,
     /// Volume `dataEngine`.
@@ -95,33 +100,42 @@ impl Topology {
         [&self.engine, &self.source, &self.target]
             .into_iter()
             .flatten()
+            .chain(self.more_sources.iter())
     }
-    /// Instance managers whose port blocks are wanted (S and T).
+    /// Every source (the first, then the others of `fromReplicaList`).
+    pub fn sources(&self) -> impl Iterator<Item = &Party> {
+        self.source.iter().chain(self.more_sources.iter())
+    }
+    /// The replicas: every source, then the target.
+    pub fn replicas(&self) -> impl Iterator<Item = &Party> {
+        self.sources().chain(self.target.iter())
+    }
+    /// Instance managers whose port blocks are wanted (every source and T).
     pub fn replica_ims(&self) -> Vec<String> {
-        let mut v: Vec<String> = [&self.source, &self.target]
-            .into_iter()
-            .flatten()
+        let mut v: Vec<String> = self
+            .replicas()
             .map(|p| p.instance_manager.clone())
             .filter(|s| !s.is_empty())
             .collect();
+        v.sort();
         v.dedup();
         v
     }
-    /// Fill S and T port blocks from instance-manager reads (by replica name).
+    /// Fill the replicas' port blocks from instance-manager reads (by replica name).
     pub fn set_blocks(&mut self, blocks: &BTreeMap<String, PortBlock>) {
-        for p in [&mut self.source, &mut self.target].into_iter().flatten() {
+        for p in [&mut self.source, &mut self.target]
+            .into_iter()
+            .flatten()
+            .chain(self.more_sources.iter_mut())
+        {
             if let Some(b) = blocks.get(&p.name) {
                 p.block = Some(*b);
             }
         }
     }
-    /// The port span covering S's and T's blocks (narrows the capture).
+    /// The port span covering the replicas' blocks (narrows the capture).
     pub fn covering_ports(&self) -> Option<(u16, u16)> {
-        let blocks: Vec<PortBlock> = [&self.source, &self.target]
-            .into_iter()
-            .flatten()
-            .filter_map(|p| p.block)
-            .collect();
+        let blocks: Vec<PortBlock> = self.replicas().filter_map(|p| p.block).collect();
         if blocks.len() < 2 {
             return None;
         }
@@ -170,7 +184,7 @@ pub fn resolve(v: &Volume, want_target: Option<&str>) -> Topology {
         (None, "none: no rebuildStatus entry and no WO replica")
     };
     let sources_named: Vec<String> = entry.map(|e| e.from.clone()).unwrap_or_default();
-    let source = sources_named.first().and_then(|s| {
+    let named = |s: &String| {
         find(s).or_else(|| {
             // `fromReplica` falls back to the raw address when no replica matched.
             let ip = address_ip(s)?;
@@ -178,9 +192,16 @@ pub fn resolve(v: &Volume, want_target: Option<&str>) -> Topology {
                 .iter()
                 .find(|r| address_ip(&r.address) == Some(ip))
         })
-    });
+    };
+    let mut sources = sources_named.iter().filter_map(named);
+    let source = sources.next();
+    let more_sources: Vec<Party> = sources
+        .filter(|r| Some(r.name.as_str()) != source.map(|s| s.name.as_str()))
+        .map(|r| party(PartyRole::Source, r))
+        .collect();
     Topology {
         engine: v.controllers.first().map(|c| party(PartyRole::Engine, c)),
+        more_sources,
         source: source.map(|r| party(PartyRole::Source, r)),
         target: target.map(|r| party(PartyRole::Target, r)),
         sources_named,
@@ -241,7 +262,7 @@ pub fn select_network(
     };
     let mut missing = Vec::new();
     let mut found = Vec::new();
-    for p in [&t.source, &t.target].into_iter().flatten() {
+    for p in t.replicas() {
         match storage.get(&p.name) {
             Some(Ok(Some(ip))) => found.push((p.name.clone(), *ip)),
             Some(Ok(None)) => missing.push(format!("{}: no status.storageIP", p.name)),
@@ -261,15 +282,18 @@ pub fn select_network(
             ),
         );
     }
-    for p in [&mut t.source, &mut t.target].into_iter().flatten() {
+    for p in [&mut t.source, &mut t.target]
+        .into_iter()
+        .flatten()
+        .chain(t.more_sources.iter_mut())
+    {
         p.storage_ip = found.iter().find(|(n, _)| *n == p.name).map(|(_, ip)| *ip);
     }
     SelectedOn {
         network: "storage_network",
         setting: Some(net.to_string()),
-        addresses: [&t.source, &t.target]
-            .into_iter()
-            .flatten()
+        addresses: t
+            .replicas()
             .filter_map(|p| {
                 p.storage_ip
                     .map(|a| format!("{} {} {a}", p.role.as_str(), p.name))
