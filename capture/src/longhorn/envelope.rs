@@ -1082,6 +1082,72 @@ pub fn transfer_envelope(
         }
         on.retain(|s| o.ok(s) || o.surfaces.iter().any(|x| x.id == *s));
         o.claim(ClaimKind::Fact, code, statement, &on, None);
+        // Per source (v1.11+): the texts that name it — by its replica
+        // address `tcp://IP:P` or its sync agent `IP:P+2` (the 4-tuple's
+        // server end).
+        let names = |text: &str, p: &super::topology::Party| {
+            let (Some(ip), Some(b)) = (p.data_ip(), p.block) else {
+                return false;
+            };
+            let ip = match ip {
+                IpAddr::V6(_) => format!("[{ip}]"),
+                IpAddr::V4(_) => ip.to_string(),
+            };
+            text.contains(&format!("tcp://{ip}:{} ", b.start))
+                || text.contains(&format!("->{ip}:{}:", b.start.saturating_add(2)))
+                || text.contains(&format!("->{ip}:{} ", b.start.saturating_add(2)))
+        };
+        let per_source: Vec<String> = topo
+            .map(|t| {
+                t.sources()
+                    .map(|p| {
+                        let resets = v.retry_errors.iter().filter(|e| names(e, p)).count();
+                        let failed = !v.error.is_empty() && names(&v.error, p);
+                        format!(
+                            "{} {}{}",
+                            p.name,
+                            if failed {
+                                "named by the failure"
+                            } else {
+                                "not named by a failure"
+                            },
+                            if resets > 0 {
+                                format!(", {resets} retried reset(s)")
+                            } else {
+                                String::new()
+                            }
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if v.retries > 0 {
+            o.claim(
+                ClaimKind::Fact,
+                "longhorn_rebuild_retries",
+                format!(
+                    "the rebuild survived {} reset(s): each was followed by the file's next attempt (the entry stayed in_progress; from v1.11 each file is retried up to 3 times), so none is the rebuild's end, which is judged by its final state ({}); per source: {}; texts: {:?}",
+                    v.retries,
+                    v.outcome,
+                    if per_source.is_empty() { "no source known".to_string() } else { per_source.join("; ") },
+                    v.retry_errors
+                ),
+                &on,
+                None,
+            );
+        } else if per_source.len() > 1 {
+            o.claim(
+                ClaimKind::Fact,
+                "longhorn_rebuild_sources",
+                format!(
+                    "the rebuild had {} sources (fromReplicaList): {}",
+                    per_source.len(),
+                    per_source.join("; ")
+                ),
+                &on,
+                None,
+            );
+        }
     }
     // `[]` (or no entry for the target) after the target's rebuild was seen.
     let gone = seen_start.is_some()

@@ -322,6 +322,10 @@ pub struct Verdict {
     pub before_file_sync: bool,
     /// The failure's text ("" when none).
     pub error: String,
+    /// Resets the rebuild survived (a file's next attempt followed; v1.11+).
+    pub retries: u32,
+    /// The retried resets' texts (bounded).
+    pub retry_errors: Vec<String>,
 }
 
 impl Watcher {
