@@ -658,6 +658,9 @@ pub const LH_T_STORAGE: &str = "10.79.0.3";
 pub const P_S: u16 = 10000;
 /// T's replica port block starts here (P_T…P_T+9).
 pub const P_T: u16 = 10500;
+/// A second source replica of the volume (v1.11+ `fromReplicaList`), in
+/// S's instance manager (replica soft anti-affinity), block P_S2…P_S2+9.
+pub const P_S2: u16 = 10200;
 /// Other volumes' replicas on T listen from here (between the two blocks,
 /// so the narrowed port span still sees them and they must be excluded).
 pub const OTHER_FIRST: u16 = 10010;
