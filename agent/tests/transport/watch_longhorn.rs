@@ -1191,12 +1191,10 @@ fn root_a_v1_11_rebuild_from_two_sources_counts_a_reset_and_retry_and_ends_by_it
     let mut rb = rig.bed.start_rebuild(0, None);
     // The second source: T's sync agent → S2:P_S2+2 (FileSend), S2 → T:P_T+4.
     let pair = |from: &Netns, to: &Netns, ip: &'static str, port: u16| {
-        let l = to.within(move || {
-            std::net::TcpListener::bind(format!("{ip}:{port}")).expect("bind")
-        });
-        let c = from.within(move || {
-            std::net::TcpStream::connect(format!("{ip}:{port}")).expect("connect")
-        });
+        let l =
+            to.within(move || std::net::TcpListener::bind(format!("{ip}:{port}")).expect("bind"));
+        let c = from
+            .within(move || std::net::TcpStream::connect(format!("{ip}:{port}")).expect("connect"));
         (c, l.accept().unwrap().0)
     };
     let _s2_control = pair(&rig.bed.t, &rig.bed.s, LH_S, P_S2 + 2);
@@ -1235,7 +1233,10 @@ fn root_a_v1_11_rebuild_from_two_sources_counts_a_reset_and_retry_and_ends_by_it
         codes.iter().any(|c| c == "longhorn_rebuild_complete"),
         "{codes:?}"
     );
-    assert!(!codes.iter().any(|c| c == "longhorn_rebuild_failed"), "{codes:?}");
+    assert!(
+        !codes.iter().any(|c| c == "longhorn_rebuild_failed"),
+        "{codes:?}"
+    );
     let retries = statement_of(&transfer, "longhorn_rebuild_retries");
     assert!(retries.contains("survived 1 reset(s)"), "{retries}");
     assert!(
@@ -1271,7 +1272,8 @@ fn root_a_v1_11_rebuild_from_two_sources_counts_a_reset_and_retry_and_ends_by_it
         "{labelled:?}"
     );
     assert_eq!(
-        surface(&transfer, "streams").facts["excluded_count"], 0,
+        surface(&transfer, "streams").facts["excluded_count"],
+        0,
         "the second source's flows are not another volume's"
     );
 }
