@@ -195,10 +195,14 @@ pub fn resolve(v: &Volume, want_target: Option<&str>) -> Topology {
     };
     let mut sources = sources_named.iter().filter_map(named);
     let source = sources.next();
-    let more_sources: Vec<Party> = sources
-        .filter(|r| Some(r.name.as_str()) != source.map(|s| s.name.as_str()))
-        .map(|r| party(PartyRole::Source, r))
-        .collect();
+    let mut more_sources: Vec<Party> = Vec::new();
+    for r in sources {
+        if Some(r.name.as_str()) != source.map(|s| s.name.as_str())
+            && !more_sources.iter().any(|p| p.name == r.name)
+        {
+            more_sources.push(party(PartyRole::Source, r));
+        }
+    }
     Topology {
         engine: v.controllers.first().map(|c| party(PartyRole::Engine, c)),
         more_sources,
@@ -457,6 +461,27 @@ mod tests {
         let sel = select_network(&mut t, Some(net), &both);
         assert_eq!(sel.network, "pod_network");
         assert!(sel.basis.contains("not known yet"), "{}", sel.basis);
+    }
+
+    #[test]
+    fn every_source_of_from_replica_list_is_resolved_once() {
+        let v = parse_volume(
+            br#"{"replicas":[{"name":"r-s","hostId":"n1","address":"10.0.0.1","instanceManagerName":"im-1","mode":"RW"},
+                             {"name":"r-s2","hostId":"n1","address":"10.0.0.1","instanceManagerName":"im-1b","mode":"RW"},
+                             {"name":"r-t","hostId":"n2","address":"10.0.0.2","instanceManagerName":"im-2","mode":"WO"}],
+                 "rebuildStatus":[{"replica":"r-t","fromReplicaList":["r-s","r-s2","r-s","r-s2","r-gone"],"state":"in_progress"}]}"#,
+        )
+        .unwrap();
+        let t = resolve(&v, None);
+        assert_eq!(t.source.as_ref().unwrap().name, "r-s");
+        let more: Vec<&str> = t.more_sources.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            more,
+            ["r-s2"],
+            "a repeat and an unknown name are not sources"
+        );
+        assert_eq!(t.replica_ims(), ["im-1", "im-1b", "im-2"]);
+        assert_eq!(t.sources_named.len(), 5);
     }
 
     #[test]
