@@ -279,10 +279,16 @@ pub(crate) fn lh_volume(rebuild: serde_json::Value) -> String {
 /// A v1.9.0 `GET /v1/settings` collection (`api/model.go` `Setting`) with
 /// the defaults of the settings that bound a rebuild's failure.
 pub(crate) fn lh_settings() -> String {
+    lh_settings_with("")
+}
+
+/// [`lh_settings`] with `storage-network` set to `storage_network` (a
+/// Multus NetworkAttachmentDefinition `namespace/name`, "" = none).
+pub(crate) fn lh_settings_with(storage_network: &str) -> String {
     let set = |n: &str, v: &str| serde_json::json!({"id": n, "type": "setting", "links": {}, "actions": {}, "name": n, "value": v, "applied": true, "definition": {}});
     serde_json::json!({"type": "collection", "resourceType": "setting", "links": {}, "createTypes": {}, "actions": {},
         "data": [set("engine-replica-timeout", "8"), set("replica-file-sync-http-client-timeout", "30"),
-                 set("long-grpc-timeout", "86400"), set("storage-network", ""), set("backup-target", "")]})
+                 set("long-grpc-timeout", "86400"), set("storage-network", storage_network), set("backup-target", "")]})
     .to_string()
 }
 

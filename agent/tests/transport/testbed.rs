@@ -649,10 +649,18 @@ pub fn flow_delta(e: &Envelope, name: &str) -> i64 {
 pub const LH_E: &str = "10.78.0.1";
 pub const LH_S: &str = "10.78.0.2";
 pub const LH_T: &str = "10.78.0.3";
+/// Storage-network (Multus-like) addresses: a second veth pair per
+/// namespace on a second bridge ([`LonghornBed::add_storage_network`]).
+pub const LH_E_STORAGE: &str = "10.79.0.1";
+pub const LH_S_STORAGE: &str = "10.79.0.2";
+pub const LH_T_STORAGE: &str = "10.79.0.3";
 /// S's replica port block starts here (P_S…P_S+9).
 pub const P_S: u16 = 10000;
 /// T's replica port block starts here (P_T…P_T+9).
 pub const P_T: u16 = 10500;
+/// A second source replica of the volume (v1.11+ `fromReplicaList`), in
+/// S's instance manager (replica soft anti-affinity), block P_S2…P_S2+9.
+pub const P_S2: u16 = 10200;
 /// Other volumes' replicas on T listen from here (between the two blocks,
 /// so the narrowed port span still sees them and they must be excluded).
 pub const OTHER_FIRST: u16 = 10010;
@@ -695,12 +703,60 @@ impl LonghornBed {
         LonghornBed { e, s, t, _sw: sw }
     }
 
+    /// A second network: veth `s{n}0` per namespace on bridge `br1`, with
+    /// the storage addresses (as Multus's `lhnet1` gives the instance
+    /// managers under Longhorn's `storage-network` setting).
+    pub fn add_storage_network(&self) {
+        self._sw.ip(&["link", "add", "br1", "type", "bridge"]);
+        self._sw.ip(&["link", "set", "br1", "up"]);
+        for (n, ns, ip) in [
+            ("e", &self.e, LH_E_STORAGE),
+            ("s", &self.s, LH_S_STORAGE),
+            ("t", &self.t, LH_T_STORAGE),
+        ] {
+            let (inner, outer) = (format!("s{n}0"), format!("x{n}0"));
+            run(
+                "ip",
+                &[
+                    "link",
+                    "add",
+                    &inner,
+                    "netns",
+                    &ns.name,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    &outer,
+                    "netns",
+                    &self._sw.name,
+                ],
+            );
+            self._sw.ip(&["link", "set", &outer, "master", "br1"]);
+            self._sw.ip(&["link", "set", &outer, "up"]);
+            ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", &inner]);
+            ns.ip(&["link", "set", &inner, "up"]);
+        }
+    }
+
     /// Start the rebuild's connections and `others` other volumes' flows.
     /// `control_opts`: (keepidle s, keepintvl s, user timeout ms) set on S's
     /// accepted socket of the control channel: grpc-go sets its user timeout
     /// on the server's accepted socket only (`http2_server.go`), Go's
     /// listener its 15 s keepalive; Longhorn's client (T) sets neither.
     pub fn start_rebuild(&self, others: u16, control_opts: Option<(i32, i32, i32)>) -> Rebuild {
+        self.start_rebuild_on([LH_S, LH_T], others, control_opts)
+    }
+
+    /// [`LonghornBed::start_rebuild`] towards S's and T's addresses
+    /// `[S, T]` (the storage network's, or the pod network's); every
+    /// client's own address is the one its route to them picks.
+    pub fn start_rebuild_on(
+        &self,
+        [lh_s, lh_t]: [&'static str; 2],
+        others: u16,
+        control_opts: Option<(i32, i32, i32)>,
+    ) -> Rebuild {
         let addr = |ip: &str, port: u16| -> SocketAddr { format!("{ip}:{port}").parse().unwrap() };
         let listen = |ns: &Netns, ip: &'static str, port: u16| {
             ns.within(move || TcpListener::bind(format!("{ip}:{port}")).expect("bind"))
@@ -720,8 +776,8 @@ impl LonghornBed {
         };
         let mut held = Vec::new();
         // C3: T's sync agent → S:P_S+2 (FileSend), idle.
-        let l = listen(&self.s, LH_S, P_S + 2);
-        let control_t = connect(&self.t, addr(LH_S, P_S + 2));
+        let l = listen(&self.s, lh_s, P_S + 2);
+        let control_t = connect(&self.t, addr(lh_s, P_S + 2));
         let (control_s, _) = l.accept().unwrap();
         if let Some((idle, intvl, ut)) = control_opts {
             let fd = control_s.as_raw_fd();
@@ -738,8 +794,8 @@ impl LonghornBed {
         }
         let control_local = control_t.local_addr().unwrap();
         // C4: S's sync agent → T:P_T+3, a file streaming.
-        let l = listen(&self.t, LH_T, P_T + 3);
-        let mut bulk_s = connect(&self.s, addr(LH_T, P_T + 3));
+        let l = listen(&self.t, lh_t, P_T + 3);
+        let mut bulk_s = connect(&self.s, addr(lh_t, P_T + 3));
         let (mut bulk_t, _) = l.accept().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
@@ -762,15 +818,15 @@ impl LonghornBed {
         });
         // C1/C2: E → T:P_T (live writes) and T:P_T+2 (FilesSync).
         for port in [P_T, P_T + 2] {
-            let l = listen(&self.t, LH_T, port);
-            held.push(connect(&self.e, addr(LH_T, port)));
+            let l = listen(&self.t, lh_t, port);
+            held.push(connect(&self.e, addr(lh_t, port)));
             held.push(l.accept().unwrap().0);
         }
         // Other volumes' replicas on T, written to from S's node.
         for i in 0..others {
             let port = OTHER_FIRST + i;
-            let l = listen(&self.t, LH_T, port);
-            held.push(connect(&self.s, addr(LH_T, port)));
+            let l = listen(&self.t, lh_t, port);
+            held.push(connect(&self.s, addr(lh_t, port)));
             held.push(l.accept().unwrap().0);
         }
         Rebuild {

@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 
 use crate::daemon_common::{Daemon, Settings};
 use crate::daemon_e2e::Store;
-use crate::longhorn::{lh_im, lh_volume};
+use crate::longhorn::{lh_im, lh_settings_with, lh_volume};
 use crate::testbed::*;
 
 /// A stand-in Longhorn manager answering by path from shared state:
@@ -38,6 +38,8 @@ use crate::testbed::*;
 struct FakeManager {
     addr: SocketAddr,
     volume: Arc<Mutex<String>>,
+    /// The `GET /v1/settings` answer.
+    settings: Arc<Mutex<String>>,
     requests: Arc<Mutex<Vec<String>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -49,9 +51,15 @@ impl FakeManager {
         l.set_nonblocking(true).unwrap();
         let addr = l.local_addr().unwrap();
         let volume = Arc::new(Mutex::new(volume));
+        let settings = Arc::new(Mutex::new(crate::longhorn::lh_settings()));
         let requests = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (v, r, st) = (volume.clone(), requests.clone(), stop.clone());
+        let (v, r, st, se) = (
+            volume.clone(),
+            requests.clone(),
+            stop.clone(),
+            settings.clone(),
+        );
         let thread = std::thread::spawn(move || {
             while !st.load(Ordering::Relaxed) {
                 let mut s = match l.accept() {
@@ -84,9 +92,10 @@ impl FakeManager {
                         r#"{{"type":"collection","resourceType":"volume","links":{{"self":"http://{addr}/v1/volumes"}},"createTypes":{{}},"actions":{{}},"data":[{vol}]}}"#
                     )),
                     "/v1/volumes/pvc-7" => Some(vol),
-                    "/v1/settings" => Some(crate::longhorn::lh_settings()),
+                    "/v1/settings" => Some(se.lock().unwrap().clone()),
                     "/v1/instancemanagers/im-s" => Some(lh_im("im-s", "pvc-7-r-s", P_S)),
                     "/v1/instancemanagers/im-t" => Some(lh_im("im-t", "pvc-7-r-t", P_T)),
+                    "/v1/instancemanagers/im-s2" => Some(lh_im("im-s2", "pvc-7-r-s2", P_S2)),
                     _ => None,
                 };
                 let _ = match body {
@@ -105,6 +114,7 @@ impl FakeManager {
         FakeManager {
             addr,
             volume,
+            settings,
             requests,
             stop,
             thread: Some(thread),
@@ -1054,5 +1064,216 @@ fn root_a_rebuild_failed_condition_on_the_replica_cr_is_the_verdict_when_the_eve
     assert!(
         r["longhorn"]["replica_crs"]["reads"].as_u64().unwrap() >= 1,
         "{r:#}"
+    );
+}
+
+/// Issue 30, storage network: with `storage-network` set, the rebuild runs
+/// on a second network (a second veth pair per namespace, as Multus's
+/// `lhnet1`) whose addresses only the Replica CRs' `status.storageIP`
+/// give; the REST API gives pod IPs. The capture on T reads the CRs through
+/// the Kubernetes API, selects flows on the storage IPs (none on the pod
+/// network, where a connection inside S's port block is left as a decoy)
+/// and says so in the envelope.
+#[test]
+fn root_under_a_storage_network_flows_are_selected_on_the_replica_crs_storage_ips() {
+    if !root_or_skip(
+        "root_under_a_storage_network_flows_are_selected_on_the_replica_crs_storage_ips",
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let rig = rig("lhn", "node-t");
+    rig.bed.add_storage_network();
+    *rig.manager.settings.lock().unwrap() = lh_settings_with("kube-system/demo-192-168-0-0");
+    for (name, pod_ip, storage_ip, port) in [
+        ("pvc-7-r-s", LH_S, LH_S_STORAGE, P_S),
+        ("pvc-7-r-t", LH_T, LH_T_STORAGE, P_T),
+    ] {
+        rig.kube.replicas.lock().unwrap().insert(
+            name.into(),
+            json!({"apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
+                "metadata": {"name": name, "namespace": "longhorn-system"},
+                "spec": {"failedAt": ""},
+                "status": {"ip": pod_ip, "storageIP": storage_ip, "port": port, "conditions": []}}),
+        );
+    }
+    let _rb = rig
+        .bed
+        .start_rebuild_on([LH_S_STORAGE, LH_T_STORAGE], 0, None);
+    // A decoy on the pod network inside S's block (T → S:P_S+5).
+    let decoy_l = rig
+        .bed
+        .s
+        .within(|| std::net::TcpListener::bind(format!("{LH_S}:{}", P_S + 5)).expect("bind decoy"));
+    let _decoy_t = rig.bed.t.within(|| {
+        std::net::TcpStream::connect(format!("{LH_S}:{}", P_S + 5)).expect("connect decoy")
+    });
+    let _decoy_s = decoy_l.accept().unwrap();
+    rig.manager
+        .set(volume_with_target(entry("in_progress", true, 30, ""), "WO"));
+    rig.wait_event("started", "a window", |e| e["subject"] == SUBJECT);
+    std::thread::sleep(Duration::from_millis(1500));
+    rig.kube.push(
+        "Rebuilt",
+        "Normal",
+        &format!(
+            "Replica pvc-7-r-t with Address {LH_T_STORAGE}:{P_T} has been rebuilt for volume pvc-7"
+        ),
+    );
+    rig.wait_event("rebuild_ended", "the end", |_| true);
+    let transfer = rig.transfer();
+    let selected = statement_of(&transfer, "longhorn_flows_selected_on");
+    assert!(
+        selected.starts_with("flows selected on the storage_network"),
+        "{selected}"
+    );
+    for ip in [LH_S_STORAGE, LH_T_STORAGE] {
+        assert!(selected.contains(ip), "{selected}");
+    }
+    let topo = surface(&transfer, "longhorn/topology");
+    assert_eq!(
+        topo.facts["selected_on"]["network"], "storage_network",
+        "{:#?}",
+        topo.facts
+    );
+    assert_eq!(topo.facts["capture_role"], "target", "{:#?}", topo.facts);
+    let links = surface(&transfer, "streams").facts["links"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let mut roles: Vec<&str> = links.iter().filter_map(|l| l["role"].as_str()).collect();
+    roles.sort();
+    assert_eq!(roles, ["ssync_data", "sync_control"], "{links:#?}");
+    for l in &links {
+        for end in ["src", "dst"] {
+            let a = l[end].as_str().unwrap();
+            assert!(
+                a.starts_with("10.79.0."),
+                "{end} {a} not on the storage network: {l}"
+            );
+        }
+    }
+}
+
+/// A v1.11 volume: a second source `pvc-7-r-s2` on node-s (im-s2, block
+/// P_S2) and T's entry naming both in `fromReplicaList`
+/// (`api/model.go` v1.11.x `RebuildStatus`).
+fn v1_11_volume(state: &str, progress: i64, error: &str) -> String {
+    let mut v: Value = serde_json::from_str(&volume_with_target(
+        json!([{"id": "", "type": "rebuildStatus", "links": null, "actions": null,
+            "replica": "pvc-7-r-t", "fromReplicaList": ["pvc-7-r-s", "pvc-7-r-s2"],
+            "state": state, "progress": progress, "isRebuilding": state == "in_progress", "error": error}]),
+        "WO",
+    ))
+    .unwrap();
+    let mut s2 = v["replicas"][0].clone();
+    s2["name"] = json!("pvc-7-r-s2");
+    s2["instanceManagerName"] = json!("im-s2");
+    v["replicas"].as_array_mut().unwrap().push(s2);
+    v.to_string()
+}
+
+/// Issue 30, multi-source (v1.11+): a rebuild from two sources on S's node;
+/// the first source's control channel is reset by S, the engine's text
+/// names it while the entry stays `in_progress`, and T's sync agent opens
+/// the file's next attempt. Both sources' flows are labelled with their
+/// replica, the reset is counted as a retry (not the end), and the rebuild
+/// is judged by its final state (`Rebuilt`: complete).
+#[test]
+fn root_a_v1_11_rebuild_from_two_sources_counts_a_reset_and_retry_and_ends_by_its_final_state() {
+    if !root_or_skip(
+        "root_a_v1_11_rebuild_from_two_sources_counts_a_reset_and_retry_and_ends_by_its_final_state",
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let rig = rig("lhm", "node-s");
+    let mut rb = rig.bed.start_rebuild(0, None);
+    // The second source: T's sync agent → S2:P_S2+2 (FileSend), S2 → T:P_T+4.
+    let pair = |from: &Netns, to: &Netns, ip: &'static str, port: u16| {
+        let l =
+            to.within(move || std::net::TcpListener::bind(format!("{ip}:{port}")).expect("bind"));
+        let c = from
+            .within(move || std::net::TcpStream::connect(format!("{ip}:{port}")).expect("connect"));
+        (c, l.accept().unwrap().0)
+    };
+    let _s2_control = pair(&rig.bed.t, &rig.bed.s, LH_S, P_S2 + 2);
+    let _s2_bulk = pair(&rig.bed.s, &rig.bed.t, LH_T, P_T + 4);
+    rig.manager.set(v1_11_volume("in_progress", 20, ""));
+    rig.wait_event("started", "a window", |e| e["subject"] == SUBJECT);
+    std::thread::sleep(Duration::from_millis(1500));
+    // S resets the first source's control channel; the engine's text names
+    // it (sync/rpc/server.go FileSend error, #11006 shape) and the entry
+    // stays in file sync.
+    let t_end = rb.control_local;
+    rb.source_resets_control();
+    let reset = format!(
+        "replica tcp://{LH_S}:{P_S} failed to send file volume-snap-x.img to {LH_T}:{}: failed to send file volume-snap-x.img to {LH_T}:{}: rpc error: code = Unavailable desc = error reading from server: read tcp {t_end}->{LH_S}:{}: read: connection reset by peer",
+        P_T + 3,
+        P_T + 3,
+        P_S + 2
+    );
+    rig.manager.set(v1_11_volume("in_progress", 40, &reset));
+    std::thread::sleep(Duration::from_millis(2000));
+    // The file's next attempt: T's sync agent opens a new FileSend channel.
+    let _retry = pair(&rig.bed.t, &rig.bed.s, LH_S, P_S + 2);
+    rig.manager.set(v1_11_volume("in_progress", 80, ""));
+    std::thread::sleep(Duration::from_millis(2000));
+    rig.kube.push(
+        "Rebuilt",
+        "Normal",
+        &format!("Replica pvc-7-r-t with Address {LH_T}:{P_T} has been rebuilt for volume pvc-7"),
+    );
+    let ended = rig.wait_event("rebuild_ended", "the end", |_| true);
+    assert_eq!(ended["outcome"]["outcome"], "complete", "{ended:#}");
+    assert_eq!(ended["outcome"]["retries"], "1", "{ended:#}");
+    let transfer = rig.transfer();
+    let codes = codes_of(&transfer);
+    assert!(
+        codes.iter().any(|c| c == "longhorn_rebuild_complete"),
+        "{codes:?}"
+    );
+    assert!(
+        !codes.iter().any(|c| c == "longhorn_rebuild_failed"),
+        "{codes:?}"
+    );
+    let retries = statement_of(&transfer, "longhorn_rebuild_retries");
+    assert!(retries.contains("survived 1 reset(s)"), "{retries}");
+    assert!(
+        retries.contains("pvc-7-r-s not named by a failure, 1 retried reset(s)"),
+        "{retries}"
+    );
+    assert!(
+        retries.contains("pvc-7-r-s2 not named by a failure;")
+            || retries.ends_with("pvc-7-r-s2 not named by a failure"),
+        "{retries}"
+    );
+    let links = surface(&transfer, "streams").facts["links"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let labelled: Vec<(String, String)> = links
+        .iter()
+        .map(|l| {
+            (
+                l["role"].as_str().unwrap_or("").to_string(),
+                l["source_replica"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    for source in ["pvc-7-r-s", "pvc-7-r-s2"] {
+        assert!(
+            labelled.contains(&("sync_control".to_string(), source.to_string())),
+            "{source}: {labelled:?}"
+        );
+    }
+    assert!(
+        labelled.iter().any(|(r, _)| r == "ssync_data"),
+        "{labelled:?}"
+    );
+    assert_eq!(
+        surface(&transfer, "streams").facts["excluded_count"],
+        0,
+        "the second source's flows are not another volume's"
     );
 }

@@ -79,6 +79,8 @@ pub struct Readings {
     pub verdict: Option<super::Verdict>,
     /// `GET /v1/settings` at window start (None: not read).
     pub settings: Option<ApiRead>,
+    /// The network the flows were selected on (None: no topology).
+    pub selected_on: Option<super::topology::SelectedOn>,
     /// The capture's own clock.
     pub clock: Clock,
 }
@@ -364,6 +366,12 @@ pub fn transfer_envelope(
             .find(|(e, _)| e.digest == digest)
             .map(|(_, r)| *r)
     };
+    // Which source a flow belongs to (v1.11+ may name several).
+    let source_of = |e: &Envelope| -> Option<String> {
+        let t = topo?;
+        let (x, y) = endpoints(e)?;
+        super::flows::classify_source(t, x, y, r.by_ip).1
+    };
     let links: Vec<Value> = linked
         .iter()
         .map(|e| {
@@ -374,6 +382,7 @@ pub fn transfer_envelope(
             json!({
                 "digest": e.digest, "kind": e.subject.kind(), "flow_id": flow, "src": src, "dst": dst,
                 "role": role_of(&e.digest).map(FlowRole::as_str),
+                "source_replica": source_of(e),
                 "completeness": e.completeness.as_str(),
                 "claims": e.claims.iter().map(|c| format!("{}:{}", c.kind.as_str(), c.code)).collect::<Vec<_>>(),
             })
@@ -584,6 +593,9 @@ pub fn transfer_envelope(
             }),
         );
         facts.insert("flag_mismatches".into(), json!(mismatches));
+        if let Some(sel) = &r.selected_on {
+            facts.insert("selected_on".into(), json!(sel));
+        }
         // The join key of the three capture points (volume + target replica
         // + the first time this node saw the rebuild).
         facts.insert(
@@ -650,6 +662,24 @@ pub fn transfer_envelope(
             &["longhorn/manager/start", "longhorn/topology"],
             None,
         );
+        if let Some(sel) = &r.selected_on {
+            o.claim(
+                ClaimKind::Fact,
+                "longhorn_flows_selected_on",
+                format!(
+                    "flows selected on the {} ({}): {}",
+                    sel.network,
+                    if sel.addresses.is_empty() {
+                        "no address known".to_string()
+                    } else {
+                        sel.addresses.join(", ")
+                    },
+                    sel.basis
+                ),
+                &["longhorn/topology"],
+                None,
+            );
+        }
         for m in &mismatches {
             o.claim(
                 ClaimKind::Fact,
@@ -1052,6 +1082,72 @@ pub fn transfer_envelope(
         }
         on.retain(|s| o.ok(s) || o.surfaces.iter().any(|x| x.id == *s));
         o.claim(ClaimKind::Fact, code, statement, &on, None);
+        // Per source (v1.11+): the texts that name it — by its replica
+        // address `tcp://IP:P` or its sync agent `IP:P+2` (the 4-tuple's
+        // server end).
+        let names = |text: &str, p: &super::topology::Party| {
+            let (Some(ip), Some(b)) = (p.data_ip(), p.block) else {
+                return false;
+            };
+            let ip = match ip {
+                IpAddr::V6(_) => format!("[{ip}]"),
+                IpAddr::V4(_) => ip.to_string(),
+            };
+            text.contains(&format!("tcp://{ip}:{} ", b.start))
+                || text.contains(&format!("->{ip}:{}:", b.start.saturating_add(2)))
+                || text.contains(&format!("->{ip}:{} ", b.start.saturating_add(2)))
+        };
+        let per_source: Vec<String> = topo
+            .map(|t| {
+                t.sources()
+                    .map(|p| {
+                        let resets = v.retry_errors.iter().filter(|e| names(e, p)).count();
+                        let failed = !v.error.is_empty() && names(&v.error, p);
+                        format!(
+                            "{} {}{}",
+                            p.name,
+                            if failed {
+                                "named by the failure"
+                            } else {
+                                "not named by a failure"
+                            },
+                            if resets > 0 {
+                                format!(", {resets} retried reset(s)")
+                            } else {
+                                String::new()
+                            }
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if v.retries > 0 {
+            o.claim(
+                ClaimKind::Fact,
+                "longhorn_rebuild_retries",
+                format!(
+                    "the rebuild survived {} reset(s): each was followed by the file's next attempt (the entry stayed in_progress; from v1.11 each file is retried up to 3 times), so none is the rebuild's end, which is judged by its final state ({}); per source: {}; texts: {:?}",
+                    v.retries,
+                    v.outcome,
+                    if per_source.is_empty() { "no source known".to_string() } else { per_source.join("; ") },
+                    v.retry_errors
+                ),
+                &on,
+                None,
+            );
+        } else if per_source.len() > 1 {
+            o.claim(
+                ClaimKind::Fact,
+                "longhorn_rebuild_sources",
+                format!(
+                    "the rebuild had {} sources (fromReplicaList): {}",
+                    per_source.len(),
+                    per_source.join("; ")
+                ),
+                &on,
+                None,
+            );
+        }
     }
     // `[]` (or no entry for the target) after the target's rebuild was seen.
     let gone = seen_start.is_some()

@@ -738,9 +738,92 @@ pub fn fetch_replica_rebuild_failed(
     })
 }
 
+/// A Replica CR's data-path address: `status.storageIP` and `status.port`
+/// (longhorn-manager `k8s/pkg/apis/longhorn/v1beta2/instancemanager.go`
+/// `InstanceStatus`, v1.9.0; the volume controller dials
+/// `StorageIP:Port`, `controller/volume_controller.go` l.1930). Under a
+/// storage network it is the Multus address, not the pod IP the REST API
+/// gives as `replicas[].address`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct StorageAddress {
+    /// `status.storageIP`.
+    pub ip: std::net::IpAddr,
+    /// `status.port` (0 when not set).
+    pub port: u16,
+}
+
+/// Parse a `GET …/replicas/{name}` body: its storage address, if set and
+/// an IP (an empty or unparsable `storageIP` is None, never a guess).
+pub fn parse_replica_storage(body: &[u8]) -> Result<Option<StorageAddress>, EventsError> {
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| EventsError::NotJson(e.to_string()))?;
+    let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
+    if kind != "Replica" {
+        return Err(EventsError::NotEventList(format!("{kind} (want Replica)")));
+    }
+    let ip = v
+        .pointer("/status/storageIP")
+        .and_then(|x| x.as_str())
+        .and_then(|s| s.trim().parse::<std::net::IpAddr>().ok());
+    let port = v
+        .pointer("/status/port")
+        .and_then(|x| x.as_u64())
+        .and_then(|p| u16::try_from(p).ok())
+        .unwrap_or(0);
+    Ok(ip.map(|ip| StorageAddress { ip, port }))
+}
+
+/// `GET {base}/apis/longhorn.io/v1beta2/namespaces/longhorn-system/replicas/{name}`:
+/// the Replica CR's storage address.
+pub fn fetch_replica_storage(
+    api: &KubeApi,
+    replica: &str,
+) -> Result<Option<StorageAddress>, ApiFailure> {
+    let auth = auth_for(api)?;
+    let name: String = replica
+        .bytes()
+        .filter(|b| b.is_ascii_alphanumeric() || b"-.".contains(b))
+        .map(char::from)
+        .collect();
+    let url = format!(
+        "{}/apis/longhorn.io/v1beta2/namespaces/{NAMESPACE}/replicas/{name}",
+        api.base.trim_end_matches('/')
+    );
+    let body = client::fetch(&url, EVENTS_DEADLINE, &auth, &format!("no replica {name}"))?;
+    parse_replica_storage(&body).map_err(|e| ApiFailure {
+        status: SurfaceStatus::Error,
+        errno: None,
+        message: format!("the API server's answer: {e}"),
+    })
+}
+
 #[cfg(test)]
 mod replica_tests {
     use super::*;
+
+    #[test]
+    fn a_replica_cr_gives_its_storage_address_or_none() {
+        let body = br#"{"kind":"Replica","status":{"storageIP":"10.79.0.2","port":10000,"ip":"10.78.0.2"}}"#;
+        assert_eq!(
+            parse_replica_storage(body).unwrap(),
+            Some(StorageAddress {
+                ip: "10.79.0.2".parse().unwrap(),
+                port: 10000
+            })
+        );
+        for none in [
+            &br#"{"kind":"Replica","status":{"storageIP":"","port":0}}"#[..],
+            br#"{"kind":"Replica","status":{"storageIP":"not-an-ip"}}"#,
+            br#"{"kind":"Replica","status":{}}"#,
+        ] {
+            assert_eq!(parse_replica_storage(none).unwrap(), None);
+        }
+        // A port beyond u16 is not wrapped.
+        let big = br#"{"kind":"Replica","status":{"storageIP":"10.79.0.2","port":70000}}"#;
+        assert_eq!(parse_replica_storage(big).unwrap().unwrap().port, 0);
+        assert!(parse_replica_storage(br#"{"kind":"Engine"}"#).is_err());
+        assert!(parse_replica_storage(b"<html>").is_err());
+    }
 
     #[test]
     fn the_rebuild_failed_condition_is_read_from_the_replica_cr() {

@@ -179,10 +179,19 @@ fn read_start(
 }
 
 /// Narrow the plan's port filter to the span of S's and T's blocks when it
-/// lies inside the requested range and no port is pinned.
+/// lies inside the requested range and no port is pinned; a peer that is a
+/// replica's pod IP becomes its storage IP when one was read (the storage
+/// network carries the rebuild).
 fn narrow(plan: &Plan, topo: Option<&topology::Topology>) -> Plan {
     let mut p = plan.clone();
     let f = &mut p.filter;
+    if let Some(storage) = topo.and_then(|t| {
+        t.parties()
+            .find(|p| p.address == Some(f.peer))
+            .and_then(|p| p.storage_ip)
+    }) {
+        f.peer = storage;
+    }
     if f.peer_port.is_some() || f.local_port.is_some() {
         return p;
     }
@@ -222,7 +231,7 @@ fn select(
         )
         .any(|(l, r)| {
             t.parties()
-                .any(|p| p.address == Some(l.ip()) || p.address == Some(r.ip()))
+                .any(|p| p.data_ip() == Some(l.ip()) || p.data_ip() == Some(r.ip()))
         });
     let mut kept = Vec::new();
     let mut excluded = Vec::new();
@@ -313,6 +322,10 @@ pub struct Verdict {
     pub before_file_sync: bool,
     /// The failure's text ("" when none).
     pub error: String,
+    /// Resets the rebuild survived (a file's next attempt followed; v1.11+).
+    pub retries: u32,
+    /// The retried resets' texts (bounded).
+    pub retry_errors: Vec<String>,
 }
 
 impl Watcher {
@@ -385,6 +398,29 @@ pub fn capture_watched(
         .longhorn_api
         .as_ref()
         .map(|api| client::fetch_settings(api));
+    // Under a storage network the data path runs on the Replica CRs'
+    // storage IPs: read them (Kubernetes API) and select flows there.
+    let mut topo = topo;
+    let selected_on = topo.as_mut().map(|t| {
+        let setting = settings
+            .as_ref()
+            .and_then(|s| s.result.as_ref().ok())
+            .and_then(|b| model::parse_settings(b).ok())
+            .map(|m| m.get("storage-network").cloned().unwrap_or_default());
+        let mut storage = std::collections::BTreeMap::new();
+        if setting.as_deref().is_some_and(|v| !v.trim().is_empty()) {
+            for p in [&t.source, &t.target].into_iter().flatten() {
+                let read = match &watcher.kube {
+                    Some(api) => kube::fetch_replica_storage(api, &p.name)
+                        .map(|a| a.map(|a| a.ip))
+                        .map_err(|e| e.message),
+                    None => Err("no Kubernetes API configured".to_string()),
+                };
+                storage.insert(p.name.clone(), read);
+            }
+        }
+        topology::select_network(t, setting.as_deref(), &storage)
+    });
     let narrowed = narrow(&plan.transport, topo.as_ref());
     let captured = transport::capture_until(&narrowed, config, budget, progress, &watcher.stop)?;
     let (streams, excluded, by_ip) = select(captured, topo.as_ref());
@@ -454,6 +490,7 @@ pub fn capture_watched(
         signals,
         verdict,
         settings,
+        selected_on,
         clock,
     };
     let transfer = transfer_envelope(r, &narrowed, &readings)?;

@@ -125,6 +125,7 @@ fn readings(start: &[u8], end: &[u8], flows: Vec<Envelope>) -> Readings {
         signals: Vec::new(),
         verdict: None,
         settings: None,
+        selected_on: None,
         clock: Clock {
             wall_time: "2026-12-03T19:39:58.000Z".into(),
             monotonic_start_ns: "1".into(),

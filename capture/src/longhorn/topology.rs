@@ -59,6 +59,17 @@ pub struct Party {
     pub instance_manager: String,
     /// Port block, once read from the instance manager.
     pub block: Option<PortBlock>,
+    /// The Replica CR's `status.storageIP`, read only when the
+    /// `storage-network` setting is non-empty (None: the pod network).
+    pub storage_ip: Option<IpAddr>,
+}
+
+impl Party {
+    /// The address its data path uses: the storage IP when one was read,
+    /// else the pod IP.
+    pub fn data_ip(&self) -> Option<IpAddr> {
+        self.storage_ip.or(self.address)
+    }
 }
 
 /// The rebuild's topology.
@@ -72,6 +83,11 @@ pub struct Topology {
     pub target: Option<Party>,
     /// Every source the manager names (v1.11+ may list several).
     pub sources_named: Vec<String>,
+    /// The sources after the first (`fromReplicaList`, v1.11+, up to
+    /// `replica-rebuild-concurrent-sync-limit`), resolved like `source`:
+    /// each has its own port block, flows and role.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_sources: Vec<Party>,
     /// How the target was chosen.
     pub target_basis: &'static str,
     /// Volume `dataEngine`.
@@ -84,33 +100,42 @@ impl Topology {
         [&self.engine, &self.source, &self.target]
             .into_iter()
             .flatten()
+            .chain(self.more_sources.iter())
     }
-    /// Instance managers whose port blocks are wanted (S and T).
+    /// Every source (the first, then the others of `fromReplicaList`).
+    pub fn sources(&self) -> impl Iterator<Item = &Party> {
+        self.source.iter().chain(self.more_sources.iter())
+    }
+    /// The replicas: every source, then the target.
+    pub fn replicas(&self) -> impl Iterator<Item = &Party> {
+        self.sources().chain(self.target.iter())
+    }
+    /// Instance managers whose port blocks are wanted (every source and T).
     pub fn replica_ims(&self) -> Vec<String> {
-        let mut v: Vec<String> = [&self.source, &self.target]
-            .into_iter()
-            .flatten()
+        let mut v: Vec<String> = self
+            .replicas()
             .map(|p| p.instance_manager.clone())
             .filter(|s| !s.is_empty())
             .collect();
+        v.sort();
         v.dedup();
         v
     }
-    /// Fill S and T port blocks from instance-manager reads (by replica name).
+    /// Fill the replicas' port blocks from instance-manager reads (by replica name).
     pub fn set_blocks(&mut self, blocks: &BTreeMap<String, PortBlock>) {
-        for p in [&mut self.source, &mut self.target].into_iter().flatten() {
+        for p in [&mut self.source, &mut self.target]
+            .into_iter()
+            .flatten()
+            .chain(self.more_sources.iter_mut())
+        {
             if let Some(b) = blocks.get(&p.name) {
                 p.block = Some(*b);
             }
         }
     }
-    /// The port span covering S's and T's blocks (narrows the capture).
+    /// The port span covering the replicas' blocks (narrows the capture).
     pub fn covering_ports(&self) -> Option<(u16, u16)> {
-        let blocks: Vec<PortBlock> = [&self.source, &self.target]
-            .into_iter()
-            .flatten()
-            .filter_map(|p| p.block)
-            .collect();
+        let blocks: Vec<PortBlock> = self.replicas().filter_map(|p| p.block).collect();
         if blocks.len() < 2 {
             return None;
         }
@@ -129,6 +154,7 @@ fn party(role: PartyRole, i: &super::model::Instance) -> Party {
         address: address_ip(&i.address),
         instance_manager: i.instance_manager.clone(),
         block: None,
+        storage_ip: None,
     }
 }
 
@@ -158,7 +184,7 @@ pub fn resolve(v: &Volume, want_target: Option<&str>) -> Topology {
         (None, "none: no rebuildStatus entry and no WO replica")
     };
     let sources_named: Vec<String> = entry.map(|e| e.from.clone()).unwrap_or_default();
-    let source = sources_named.first().and_then(|s| {
+    let named = |s: &String| {
         find(s).or_else(|| {
             // `fromReplica` falls back to the raw address when no replica matched.
             let ip = address_ip(s)?;
@@ -166,14 +192,120 @@ pub fn resolve(v: &Volume, want_target: Option<&str>) -> Topology {
                 .iter()
                 .find(|r| address_ip(&r.address) == Some(ip))
         })
-    });
+    };
+    let mut sources = sources_named.iter().filter_map(named);
+    let source = sources.next();
+    let mut more_sources: Vec<Party> = Vec::new();
+    for r in sources {
+        if Some(r.name.as_str()) != source.map(|s| s.name.as_str())
+            && !more_sources.iter().any(|p| p.name == r.name)
+        {
+            more_sources.push(party(PartyRole::Source, r));
+        }
+    }
     Topology {
         engine: v.controllers.first().map(|c| party(PartyRole::Engine, c)),
+        more_sources,
         source: source.map(|r| party(PartyRole::Source, r)),
         target: target.map(|r| party(PartyRole::Target, r)),
         sources_named,
         target_basis,
         data_engine: v.data_engine.clone(),
+    }
+}
+
+/// The network a capture selects its flows on (the envelope's
+/// `longhorn_flows_selected_on`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SelectedOn {
+    /// `storage_network` or `pod_network`.
+    pub network: &'static str,
+    /// The `storage-network` setting as read ("" = the pod network; None:
+    /// not read).
+    pub setting: Option<String>,
+    /// The addresses selected on, per party: `role name ip`.
+    pub addresses: Vec<String>,
+    /// Why this network.
+    pub basis: String,
+}
+
+/// Choose the network flows are selected on, and set each replica party's
+/// storage IP from its Replica CR read (`storage`: replica name → the read's
+/// storage IP, or why it could not be read). Pure.
+///
+/// The storage network is chosen only when the `storage-network` setting is
+/// non-empty and both S's and T's Replica CRs give a storage IP (when T's or
+/// S's is missing, selecting on one network for one end and the other for
+/// the other would match nothing: the pod network is kept and the reason
+/// said). The engine has no Replica CR: its address stays its pod IP.
+pub fn select_network(
+    t: &mut Topology,
+    setting: Option<&str>,
+    storage: &BTreeMap<String, Result<Option<IpAddr>, String>>,
+) -> SelectedOn {
+    let pod = |t: &Topology, basis: String| SelectedOn {
+        network: "pod_network",
+        setting: setting.map(str::to_string),
+        addresses: t
+            .parties()
+            .filter_map(|p| {
+                p.address
+                    .map(|a| format!("{} {} {a}", p.role.as_str(), p.name))
+            })
+            .collect(),
+        basis,
+    };
+    let Some(net) = setting.map(str::trim).filter(|s| !s.is_empty()) else {
+        let basis = match setting {
+            Some(_) => {
+                "the storage-network setting is empty: replicas use their pod IPs".to_string()
+            }
+            None => "the storage-network setting was not read: pod IPs assumed".to_string(),
+        };
+        return pod(t, basis);
+    };
+    let mut missing = Vec::new();
+    let mut found = Vec::new();
+    for p in t.replicas() {
+        match storage.get(&p.name) {
+            Some(Ok(Some(ip))) => found.push((p.name.clone(), *ip)),
+            Some(Ok(None)) => missing.push(format!("{}: no status.storageIP", p.name)),
+            Some(Err(e)) => missing.push(format!("{}: {e}", p.name)),
+            None => missing.push(format!("{}: Replica CR not read", p.name)),
+        }
+    }
+    if found.is_empty() || !missing.is_empty() || t.source.is_none() || t.target.is_none() {
+        if t.source.is_none() || t.target.is_none() {
+            missing.push("the source or target replica is not known yet".into());
+        }
+        return pod(
+            t,
+            format!(
+                "storage-network is {net:?} but the replicas' storage IPs are not all known ({}): flows selected on pod IPs, which under a storage network carry no rebuild traffic",
+                missing.join("; ")
+            ),
+        );
+    }
+    for p in [&mut t.source, &mut t.target]
+        .into_iter()
+        .flatten()
+        .chain(t.more_sources.iter_mut())
+    {
+        p.storage_ip = found.iter().find(|(n, _)| *n == p.name).map(|(_, ip)| *ip);
+    }
+    SelectedOn {
+        network: "storage_network",
+        setting: Some(net.to_string()),
+        addresses: t
+            .replicas()
+            .filter_map(|p| {
+                p.storage_ip
+                    .map(|a| format!("{} {} {a}", p.role.as_str(), p.name))
+            })
+            .collect(),
+        basis: format!(
+            "storage-network is {net:?}: flows selected on the Replica CRs' status.storageIP (the pod IPs carry no rebuild traffic)"
+        ),
     }
 }
 
@@ -217,7 +349,11 @@ pub fn check_flags(
         .parties()
         .filter_map(|p| p.address.map(|a| format!("{} {a}", p.role.as_str())))
         .collect();
-    if !ips.is_empty() && !t.parties().any(|p| p.address == Some(peer)) {
+    if !ips.is_empty()
+        && !t
+            .parties()
+            .any(|p| p.address == Some(peer) || p.storage_ip == Some(peer))
+    {
         out.push(Mismatch {
             flag: "peer",
             given: peer.to_string(),
@@ -238,19 +374,19 @@ pub fn capture_role(
     peer: IpAddr,
 ) -> (Option<PartyRole>, String) {
     for p in t.parties() {
-        if let Some(a) = p.address
+        if let Some(a) = p.data_ip()
             && local_ips.contains(&a)
         {
             return (
                 Some(p.role),
                 format!(
-                    "the flows' local address {a} is the {} pod IP",
+                    "the flows' local address {a} is the {} data address",
                     p.role.as_str()
                 ),
             );
         }
     }
-    let peer_is = |p: &Option<Party>| p.as_ref().is_some_and(|p| p.address == Some(peer));
+    let peer_is = |p: &Option<Party>| p.as_ref().is_some_and(|p| p.data_ip() == Some(peer));
     if peer_is(&t.source) && !peer_is(&t.target) {
         return (
             Some(PartyRole::Target),
@@ -271,6 +407,82 @@ pub fn capture_role(
 mod tests {
     use super::*;
     use crate::longhorn::model::parse_volume;
+
+    #[test]
+    fn the_storage_network_is_selected_only_with_the_setting_and_both_storage_ips() {
+        let v = parse_volume(
+            br#"{"replicas":[{"name":"r-s","hostId":"n1","address":"10.0.0.1","instanceManagerName":"im-1","mode":"RW"},
+                             {"name":"r-t","hostId":"n2","address":"10.0.0.2","instanceManagerName":"im-2","mode":"WO"}],
+                 "controllers":[{"name":"e-0","hostId":"n3","address":"10.0.0.3"}],
+                 "rebuildStatus":[{"replica":"r-t","fromReplica":"r-s","state":"in_progress"}]}"#,
+        )
+        .unwrap();
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let both: BTreeMap<String, Result<Option<IpAddr>, String>> = [
+            ("r-s".to_string(), Ok(Some(ip("10.9.0.1")))),
+            ("r-t".to_string(), Ok(Some(ip("10.9.0.2")))),
+        ]
+        .into();
+        let mut one = both.clone();
+        one.insert("r-t".into(), Ok(None));
+        let mut failed = both.clone();
+        failed.insert("r-s".into(), Err("timeout".into()));
+        let net = "kube-system/demo-192-168-0-0";
+        // (setting, storage reads, network, S's data IP)
+        let table: [(Option<&str>, &BTreeMap<_, _>, &str, &str); 6] = [
+            (None, &both, "pod_network", "10.0.0.1"),
+            (Some(""), &both, "pod_network", "10.0.0.1"),
+            (Some("  "), &both, "pod_network", "10.0.0.1"),
+            (Some(net), &one, "pod_network", "10.0.0.1"),
+            (Some(net), &failed, "pod_network", "10.0.0.1"),
+            (Some(net), &both, "storage_network", "10.9.0.1"),
+        ];
+        for (setting, reads, want, s_ip) in table {
+            let mut t = resolve(&v, None);
+            let sel = select_network(&mut t, setting, reads);
+            assert_eq!(sel.network, want, "{setting:?} {reads:?}: {sel:?}");
+            assert_eq!(t.source.as_ref().unwrap().data_ip(), Some(ip(s_ip)));
+            assert_eq!(t.engine.as_ref().unwrap().data_ip(), Some(ip("10.0.0.3")));
+        }
+        let mut t = resolve(&v, None);
+        let sel = select_network(&mut t, Some(net), &both);
+        assert_eq!(
+            sel.addresses,
+            ["source r-s 10.9.0.1", "target r-t 10.9.0.2"]
+        );
+        // The peer flag may be a storage IP.
+        assert!(check_flags(&t, "", "", ip("10.9.0.1")).is_empty());
+        // No source named yet: the pod network, with the reason.
+        let v0 = parse_volume(
+            br#"{"replicas":[{"name":"r-t","hostId":"n2","address":"10.0.0.2","mode":"WO"}],"rebuildStatus":[]}"#,
+        )
+        .unwrap();
+        let mut t = resolve(&v0, None);
+        let sel = select_network(&mut t, Some(net), &both);
+        assert_eq!(sel.network, "pod_network");
+        assert!(sel.basis.contains("not known yet"), "{}", sel.basis);
+    }
+
+    #[test]
+    fn every_source_of_from_replica_list_is_resolved_once() {
+        let v = parse_volume(
+            br#"{"replicas":[{"name":"r-s","hostId":"n1","address":"10.0.0.1","instanceManagerName":"im-1","mode":"RW"},
+                             {"name":"r-s2","hostId":"n1","address":"10.0.0.1","instanceManagerName":"im-1b","mode":"RW"},
+                             {"name":"r-t","hostId":"n2","address":"10.0.0.2","instanceManagerName":"im-2","mode":"WO"}],
+                 "rebuildStatus":[{"replica":"r-t","fromReplicaList":["r-s","r-s2","r-s","r-s2","r-gone"],"state":"in_progress"}]}"#,
+        )
+        .unwrap();
+        let t = resolve(&v, None);
+        assert_eq!(t.source.as_ref().unwrap().name, "r-s");
+        let more: Vec<&str> = t.more_sources.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            more,
+            ["r-s2"],
+            "a repeat and an unknown name are not sources"
+        );
+        assert_eq!(t.replica_ims(), ["im-1", "im-1b", "im-2"]);
+        assert_eq!(t.sources_named.len(), 5);
+    }
 
     #[test]
     fn source_named_by_address_falls_back_to_the_replica_with_that_ip() {

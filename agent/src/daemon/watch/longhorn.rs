@@ -542,7 +542,7 @@ impl LonghornWatch {
                         let anon = (ev.volume.clone(), String::new());
                         self.windows.remove(&anon)
                     });
-                    let verdict = verdict_of(outcome);
+                    let verdict = verdict_of(outcome, &ev.seen);
                     match w {
                         Some(w) if !w.life.is_done() => {
                             // Running, or fired and about to start: it takes the end.
@@ -824,7 +824,15 @@ fn signal_event(engine: &str, s: &super::rebuild::Signalled) -> Event {
 }
 
 /// The rule's verdict, handed to the capture that seals it.
-fn verdict_of(o: &Outcome) -> Verdict {
+fn verdict_of(o: &Outcome, seen: &super::rebuild::Seen) -> Verdict {
+    Verdict {
+        retries: seen.retries,
+        retry_errors: seen.retry_errors.clone(),
+        ..verdict_of_outcome(o)
+    }
+}
+
+fn verdict_of_outcome(o: &Outcome) -> Verdict {
     match o {
         Outcome::Complete { basis } => Verdict {
             outcome: o.label(),
@@ -844,6 +852,7 @@ fn verdict_of(o: &Outcome) -> Verdict {
             step: step.as_str().into(),
             before_file_sync: step.before_file_sync(),
             error: error.clone(),
+            ..Verdict::default()
         },
     }
 }
@@ -903,6 +912,7 @@ fn outcome_into(o: &Outcome, c: &mut BTreeMap<String, String>) {
 fn ended_event(rule: &WatchRule, ev: &RebuildEvent, o: &Outcome) -> Value {
     let mut c = BTreeMap::new();
     outcome_into(o, &mut c);
+    c.insert("retries".into(), ev.seen.retries.to_string());
     json!({"event": "rebuild_ended", "rule": rule.name, "kind": rule.kind.as_str(),
         "volume": ev.volume, "replica": ev.replica, "outcome": c})
 }

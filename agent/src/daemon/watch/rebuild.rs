@@ -37,6 +37,10 @@
 //! - **complete**: `Rebuilt`; the entry `complete`; the replica `RW`;
 //! - **removed on purpose** (not a failure): the replica or the volume is
 //!   no longer listed, or the volume is detached, with no `FailedRebuilding`;
+//! - **retried** (not an end): an entry still `in_progress` whose `error`
+//!   names a reset — from v1.11 the engine retries each file up to 3 times
+//!   and several sources feed one rebuild (`fromReplicaList`); counted in
+//!   `Seen::retries`, and the rebuild is judged by its final state;
 //! - **unresolved**: removed from the engine (`mode ""`, no entry) with no
 //!   `FailedRebuilding` after [`GONE_GRACE_POLLS`] polls (the Event is
 //!   recorded before `ReplicaRemove`, so a missing one is missing).
@@ -55,6 +59,9 @@ use pstack_capture::longhorn::model::{RebuildState, Volume};
 /// before the rebuild is called unresolved: the `FailedRebuilding` Event is
 /// recorded before the removal, so it normally arrives first.
 pub const GONE_GRACE_POLLS: u32 = 3;
+
+/// Retried reset texts kept per rebuild (the count goes on).
+pub const MAX_RETRY_TEXTS: usize = 8;
 
 /// What an Engine Event says about a rebuild (`constant/events.go`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -204,6 +211,14 @@ pub struct Seen {
     /// (`engine_controller.go` v1.9.0 l.1838), so a `True` read while this
     /// rebuild is followed is this rebuild's.
     pub rebuild_failed: Option<(String, String)>,
+    /// Resets the rebuild survived: an `error` text on an entry still
+    /// `in_progress` (from v1.11 each file is retried up to
+    /// `SyncRetryCount = 3`, engine `pkg/sync/rpc/server.go`, and the
+    /// entry stays in file sync while the next attempt runs), counted once
+    /// per distinct text. A retry, not the rebuild's end.
+    pub retries: u32,
+    /// The retried resets' texts, first [`MAX_RETRY_TEXTS`].
+    pub retry_errors: Vec<String>,
 }
 
 impl Seen {
@@ -712,6 +727,14 @@ fn update(s: &mut Seen, now: Option<&Volume>, replica: &str) {
         s.progress = e.progress;
     }
     if !e.error.is_empty() {
+        // Still in file sync with an error: the file's next attempt is under
+        // way (v1.11+), a retry. An `error` state ends it in `step` instead.
+        if e.state == RebuildState::InProgress && e.error != s.last_error {
+            s.retries += 1;
+            if s.retry_errors.len() < MAX_RETRY_TEXTS {
+                s.retry_errors.push(e.error.clone());
+            }
+        }
         s.last_error = e.error.clone();
     }
     if e.state == RebuildState::InProgress || e.is_rebuilding == Some(true) {
@@ -794,6 +817,8 @@ mod tests {
             gone_polls,
             in_engine_seen: true,
             rebuild_failed: None,
+            retries: 0,
+            retry_errors: Vec::new(),
         }
     }
 
@@ -1189,6 +1214,56 @@ mod tests {
             let now_ref = now.as_ref().map(|v| v.as_ref());
             assert_eq!(step(followed, now_ref, "r-t", opening), want, "{name}");
         }
+    }
+
+    #[test]
+    fn a_reset_while_still_in_file_sync_is_a_retry_not_the_end() {
+        let reset = "replica tcp://10.0.0.1:10000 failed to send file x.img to 10.0.0.3:10503: rpc error: code = Unavailable desc = error reading from server: read tcp 10.0.0.3:43126->10.0.0.1:10002: read: connection reset by peer";
+        let mut book = RebuildBook::default();
+        let readings = [
+            (
+                vol(Some(("in_progress", Some(true), "")), "WO", ""),
+                "started",
+            ),
+            (
+                vol(Some(("in_progress", Some(true), reset)), "WO", ""),
+                "continuing",
+            ),
+            // The same text on the next poll is the same reset.
+            (
+                vol(Some(("in_progress", Some(true), reset)), "WO", ""),
+                "continuing",
+            ),
+            (
+                vol(Some(("in_progress", Some(true), "")), "WO", ""),
+                "continuing",
+            ),
+            (vol(None, "RW", ""), "complete"),
+        ];
+        let mut retries_at_end = None;
+        for (v, want) in readings {
+            let evs = book.observe(std::slice::from_ref(&v));
+            let got = match evs.first().map(|e| &e.change) {
+                Some(Change::Started) => "started",
+                Some(Change::Ended(Outcome::Complete { .. })) => {
+                    retries_at_end = Some(evs[0].seen.retries);
+                    "complete"
+                }
+                Some(other) => panic!("{other:?}"),
+                None => "continuing",
+            };
+            assert_eq!(got, want);
+        }
+        assert_eq!(retries_at_end, Some(1));
+        // A reset that ends in `error` is the failure, not a retry.
+        let mut book = RebuildBook::default();
+        book.observe(&[vol(Some(("in_progress", Some(true), "")), "WO", "")]);
+        let evs = book.observe(&[vol(Some(("error", Some(false), reset)), "WO", "")]);
+        match &evs[0].change {
+            Change::Ended(Outcome::Failed { how, .. }) => assert_eq!(*how, Failure::StateError),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(evs[0].seen.retries, 0);
     }
 
     #[test]
