@@ -35,7 +35,7 @@ use super::flows::{FlowRole, classify};
 use super::hubble::{HUBBLE_DEADLINE, HubbleRead, hubble_facts};
 use super::kube::{EVENTS_DEADLINE, EventsRead, kubectl_events};
 use super::model::{ModelError, Volume, parse_error_addrs, parse_volume};
-use super::topology::{Topology, capture_role, check_flags, resolve};
+use super::topology::{NodeSeen, Topology, check_flags, node_roles, resolve};
 use crate::request::LonghornRequest;
 use crate::transport::{self, CaptureResult, Plan, TransportError};
 
@@ -570,10 +570,21 @@ pub fn transfer_envelope(
         .map(|v| resolve(v, target_name.as_deref()));
     let mut role_str = "unknown".to_string();
     if let Some(t) = topo {
-        let (role, basis) = capture_role(t, &local_ips, plan.filter.peer);
-        role_str = role
+        // The same function pstackd labels its window with (one node, one
+        // decision): here the node knows itself by the flows' local ends.
+        let roles = node_roles(
+            t,
+            NodeSeen {
+                node: "",
+                local_ips: &local_ips,
+                peer: Some(plan.filter.peer),
+            },
+        );
+        role_str = roles
+            .acting()
             .map(|r| r.as_str().to_string())
             .unwrap_or_else(|| "unknown".into());
+        let basis = roles.basis.clone();
         let mismatches = check_flags(t, &a.source_node, &a.target_node, plan.filter.peer);
         let first_seen = r
             .start
@@ -584,6 +595,7 @@ pub fn transfer_envelope(
         facts.insert("topology".into(), json!(t));
         facts.insert("capture_role".into(), json!(role_str));
         facts.insert("capture_role_basis".into(), json!(basis));
+        facts.insert("capture_roles".into(), json!(roles.label()));
         facts.insert(
             "match_by".into(),
             json!(if r.by_ip {

@@ -366,41 +366,107 @@ pub fn check_flags(
     out
 }
 
-/// Which party this capture's node plays: the party whose pod IP is a local
-/// address of the captured flows, else inferred from the peer.
-pub fn capture_role(
-    t: &Topology,
-    local_ips: &[IpAddr],
-    peer: IpAddr,
-) -> (Option<PartyRole>, String) {
-    for p in t.parties() {
-        if let Some(a) = p.data_ip()
-            && local_ips.contains(&a)
-        {
-            return (
-                Some(p.role),
-                format!(
-                    "the flows' local address {a} is the {} data address",
-                    p.role.as_str()
-                ),
-            );
+/// The part(s) one node plays in a rebuild, decided once by [`node_roles`]
+/// and used by both the capture's self-label (`capture_role` fact) and
+/// pstackd's window label, so the two never disagree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeRoles {
+    /// Every part this node holds, sorted (an all-in-one instance manager
+    /// puts E and T, or E and S, in one pod: one node, one IP, two parts).
+    pub roles: Vec<PartyRole>,
+    /// Why: which name or address decided it.
+    pub basis: String,
+}
+
+impl NodeRoles {
+    /// The part the node acts in for capture: the target first, then the
+    /// source, then the engine. T's side sees the control channel it opens
+    /// and the bulk streams it receives, S's side the streams it sends; E's
+    /// own flows (FilesSync, live writes) go to T and S and are seen there too.
+    pub fn acting(&self) -> Option<PartyRole> {
+        [PartyRole::Target, PartyRole::Source, PartyRole::Engine]
+            .into_iter()
+            .find(|r| self.roles.contains(r))
+    }
+    /// Every part, `+`-joined (`engine+target`), or `unknown`.
+    pub fn label(&self) -> String {
+        if self.roles.is_empty() {
+            return "unknown".into();
         }
+        let v: Vec<&str> = self.roles.iter().map(|r| r.as_str()).collect();
+        v.join("+")
     }
-    let peer_is = |p: &Option<Party>| p.as_ref().is_some_and(|p| p.data_ip() == Some(peer));
-    if peer_is(&t.source) && !peer_is(&t.target) {
-        return (
-            Some(PartyRole::Target),
-            format!(
-                "the peer {peer} is the source replica's pod IP and no local address matched (a target-side capture)"
+}
+
+/// How a node knows itself: its Kubernetes node name (pstackd: `--node` /
+/// `NODE_NAME`) and/or its local addresses (the capture: the local ends of
+/// the flows it saw), and the peer it captured towards.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NodeSeen<'a> {
+    /// Node name; empty when unknown.
+    pub node: &'a str,
+    /// Local addresses.
+    pub local_ips: &'a [IpAddr],
+    /// The peer the capture selected on, when there was one.
+    pub peer: Option<IpAddr>,
+}
+
+/// The part(s) this node plays: every party whose node name is this node's
+/// or whose pod or storage IP is a local address. With neither, the peer
+/// decides only the unambiguous case (peer = S's address and not T's: a
+/// target-side capture). Pure; table-tested.
+pub fn node_roles(t: &Topology, seen: NodeSeen<'_>) -> NodeRoles {
+    let mut roles = Vec::new();
+    let mut why = Vec::new();
+    for p in t.parties() {
+        let by_node = !seen.node.is_empty() && p.node == seen.node;
+        let by_ip = [p.storage_ip, p.address]
+            .into_iter()
+            .flatten()
+            .find(|a| seen.local_ips.contains(a));
+        if !(by_node || by_ip.is_some()) {
+            continue;
+        }
+        if !roles.contains(&p.role) {
+            roles.push(p.role);
+        }
+        why.push(match by_ip {
+            Some(a) => format!("local address {a} is the {} {}'s", p.role.as_str(), p.name),
+            None => format!(
+                "node {} holds the {} {}",
+                seen.node,
+                p.role.as_str(),
+                p.name
             ),
-        );
+        });
     }
-    (
-        None,
-        format!(
-            "no flow's local address is a party's pod IP and the peer {peer} does not decide it"
-        ),
-    )
+    if !roles.is_empty() {
+        roles.sort();
+        return NodeRoles {
+            roles,
+            basis: why.join("; "),
+        };
+    }
+    let peer_is = |p: &Option<Party>, peer: IpAddr| {
+        p.as_ref()
+            .is_some_and(|p| p.data_ip() == Some(peer) || p.address == Some(peer))
+    };
+    if let Some(peer) = seen.peer
+        && peer_is(&t.source, peer)
+        && !peer_is(&t.target, peer)
+    {
+        return NodeRoles {
+            roles: vec![PartyRole::Target],
+            basis: format!(
+                "the peer {peer} is the source replica's address and no local address or node name matched (a target-side capture)"
+            ),
+        };
+    }
+    NodeRoles {
+        roles: Vec::new(),
+        basis: "no party is on this node name or local address, and the peer does not decide it"
+            .into(),
+    }
 }
 
 #[cfg(test)]
@@ -502,15 +568,156 @@ mod tests {
         assert_eq!(m[0].flag, "target_node");
         let m = check_flags(&t, "", "", "192.168.5.5".parse().unwrap());
         assert_eq!(m[0].flag, "peer");
-        let (r, _) = capture_role(
-            &t,
-            &["10.0.0.2".parse().unwrap()],
-            "10.0.0.1".parse().unwrap(),
+    }
+
+    /// One node's part(s), as both the capture and pstackd label it.
+    #[test]
+    fn node_roles_table() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let vol = |e_ip: &str, e_node: &str| {
+            let doc = format!(
+                r#"{{"replicas":[{{"name":"r-s","hostId":"n1","address":"10.0.0.1","instanceManagerName":"im-1","mode":"RW"}},
+                                 {{"name":"r-t","hostId":"n2","address":"10.0.0.2","instanceManagerName":"im-2","mode":"WO"}}],
+                     "controllers":[{{"name":"e-0","hostId":"{e_node}","address":"{e_ip}"}}],
+                     "rebuildStatus":[{{"replica":"r-t","fromReplica":"r-s","state":"in_progress"}}]}}"#
+            );
+            resolve(&parse_volume(doc.as_bytes()).unwrap(), None)
+        };
+        let apart = vol("10.0.0.3", "n3");
+        let e_with_t = vol("10.0.0.2", "n2");
+        let e_with_s = vol("10.0.0.1", "n1");
+        use PartyRole::{Engine as E, Source as S, Target as T};
+        /// name, topology, node name, local IPs, peer, roles, acting role.
+        type Case<'a> = (
+            &'a str,
+            &'a Topology,
+            &'a str,
+            Vec<IpAddr>,
+            Option<IpAddr>,
+            Vec<PartyRole>,
+            Option<PartyRole>,
         );
-        assert_eq!(r, Some(PartyRole::Target));
-        let (r, _) = capture_role(&t, &[], "10.0.0.1".parse().unwrap());
-        assert_eq!(r, Some(PartyRole::Target));
-        let (r, _) = capture_role(&t, &[], "10.0.0.2".parse().unwrap());
-        assert_eq!(r, None, "peer T: source or engine, not decided");
+        let cases: Vec<Case<'_>> = vec![
+            ("T by name", &apart, "n2", vec![], None, vec![T], Some(T)),
+            (
+                "T by ip",
+                &apart,
+                "",
+                vec![ip("10.0.0.2")],
+                None,
+                vec![T],
+                Some(T),
+            ),
+            ("S by name", &apart, "n1", vec![], None, vec![S], Some(S)),
+            (
+                "E by ip",
+                &apart,
+                "",
+                vec![ip("10.0.0.3")],
+                None,
+                vec![E],
+                Some(E),
+            ),
+            (
+                "no part",
+                &apart,
+                "n9",
+                vec![ip("10.0.0.9")],
+                None,
+                vec![],
+                None,
+            ),
+            (
+                "peer S decides T",
+                &apart,
+                "",
+                vec![],
+                Some(ip("10.0.0.1")),
+                vec![T],
+                Some(T),
+            ),
+            (
+                "peer T decides nothing",
+                &apart,
+                "",
+                vec![],
+                Some(ip("10.0.0.2")),
+                vec![],
+                None,
+            ),
+            (
+                "E=T by ip",
+                &e_with_t,
+                "",
+                vec![ip("10.0.0.2")],
+                None,
+                vec![E, T],
+                Some(T),
+            ),
+            (
+                "E=T by name",
+                &e_with_t,
+                "n2",
+                vec![],
+                None,
+                vec![E, T],
+                Some(T),
+            ),
+            (
+                "E=S by ip",
+                &e_with_s,
+                "",
+                vec![ip("10.0.0.1")],
+                None,
+                vec![E, S],
+                Some(S),
+            ),
+            (
+                "E=S by name",
+                &e_with_s,
+                "n1",
+                vec![],
+                None,
+                vec![E, S],
+                Some(S),
+            ),
+            (
+                "a name match is not overridden by the peer",
+                &apart,
+                "n3",
+                vec![],
+                Some(ip("10.0.0.1")),
+                vec![E],
+                Some(E),
+            ),
+        ];
+        for (name, t, node, ips, peer, roles, acting) in cases {
+            let r = node_roles(
+                t,
+                NodeSeen {
+                    node,
+                    local_ips: &ips,
+                    peer,
+                },
+            );
+            assert_eq!(r.roles, roles, "{name}: {}", r.basis);
+            assert_eq!(r.acting(), acting, "{name}");
+        }
+        let r = node_roles(
+            &e_with_t,
+            NodeSeen {
+                node: "n2",
+                ..Default::default()
+            },
+        );
+        assert_eq!(r.label(), "engine+target");
+        assert_eq!(
+            NodeRoles {
+                roles: vec![],
+                basis: String::new()
+            }
+            .label(),
+            "unknown"
+        );
     }
 }

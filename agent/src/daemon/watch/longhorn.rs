@@ -36,7 +36,7 @@ use std::time::Instant;
 use pstack_capture::longhorn::client::{self, ApiRead};
 use pstack_capture::longhorn::kube::{Event, KubeApi, WatchReport};
 use pstack_capture::longhorn::model::{Volume, parse_error_addrs, parse_volume_list};
-use pstack_capture::longhorn::topology::{PartyRole, Topology, resolve};
+use pstack_capture::longhorn::topology::{NodeSeen, PartyRole, Topology, node_roles, resolve};
 use pstack_capture::longhorn::{LonghornPlan, Verdict, Watcher};
 use pstack_capture::request::{DEFAULT_MAX_FLOWS, LonghornRequest};
 use serde_json::{Value, json};
@@ -235,26 +235,28 @@ pub fn node_name(rule: &LonghornRule) -> String {
         .unwrap_or_default()
 }
 
-/// This node's role in a rebuild and the peer its capture selects: the
-/// target captures towards the source (the control channel it opened, the
+/// This node's acting role in a rebuild and the peer its capture selects:
+/// the target captures towards the source (the control channel it opened, the
 /// bulk streams it receives); the source and the engine towards the target.
-/// Target first when one node plays two parts (E = T is common).
+/// The role is the capture's own decision ([`node_roles`], target first when
+/// one node plays two parts, E = T is common), so the window and the
+/// envelope it produces carry the same label.
 pub fn local_role(t: &Topology, node: &str) -> Option<(PartyRole, Option<IpAddr>)> {
-    let on_node = |p: &Option<pstack_capture::longhorn::topology::Party>| {
-        p.as_ref()
-            .is_some_and(|p| !p.node.is_empty() && p.node == node)
-    };
     let addr =
         |p: &Option<pstack_capture::longhorn::topology::Party>| p.as_ref().and_then(|p| p.address);
-    if on_node(&t.target) {
-        Some((PartyRole::Target, addr(&t.source)))
-    } else if on_node(&t.source) {
-        Some((PartyRole::Source, addr(&t.target)))
-    } else if on_node(&t.engine) {
-        Some((PartyRole::Engine, addr(&t.target)))
-    } else {
-        None
-    }
+    let roles = node_roles(
+        t,
+        NodeSeen {
+            node,
+            ..Default::default()
+        },
+    );
+    let role = roles.acting()?;
+    let peer = match role {
+        PartyRole::Target => addr(&t.source),
+        PartyRole::Source | PartyRole::Engine => addr(&t.target),
+    };
+    Some((role, peer))
 }
 
 impl LonghornWatch {
@@ -1067,6 +1069,50 @@ mod tests {
                 .unwrap()
                 .contains("v2 data engine")
         );
+    }
+
+    /// All-in-one instance manager: the engine shares T's node and pod IP.
+    /// pstackd's window label and the capture's self-label (from the flows'
+    /// local ends, towards the window's peer) are one decision.
+    #[test]
+    fn on_a_shared_ip_layout_pstackd_and_the_capture_name_the_same_role() {
+        use pstack_capture::longhorn::model::parse_volume;
+        let vol = json!({"name": "pvc-7", "state": "attached", "robustness": "degraded", "dataEngine": "v1",
+            "replicas": [{"name": "r-s", "hostId": "node-s", "address": "10.0.0.2", "instanceManagerName": "im-s", "mode": "RW", "failedAt": ""},
+                         {"name": "r-t", "hostId": "node-t", "address": "10.0.0.3", "instanceManagerName": "im-t", "mode": "WO", "failedAt": ""}],
+            "controllers": [{"name": "pvc-7-e-0", "hostId": "node-t", "address": "10.0.0.3"}],
+            "rebuildStatus": running("in_progress", "")});
+        let mut read = list(json!([]), "WO");
+        read.result = Ok(json!({"type": "collection", "data": [vol.clone()]})
+            .to_string()
+            .into_bytes());
+        let (r, lh) = rule("node-t");
+        let mut w = LonghornWatch::default();
+        let (f, _) = w.on_poll(&r, &lh, read);
+        assert_eq!(f.len(), 1);
+        let pstackd = f[0].condition["role"].to_string();
+        let peer: IpAddr = action(&f[0]).request.peer.parse().unwrap();
+        let topo = resolve(
+            &parse_volume(vol.to_string().as_bytes()).unwrap(),
+            Some("r-t"),
+        );
+        let local: [IpAddr; 1] = ["10.0.0.3".parse().unwrap()];
+        let capture = node_roles(
+            &topo,
+            NodeSeen {
+                node: "",
+                local_ips: &local,
+                peer: Some(peer),
+            },
+        );
+        assert_eq!(capture.label(), "engine+target", "{}", capture.basis);
+        assert_eq!(
+            capture.acting().map(|r| r.as_str()),
+            Some(pstackd.as_str()),
+            "{}",
+            capture.basis
+        );
+        assert_eq!(pstackd, "target");
     }
 
     #[test]
