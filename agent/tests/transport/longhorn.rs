@@ -642,14 +642,24 @@ fn root_short_lived_bulk_streams_inside_the_window_come_from_ebpf_with_their_rol
         .into_iter()
         .map(|l| {
             std::thread::spawn(move || {
-                for s in l.incoming().take(4) {
-                    let mut s = s.unwrap();
-                    let mut buf = vec![0u8; 64 << 10];
-                    while let Ok(n) = s.read(&mut buf) {
-                        if n == 0 {
-                            break;
-                        }
-                    }
+                // One reader per connection: the parallel ones are read at once.
+                let readers: Vec<_> = l
+                    .incoming()
+                    .take(4)
+                    .map(|s| {
+                        let mut s = s.unwrap();
+                        std::thread::spawn(move || {
+                            let mut buf = vec![0u8; 64 << 10];
+                            while let Ok(n) = s.read(&mut buf) {
+                                if n == 0 {
+                                    break;
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                for r in readers {
+                    r.join().unwrap();
                 }
             })
         })
@@ -657,12 +667,20 @@ fn root_short_lived_bulk_streams_inside_the_window_come_from_ebpf_with_their_rol
     let mut args = lh3_args(&bed.t.name, &api, "4s");
     args.retain(|a| *a != "--no-ebpf");
     let child = pstackctl_bg(&args);
-    // Inside the window: four files to the rebuild's port, four to the other volume's.
+    // Inside the window: one file to the rebuild's port over four parallel
+    // connections (sparse-tools' 4 sync workers on one receiver), and four
+    // one-connection files to the other volume's port.
     std::thread::sleep(Duration::from_millis(1500));
     let sender = bed.s.spawn(move || {
-        for i in 0..8 {
-            let port = if i % 2 == 0 { file_port } else { other_port };
-            let mut c = TcpStream::connect(format!("{LH_T}:{port}")).unwrap();
+        let mut parallel: Vec<TcpStream> = (0..4)
+            .map(|_| TcpStream::connect(format!("{LH_T}:{file_port}")).unwrap())
+            .collect();
+        for c in &mut parallel {
+            c.write_all(&vec![0x42u8; 256 << 10]).unwrap();
+        }
+        drop(parallel);
+        for _ in 0..4 {
+            let mut c = TcpStream::connect(format!("{LH_T}:{other_port}")).unwrap();
             c.write_all(&vec![0x42u8; 256 << 10]).unwrap();
             drop(c);
             std::thread::sleep(Duration::from_millis(100));
@@ -698,6 +716,18 @@ fn root_short_lived_bulk_streams_inside_the_window_come_from_ebpf_with_their_rol
                 .any(|t| t.as_str().unwrap().contains("CLOSE"))
         );
     }
+    // The four parallel connections are one transfer, read as one group
+    // (the bed's live stream to P_T+3 is a group of its own).
+    let groups = streams.facts["data_connection_groups"].as_array().unwrap();
+    let on_file_port: Vec<&serde_json::Value> = groups
+        .iter()
+        .filter(|g| g["receiver"] == format!("{LH_T}:{file_port}"))
+        .collect();
+    assert_eq!(on_file_port.len(), 1, "{groups:#?}");
+    let group = on_file_port[0];
+    assert_eq!(group["sender_ip"], LH_S, "{group:#}");
+    assert_eq!(group["members"].as_array().unwrap().len(), 4, "{group:#}");
+    assert_eq!(group["members_timed"], 4, "{group:#}");
     assert!(
         !short
             .iter()

@@ -31,7 +31,7 @@ use pstack_envelope::{
 use serde_json::{Map, Value, json};
 
 use super::client::{API_DEADLINE, ApiRead, MAX_API_BYTES};
-use super::flows::{FlowRole, classify};
+use super::flows::{DataConn, FlowRole, classify, data_conn_ends, group_data_connections};
 use super::hubble::{HUBBLE_DEADLINE, HubbleRead, hubble_facts};
 use super::kube::{EVENTS_DEADLINE, EventsRead, kubectl_events};
 use super::model::{ModelError, Volume, parse_error_addrs, parse_volume};
@@ -430,6 +430,51 @@ pub fn transfer_envelope(
             (f, role)
         })
         .collect();
+    // The parallel connections of one file (up to 4 sparse workers to one
+    // receiver, see `flows::group_data_connections`), read as one transfer.
+    if let Some(t) = topo {
+        let mut conns: Vec<DataConn> = Vec::new();
+        for (e, role) in &roles {
+            if let (FlowRole::SsyncData, Some((x, y))) = (role, endpoints(e))
+                && let Some((client, server)) = data_conn_ends(t, x, y, r.by_ip)
+            {
+                conns.push(DataConn {
+                    id: e.digest.clone(),
+                    client,
+                    server,
+                    span_ns: None,
+                    counters: None,
+                });
+            }
+        }
+        for (f, role) in &short_roles {
+            if *role == FlowRole::SsyncData
+                && let Some((client, server)) = data_conn_ends(t, f.local, f.remote, r.by_ip)
+            {
+                let span = f
+                    .first_ns
+                    .parse::<u64>()
+                    .ok()
+                    .zip(f.last_ns.parse::<u64>().ok());
+                conns.push(DataConn {
+                    id: f
+                        .cookie
+                        .clone()
+                        .unwrap_or_else(|| format!("{}-{}@{}", f.local, f.remote, f.first_ns)),
+                    client,
+                    server,
+                    span_ns: span,
+                    counters: Some([f.retransmits, f.resets_sent, f.resets_received]),
+                });
+            }
+        }
+        let groups = group_data_connections(&conns);
+        sfacts.insert("data_connection_group_count".into(), json!(groups.len()));
+        sfacts.insert(
+            "data_connection_groups".into(),
+            json!(groups.iter().take(plan.max_flows).collect::<Vec<_>>()),
+        );
+    }
     match &streams.short_lived {
         None => {
             sfacts.insert(

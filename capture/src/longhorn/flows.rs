@@ -11,7 +11,7 @@
 //! A flow with neither end in S's or T's block belongs to another volume and
 //! is excluded (and counted). Pure: no I/O.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
 
@@ -128,6 +128,123 @@ pub fn classify_source(
     } else {
         (FlowRole::Excluded, None)
     }
+}
+
+/// One `ssync_data` connection as seen in the window, oriented: `client`
+/// is S's ephemeral end, `server` T's receiver (P_T+3…+9).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataConn {
+    /// Flow id or envelope digest (how the operator finds the member).
+    pub id: String,
+    /// S's end.
+    pub client: SocketAddr,
+    /// T's receiver.
+    pub server: SocketAddr,
+    /// First and last event, CLOCK_MONOTONIC ns, when eBPF saw it (None: a
+    /// sock_diag sample only, lifetime unknown).
+    pub span_ns: Option<(u64, u64)>,
+    /// Retransmits, RSTs sent and received, when eBPF counted them.
+    pub counters: Option<[u64; 3]>,
+}
+
+/// The parallel connections of one file's transfer, read as one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DataConnectionGroup {
+    /// T's receiver `ip:port` (one per file).
+    pub receiver: SocketAddr,
+    /// S's address (the sender).
+    pub sender_ip: IpAddr,
+    /// Member ids, in first-seen order.
+    pub members: Vec<String>,
+    /// Members whose lifetime eBPF saw.
+    pub members_timed: usize,
+    /// Sums over the members eBPF counted (the others' are unknown).
+    pub retransmits: u64,
+    /// RSTs this host sent, summed.
+    pub resets_sent: u64,
+    /// RSTs received, summed.
+    pub resets_received: u64,
+    /// First to last event over the timed members, ns.
+    pub span_ns: Option<(u64, u64)>,
+}
+
+/// Orient a `ssync_data` flow: (S's end, T's receiver), None for any other
+/// flow.
+pub fn data_conn_ends(
+    t: &Topology,
+    x: SocketAddr,
+    y: SocketAddr,
+    by_ip: bool,
+) -> Option<(SocketAddr, SocketAddr)> {
+    if at(&t.target, y, 3, 9, by_ip) {
+        Some((x, y))
+    } else if at(&t.target, x, 3, 9, by_ip) {
+        Some((y, x))
+    } else {
+        None
+    }
+}
+
+/// Group the data connections of one file's transfer.
+///
+/// How upstream opens them: T's sync agent starts one ssync receiver per
+/// file on the next free port of P_T+3…+9 (longhorn-engine
+/// `pkg/sync/rpc/server.go` `launchReceiver`/`nextPort`, v1.9.0 l.161,
+/// l.397); S's `FileSend` runs `sparse.SyncFile` towards that one
+/// `host:port`, whose `syncContent` starts `numSyncWorkers` (4,
+/// `defaultSyncWorkerCount`; `const WorkerCount = 4` in older releases)
+/// workers sharing one HTTP client on `client.remote` (longhorn/sparse-tools
+/// `sparse/client.go` `syncContent`): up to 4 concurrent requests, so up to
+/// 4 kept-alive TCP connections from S's IP to the same receiver, all
+/// closed when the file ends (the receiver exits on `close`).
+///
+/// Key: (S's IP, T's receiver `ip:port`). Ports cycle over 7 receivers, so
+/// a later file may reuse a port: within a key, a timed member that starts
+/// after every earlier member of the group has ended begins a new group.
+/// Untimed members (sock_diag samples only) join the key's first group.
+/// Pure; table-tested.
+pub fn group_data_connections(conns: &[DataConn]) -> Vec<DataConnectionGroup> {
+    let mut order: Vec<&DataConn> = conns.iter().collect();
+    // Timed members by start, untimed last (stable: input order kept).
+    order.sort_by_key(|c| c.span_ns.map_or((1, 0), |(a, _)| (0, a)));
+    let mut groups: Vec<DataConnectionGroup> = Vec::new();
+    for c in order {
+        let key = (c.client.ip(), c.server);
+        let same = |g: &DataConnectionGroup| (g.sender_ip, g.receiver) == key;
+        let found = match c.span_ns {
+            // The latest group of this key, if this member overlaps it.
+            Some((start, _)) => groups
+                .iter()
+                .rposition(same)
+                .filter(|&i| groups[i].span_ns.is_none_or(|(_, end)| start <= end)),
+            None => groups.iter().position(same),
+        };
+        let i = found.unwrap_or_else(|| {
+            groups.push(DataConnectionGroup {
+                receiver: c.server,
+                sender_ip: c.client.ip(),
+                members: Vec::new(),
+                members_timed: 0,
+                retransmits: 0,
+                resets_sent: 0,
+                resets_received: 0,
+                span_ns: None,
+            });
+            groups.len() - 1
+        });
+        let g = &mut groups[i];
+        g.members.push(c.id.clone());
+        if let Some((a, b)) = c.span_ns {
+            g.members_timed += 1;
+            g.span_ns = Some(g.span_ns.map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
+        }
+        if let Some([r, s, v]) = c.counters {
+            g.retransmits += r;
+            g.resets_sent += s;
+            g.resets_received += v;
+        }
+    }
+    groups
 }
 
 #[cfg(test)]
@@ -277,5 +394,142 @@ mod tests {
             assert_eq!(classify_source(&t, a(y), a(x), true), want, "{y} -> {x}");
         }
         assert_eq!(t.covering_ports(), Some((10000, 10509)));
+    }
+
+    /// The parallel connections of one file are one group; another file,
+    /// another sender or a later file on a reused port are not.
+    #[test]
+    fn data_connections_of_one_file_are_one_group() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let c =
+            |id: &str, client: &str, server: &str, span: Option<(u64, u64)>, rst: u64| DataConn {
+                id: id.into(),
+                client: a(client),
+                server: a(server),
+                span_ns: span,
+                counters: span.map(|_| [1, 0, rst]),
+            };
+        // (case, connections, groups as (receiver, member ids), resets_received per group)
+        type Case = (
+            &'static str,
+            Vec<DataConn>,
+            Vec<(&'static str, Vec<&'static str>)>,
+            Vec<u64>,
+        );
+        let cases: Vec<Case> = vec![
+            ("none", vec![], vec![], vec![]),
+            (
+                "one file, 4 workers",
+                vec![
+                    c("a", "10.0.0.1:41001", "10.0.0.2:10013", Some((10, 90)), 0),
+                    c("b", "10.0.0.1:41002", "10.0.0.2:10013", Some((11, 91)), 1),
+                    c("c", "10.0.0.1:41003", "10.0.0.2:10013", Some((12, 92)), 0),
+                    c("d", "10.0.0.1:41004", "10.0.0.2:10013", Some((13, 93)), 1),
+                ],
+                vec![("10.0.0.2:10013", vec!["a", "b", "c", "d"])],
+                vec![2],
+            ),
+            (
+                "two files, two receivers",
+                vec![
+                    c("a", "10.0.0.1:41001", "10.0.0.2:10013", Some((10, 90)), 0),
+                    c("b", "10.0.0.1:41002", "10.0.0.2:10014", Some((11, 91)), 0),
+                    c("c", "10.0.0.1:41003", "10.0.0.2:10013", Some((12, 92)), 0),
+                ],
+                vec![
+                    ("10.0.0.2:10013", vec!["a", "c"]),
+                    ("10.0.0.2:10014", vec!["b"]),
+                ],
+                vec![0, 0],
+            ),
+            (
+                "two sources to one receiver port are not one transfer",
+                vec![
+                    c("a", "10.0.0.1:41001", "10.0.0.2:10013", Some((10, 90)), 0),
+                    c("b", "10.0.0.5:41001", "10.0.0.2:10013", Some((11, 91)), 0),
+                ],
+                vec![("10.0.0.2:10013", vec!["a"]), ("10.0.0.2:10013", vec!["b"])],
+                vec![0, 0],
+            ),
+            (
+                "a reused port after the file ended is the next file",
+                vec![
+                    c("a", "10.0.0.1:41001", "10.0.0.2:10013", Some((10, 50)), 0),
+                    c("b", "10.0.0.1:41002", "10.0.0.2:10013", Some((51, 60)), 0),
+                    c("c", "10.0.0.1:41003", "10.0.0.2:10013", Some((55, 70)), 1),
+                ],
+                vec![
+                    ("10.0.0.2:10013", vec!["a"]),
+                    ("10.0.0.2:10013", vec!["b", "c"]),
+                ],
+                vec![0, 1],
+            ),
+            (
+                "starting at the group's last end is still the same file",
+                vec![
+                    c("a", "10.0.0.1:41001", "10.0.0.2:10013", Some((10, 50)), 0),
+                    c("b", "10.0.0.1:41002", "10.0.0.2:10013", Some((50, 60)), 0),
+                ],
+                vec![("10.0.0.2:10013", vec!["a", "b"])],
+                vec![0],
+            ),
+            (
+                "an untimed sample joins its key's first group",
+                vec![
+                    c("s", "10.0.0.1:41009", "10.0.0.2:10013", None, 0),
+                    c("a", "10.0.0.1:41001", "10.0.0.2:10013", Some((10, 50)), 0),
+                ],
+                vec![("10.0.0.2:10013", vec!["a", "s"])],
+                vec![0],
+            ),
+        ];
+        for (name, conns, want, resets) in cases {
+            let g = group_data_connections(&conns);
+            let got: Vec<(SocketAddr, Vec<&str>)> = g
+                .iter()
+                .map(|g| (g.receiver, g.members.iter().map(String::as_str).collect()))
+                .collect();
+            let want: Vec<(SocketAddr, Vec<&str>)> =
+                want.into_iter().map(|(r, m)| (a(r), m)).collect();
+            assert_eq!(got, want, "{name}");
+            assert_eq!(
+                g.iter().map(|g| g.resets_received).collect::<Vec<_>>(),
+                resets,
+                "{name}"
+            );
+        }
+        let g = group_data_connections(&[
+            c("a", "10.0.0.1:41001", "10.0.0.2:10013", Some((10, 90)), 0),
+            c("b", "10.0.0.1:41002", "10.0.0.2:10013", Some((5, 95)), 0),
+        ]);
+        assert_eq!(g[0].span_ns, Some((5, 95)));
+        assert_eq!((g[0].members_timed, g[0].retransmits), (2, 2));
+    }
+
+    #[test]
+    fn a_data_connection_is_oriented_towards_the_receiver() {
+        let t = Topology {
+            engine: None,
+            source: p(PartyRole::Source, "10.0.0.1", 10000),
+            target: p(PartyRole::Target, "10.0.0.2", 10010),
+            sources_named: vec![],
+            more_sources: vec![],
+            target_basis: "",
+            data_engine: "v1".into(),
+        };
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let (s, r) = (a("10.0.0.1:41001"), a("10.0.0.2:10013"));
+        assert_eq!(data_conn_ends(&t, s, r, true), Some((s, r)));
+        assert_eq!(data_conn_ends(&t, r, s, true), Some((s, r)));
+        assert_eq!(
+            data_conn_ends(&t, s, a("10.0.0.2:10012"), true),
+            None,
+            "P_T+2 is FilesSync"
+        );
+        assert_eq!(
+            data_conn_ends(&t, s, a("10.0.0.2:10020"), true),
+            None,
+            "outside T's block"
+        );
     }
 }
