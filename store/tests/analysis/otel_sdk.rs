@@ -95,23 +95,13 @@ fn resource(service: &str, version: &str, extra: Value, reqs: &[Req]) -> Value {
 /// The interpreter with the SDK, or None (a reported skip; a failure under
 /// PSTACK_STRICT=1 / CI=true).
 fn python() -> Option<String> {
-    let py = std::env::var("PSTACK_OTEL_PYTHON").unwrap_or_else(|_| DEFAULT_PYTHON.to_string());
-    let ok = Command::new(&py)
-        .args([
-            "-c",
-            "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http.trace_exporter",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    pstack_testkit::precondition(
-        ok,
-        &format!(
-            "no OpenTelemetry Python SDK at {py}: run scripts/setup.d/61-otel-python.sh or set PSTACK_OTEL_PYTHON"
-        ),
+    crate::support::python_with(
+        "PSTACK_OTEL_PYTHON",
+        DEFAULT_PYTHON,
+        "opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http.trace_exporter",
+        "OpenTelemetry Python SDK",
+        "scripts/setup.d/61-otel-python.sh",
     )
-    .then_some(py)
 }
 
 /// Export `resources` through the SDK into the harness; every span must be accepted.

@@ -27,23 +27,13 @@ const DEFAULT_PYTHON: &str = "/opt/pstack-mcp-python-2.3.0/bin/python";
 /// The interpreter with the SDK, or None (a reported skip; a failure under
 /// PSTACK_STRICT=1 / CI=true).
 fn python() -> Option<String> {
-    let py = std::env::var("PSTACK_MCP_PYTHON").unwrap_or_else(|_| DEFAULT_PYTHON.to_string());
-    let ok = Command::new(&py)
-        .args([
-            "-c",
-            "import mcp.client.stdio, mcp.client.streamable_http, httpx2",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    pstack_testkit::precondition(
-        ok,
-        &format!(
-            "no MCP Python SDK at {py}: run scripts/setup.d/62-mcp-python.sh or set PSTACK_MCP_PYTHON"
-        ),
+    crate::support::python_with(
+        "PSTACK_MCP_PYTHON",
+        DEFAULT_PYTHON,
+        "mcp.client.stdio, mcp.client.streamable_http, httpx2",
+        "MCP Python SDK",
+        "scripts/setup.d/62-mcp-python.sh",
     )
-    .then_some(py)
 }
 
 async fn post_as(h: &Harness, key: &str, path: &str, body: &Value) -> (StatusCode, Value) {

@@ -399,3 +399,28 @@ impl std::io::Write for LogWriter {
         Ok(())
     }
 }
+
+/// A Python interpreter that can import `imports`: `$env_var`, else
+/// `default` (the venv a `scripts/setup.d` script makes). None when it
+/// cannot: a reported skip, a failure under PSTACK_STRICT=1 / CI=true,
+/// naming `setup_script`.
+pub fn python_with(
+    env_var: &str,
+    default: &str,
+    imports: &str,
+    what: &str,
+    setup_script: &str,
+) -> Option<String> {
+    let py = std::env::var(env_var).unwrap_or_else(|_| default.to_string());
+    let ok = std::process::Command::new(&py)
+        .args(["-c", &format!("import {imports}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    pstack_testkit::precondition(
+        ok,
+        &format!("no {what} at {py}: run {setup_script} or set {env_var}"),
+    )
+    .then_some(py)
+}
