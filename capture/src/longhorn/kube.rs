@@ -720,6 +720,16 @@ pub fn fetch_replica_rebuild_failed(
     api: &KubeApi,
     replica: &str,
 ) -> Result<Option<RebuildFailedCondition>, ApiFailure> {
+    fetch_replica_cr(api, replica, parse_replica_rebuild_failed)
+}
+
+/// `GET` one Replica CR (its name reduced to the characters a Kubernetes
+/// name may hold) and read it with `parse`.
+fn fetch_replica_cr<T>(
+    api: &KubeApi,
+    replica: &str,
+    parse: impl FnOnce(&[u8]) -> Result<T, EventsError>,
+) -> Result<T, ApiFailure> {
     let auth = auth_for(api)?;
     let name: String = replica
         .bytes()
@@ -731,7 +741,7 @@ pub fn fetch_replica_rebuild_failed(
         api.base.trim_end_matches('/')
     );
     let body = client::fetch(&url, EVENTS_DEADLINE, &auth, &format!("no replica {name}"))?;
-    parse_replica_rebuild_failed(&body).map_err(|e| ApiFailure {
+    parse(&body).map_err(|e| ApiFailure {
         status: SurfaceStatus::Error,
         errno: None,
         message: format!("the API server's answer: {e}"),
@@ -779,22 +789,7 @@ pub fn fetch_replica_storage(
     api: &KubeApi,
     replica: &str,
 ) -> Result<Option<StorageAddress>, ApiFailure> {
-    let auth = auth_for(api)?;
-    let name: String = replica
-        .bytes()
-        .filter(|b| b.is_ascii_alphanumeric() || b"-.".contains(b))
-        .map(char::from)
-        .collect();
-    let url = format!(
-        "{}/apis/longhorn.io/v1beta2/namespaces/{NAMESPACE}/replicas/{name}",
-        api.base.trim_end_matches('/')
-    );
-    let body = client::fetch(&url, EVENTS_DEADLINE, &auth, &format!("no replica {name}"))?;
-    parse_replica_storage(&body).map_err(|e| ApiFailure {
-        status: SurfaceStatus::Error,
-        errno: None,
-        message: format!("the API server's answer: {e}"),
-    })
+    fetch_replica_cr(api, replica, parse_replica_storage)
 }
 
 #[cfg(test)]
