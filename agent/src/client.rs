@@ -39,13 +39,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub use crate::daemon::capture::{
     CaptureRequestBody, RequestedCaps, RequestedDeadlines, SubjectSelector,
 };
-pub use crate::daemon::captures::CaptureEvent;
+use pstackd_api::status::WatchStatus;
+use pstackd_api::{CaptureStarted, DaemonStatus, ErrorBody};
 
-/// Default socket path.
-pub const DEFAULT_SOCKET: &str = "/run/pstack/pstackd.sock";
-
-/// Largest response read.
-pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
+pub use pstackd_api::CaptureEvent;
+pub use pstackd_api::limits::{DEFAULT_SOCKET, MAX_RESPONSE_BYTES};
 
 /// Why a call to the daemon failed.
 #[derive(Debug, thiserror::Error)]
@@ -402,19 +400,22 @@ impl AsyncWrite for Tolerant {
 }
 
 fn api_error(resp: &HttpResponse) -> ClientError {
-    let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();
+    // Not every error answer is the daemon's own (a proxy, hyper): a body
+    // that is not an `ErrorBody` is reported as text, code `unknown`.
+    let (code, message) = match serde_json::from_slice::<ErrorBody>(&resp.body) {
+        Ok(b) => (b.error.code, b.error.message),
+        Err(_) => (
+            "unknown".to_string(),
+            String::from_utf8_lossy(&resp.body)
+                .chars()
+                .take(500)
+                .collect(),
+        ),
+    };
     ClientError::Api {
         status: resp.status,
-        code: v["error"]["code"].as_str().unwrap_or("unknown").to_string(),
-        message: v["error"]["message"]
-            .as_str()
-            .map(str::to_owned)
-            .unwrap_or_else(|| {
-                String::from_utf8_lossy(&resp.body)
-                    .chars()
-                    .take(500)
-                    .collect()
-            }),
+        code,
+        message,
         retry_after: resp.header("retry-after").and_then(|v| v.parse().ok()),
     }
 }
@@ -503,13 +504,16 @@ pub fn start_capture(
     if resp.status != 202 {
         return Err(api_error(&resp));
     }
-    let v: serde_json::Value =
+    let started: CaptureStarted =
         serde_json::from_slice(&resp.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
-    v["id"]
-        .as_str()
-        .filter(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
-        .map(str::to_owned)
-        .ok_or_else(|| ClientError::Protocol(format!("202 without a capture id: {v}")))
+    if started.id.len() == 32 && started.id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(started.id)
+    } else {
+        Err(ClientError::Protocol(format!(
+            "202 without a capture id: {:?}",
+            started.id
+        )))
+    }
 }
 
 /// Follow `GET /v1/captures/{id}/events` to the capture's outcome, handing
@@ -655,7 +659,7 @@ impl NdjsonLines {
 }
 
 /// `GET /v1/watch`: the watch rules and their counters.
-pub fn watch(socket: &Path, timeout: Duration) -> Result<serde_json::Value, ClientError> {
+pub fn watch(socket: &Path, timeout: Duration) -> Result<WatchStatus, ClientError> {
     let resp = request(socket, "GET", "/v1/watch", None, timeout)?;
     if resp.status != 200 {
         return Err(api_error(&resp));
@@ -692,7 +696,7 @@ pub fn follow_watch_events(
 }
 
 /// `GET /v1/status`.
-pub fn status(socket: &Path, timeout: Duration) -> Result<serde_json::Value, ClientError> {
+pub fn status(socket: &Path, timeout: Duration) -> Result<DaemonStatus, ClientError> {
     let resp = request(socket, "GET", "/v1/status", None, timeout)?;
     if resp.status != 200 {
         return Err(api_error(&resp));

@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::Value;
+use pstackd_api::DaemonStatus;
+use pstackd_api::status::{EbpfStatus, RuleState, RuleStatus};
 
 use crate::client::{self, ClientError};
 
@@ -43,23 +44,26 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     };
     if args.json {
-        pstack_cli::outln!("{}", serde_json::to_string_pretty(&status)?)?;
+        pstack_cli::outln!(
+            "{}",
+            serde_json::to_string_pretty(
+                // A Value: members in name order, as the daemon sent them.
+                &serde_json::to_value(&status)?
+            )?
+        )?;
         return Ok(0);
     }
     pstack_cli::out!("{}", render(&status))?;
     Ok(0)
 }
 
-fn n(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
+/// An absent value (`null` in the document) reads as `-`.
+fn or_dash(v: Option<&str>) -> &str {
+    v.unwrap_or("-")
 }
 
 /// Human-readable status.
-pub fn render(s: &Value) -> String {
+pub fn render(s: &DaemonStatus) -> String {
     let mut out = String::new();
     let line = |out: &mut String, k: &str, v: String| out.push_str(&format!("{k:<22} {v}\n"));
     line(
@@ -67,57 +71,43 @@ pub fn render(s: &Value) -> String {
         "pstackd",
         format!(
             "{} (up {} s){}",
-            n(&s["version"]),
-            n(&s["uptime_seconds"]),
-            if s["draining"] == Value::Bool(true) {
-                ", DRAINING"
-            } else {
-                ""
-            }
+            s.version,
+            s.uptime_seconds,
+            if s.draining { ", DRAINING" } else { "" }
         ),
     );
-    let c = &s["captures"];
+    let c = &s.captures;
     line(
         &mut out,
         "captures",
         format!(
             "{} in flight (limit {}), {} ok, {} failed, {} refused busy",
-            n(&c["in_flight"]),
-            n(&c["max_concurrent"]),
-            n(&c["ok_total"]),
-            n(&c["failed_total"]),
-            n(&c["busy_total"])
+            c.in_flight, c.max_concurrent, c.ok_total, c.failed_total, c.busy_total
         ),
     );
-    let h = &s["helpers"];
-    let leaked = h["leaked"].as_u64().unwrap_or(0);
+    let h = &s.helpers;
     line(
         &mut out,
         "helpers",
         format!(
             "{} live, {} leaked{}, budget {} of {} left",
-            n(&h["live"]),
-            leaked,
-            if leaked > 0 { " !!" } else { "" },
-            n(&h["leak_budget_available"]),
-            n(&h["leak_budget"])
+            h.live,
+            h.leaked,
+            if h.leaked > 0 { " !!" } else { "" },
+            h.leak_budget_available,
+            h.leak_budget
         ),
     );
-    let sp = &s["spool"];
+    let sp = &s.spool;
     line(
         &mut out,
         "spool",
         format!(
             "{} files / {} bytes (limits {} / {}, overflow {})",
-            n(&sp["files"]),
-            n(&sp["bytes"]),
-            n(&sp["max_files"]),
-            n(&sp["max_bytes"]),
-            n(&sp["overflow"])
+            sp.files, sp.bytes, sp.max_files, sp.max_bytes, sp.overflow
         ),
     );
-    let dropped = sp["dropped_total"].as_u64().unwrap_or(0);
-    let quarantined = sp["quarantined_total"].as_u64().unwrap_or(0);
+    let (dropped, quarantined) = (sp.dropped_total, sp.quarantined_total);
     line(
         &mut out,
         "spool losses",
@@ -125,32 +115,28 @@ pub fn render(s: &Value) -> String {
             "{dropped} dropped{}, {quarantined} quarantined{}, {} refused",
             if dropped > 0 { " !!" } else { "" },
             if quarantined > 0 { " !!" } else { "" },
-            n(&sp["refused_total"])
+            sp.refused_total
         ),
     );
-    let sh = &s["shipping"];
-    if sh["enabled"] == Value::Bool(true) {
+    let sh = &s.shipping;
+    if sh.enabled {
         line(
             &mut out,
             "shipping",
             format!(
                 "to {}, lag {} s, {} accepted, {} duplicate, {} rejected",
-                n(&sh["collector"]),
-                n(&sh["lag_seconds"]),
-                n(&sh["accepted_total"]),
-                n(&sh["duplicate_total"]),
-                n(&sh["rejected_total"])
+                sh.collector,
+                sh.lag_seconds,
+                sh.accepted_total,
+                sh.duplicate_total,
+                sh.rejected_total
             ),
         );
-        if !sh["last_error"].is_null() {
+        if let Some(last_error) = &sh.last_error {
             line(
                 &mut out,
                 "last shipping error",
-                format!(
-                    "{} (next retry in {} ms) !!",
-                    n(&sh["last_error"]),
-                    n(&sh["next_retry_ms"])
-                ),
+                format!("{last_error} (next retry in {} ms) !!", sh.next_retry_ms),
             );
         }
     } else {
@@ -160,80 +146,69 @@ pub fn render(s: &Value) -> String {
             "off (no shipper.url configured); envelopes stay spooled".into(),
         );
     }
-    line(&mut out, "ebpf", ebpf_line(&s["ebpf"]));
-    let rules = s["watch"]["rules"]
-        .as_array()
-        .map_or(&[][..], Vec::as_slice);
-    if rules.is_empty() {
+    line(&mut out, "ebpf", ebpf_line(&s.ebpf));
+    if s.watch.rules.is_empty() {
         line(
             &mut out,
             "watch",
             "no rules (pstackd captures only when asked)".into(),
         );
     }
-    for r in rules {
-        line(&mut out, &format!("watch {}", n(&r["name"])), rule_line(r));
+    for r in &s.watch.rules {
+        line(&mut out, &format!("watch {}", r.name), rule_line(r));
     }
     out
 }
 
 /// One line on a watch rule: kind, armed or why not, and what it did.
-pub fn rule_line(r: &Value) -> String {
-    let mut text = format!("{} ", n(&r["kind"]));
-    match r["state"].as_str() {
-        Some("armed") => text.push_str("armed"),
-        Some("degraded") => text.push_str(&format!("DEGRADED ({}) !!", n(&r["reason"]))),
-        _ => text.push_str(&format!("UNAVAILABLE ({}) !!", n(&r["reason"]))),
+pub fn rule_line(r: &RuleStatus) -> String {
+    let mut text = format!("{} ", r.kind);
+    let reason = or_dash(r.reason.as_deref());
+    match r.state {
+        RuleState::Armed => text.push_str("armed"),
+        RuleState::Degraded => text.push_str(&format!("DEGRADED ({reason}) !!")),
+        RuleState::Unavailable => text.push_str(&format!("UNAVAILABLE ({reason}) !!")),
     }
-    let suppressed = r["suppressed_total"].as_u64().unwrap_or(0);
     text.push_str(&format!(
-        ", fired {}, captured {}, failed {}, suppressed {suppressed}",
-        n(&r["fired_total"]),
-        n(&r["captured_total"]),
-        n(&r["failed_total"]),
+        ", fired {}, captured {}, failed {}, suppressed {}",
+        r.fired_total, r.captured_total, r.failed_total, r.suppressed_total
     ));
-    if let Some(by) = r["suppressed"].as_object().filter(|m| !m.is_empty()) {
-        let parts: Vec<String> = by.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    if !r.suppressed.is_empty() {
+        let parts: Vec<String> = r
+            .suppressed
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
         text.push_str(&format!(" ({})", parts.join(", ")));
     }
-    text.push_str(&format!(", last fired {}", n(&r["last_fired"])));
+    text.push_str(&format!(
+        ", last fired {}",
+        or_dash(r.last_fired.as_deref())
+    ));
     text
 }
 
 /// One line on the eBPF programs: state, what is attached, events and losses.
-fn ebpf_line(e: &Value) -> String {
-    let mut text = n(&e["state"]);
-    if let Some(message) = e["message"].as_str() {
+fn ebpf_line(e: &EbpfStatus) -> String {
+    let mut text = e.state.clone();
+    if let Some(message) = &e.message {
         text.push_str(&format!(" ({message})"));
     }
-    if let Some(programs) = e["programs"].as_array() {
-        let attached = programs
-            .iter()
-            .filter(|p| p["attached"] == Value::Bool(true))
-            .count();
-        text.push_str(&format!(
-            ", {attached}/{} programs attached",
-            programs.len()
-        ));
-    }
-    let sum = |v: &Value| {
-        v.as_object()
-            .map_or(0, |m| m.values().filter_map(Value::as_u64).sum::<u64>())
-    };
-    let (events, lost) = (sum(&e["tcp_events"]), sum(&e["tcp_lost"]));
-    if e["tcp_events"].is_object() {
-        text.push_str(&format!(
-            ", tcp {events} events, {lost} lost{}",
-            if lost > 0 { " !!" } else { "" }
-        ));
-    }
-    let o = &e["offcpu"];
-    if o.is_object() {
+    let attached = e.programs.iter().filter(|p| p.attached).count();
+    text.push_str(&format!(
+        ", {attached}/{} programs attached",
+        e.programs.len()
+    ));
+    let events: u64 = e.tcp_events.values().sum();
+    let lost: u64 = e.tcp_lost.values().sum();
+    text.push_str(&format!(
+        ", tcp {events} events, {lost} lost{}",
+        if lost > 0 { " !!" } else { "" }
+    ));
+    if let Some(o) = &e.offcpu {
         text.push_str(&format!(
             ", off-cpu {} switches, {} D episodes, {} watched",
-            n(&o["switches"]),
-            n(&o["episodes"]),
-            n(&o["watched"])
+            o.switches, o.episodes, o.watched
         ));
     }
     text
@@ -244,38 +219,69 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn rule(v: serde_json::Value) -> RuleStatus {
+        let mut doc = json!({"name": "r", "kind": "d_state", "state": "armed", "reason": null,
+            "condition": {}, "window_ms": 0, "max_per_subject_per_hour": 2, "max_per_hour": 12,
+            "fired_total": 0, "captured_total": 0, "failed_total": 0, "suppressed_total": 0,
+            "suppressed": {}, "last_fired": null, "last_envelope": null, "last_error": null});
+        for (k, x) in v.as_object().unwrap() {
+            doc[k] = x.clone();
+        }
+        serde_json::from_value(doc).unwrap()
+    }
+
     #[test]
     fn rule_line_shows_state_reason_and_counts() {
-        let armed = json!({"kind": "d_state", "state": "armed", "fired_total": 3,
+        let armed = rule(
+            json!({"kind": "d_state", "state": "armed", "fired_total": 3,
             "captured_total": 1, "failed_total": 0, "suppressed_total": 2,
-            "suppressed": {"rate_limit_subject": 2}, "last_fired": "2026-12-04T10:00:00.000Z"});
+            "suppressed": {"rate_limit_subject": 2}, "last_fired": "2026-12-04T10:00:00.000Z"}),
+        );
         assert_eq!(
             rule_line(&armed),
             "d_state armed, fired 3, captured 1, failed 0, suppressed 2 (rate_limit_subject 2), last fired 2026-12-04T10:00:00.000Z"
         );
-        let off = json!({"kind": "tcp_reset", "state": "unavailable", "reason": "no BTF",
+        let off = rule(
+            json!({"kind": "tcp_reset", "state": "unavailable", "reason": "no BTF",
             "fired_total": 0, "captured_total": 0, "failed_total": 0, "suppressed_total": 0,
-            "suppressed": {}, "last_fired": null});
+            "suppressed": {}, "last_fired": null}),
+        );
         assert_eq!(
             rule_line(&off),
             "tcp_reset UNAVAILABLE (no BTF) !!, fired 0, captured 0, failed 0, suppressed 0, last fired -"
         );
     }
 
+    fn ebpf(v: serde_json::Value) -> EbpfStatus {
+        let mut doc = json!({"state": "running", "programs": [], "tcp_events": {},
+            "tcp_lost": {}, "offcpu": null, "ring_bytes": 0, "as_of_unix": 0,
+            "windows_on_session_total": 0, "windows_one_shot_total": 0});
+        for (k, x) in v.as_object().unwrap() {
+            doc[k] = x.clone();
+        }
+        serde_json::from_value(doc).unwrap()
+    }
+
     #[test]
     fn ebpf_line_shows_attachment_events_losses_and_off_cpu() {
-        let e = json!({
+        let program =
+            |attached| json!({"program": "p", "tracepoint": "tcp/t", "attached": attached});
+        let e = ebpf(json!({
             "state": "running",
-            "programs": [{"attached": true}, {"attached": false}],
+            "programs": [program(true), program(false)],
             "tcp_events": {"retransmit": 3, "reset": 2},
             "tcp_lost": {"retransmit": 1},
-            "offcpu": {"switches": 40, "episodes": 1, "watched": 2}
-        });
+            "offcpu": {"switches": 40, "episodes": 1, "watched": 2, "lost_ring": 0,
+                "lost_start": 0, "lost_totals": 0}
+        }));
         assert_eq!(
             ebpf_line(&e),
             "running, 1/2 programs attached, tcp 5 events, 1 lost !!, off-cpu 40 switches, 1 D episodes, 2 watched"
         );
-        let failed = json!({"state": "permission_denied", "message": "needs CAP_BPF"});
-        assert_eq!(ebpf_line(&failed), "permission_denied (needs CAP_BPF)");
+        let failed = ebpf(json!({"state": "permission_denied", "message": "needs CAP_BPF"}));
+        assert_eq!(
+            ebpf_line(&failed),
+            "permission_denied (needs CAP_BPF), 0/0 programs attached, tcp 0 events, 0 lost"
+        );
     }
 }

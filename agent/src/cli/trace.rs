@@ -162,7 +162,7 @@ impl Printer {
                 addr,
             } => {
                 if !self.json {
-                    eprintln!("{}", TraceLine::banner(*window_ms, *port, addr.as_deref()));
+                    eprintln!("{}", tcp_trace::banner(*window_ms, *port, addr.as_deref()));
                 }
                 self.progress = Some(pstack_cli::progress::Progress::start(
                     "watching TCP",
@@ -240,7 +240,7 @@ fn trace_via_daemon(
         Err(e) => return Err(e.into()),
     };
     let mut envelope = None;
-    let timeout = run_deadline + crate::daemon::api::OVERRUN_GRACE + Duration::from_secs(10);
+    let timeout = run_deadline + pstackd_api::limits::OVERRUN_GRACE + Duration::from_secs(10);
     let last = client::follow_capture(&via.socket, &id, timeout, &mut |event| match event {
         CaptureEvent::Trace { line } => printer.line(line),
         CaptureEvent::Envelope { envelope: text, .. } => {

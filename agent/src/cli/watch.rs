@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use pstackd_api::status::WatchStatus;
 use serde_json::Value;
 
 use crate::client::{self, ClientError};
@@ -56,7 +57,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         Err(e) => return Ok(no_daemon(e)),
     };
     if args.json && !args.follow {
-        pstack_cli::outln!("{}", serde_json::to_string_pretty(&rules)?)?;
+        pstack_cli::outln!(
+            "{}",
+            serde_json::to_string_pretty(
+                // A Value: members in name order, as the daemon sent them.
+                &serde_json::to_value(&rules)?
+            )?
+        )?;
         return Ok(0);
     }
     if !args.json {
@@ -100,18 +107,14 @@ fn s(v: &Value) -> String {
 }
 
 /// The rule list.
-pub fn render(doc: &Value) -> String {
-    let rules = doc["rules"].as_array().map_or(&[][..], Vec::as_slice);
+pub fn render(doc: &WatchStatus) -> String {
+    let rules = &doc.rules;
     if rules.is_empty() {
         return "no watch rules (add [[watch]] tables to pstackd.toml and reload)\n".into();
     }
     let mut out = String::new();
     for r in rules {
-        out.push_str(&format!(
-            "{:<24} {}\n",
-            s(&r["name"]),
-            super::status::rule_line(r)
-        ));
+        out.push_str(&format!("{:<24} {}\n", r.name, super::status::rule_line(r)));
     }
     out
 }
@@ -203,7 +206,12 @@ mod tests {
         let degraded =
             json!({"at": "T", "event": "degraded", "rule": "rebuilds", "reason": "down"});
         assert!(event_line(&degraded).ends_with(": down"));
-        let rule = json!({"kind": "longhorn_rebuild", "state": "degraded", "reason": "the manager did not answer"});
+        let rule = serde_json::from_value(json!({"name": "rebuilds", "kind": "longhorn_rebuild",
+            "state": "degraded", "reason": "the manager did not answer", "condition": {},
+            "window_ms": 0, "max_per_subject_per_hour": 2, "max_per_hour": 12,
+            "fired_total": 0, "captured_total": 0, "failed_total": 0, "suppressed_total": 0,
+            "suppressed": {}, "last_fired": null, "last_envelope": null, "last_error": null}))
+        .unwrap();
         assert!(
             crate::cli::status::rule_line(&rule)
                 .contains("DEGRADED (the manager did not answer) !!")

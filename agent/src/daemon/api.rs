@@ -33,7 +33,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use axum::Extension;
 use axum::Router;
@@ -46,7 +46,7 @@ use axum::routing::{get, post};
 use serde_json::json;
 
 use super::capture::parse_request;
-use super::captures::{CaptureEvent, Record, Registry};
+use super::captures::{Record, Registry};
 use super::config::CaptureConfig;
 use super::engines::{self, EngineFailure};
 use super::peer::PeerCred;
@@ -55,10 +55,23 @@ use super::state::DaemonState;
 use crate::supervisor::CaptureError;
 use pstack_capture::request::ValidRequest;
 use pstack_capture::transport::TransportError;
+use pstackd_api::status::{
+    CaptureCounts, DaemonStatus, HelperBinary, HelperStatus, ShippingStatus,
+};
+use pstackd_api::{CaptureEvent, CaptureStarted, ErrorBody, ErrorDetail};
 
 /// Extra time the supervisor gets past its bundle deadline before the
 /// request is answered 504 (it still finishes in the background).
-pub const OVERRUN_GRACE: Duration = Duration::from_secs(2);
+pub use pstackd_api::limits::OVERRUN_GRACE;
+
+/// A wire document as JSON whose objects' members are in name order (the
+/// order `/v1/status` and the error bodies have always had; serde writes a
+/// struct in declaration order).
+fn document<T: serde::Serialize>(doc: &T) -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::to_value(doc).unwrap_or_else(|e| {
+        json!({"error": {"code": "internal", "message": format!("document not serializable: {e}")}})
+    }))
+}
 
 /// An API error response.
 #[derive(Debug)]
@@ -91,11 +104,14 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = match &self.field {
-            Some(f) => json!({"error": {"code": self.code, "message": self.message, "field": f}}),
-            None => json!({"error": {"code": self.code, "message": self.message}}),
-        };
-        let mut resp = (self.status, axum::Json(body)).into_response();
+        let body = document(&ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
+                field: self.field,
+            },
+        });
+        let mut resp = (self.status, body).into_response();
         if let Some(secs) = self.retry_after
             && let Ok(v) = HeaderValue::from_str(&secs.to_string())
         {
@@ -421,12 +437,12 @@ fn start_async(
         )
     })?;
     let location = format!("/v1/captures/{}", record.id);
-    let body = json!({
-        "id": record.id,
-        "kind": kind,
-        "state": "running",
-        "status": location,
-        "events": format!("{location}/events"),
+    let body = document(&CaptureStarted {
+        id: record.id.to_string(),
+        kind: kind.to_string(),
+        state: "running".to_string(),
+        events: format!("{location}/events"),
+        status: location.clone(),
     });
     tracing::info!(kind, id = %record.id, uid = owner, "capture started (async)");
     tokio::spawn(async move {
@@ -460,7 +476,7 @@ fn start_async(
             Err(e) => record.push(failed(e)),
         }
     });
-    let mut resp = (StatusCode::ACCEPTED, axum::Json(body)).into_response();
+    let mut resp = (StatusCode::ACCEPTED, body).into_response();
     if let Ok(v) = HeaderValue::from_str(&location) {
         resp.headers_mut().insert(header::LOCATION, v);
     }
@@ -743,16 +759,16 @@ fn lag_seconds(state: &DaemonState) -> u64 {
         .unwrap_or(0)
 }
 
-/// The status document (also used by `pstackctl status`).
-pub fn status_json(state: &DaemonState) -> serde_json::Value {
+/// The status document (`GET /v1/status`, read by `pstackctl status`).
+pub fn status(state: &DaemonState) -> DaemonStatus {
     let config = state.config();
     let s = &state.shipper_stats;
-    let failures: serde_json::Map<String, serde_json::Value> = s
+    let failures_total = s
         .failures
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
-        .map(|(k, v)| ((*k).to_string(), json!(v)))
+        .map(|(k, v)| ((*k).to_string(), *v))
         .collect();
     let (leaked, budget, available) = match &state.engine.budget {
         Some(b) => {
@@ -761,50 +777,56 @@ pub fn status_json(state: &DaemonState) -> serde_json::Value {
         }
         None => (0, 0, 0),
     };
-    let in_flight = state.in_flight.load(Ordering::SeqCst);
-    json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "uptime_seconds": state.started.elapsed().as_secs(),
-        "draining": state.draining.load(Ordering::SeqCst),
-        "captures": {
-            "in_flight": in_flight,
-            "max_concurrent": config.max_concurrent_captures,
-            "ok_total": state.counters.captures_ok.load(Ordering::Relaxed),
-            "failed_total": state.counters.captures_failed.load(Ordering::Relaxed),
-            "busy_total": state.counters.captures_busy.load(Ordering::Relaxed),
+    let in_flight = state.in_flight.load(Ordering::SeqCst) as u64;
+    DaemonStatus {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        uptime_seconds: state.started.elapsed().as_secs(),
+        draining: state.draining.load(Ordering::SeqCst),
+        captures: CaptureCounts {
+            in_flight,
+            max_concurrent: config.max_concurrent_captures as u64,
+            ok_total: state.counters.captures_ok.load(Ordering::Relaxed),
+            failed_total: state.counters.captures_failed.load(Ordering::Relaxed),
+            busy_total: state.counters.captures_busy.load(Ordering::Relaxed),
         },
-        "helpers": {
-            "live": in_flight,
-            "leaked": leaked,
-            "leak_budget": budget,
-            "leak_budget_available": available,
-            "helper": match &state.engine.supervisor {
-                Ok(s) => json!({"path": s.helper_path.display().to_string()}),
-                Err(e) => json!({"error": e}),
+        helpers: HelperStatus {
+            live: in_flight,
+            leaked: leaked as u64,
+            leak_budget: budget as u64,
+            leak_budget_available: available as u64,
+            helper: match &state.engine.supervisor {
+                Ok(s) => HelperBinary::Found {
+                    path: s.helper_path.display().to_string(),
+                },
+                Err(e) => HelperBinary::Missing { error: e.clone() },
             },
         },
-        "spool": state.spool.snapshot(),
-        "shipping": {
-            "enabled": !config.shipper.url.is_empty(),
-            "collector": config.shipper.url,
-            "lag_seconds": lag_seconds(state),
-            "last_error": s.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-            "last_error_unix": s.last_error_unix.load(Ordering::Relaxed),
-            "last_success_unix": s.last_success_unix.load(Ordering::Relaxed),
-            "next_retry_ms": s.next_delay_ms.load(Ordering::Relaxed),
-            "batches_total": s.batches.load(Ordering::Relaxed),
-            "accepted_total": s.accepted.load(Ordering::Relaxed),
-            "duplicate_total": s.duplicate.load(Ordering::Relaxed),
-            "rejected_total": s.rejected.load(Ordering::Relaxed),
-            "failures_total": failures,
+        spool: state.spool.snapshot().into(),
+        shipping: ShippingStatus {
+            enabled: !config.shipper.url.is_empty(),
+            collector: config.shipper.url.clone(),
+            lag_seconds: lag_seconds(state),
+            last_error: s
+                .last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            last_error_unix: s.last_error_unix.load(Ordering::Relaxed),
+            last_success_unix: s.last_success_unix.load(Ordering::Relaxed),
+            next_retry_ms: s.next_delay_ms.load(Ordering::Relaxed),
+            batches_total: s.batches.load(Ordering::Relaxed),
+            accepted_total: s.accepted.load(Ordering::Relaxed),
+            duplicate_total: s.duplicate.load(Ordering::Relaxed),
+            rejected_total: s.rejected.load(Ordering::Relaxed),
+            failures_total,
         },
-        "ebpf": state.engine.ebpf.status_json(),
-        "watch": state.watch.status_json(),
-    })
+        ebpf: state.engine.ebpf.status_doc(),
+        watch: state.watch.status(),
+    }
 }
 
 async fn get_watch(State(state): State<Arc<DaemonState>>) -> Response {
-    axum::Json(state.watch.status_json()).into_response()
+    document(&state.watch.status()).into_response()
 }
 
 /// NDJSON: the recent watch events, then each new one as it happens.
@@ -856,7 +878,7 @@ async fn get_watch_events(State(state): State<Arc<DaemonState>>) -> Response {
 }
 
 async fn get_status(State(state): State<Arc<DaemonState>>) -> Response {
-    axum::Json(status_json(&state)).into_response()
+    document(&status(&state)).into_response()
 }
 
 async fn get_metrics(State(state): State<Arc<DaemonState>>) -> Response {

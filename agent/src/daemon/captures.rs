@@ -26,12 +26,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use pstack_capture::Progress;
-use pstack_capture::tcp_trace::TraceLine;
-use pstack_envelope::SurfaceStatus;
+use pstackd_api::CaptureEvent;
 
 /// How long a finished capture stays readable.
 pub const KEEP_FINISHED: Duration = Duration::from_secs(600);
@@ -40,86 +38,17 @@ pub const MAX_FINISHED: usize = 64;
 /// Most bytes of live lines kept per capture.
 pub const MAX_LOG_BYTES: usize = 16 << 20;
 
-/// One line of `GET /v1/captures/{id}/events`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum CaptureEvent {
-    /// A phase started, expected to last about `expected_ms`.
-    Phase {
-        /// What is happening.
-        what: String,
-        /// Its expected length, ms.
-        expected_ms: u64,
-    },
-    /// The current phase ended.
-    PhaseDone,
-    /// Something the operator should read.
-    Note {
-        /// The note.
-        text: String,
-    },
-    /// A line of a `tcp_trace`'s live output.
-    Trace {
-        /// The line.
-        line: TraceLine,
-    },
-    /// Live lines not kept (the log reached [`MAX_LOG_BYTES`]).
-    Dropped {
-        /// How many.
-        lines: u64,
-    },
-    /// An envelope, durably spooled.
-    Envelope {
-        /// Its digest.
-        digest: String,
-        /// Its compact JSON, exactly as spooled.
-        envelope: String,
-    },
-    /// The capture finished; every envelope is spooled.
-    Done {
-        /// Every envelope's digest, in order.
-        digests: Vec<String>,
-        /// `spooled`, `spooled_may_be_dropped` or `already_spooled` (as the
-        /// `x-pstack-spool-status` header of a 200).
-        spool_status: String,
-        /// `tcp_trace`: why the eBPF session could not start.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        trace_refused: Option<SurfaceStatus>,
-    },
-    /// The capture failed: the error a synchronous request would have got.
-    Failed {
-        /// HTTP status it maps to.
-        status: u16,
-        /// The error code.
-        code: String,
-        /// The message.
-        message: String,
-        /// The request field at fault.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        field: Option<String>,
-    },
-}
-
-impl CaptureEvent {
-    /// From an engine's progress report.
-    pub fn progress(p: Progress<'_>) -> CaptureEvent {
-        match p {
-            Progress::Phase { what, expected } => CaptureEvent::Phase {
-                what: what.to_string(),
-                expected_ms: u64::try_from(expected.as_millis()).unwrap_or(u64::MAX),
-            },
-            Progress::PhaseDone => CaptureEvent::PhaseDone,
-            Progress::Note(text) => CaptureEvent::Note {
-                text: text.to_string(),
-            },
-        }
-    }
-
-    fn is_final(&self) -> bool {
-        matches!(
-            self,
-            CaptureEvent::Done { .. } | CaptureEvent::Failed { .. }
-        )
+/// An engine's progress report as an event line.
+pub fn progress_event(p: Progress<'_>) -> CaptureEvent {
+    match p {
+        Progress::Phase { what, expected } => CaptureEvent::Phase {
+            what: what.to_string(),
+            expected_ms: u64::try_from(expected.as_millis()).unwrap_or(u64::MAX),
+        },
+        Progress::PhaseDone => CaptureEvent::PhaseDone,
+        Progress::Note(text) => CaptureEvent::Note {
+            text: text.to_string(),
+        },
     }
 }
 
@@ -342,6 +271,7 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pstackd_api::TraceLine;
 
     #[test]
     fn ids_are_owned_and_the_log_ends_once() {

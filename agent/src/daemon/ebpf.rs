@@ -174,23 +174,38 @@ impl DaemonEbpf {
     }
 
     /// The `ebpf` member of `/v1/status`.
-    pub fn status_json(&self) -> serde_json::Value {
-        let (st, as_of) = self.status();
-        let mut v = serde_json::to_value(&st).unwrap_or_else(|e| {
-            serde_json::json!({"state": "error", "message": format!("status not serializable: {e}")})
-        });
-        if let Some(o) = v.as_object_mut() {
-            o.insert("as_of_unix".into(), as_of.into());
-            o.insert(
-                "windows_on_session_total".into(),
-                self.windows_shared.load(Ordering::Relaxed).into(),
-            );
-            o.insert(
-                "windows_one_shot_total".into(),
-                self.windows_one_shot.load(Ordering::Relaxed).into(),
-            );
+    pub fn status_doc(&self) -> pstackd_api::status::EbpfStatus {
+        let (st, as_of_unix) = self.status();
+        let kinds = |m: &std::collections::BTreeMap<&'static str, u64>| {
+            m.iter().map(|(k, v)| ((*k).to_string(), *v)).collect()
+        };
+        pstackd_api::status::EbpfStatus {
+            tcp_events: kinds(&st.tcp_events),
+            tcp_lost: kinds(&st.tcp_lost),
+            state: st.state,
+            message: st.message,
+            programs: st
+                .programs
+                .iter()
+                .map(|p| pstackd_api::status::EbpfProgram {
+                    program: p.program.to_string(),
+                    tracepoint: p.tracepoint.to_string(),
+                    attached: p.attached,
+                })
+                .collect(),
+            offcpu: st.offcpu.map(|o| pstackd_api::status::OffCpuStatus {
+                switches: o.switches,
+                episodes: o.episodes,
+                lost_ring: o.lost_ring,
+                lost_start: o.lost_start,
+                lost_totals: o.lost_totals,
+                watched: o.watched as u64,
+            }),
+            ring_bytes: st.ring_bytes,
+            as_of_unix,
+            windows_on_session_total: self.windows_shared.load(Ordering::Relaxed),
+            windows_one_shot_total: self.windows_one_shot.load(Ordering::Relaxed),
         }
-        v
     }
 
     /// The eBPF part of `/metrics`.

@@ -38,8 +38,9 @@ use pstack_capture::transport::TransportError;
 use pstack_capture::{Progress, longhorn, tcp_trace, transport};
 use pstack_envelope::{Envelope, SurfaceStatus};
 
-use super::captures::{CaptureEvent, Record};
+use super::captures::Record;
 use super::spool::{PutOutcome, Spool, SpoolError};
+use pstackd_api::CaptureEvent;
 
 /// The `hubble` CLI a Longhorn capture runs (looked up on PATH).
 pub const HUBBLE_BIN: &str = "hubble";
@@ -90,7 +91,7 @@ pub enum EngineFailure {
 fn log_progress<'r>(kind: &'static str, record: Option<&'r Record>) -> impl Fn(Progress<'_>) + 'r {
     move |p| {
         if let Some(r) = record {
-            r.push(CaptureEvent::progress(p));
+            r.push(super::captures::progress_event(p));
         }
         log_one(kind, p)
     }

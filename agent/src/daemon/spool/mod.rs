@@ -211,6 +211,24 @@ pub struct SpoolCounters {
     pub acknowledged: AtomicU64,
 }
 
+impl From<SpoolSnapshot> for pstackd_api::status::SpoolStatus {
+    fn from(s: SpoolSnapshot) -> Self {
+        pstackd_api::status::SpoolStatus {
+            files: s.files,
+            bytes: s.bytes,
+            max_files: s.max_files,
+            max_bytes: s.max_bytes,
+            overflow: s.overflow.to_string(),
+            written_total: s.written_total,
+            dropped_total: s.dropped_total,
+            refused_total: s.refused_total,
+            quarantined_total: s.quarantined_total,
+            acknowledged_total: s.acknowledged_total,
+            recovered_total: s.recovered_total,
+        }
+    }
+}
+
 /// A snapshot for `/v1/status` and `/metrics`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct SpoolSnapshot {

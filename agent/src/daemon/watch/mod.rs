@@ -49,6 +49,7 @@ use pstack_capture::request::{
 };
 use pstack_capture::supervisor::Target;
 use pstack_envelope::Trigger;
+use pstackd_api::status::{DStateScan, RuleState as WireRuleState, RuleStatus, WatchStatus};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
@@ -538,48 +539,58 @@ impl WatchEngine {
     }
 
     /// The `watch` member of `/v1/status` (and `GET /v1/watch`).
-    pub fn status_json(&self) -> Value {
-        let recorder = lock(&self.flows).status_json();
+    pub fn status(&self) -> WatchStatus {
+        let flight_recorder = lock(&self.flows).status_json();
         let inner = lock(&self.inner);
-        let rules: Vec<Value> = inner
+        let rules = inner
             .rules
             .iter()
             .map(|s| {
                 let (state, reason) = match &s.availability {
-                    Availability::Armed => ("armed", None),
-                    Availability::Unavailable(r) => ("unavailable", Some(r.clone())),
-                    Availability::Degraded(r) => ("degraded", Some(r.clone())),
+                    Availability::Armed => (WireRuleState::Armed, None),
+                    Availability::Unavailable(r) => (WireRuleState::Unavailable, Some(r.clone())),
+                    Availability::Degraded(r) => (WireRuleState::Degraded, Some(r.clone())),
                 };
-                let mut rule = json!({
-                    "name": s.rule.name,
-                    "kind": s.rule.kind.as_str(),
-                    "state": state,
-                    "reason": reason,
-                    "condition": condition_json(&s.rule),
-                    "window_ms": s.rule.window.as_millis() as u64,
-                    "max_per_subject_per_hour": s.rule.max_per_subject_per_hour,
-                    "max_per_hour": s.rule.max_per_hour,
-                    "fired_total": s.fired,
-                    "captured_total": s.captured,
-                    "failed_total": s.failed,
-                    "suppressed_total": s.suppressed_total(),
-                    "suppressed": s.suppressed,
-                    "last_fired": s.last_fired,
-                    "last_envelope": s.last_envelope,
-                    "last_error": s.last_error,
-                });
-                if let Condition::LonghornRebuild(lh) = &s.rule.condition {
-                    rule["longhorn"] = s.longhorn.status_json(lh);
+                RuleStatus {
+                    name: s.rule.name.clone(),
+                    kind: s.rule.kind.as_str().to_string(),
+                    state,
+                    reason,
+                    condition: condition_json(&s.rule),
+                    window_ms: s.rule.window.as_millis() as u64,
+                    max_per_subject_per_hour: s.rule.max_per_subject_per_hour,
+                    max_per_hour: s.rule.max_per_hour,
+                    fired_total: s.fired,
+                    captured_total: s.captured,
+                    failed_total: s.failed,
+                    suppressed_total: s.suppressed_total(),
+                    suppressed: s
+                        .suppressed
+                        .iter()
+                        .map(|(k, v)| ((*k).to_string(), *v))
+                        .collect(),
+                    last_fired: s.last_fired.clone(),
+                    last_envelope: s.last_envelope.clone(),
+                    last_error: s.last_error.clone(),
+                    longhorn: match &s.rule.condition {
+                        Condition::LonghornRebuild(lh) => Some(s.longhorn.status_json(lh)),
+                        _ => None,
+                    },
                 }
-                rule
             })
             .collect();
-        json!({
-            "rules": rules,
-            "captures_running": inner.running.len(),
-            "d_state_scan": inner.last_scan.map(|(n, t, us)| json!({"threads": n, "truncated": t, "took_us": us})),
-            "flight_recorder": recorder,
-        })
+        WatchStatus {
+            rules,
+            captures_running: inner.running.len() as u64,
+            d_state_scan: inner
+                .last_scan
+                .map(|(threads, truncated, took_us)| DStateScan {
+                    threads: threads as u64,
+                    truncated,
+                    took_us,
+                }),
+            flight_recorder,
+        }
     }
 
     /// Prometheus lines for the rules.
