@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use pstack_agent::cli::capture::{Style, render_host_view};
+use pstackctl::cli::capture::{Style, render_host_view};
 use pstack_envelope::Envelope;
 
 use crate::fixtures::{Freezer, Proc, wait_state};

@@ -8,7 +8,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use pstack_agent::client::{
+use pstackctl::client::{
     self, CaptureRequestBody, ClientError, RequestedDeadlines, SubjectSelector,
 };
 use pstack_envelope::Envelope;

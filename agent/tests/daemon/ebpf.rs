@@ -8,7 +8,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use pstack_agent::client::{self, CaptureRequestBody, RequestedDeadlines, SubjectSelector};
+use pstackctl::client::{self, CaptureRequestBody, RequestedDeadlines, SubjectSelector};
 use pstack_envelope::{Envelope, SurfaceStatus};
 
 use crate::common::{Daemon, Settings, is_root, wait_until};

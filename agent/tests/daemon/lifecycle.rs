@@ -4,7 +4,7 @@
 use std::os::unix::net::{UnixDatagram, UnixListener};
 use std::time::{Duration, Instant};
 
-use pstack_agent::client;
+use pstackctl::client;
 
 use super::common::*;
 

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use pstack_agent::client;
+use pstackctl::client;
 use pstack_envelope::{Subject, SurfaceStatus};
 
 use crate::daemon_common::{Daemon, Settings};

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use pstack_agent::client::{self, CaptureEvent};
+use pstackctl::client::{self, CaptureEvent};
 use pstack_capture::request::{CaptureRequest, TcpTraceRequest};
 use pstack_capture::tcp_trace::TraceLine;
 

@@ -36,9 +36,9 @@ use hyper_util::rt::TokioIo;
 use pstack_envelope::Envelope;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-pub use crate::daemon::capture::{
-    CaptureRequestBody, RequestedCaps, RequestedDeadlines, SubjectSelector,
-};
+/// The legacy process body (`{"subject": …}`).
+pub use pstack_capture::request::LegacyBody as CaptureRequestBody;
+pub use pstack_capture::request::{RequestedCaps, RequestedDeadlines, SubjectSelector};
 use pstackd_api::status::WatchStatus;
 use pstackd_api::{CaptureStarted, DaemonStatus, ErrorBody};
 

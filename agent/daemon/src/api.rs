@@ -52,7 +52,7 @@ use super::engines::{self, EngineFailure};
 use super::peer::PeerCred;
 use super::spool::SpoolError;
 use super::state::DaemonState;
-use crate::supervisor::CaptureError;
+use pstack_capture::supervisor::CaptureError;
 use pstack_capture::request::ValidRequest;
 use pstack_capture::transport::TransportError;
 use pstackd_api::status::{
@@ -254,8 +254,8 @@ fn wants_async(headers: &HeaderMap) -> bool {
 struct Admitted {
     request: ValidRequest,
     slot: super::state::CaptureSlot,
-    supervisor: crate::supervisor::SupervisorConfig,
-    budget: crate::supervisor::LeakBudget,
+    supervisor: pstack_capture::supervisor::SupervisorConfig,
+    budget: pstack_capture::supervisor::LeakBudget,
 }
 
 /// Everything that refuses a capture before it runs, in order: body size,

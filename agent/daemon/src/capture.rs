@@ -47,7 +47,7 @@ pub fn parse_request(body: &[u8], config: &Config) -> Result<ValidRequest, Reque
 mod tests {
     use super::*;
 
-    use crate::supervisor;
+    use pstack_capture::supervisor;
     use std::time::Duration;
 
     fn parse(text: &str) -> Result<supervisor::CaptureRequest, RequestError> {

@@ -33,7 +33,7 @@ use serde_json::json;
 
 use super::rules::{self, Condition};
 use super::{Availability, consider, engines, lock, longhorn};
-use crate::daemon::state::DaemonState;
+use crate::state::DaemonState;
 
 /// Start the `longhorn_rebuild` polls that are due, each on its own task
 /// (a manager that takes its whole deadline never holds the tick); each
@@ -218,8 +218,8 @@ pub(super) async fn capture(
     state: &Arc<DaemonState>,
     a: &longhorn::LonghornAction,
     trigger: Trigger,
-    slot: Option<crate::daemon::state::CaptureSlot>,
-    budget: Option<crate::supervisor::LeakBudget>,
+    slot: Option<crate::state::CaptureSlot>,
+    budget: Option<pstack_capture::supervisor::LeakBudget>,
 ) -> Result<Vec<String>, String> {
     let life = a.life.clone();
     let result = async {
@@ -239,7 +239,7 @@ pub(super) async fn capture(
             let _slot = slot;
             engines::run_longhorn_watched(&plan, &watcher, &supervisor, &budget, &spool)
         });
-        match tokio::time::timeout(deadline + crate::daemon::api::OVERRUN_GRACE, work).await {
+        match tokio::time::timeout(deadline + crate::api::OVERRUN_GRACE, work).await {
             Ok(Ok(Ok(captured))) => Ok(captured.envelopes.into_iter().map(|e| e.digest).collect()),
             Ok(Ok(Err(e))) => Err(e.to_string()),
             Ok(Err(join)) => Err(format!("the capture task failed: {join}")),

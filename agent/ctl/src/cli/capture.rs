@@ -22,7 +22,7 @@ use anyhow::Context;
 use pstack_envelope::{Completeness, Envelope, Subject, Surface, SurfaceStatus};
 use serde_json::Value;
 
-use crate::supervisor::{self, LeakBudget, LeakJournal, SupervisorConfig, Target};
+use pstack_capture::supervisor::{self, LeakBudget, LeakJournal, SupervisorConfig, Target};
 use pstack_capture::request::{self, ProcessLimits, RequestedCaps, RequestedDeadlines};
 
 /// Arguments of `pstackctl capture`.
@@ -103,7 +103,7 @@ pub struct Args {
         long,
         value_name = "FILE",
         env = "PSTACK_LEAK_JOURNAL",
-        default_value = crate::supervisor::leak::DEFAULT_JOURNAL
+        default_value = pstack_capture::supervisor::leak::DEFAULT_JOURNAL
     )]
     pub leak_journal: PathBuf,
     /// The pstack-helper binary [default: next to pstackctl].
@@ -233,8 +233,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     // The daemon's key when this user can read it, so one-shot and daemon
     // digests of the same arguments compare; else a key of this run only.
     let (key, _shared) =
-        crate::digest_key::for_one_shot(Path::new(crate::digest_key::DEFAULT_PATH))
-            .map_err(crate::supervisor::CaptureError::DigestKey)?;
+        pstack_capture::digest_key::for_one_shot(Path::new(pstack_capture::digest_key::DEFAULT_PATH))
+            .map_err(pstack_capture::supervisor::CaptureError::DigestKey)?;
     *config.digest_key.write().unwrap_or_else(|p| p.into_inner()) = key;
     let budget = LeakBudget::new(
         args.leak_budget,

@@ -929,7 +929,7 @@ mod tests {
     //! The rule's orchestration over synthetic manager reads (the capture
     //! itself is exercised on the testbed, `tests/transport/watch_longhorn.rs`).
     use super::*;
-    use crate::daemon::watch::rules::WatchRuleConfig;
+    use crate::watch::rules::WatchRuleConfig;
 
     fn rule(node: &str) -> (WatchRule, LonghornRule) {
         let cfg: WatchRuleConfig = toml::from_str(&format!(
@@ -1211,7 +1211,7 @@ mod bench {
     //! parse of `GET /v1/volumes` and the fold; the HTTP read is not in it).
     //! `cargo test -p pstack-agent --lib bench_the_rule -- --ignored --nocapture`
     use super::*;
-    use crate::daemon::watch::rules::WatchRuleConfig;
+    use crate::watch::rules::WatchRuleConfig;
 
     #[test]
     #[ignore = "a measurement, printed for BENCHMARKS.md"]

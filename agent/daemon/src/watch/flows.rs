@@ -32,8 +32,8 @@ use serde_json::{Value, json};
 
 use super::rules::{Condition, RuleKind};
 use super::{Action, Firing};
-use crate::daemon::config::{EbpfDaemonConfig, FlightRecorderConfig};
-use crate::daemon::spool::Spool;
+use crate::config::{EbpfDaemonConfig, FlightRecorderConfig};
+use crate::spool::Spool;
 
 /// A failed recorder start is retried at most this often.
 pub const RETRY_EVERY: Duration = Duration::from_secs(30);
@@ -143,7 +143,7 @@ impl FlowWatch {
         });
         // The load parsed the kernel's BTF: hand the freed heap back (as
         // pstackd's own eBPF load does), or idle RSS triples.
-        crate::daemon::ebpf::release_freed_heap();
+        crate::ebpf::release_freed_heap();
         match started {
             Ok(r) => {
                 tracing::info!(

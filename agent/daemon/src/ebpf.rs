@@ -31,7 +31,7 @@ use pstack_envelope::Surface;
 use tokio::sync::{Mutex, watch};
 
 use super::config::EbpfDaemonConfig;
-use crate::supervisor::OffCpuSource;
+use pstack_capture::supervisor::OffCpuSource;
 
 /// How long a windowed capture waits for the shared session before loading
 /// its own.

@@ -202,7 +202,7 @@ impl Printer {
                 eprintln!("pstackctl trace tcp: {status}: {message}");
                 match status {
                     SurfaceStatus::PermissionDenied => {
-                        use crate::supervisor::denial;
+                        use pstack_capture::supervisor::denial;
                         eprintln!("  {}", denial::explain_bpf(&denial::Caller::current()))
                     }
                     SurfaceStatus::Unsupported => eprintln!(

@@ -28,7 +28,7 @@ pub mod watch;
 #[derive(Debug, clap::Parser)]
 #[command(
     name = "pstackctl",
-    version = crate::supervisor::VERSION,
+    version = pstack_capture::supervisor::VERSION,
     propagate_version = true
 )]
 /// Capture, verify, compare and hand off pstack evidence envelopes.

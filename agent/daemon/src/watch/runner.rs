@@ -205,12 +205,12 @@ fn trigger_of(f: &Firing) -> Trigger {
 async fn run_capture(
     state: &Arc<DaemonState>,
     f: &Firing,
-    slot: Option<crate::daemon::state::CaptureSlot>,
-    budget: Option<crate::supervisor::LeakBudget>,
+    slot: Option<crate::state::CaptureSlot>,
+    budget: Option<pstack_capture::supervisor::LeakBudget>,
 ) -> Result<Vec<String>, String> {
     let config = state.config();
     let trigger = trigger_of(f);
-    let limits: ProcessLimits = crate::daemon::capture::limits(&config);
+    let limits: ProcessLimits = crate::capture::limits(&config);
     let window = lock(&state.watch.inner)
         .rules
         .iter()
@@ -277,7 +277,7 @@ async fn run_capture(
         let _slot = slot; // held until the engine really returns
         engines::run_and_spool(&request, &supervisor, &budget, &spool)
     });
-    match tokio::time::timeout(deadline + crate::daemon::api::OVERRUN_GRACE, work).await {
+    match tokio::time::timeout(deadline + crate::api::OVERRUN_GRACE, work).await {
         Ok(Ok(Ok(captured))) => Ok(captured.envelopes.into_iter().map(|e| e.digest).collect()),
         Ok(Ok(Err(e))) => Err(e.to_string()),
         Ok(Err(join)) => Err(format!("the capture task failed: {join}")),
