@@ -36,9 +36,7 @@ use hyper_util::rt::TokioIo;
 use pstack_envelope::Envelope;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// The legacy process body (`{"subject": …}`).
-pub use pstack_capture::request::LegacyBody as CaptureRequestBody;
-pub use pstack_capture::request::{RequestedCaps, RequestedDeadlines, SubjectSelector};
+use pstack_capture::request::CaptureRequest;
 use pstackd_api::status::WatchStatus;
 use pstackd_api::{CaptureStarted, DaemonStatus, ErrorBody};
 
@@ -423,7 +421,7 @@ fn api_error(resp: &HttpResponse) -> ClientError {
 /// Ask the daemon for a capture; returns the verified sealed envelope.
 pub fn capture_via_socket(
     socket: &Path,
-    request: &CaptureRequestBody,
+    request: &CaptureRequest,
     timeout: Duration,
 ) -> Result<Envelope, ClientError> {
     let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -439,7 +437,7 @@ pub fn capture_via_socket(
 /// silent fallback (a daemon that refuses us must not be bypassed quietly).
 pub fn try_capture_via_daemon(
     socket: &Path,
-    request: &CaptureRequestBody,
+    request: &CaptureRequest,
     timeout: Duration,
 ) -> Result<Option<Envelope>, ClientError> {
     match capture_via_socket(socket, request, timeout) {
@@ -454,7 +452,7 @@ pub fn try_capture_via_daemon(
 /// prints). A process capture answers one JSON envelope, other kinds NDJSON.
 pub fn capture_kind_via_socket(
     socket: &Path,
-    request: &pstack_capture::request::CaptureRequest,
+    request: &CaptureRequest,
     timeout: Duration,
 ) -> Result<Vec<Envelope>, ClientError> {
     let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -474,7 +472,7 @@ pub fn capture_kind_via_socket(
 /// error, never a silent fallback.
 pub fn try_capture_kind_via_daemon(
     socket: &Path,
-    request: &pstack_capture::request::CaptureRequest,
+    request: &CaptureRequest,
     timeout: Duration,
 ) -> Result<Option<Vec<Envelope>>, ClientError> {
     match capture_kind_via_socket(socket, request, timeout) {
@@ -489,7 +487,7 @@ pub fn try_capture_kind_via_daemon(
 /// id at once; follow it with [`follow_capture`].
 pub fn start_capture(
     socket: &Path,
-    request: &pstack_capture::request::CaptureRequest,
+    request: &CaptureRequest,
     timeout: Duration,
 ) -> Result<String, ClientError> {
     let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;

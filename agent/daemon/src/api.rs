@@ -52,8 +52,8 @@ use super::engines::{self, EngineFailure};
 use super::peer::PeerCred;
 use super::spool::SpoolError;
 use super::state::DaemonState;
-use pstack_capture::supervisor::CaptureError;
 use pstack_capture::request::ValidRequest;
+use pstack_capture::supervisor::CaptureError;
 use pstack_capture::transport::TransportError;
 use pstackd_api::status::{
     CaptureCounts, DaemonStatus, HelperBinary, HelperStatus, ShippingStatus,
@@ -791,9 +791,9 @@ pub fn status(state: &DaemonState) -> DaemonStatus {
         },
         helpers: HelperStatus {
             live: in_flight,
-            leaked: leaked as u64,
-            leak_budget: budget as u64,
-            leak_budget_available: available as u64,
+            leaked,
+            leak_budget: budget,
+            leak_budget_available: available,
             helper: match &state.engine.supervisor {
                 Ok(s) => HelperBinary::Found {
                     path: s.helper_path.display().to_string(),

@@ -14,15 +14,9 @@
 
 use pstack_capture::request::{self, ProcessLimits, ValidRequest};
 
-pub use pstack_capture::request::{
-    RequestError, RequestedCaps, RequestedDeadlines, SubjectSelector,
-};
+pub use pstack_capture::request::RequestError;
 
 use super::config::Config;
-
-/// The process body the client sends (`{"subject": …}`); the tagged
-/// `pstack_capture::request::CaptureRequest` is accepted as well.
-pub type CaptureRequestBody = request::LegacyBody;
 
 /// The daemon's caps and defaults for process/thread/host captures.
 pub fn limits(config: &Config) -> ProcessLimits {

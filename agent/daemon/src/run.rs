@@ -430,8 +430,8 @@ fn status_line(state: &DaemonState) -> String {
 
 /// Read (or create) the host's digest key, logging which.
 fn load_digest_key(path: &std::path::Path) -> Result<pstack_envelope::DigestKey, DaemonError> {
-    let (key, created) =
-        pstack_capture::digest_key::load_or_create(path).map_err(|e| DaemonError::Io(e.to_string()))?;
+    let (key, created) = pstack_capture::digest_key::load_or_create(path)
+        .map_err(|e| DaemonError::Io(e.to_string()))?;
     tracing::info!(path = %path.display(), created, "digest key ready");
     Ok(key)
 }

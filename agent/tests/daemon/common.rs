@@ -8,10 +8,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use pstackctl::client::{
-    self, CaptureRequestBody, ClientError, RequestedDeadlines, SubjectSelector,
-};
+use pstack_capture::request::{CaptureRequest, ProcessRequest, RequestedDeadlines};
 use pstack_envelope::Envelope;
+use pstackctl::client::{self, ClientError};
 
 pub fn is_root() -> bool {
     // SAFETY: geteuid takes no arguments and cannot fail.
@@ -407,17 +406,14 @@ pub fn proc_status_field(pid: i32, field: &str) -> u64 {
 }
 
 pub fn capture(socket: &Path, pid: u32, bundle_ms: u64) -> Result<Envelope, ClientError> {
-    let req = CaptureRequestBody {
-        subject: SubjectSelector {
-            pid: Some(pid),
-            ..Default::default()
-        },
+    let req = CaptureRequest::Process(ProcessRequest {
+        pid,
         deadlines: RequestedDeadlines {
             bundle_ms: Some(bundle_ms),
             surface_ms: Some(bundle_ms.min(500)),
         },
         ..Default::default()
-    };
+    });
     let env = client::capture_via_socket(socket, &req, Duration::from_millis(bundle_ms + 5_000))?;
     // Every envelope the daemon seals agrees with the independent canonicalizer.
     pstack_testkit::check_envelope(&env);

@@ -22,8 +22,11 @@ use anyhow::Context;
 use pstack_envelope::{Completeness, Envelope, Subject, Surface, SurfaceStatus};
 use serde_json::Value;
 
+use pstack_capture::request::{
+    self, CaptureRequest, HostRequest, ProcessLimits, ProcessRequest, RequestedCaps,
+    RequestedDeadlines, ThreadRequest,
+};
 use pstack_capture::supervisor::{self, LeakBudget, LeakJournal, SupervisorConfig, Target};
-use pstack_capture::request::{self, ProcessLimits, RequestedCaps, RequestedDeadlines};
 
 /// Arguments of `pstackctl capture`.
 #[derive(Debug, clap::Args)]
@@ -212,12 +215,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         .window
         .map(|w| pstack_cli::progress::Progress::start("observing off-CPU time (eBPF)", w));
     if !args.one_shot {
-        let mut body =
-            crate::client::CaptureRequestBody::for_target(target, ms(deadlines.surface), bundle_ms);
-        body.window_ms = window_ms;
-        if !args.surfaces.is_empty() {
-            body.surfaces = Some(args.surfaces.clone());
-        }
+        let surfaces = (!args.surfaces.is_empty()).then(|| args.surfaces.clone());
+        let body = daemon_request(
+            target,
+            RequestedDeadlines {
+                surface_ms: Some(ms(deadlines.surface)),
+                bundle_ms: Some(bundle_ms),
+            },
+            window_ms,
+            surfaces,
+        );
         let timeout = Duration::from_millis(bundle_ms.saturating_add(5_000));
         if let Some(envelope) = crate::client::try_capture_via_daemon(&args.socket, &body, timeout)?
         {
@@ -232,9 +239,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     config.reap_deadline = reap_deadline.max(Duration::from_millis(1));
     // The daemon's key when this user can read it, so one-shot and daemon
     // digests of the same arguments compare; else a key of this run only.
-    let (key, _shared) =
-        pstack_capture::digest_key::for_one_shot(Path::new(pstack_capture::digest_key::DEFAULT_PATH))
-            .map_err(pstack_capture::supervisor::CaptureError::DigestKey)?;
+    let (key, _shared) = pstack_capture::digest_key::for_one_shot(Path::new(
+        pstack_capture::digest_key::DEFAULT_PATH,
+    ))
+    .map_err(pstack_capture::supervisor::CaptureError::DigestKey)?;
     *config.digest_key.write().unwrap_or_else(|p| p.into_inner()) = key;
     let budget = LeakBudget::new(
         args.leak_budget,
@@ -807,5 +815,39 @@ fn render_host(o: &mut String, env: &Envelope, by_id: &BTreeMap<&str, &Surface>,
             o.push_str(&style.row(&group_row(state, wchan, threads), false));
             o.push('\n');
         }
+    }
+}
+
+/// The tagged request pstackd gets for a process, thread or host capture
+/// (the same `kind`-tagged body as every other capture kind). Caps are left
+/// to the daemon's configured defaults: a caller may only narrow them.
+fn daemon_request(
+    target: Target,
+    deadlines: RequestedDeadlines,
+    window_ms: Option<u64>,
+    surfaces: Option<Vec<String>>,
+) -> CaptureRequest {
+    let caps = RequestedCaps::default();
+    match target {
+        Target::Process { pid } => CaptureRequest::Process(ProcessRequest {
+            pid,
+            deadlines,
+            caps,
+            window_ms,
+            surfaces,
+        }),
+        Target::Thread { tid } => CaptureRequest::Thread(ThreadRequest {
+            tid,
+            deadlines,
+            caps,
+            window_ms,
+            surfaces,
+        }),
+        // The validator refuses a window on a host capture before this.
+        Target::Host => CaptureRequest::Host(HostRequest {
+            deadlines,
+            caps,
+            surfaces,
+        }),
     }
 }
