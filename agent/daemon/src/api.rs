@@ -48,7 +48,7 @@ use serde_json::json;
 use super::capture::parse_request;
 use super::captures::{Record, Registry};
 use super::config::CaptureConfig;
-use super::engines::{self, EngineFailure};
+use super::engines::{self, EngineFailure, RunAborted};
 use super::peer::PeerCred;
 use super::spool::SpoolError;
 use super::state::DaemonState;
@@ -355,13 +355,13 @@ async fn run_admitted(
     } = admitted;
     let bundle = request.run_deadline();
     let spool = state.spool.clone();
-    let work = tokio::task::spawn_blocking(move || {
+    let work = move || {
         let _slot = slot; // held until the engine really returns
         engines::run_and_spool_with(&request, &supervisor, &budget, &spool, record.as_deref())
-    });
-    match tokio::time::timeout(bundle + OVERRUN_GRACE, work).await {
-        Ok(Ok(r)) => Ok(r),
-        Ok(Err(join)) => {
+    };
+    match engines::run_bounded(bundle, work).await {
+        Ok(r) => Ok(r),
+        Err(RunAborted::Failed(join)) => {
             state
                 .counters
                 .captures_failed
@@ -372,7 +372,7 @@ async fn run_admitted(
                 format!("the capture task failed: {join}"),
             ))
         }
-        Err(_) => {
+        Err(RunAborted::Overran) => {
             state
                 .counters
                 .captures_overran

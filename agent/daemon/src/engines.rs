@@ -25,11 +25,20 @@
 //!   always-on counters mean while the capture runs and serialises every
 //!   capture behind one filter. A process capture's off-CPU window does
 //!   borrow it (`ebpf`), since its programs need no per-capture filter.
+//! - **Bounded, one way.** Every capture pstackd runs (asked over the API
+//!   or started by a watch rule, process or transport or Longhorn) goes
+//!   through [`run_bounded`]: the engine on the blocking pool, awaited at
+//!   most its run deadline plus [`OVERRUN_GRACE`]; past that the caller is
+//!   answered and the engine finishes in the background, still holding its
+//!   capture slot (the closure owns it) until it really returns.
 //! - **Nothing from the caller is executed.** The `hubble` CLI a Longhorn
 //!   capture runs is [`HUBBLE_BIN`] from the daemon's PATH, never a path from
 //!   the request.
 
 use std::path::Path;
+use std::time::Duration;
+
+use pstackd_api::limits::OVERRUN_GRACE;
 
 use pstack_capture::request::ValidRequest;
 use pstack_capture::supervisor::{self, CaptureError, LeakBudget, SupervisorConfig};
@@ -41,6 +50,31 @@ use pstack_envelope::{Envelope, SurfaceStatus};
 use super::captures::Record;
 use super::spool::{PutOutcome, Spool, SpoolError};
 use pstackd_api::CaptureEvent;
+
+/// Why a bounded run has no answer from its engine.
+#[derive(Debug)]
+pub enum RunAborted {
+    /// The engine's task panicked or was cancelled.
+    Failed(tokio::task::JoinError),
+    /// Not finished within the run deadline plus [`OVERRUN_GRACE`]; the
+    /// engine runs on in the background.
+    Overran,
+}
+
+/// Run one capture's engine (`work`, which owns the capture slot so that it
+/// is held until the engine really returns) on the blocking pool and wait
+/// for it at most `deadline` plus [`OVERRUN_GRACE`].
+pub async fn run_bounded<T, F>(deadline: Duration, work: F) -> Result<T, RunAborted>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    match tokio::time::timeout(deadline + OVERRUN_GRACE, tokio::task::spawn_blocking(work)).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(join)) => Err(RunAborted::Failed(join)),
+        Err(_) => Err(RunAborted::Overran),
+    }
+}
 
 /// The `hubble` CLI a Longhorn capture runs (looked up on PATH).
 pub const HUBBLE_BIN: &str = "hubble";

@@ -33,6 +33,7 @@ use serde_json::json;
 
 use super::rules::{self, Condition};
 use super::{Availability, consider, engines, lock, longhorn};
+use crate::engines::RunAborted;
 use crate::state::DaemonState;
 
 /// Start the `longhorn_rebuild` polls that are due, each on its own task
@@ -235,15 +236,15 @@ pub(super) async fn capture(
         let deadline = ValidRequest::Longhorn(Box::new(plan.clone())).run_deadline();
         let watcher = a.watcher.clone();
         a.life.started();
-        let work = tokio::task::spawn_blocking(move || {
+        let work = move || {
             let _slot = slot;
             engines::run_longhorn_watched(&plan, &watcher, &supervisor, &budget, &spool)
-        });
-        match tokio::time::timeout(deadline + crate::api::OVERRUN_GRACE, work).await {
-            Ok(Ok(Ok(captured))) => Ok(captured.envelopes.into_iter().map(|e| e.digest).collect()),
-            Ok(Ok(Err(e))) => Err(e.to_string()),
-            Ok(Err(join)) => Err(format!("the capture task failed: {join}")),
-            Err(_) => Err(format!(
+        };
+        match engines::run_bounded(deadline, work).await {
+            Ok(Ok(captured)) => Ok(captured.envelopes.into_iter().map(|e| e.digest).collect()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(RunAborted::Failed(join)) => Err(format!("the capture task failed: {join}")),
+            Err(RunAborted::Overran) => Err(format!(
                 "the capture overran its {} ms deadline",
                 deadline.as_millis()
             )),

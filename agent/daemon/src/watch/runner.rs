@@ -11,6 +11,7 @@
 //!   capture slot; the tick never waits for one.
 
 use super::*;
+use crate::engines::RunAborted;
 
 /// Run the engine until `stop` turns true.
 pub async fn run(state: Arc<DaemonState>, mut stop: tokio::sync::watch::Receiver<bool>) {
@@ -273,15 +274,15 @@ async fn run_capture(
     let budget = budget.ok_or("no leak budget")?;
     let spool = state.spool.clone();
     let deadline = request.run_deadline();
-    let work = tokio::task::spawn_blocking(move || {
+    let work = move || {
         let _slot = slot; // held until the engine really returns
         engines::run_and_spool(&request, &supervisor, &budget, &spool)
-    });
-    match tokio::time::timeout(deadline + crate::api::OVERRUN_GRACE, work).await {
-        Ok(Ok(Ok(captured))) => Ok(captured.envelopes.into_iter().map(|e| e.digest).collect()),
-        Ok(Ok(Err(e))) => Err(e.to_string()),
-        Ok(Err(join)) => Err(format!("the capture task failed: {join}")),
-        Err(_) => Err(format!(
+    };
+    match engines::run_bounded(deadline, work).await {
+        Ok(Ok(captured)) => Ok(captured.envelopes.into_iter().map(|e| e.digest).collect()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(RunAborted::Failed(join)) => Err(format!("the capture task failed: {join}")),
+        Err(RunAborted::Overran) => Err(format!(
             "the capture overran its {} ms deadline",
             deadline.as_millis()
         )),
