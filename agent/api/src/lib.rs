@@ -15,10 +15,12 @@
 pub mod error;
 pub mod events;
 pub mod limits;
+pub mod request;
 pub mod status;
 
 pub use error::{ErrorBody, ErrorDetail};
 pub use events::{CaptureEvent, CaptureStarted, TraceLine};
+pub use request::CaptureRequest;
 pub use status::DaemonStatus;
 
 /// Read an `Option` field that must be present (as a value or `null`):

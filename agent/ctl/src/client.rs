@@ -36,7 +36,7 @@ use hyper_util::rt::TokioIo;
 use pstack_envelope::Envelope;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use pstack_capture::request::CaptureRequest;
+use pstackd_api::CaptureRequest;
 use pstackd_api::status::WatchStatus;
 use pstackd_api::{CaptureStarted, DaemonStatus, ErrorBody};
 

@@ -12,7 +12,7 @@
 //! - The supervisor runs on the blocking pool (`spawn_blocking`); the number
 //!   running at once is bounded by the caller (`max_concurrent_captures`).
 
-use pstack_capture::request::{self, ProcessLimits, ValidRequest};
+use pstack_capture::request::{self, ProcessLimits, ValidRequest, Validate};
 
 pub use pstack_capture::request::RequestError;
 

@@ -2,7 +2,9 @@
 //! Longhorn engine (`pstack_capture::longhorn`) → envelopes printed (streams
 //! first, the transfer last).
 
-use pstack_capture::request::{CaptureRequest, LonghornRequest, RequestError, ValidRequest};
+use pstack_capture::request::{
+    CaptureRequest, LonghornRequest, PlanLonghorn, RequestError, ValidRequest,
+};
 
 use super::transport::{self, FlowArgs};
 

@@ -23,7 +23,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use pstack_capture::request::{CaptureRequest, RequestError, TRACE_WINDOW, TcpTraceRequest};
+use pstack_capture::request::{
+    CaptureRequest, PlanTrace, RequestError, TRACE_WINDOW, TcpTraceRequest,
+};
 use pstack_capture::tcp_trace::{self, TraceLine, TracePlan};
 use pstack_envelope::{Envelope, SurfaceStatus};
 

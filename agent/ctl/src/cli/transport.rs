@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pstack_capture::request::{
-    CaptureRequest, RequestError, TransportRequest, ValidRequest, invalid_window,
+    CaptureRequest, PlanTransport, RequestError, TransportRequest, ValidRequest, invalid_window,
 };
 use pstack_capture::supervisor::{LeakBudget, LeakJournal, SupervisorConfig};
 use pstack_capture::transport::{CaptureResult, Plan, TransportError};

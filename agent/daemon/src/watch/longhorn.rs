@@ -38,7 +38,7 @@ use pstack_capture::longhorn::kube::{Event, KubeApi, WatchReport};
 use pstack_capture::longhorn::model::{Volume, parse_error_addrs, parse_volume_list};
 use pstack_capture::longhorn::topology::{NodeSeen, PartyRole, Topology, node_roles, resolve};
 use pstack_capture::longhorn::{LonghornPlan, Verdict, Watcher};
-use pstack_capture::request::{DEFAULT_MAX_FLOWS, LonghornRequest};
+use pstack_capture::request::{DEFAULT_MAX_FLOWS, LonghornRequest, PlanLonghorn};
 use serde_json::{Value, json};
 
 use super::rebuild::{Change, Outcome, RebuildBook, RebuildEvent, volume_of_event};
