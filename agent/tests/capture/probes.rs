@@ -152,6 +152,9 @@ fn probes_are_built_only_in_the_probes_module() {
     // The CLI and daemon sources, and the engines in pstack-capture.
     let roots = [
         concat!(env!("CARGO_MANIFEST_DIR"), "/src"),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/daemon/src"),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/ctl/src"),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/api/src"),
         concat!(env!("CARGO_MANIFEST_DIR"), "/../capture/src"),
     ];
     let mut strays = Vec::new();
