@@ -157,7 +157,7 @@ fn flatten(
 }
 
 fn real_defaults() -> std::collections::BTreeMap<String, toml::Value> {
-    let v = toml::Value::try_from(pstack_agent::daemon::config::Config::default()).unwrap();
+    let v = toml::Value::try_from(pstackd::config::Config::default()).unwrap();
     let mut out = std::collections::BTreeMap::new();
     flatten("", &v, &mut out);
     out
@@ -171,8 +171,8 @@ fn example_config_is_the_real_defaults() {
         "/../examples/pstackd.toml"
     ))
     .unwrap();
-    let parsed = pstack_agent::daemon::config::Config::parse(&text).unwrap();
-    assert_eq!(parsed, pstack_agent::daemon::config::Config::default());
+    let parsed = pstackd::config::Config::parse(&text).unwrap();
+    assert_eq!(parsed, pstackd::config::Config::default());
     let mut keys = std::collections::BTreeMap::new();
     flatten(
         "",
@@ -215,7 +215,7 @@ fn configuration_reference_matches_the_real_defaults() {
 #[test]
 fn check_config_says_when_the_file_is_missing() {
     let d = PathBuf::from(env!("CARGO_BIN_EXE_pstackd"));
-    let default = std::path::Path::new(pstack_agent::daemon::config::DEFAULT_CONFIG_PATH);
+    let default = std::path::Path::new(pstackd::config::DEFAULT_CONFIG_PATH);
     // An installed default file is hidden under an empty tmpfs in a private
     // mount namespace, so the absent case is always what runs.
     let o = if default.exists() {

@@ -21,10 +21,17 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::supervisor::{self, SurfaceSelection, Target};
 use crate::{longhorn, tcp_trace, transport};
+
+// The request is a wire type (`POST /v1/captures`): defined in
+// `pstackd_api::request`, validated here. Re-exported so the engines and
+// their callers name it where they always have.
+pub use pstackd_api::request::{
+    CaptureRequest, DEFAULT_MAX_FLOWS, DEFAULT_TRACE_WINDOW_MS, DEFAULT_TRANSPORT_WINDOW_MS,
+    HostRequest, LegacyBody, LonghornRequest, ProcessRequest, RequestedCaps, RequestedDeadlines,
+    SubjectSelector, TcpTraceRequest, ThreadRequest, TransportRequest,
+};
 
 /// Shortest and longest off-CPU window of a process/thread capture (it
 /// holds a capture slot and the subject's helpers for that long).
@@ -36,238 +43,12 @@ pub const TRANSPORT_WINDOW: (Duration, Duration) =
 /// Shortest and longest `tcp_trace` window.
 pub const TRACE_WINDOW: (Duration, Duration) =
     (Duration::from_millis(1), Duration::from_secs(3600));
-/// Default transport/Longhorn window.
-pub const DEFAULT_TRANSPORT_WINDOW_MS: u64 = 30_000;
-/// Default `tcp_trace` window.
-pub const DEFAULT_TRACE_WINDOW_MS: u64 = 10_000;
-/// Default and largest `max_flows`.
-pub const DEFAULT_MAX_FLOWS: usize = 64;
 /// Largest `max_flows`.
 pub const MAX_FLOWS: usize = 4096;
 /// Default `tcp_trace` ring buffer.
 pub const DEFAULT_RING_BYTES: u32 = 256 * 1024;
 /// Ring buffer bounds of `tcp_trace` (a power of two in between).
 pub const RING_BYTES: (u32, u32) = (4096, 1 << 30);
-
-/// A capture, of any kind.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum CaptureRequest {
-    /// A process and its threads.
-    Process(ProcessRequest),
-    /// One thread.
-    Thread(ThreadRequest),
-    /// Every process on the host.
-    Host(HostRequest),
-    /// TCP flows to a peer, sampled over a window.
-    Transport(TransportRequest),
-    /// A Longhorn rebuild and its TCP flows.
-    Longhorn(LonghornRequest),
-    /// TCP retransmits, resets and state changes (eBPF) over a window.
-    TcpTrace(TcpTraceRequest),
-}
-
-/// Requested deadlines (each optional: the limits' defaults fill in).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RequestedDeadlines {
-    /// Per-surface deadline, ms.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub surface_ms: Option<u64>,
-    /// Whole-capture deadline, ms.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bundle_ms: Option<u64>,
-}
-
-/// Requested caps (each optional; at most the limits' values).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RequestedCaps {
-    /// Most threads read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_threads: Option<u64>,
-    /// Most raw bytes per surface.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_bytes_per_surface: Option<u64>,
-}
-
-/// `kind: process`.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProcessRequest {
-    /// Thread group id.
-    pub pid: u32,
-    /// Deadlines.
-    #[serde(default)]
-    pub deadlines: RequestedDeadlines,
-    /// Caps.
-    #[serde(default)]
-    pub caps: RequestedCaps,
-    /// Off-CPU observation window (eBPF), ms; inside the bundle deadline.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub window_ms: Option<u64>,
-    /// Surface families to read; absent: every surface.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub surfaces: Option<Vec<String>>,
-}
-
-/// `kind: thread`.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ThreadRequest {
-    /// Thread id.
-    pub tid: u32,
-    /// Deadlines.
-    #[serde(default)]
-    pub deadlines: RequestedDeadlines,
-    /// Caps.
-    #[serde(default)]
-    pub caps: RequestedCaps,
-    /// Off-CPU observation window (eBPF), ms.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub window_ms: Option<u64>,
-    /// Surface families to read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub surfaces: Option<Vec<String>>,
-}
-
-/// `kind: host`.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HostRequest {
-    /// Deadlines.
-    #[serde(default)]
-    pub deadlines: RequestedDeadlines,
-    /// Caps.
-    #[serde(default)]
-    pub caps: RequestedCaps,
-    /// Surface families to read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub surfaces: Option<Vec<String>>,
-}
-
-fn default_transport_window() -> u64 {
-    DEFAULT_TRANSPORT_WINDOW_MS
-}
-fn default_trace_window() -> u64 {
-    DEFAULT_TRACE_WINDOW_MS
-}
-fn default_max_flows() -> usize {
-    DEFAULT_MAX_FLOWS
-}
-fn yes() -> bool {
-    true
-}
-fn is_true(b: &bool) -> bool {
-    *b
-}
-fn is_false(b: &bool) -> bool {
-    !*b
-}
-
-/// `kind: transport`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TransportRequest {
-    /// Remote endpoint: `ADDR`, `ADDR:PORT` or `[IPv6]:PORT`.
-    pub peer: String,
-    /// Local endpoint, same forms.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub local: Option<String>,
-    /// Read the network namespace of this process.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub netns_pid: Option<u32>,
-    /// Read this named network namespace (`/run/netns/NAME`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub netns: Option<String>,
-    /// Sampling window, ms.
-    #[serde(default = "default_transport_window")]
-    pub window_ms: u64,
-    /// With no port pinned, the port range `LO-HI` either end must be in
-    /// (default: Longhorn's data ports).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ports: Option<String>,
-    /// Most flows enveloped.
-    #[serde(default = "default_max_flows")]
-    pub max_flows: usize,
-    /// Watch the whole window even when nothing matches at the first sample.
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub wait: bool,
-    /// Run the eBPF TCP window (reset attribution).
-    #[serde(default = "yes", skip_serializing_if = "is_true")]
-    pub ebpf: bool,
-}
-
-/// `kind: longhorn`: the transport fields plus the transfer's identity.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LonghornRequest {
-    /// Longhorn volume name.
-    pub volume: String,
-    /// Engine name.
-    pub engine: String,
-    /// Node of the source replica (an override checked against the
-    /// manager; empty: from the manager).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub source_node: String,
-    /// Node of the target (rebuilding) replica (an override checked against
-    /// the manager; empty: from the manager).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub target_node: String,
-    /// Transfer id; default: derived from the linked flows.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transfer: Option<String>,
-    /// Remote endpoint of the stream flows.
-    pub peer: String,
-    /// Local endpoint.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub local: Option<String>,
-    /// Network namespace of this process.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub netns_pid: Option<u32>,
-    /// Named network namespace.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub netns: Option<String>,
-    /// Sampling window, ms.
-    #[serde(default = "default_transport_window")]
-    pub window_ms: u64,
-    /// Port range `LO-HI`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ports: Option<String>,
-    /// Most flows enveloped.
-    #[serde(default = "default_max_flows")]
-    pub max_flows: usize,
-    /// Watch the whole window even when nothing matches at first.
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub wait: bool,
-    /// Run the eBPF TCP window.
-    #[serde(default = "yes", skip_serializing_if = "is_true")]
-    pub ebpf: bool,
-    /// Longhorn manager API base URL (`http://` only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub longhorn_api: Option<String>,
-    /// Hubble Relay address (`host:port`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hubble_server: Option<String>,
-}
-
-/// `kind: tcp_trace`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TcpTraceRequest {
-    /// How long to watch, ms.
-    #[serde(default = "default_trace_window")]
-    pub window_ms: u64,
-    /// Only flows with this port at either end.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub port: Option<u16>,
-    /// Only flows with this address at either end.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub addr: Option<String>,
-    /// Ring buffer bytes (a power of two).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ring_bytes: Option<u32>,
-}
 
 /// The caller's caps and defaults for process/thread/host captures (a
 /// caller of the daemon can narrow them, never widen them).
@@ -412,119 +193,53 @@ pub(crate) fn invalid(param: &'static str, reason: impl Into<String>) -> Request
     }
 }
 
-/// The legacy process body: `{"subject": {"pid"|"tid"|"host": …}, …}`.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LegacyBody {
-    /// What to capture.
-    pub subject: SubjectSelector,
-    /// Deadlines.
-    #[serde(default)]
-    pub deadlines: RequestedDeadlines,
-    /// Caps.
-    #[serde(default)]
-    pub caps: RequestedCaps,
-    /// Off-CPU window, ms.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub window_ms: Option<u64>,
-    /// Surface families.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub surfaces: Option<Vec<String>>,
-}
-
-/// Which subject a legacy body captures. Exactly one member.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SubjectSelector {
-    /// A process.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pid: Option<u32>,
-    /// One thread.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tid: Option<u32>,
-    /// Every process on the host (must be `true`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host: Option<bool>,
-}
-
-impl LegacyBody {
-    /// A request for a supervisor target with explicit deadlines; caps are
-    /// left to the daemon's configured defaults (a caller may only narrow them).
-    pub fn for_target(target: Target, surface_ms: u64, bundle_ms: u64) -> LegacyBody {
-        let subject = match target {
-            Target::Process { pid } => SubjectSelector {
-                pid: Some(pid),
-                ..Default::default()
-            },
-            Target::Thread { tid } => SubjectSelector {
-                tid: Some(tid),
-                ..Default::default()
-            },
-            Target::Host => SubjectSelector {
-                host: Some(true),
-                ..Default::default()
-            },
-        };
-        LegacyBody {
-            subject,
-            deadlines: RequestedDeadlines {
-                surface_ms: Some(surface_ms),
-                bundle_ms: Some(bundle_ms),
-            },
-            caps: RequestedCaps::default(),
-            window_ms: None,
-            surfaces: None,
+/// The tagged request a legacy body means.
+pub fn legacy_request(body: LegacyBody) -> Result<CaptureRequest, RequestError> {
+    let s = &body.subject;
+    Ok(match (s.pid, s.tid, s.host) {
+        (Some(pid), None, None) => CaptureRequest::Process(ProcessRequest {
+            pid,
+            deadlines: body.deadlines,
+            caps: body.caps,
+            window_ms: body.window_ms,
+            surfaces: body.surfaces,
+        }),
+        (None, Some(tid), None) => CaptureRequest::Thread(ThreadRequest {
+            tid,
+            deadlines: body.deadlines,
+            caps: body.caps,
+            window_ms: body.window_ms,
+            surfaces: body.surfaces,
+        }),
+        (None, None, Some(true)) => {
+            if body.window_ms.is_some() {
+                return Err(RequestError::OutOfRange {
+                    param: "window_ms",
+                    reason: "needs a pid or tid subject, not host".into(),
+                });
+            }
+            CaptureRequest::Host(HostRequest {
+                deadlines: body.deadlines,
+                caps: body.caps,
+                surfaces: body.surfaces,
+            })
         }
-    }
-
-    /// The tagged request this body means.
-    pub fn into_request(self) -> Result<CaptureRequest, RequestError> {
-        let s = &self.subject;
-        Ok(match (s.pid, s.tid, s.host) {
-            (Some(pid), None, None) => CaptureRequest::Process(ProcessRequest {
-                pid,
-                deadlines: self.deadlines,
-                caps: self.caps,
-                window_ms: self.window_ms,
-                surfaces: self.surfaces,
-            }),
-            (None, Some(tid), None) => CaptureRequest::Thread(ThreadRequest {
-                tid,
-                deadlines: self.deadlines,
-                caps: self.caps,
-                window_ms: self.window_ms,
-                surfaces: self.surfaces,
-            }),
-            (None, None, Some(true)) => {
-                if self.window_ms.is_some() {
-                    return Err(RequestError::OutOfRange {
-                        param: "window_ms",
-                        reason: "needs a pid or tid subject, not host".into(),
-                    });
-                }
-                CaptureRequest::Host(HostRequest {
-                    deadlines: self.deadlines,
-                    caps: self.caps,
-                    surfaces: self.surfaces,
-                })
-            }
-            (None, None, Some(false)) => {
-                return Err(RequestError::BadSelector(
-                    "host must be true when given".into(),
-                ));
-            }
-            (None, None, None) => {
-                return Err(RequestError::BadSelector(
-                    "name one subject: {\"pid\": N}, {\"tid\": N} or {\"host\": true}".into(),
-                ));
-            }
-            _ => {
-                return Err(RequestError::BadSelector(
-                    "name exactly one of pid, tid, host".into(),
-                ));
-            }
-        })
-    }
+        (None, None, Some(false)) => {
+            return Err(RequestError::BadSelector(
+                "host must be true when given".into(),
+            ));
+        }
+        (None, None, None) => {
+            return Err(RequestError::BadSelector(
+                "name one subject: {\"pid\": N}, {\"tid\": N} or {\"host\": true}".into(),
+            ));
+        }
+        _ => {
+            return Err(RequestError::BadSelector(
+                "name exactly one of pid, tid, host".into(),
+            ));
+        }
+    })
 }
 
 fn malformed(e: serde_path_to_error::Error<serde_json::Error>) -> RequestError {
@@ -562,7 +277,7 @@ pub fn parse(body: &[u8]) -> Result<CaptureRequest, RequestError> {
         serde_path_to_error::deserialize(value).map_err(malformed)
     } else {
         let legacy: LegacyBody = serde_path_to_error::deserialize(value).map_err(malformed)?;
-        legacy.into_request()
+        legacy_request(legacy)
     }
 }
 
@@ -681,21 +396,15 @@ pub fn window(ms: u64, bounds: (Duration, Duration)) -> Result<Duration, Request
     Ok(d)
 }
 
-impl CaptureRequest {
-    /// The kind's wire name.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            CaptureRequest::Process(_) => "process",
-            CaptureRequest::Thread(_) => "thread",
-            CaptureRequest::Host(_) => "host",
-            CaptureRequest::Transport(_) => "transport",
-            CaptureRequest::Longhorn(_) => "longhorn",
-            CaptureRequest::TcpTrace(_) => "tcp_trace",
-        }
-    }
-
+/// Validation of a capture request (a wire type of `pstackd_api`): the
+/// plan the engine of its kind runs.
+pub trait Validate {
     /// Validate every field, once; the plan the engine of this kind runs.
-    pub fn validate(&self, limits: &ProcessLimits) -> Result<ValidRequest, RequestError> {
+    fn validate(&self, limits: &ProcessLimits) -> Result<ValidRequest, RequestError>;
+}
+
+impl Validate for CaptureRequest {
+    fn validate(&self, limits: &ProcessLimits) -> Result<ValidRequest, RequestError> {
         Ok(match self {
             CaptureRequest::Process(r) => ValidRequest::Process(process_plan(
                 Target::Process { pid: r.pid },
@@ -757,14 +466,20 @@ fn network_window_fits(window_ms: u64, limits: &ProcessLimits) -> Result<(), Req
     Ok(())
 }
 
-impl TransportRequest {
+/// A transport request's plan and flow selection.
+pub trait PlanTransport {
     /// Validate into a transport plan.
-    pub fn plan(&self) -> Result<transport::Plan, RequestError> {
+    fn plan(&self) -> Result<transport::Plan, RequestError>;
+    /// The flow selection of this request.
+    fn flows(&self) -> transport::FlowSelection;
+}
+
+impl PlanTransport for TransportRequest {
+    fn plan(&self) -> Result<transport::Plan, RequestError> {
         transport::Plan::from_selection(&self.flows(), self.ebpf)
     }
 
-    /// The flow selection of this request.
-    pub fn flows(&self) -> transport::FlowSelection {
+    fn flows(&self) -> transport::FlowSelection {
         transport::FlowSelection {
             peer: self.peer.clone(),
             local: self.local.clone(),
@@ -778,14 +493,20 @@ impl TransportRequest {
     }
 }
 
-impl LonghornRequest {
+/// A Longhorn request's plan and flow selection.
+pub trait PlanLonghorn {
     /// Validate into a Longhorn plan.
-    pub fn plan(&self) -> Result<longhorn::LonghornPlan, RequestError> {
+    fn plan(&self) -> Result<longhorn::LonghornPlan, RequestError>;
+    /// The flow selection of this request.
+    fn flows(&self) -> transport::FlowSelection;
+}
+
+impl PlanLonghorn for LonghornRequest {
+    fn plan(&self) -> Result<longhorn::LonghornPlan, RequestError> {
         longhorn::plan(self)
     }
 
-    /// The flow selection of this request.
-    pub fn flows(&self) -> transport::FlowSelection {
+    fn flows(&self) -> transport::FlowSelection {
         transport::FlowSelection {
             peer: self.peer.clone(),
             local: self.local.clone(),
@@ -799,9 +520,14 @@ impl LonghornRequest {
     }
 }
 
-impl TcpTraceRequest {
+/// A `tcp_trace` request's plan.
+pub trait PlanTrace {
     /// Validate into a trace plan.
-    pub fn plan(&self) -> Result<tcp_trace::TracePlan, RequestError> {
+    fn plan(&self) -> Result<tcp_trace::TracePlan, RequestError>;
+}
+
+impl PlanTrace for TcpTraceRequest {
+    fn plan(&self) -> Result<tcp_trace::TracePlan, RequestError> {
         let window = window(self.window_ms, TRACE_WINDOW)?;
         let addr =
             match &self.addr {

@@ -21,7 +21,6 @@ use pstack_envelope::{
     NextTransition, Scope, Subject, Surface, SurfaceStatus, Termination, Universe, Unknown,
     sha256_digest,
 };
-use serde::{Deserialize, Serialize};
 
 use crate::Progress;
 use crate::clock::{monotonic_ns, wall_time_now};
@@ -90,58 +89,18 @@ pub struct TraceResult {
     pub refused: Option<SurfaceStatus>,
 }
 
-/// One line of a trace's live output, as the engine produces it: exactly
-/// what `pstackctl trace tcp` renders, whether the window ran in pstackctl
-/// or in pstackd (which streams these lines, see the daemon's
-/// `/v1/captures/{id}/events`). Text and JSON renderings travel pre-encoded
-/// so both paths print the same bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "line", rename_all = "snake_case", deny_unknown_fields)]
-pub enum TraceLine {
-    /// The session is attached; events follow.
-    Watching {
-        /// The window, ms.
-        window_ms: u64,
-        /// The port filter.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        port: Option<u16>,
-        /// The address filter.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        addr: Option<String>,
-    },
-    /// One event.
-    Event {
-        /// The text line (`+  0.123s reset sent …`).
-        text: String,
-        /// The event's JSON object, encoded.
-        json: String,
-    },
-    /// The window ended.
-    Summary {
-        /// The end-of-window summary lines.
-        lines: Vec<String>,
-        /// The window's surfaces, encoded as a JSON array.
-        surfaces: String,
-    },
-    /// The session could not start; the envelope's surfaces carry the reason.
-    Refused {
-        /// The typed reason.
-        status: SurfaceStatus,
-        /// The session's error.
-        message: String,
-    },
-}
+/// One line of a trace's live output: the wire type of pstackd's event
+/// stream, which the engine produces directly (see `pstackd_api::TraceLine`).
+pub use pstackd_api::TraceLine;
 
-impl TraceLine {
-    /// The banner line of [`TraceLine::Watching`].
-    pub fn banner(window_ms: u64, port: Option<u16>, addr: Option<&str>) -> String {
-        format!(
-            "tracing TCP for {}{}{} (Ctrl-C to stop)",
-            pstack_cli::duration::format_duration(Duration::from_millis(window_ms)),
-            port.map(|p| format!(", port {p}")).unwrap_or_default(),
-            addr.map(|x| format!(", addr {x}")).unwrap_or_default()
-        )
-    }
+/// The banner line of [`TraceLine::Watching`].
+pub fn banner(window_ms: u64, port: Option<u16>, addr: Option<&str>) -> String {
+    format!(
+        "tracing TCP for {}{}{} (Ctrl-C to stop)",
+        pstack_cli::duration::format_duration(Duration::from_millis(window_ms)),
+        port.map(|p| format!(", port {p}")).unwrap_or_default(),
+        addr.map(|x| format!(", addr {x}")).unwrap_or_default()
+    )
 }
 
 /// Run one trace window to its end (no live output) and seal it.

@@ -1,6 +1,6 @@
-//! `pstackctl`: the operator's CLI for pstack (see `pstack_agent::cli`).
+//! `pstackctl`: the operator's CLI for pstack (see `pstackctl::cli`).
 
-use pstack_agent::cli;
+use pstackctl::cli;
 
 /// mimalloc, not glibc malloc: verifying an envelope builds and drops tens of
 /// thousands of small heap objects (every fact string and map), where glibc's

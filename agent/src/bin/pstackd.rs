@@ -1,10 +1,10 @@
-//! `pstackd`: the pstack node daemon. See `pstack_agent::daemon`.
+//! `pstackd`: the pstack node daemon. See the `pstackd` crate.
 
 use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser};
-use pstack_agent::daemon::config::{Config, DEFAULT_CONFIG_PATH};
-use pstack_agent::daemon::run::{RunOptions, prepare, run};
+use pstackd::config::{Config, DEFAULT_CONFIG_PATH};
+use pstackd::run::{RunOptions, prepare, run};
 
 /// Exit codes of `pstackd` (kept equal to the README's table by a test).
 const EXIT_CODES_HELP: &str = "\
@@ -17,7 +17,7 @@ Exit codes:
 #[derive(Debug, Parser)]
 #[command(
     name = "pstackd",
-    version = pstack_agent::supervisor::VERSION,
+    version = pstack_capture::supervisor::VERSION,
     after_help = EXIT_CODES_HELP
 )]
 struct Args {

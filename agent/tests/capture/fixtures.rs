@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use pstack_agent::supervisor::{
+use pstack_capture::supervisor::{
     self, CaptureRequest, Deadlines, LeakBudget, LeakJournal, SupervisorConfig, Target,
 };
 use pstack_envelope::{Envelope, Surface};
@@ -53,7 +53,7 @@ pub fn sealed_capture(
     request: &CaptureRequest,
     config: &SupervisorConfig,
     budget: &LeakBudget,
-) -> Result<Envelope, pstack_agent::supervisor::CaptureError> {
+) -> Result<Envelope, pstack_capture::supervisor::CaptureError> {
     let env = supervisor::capture(request, config, budget)?;
     pstack_testkit::check_envelope(&env);
     Ok(env)

@@ -8,8 +8,8 @@
 use std::path::Path;
 use std::process::Command;
 
-use pstack_agent::cli::capture::{Style, render_host_view};
 use pstack_envelope::Envelope;
+use pstackctl::cli::capture::{Style, render_host_view};
 
 use crate::fixtures::{Freezer, Proc, wait_state};
 

@@ -7,7 +7,7 @@
 
 use pstack_envelope::SurfaceStatus;
 
-use pstack_agent::supervisor::{self, Target};
+use pstack_capture::supervisor::{self, Target};
 
 use crate::fixtures::{Proc, budget, capture_pid, config, is_root, request, surface};
 

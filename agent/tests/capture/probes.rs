@@ -7,7 +7,7 @@
 use std::process::Command;
 
 use clap::Parser;
-use pstack_agent::cli::Cli;
+use pstackctl::cli::Cli;
 
 use crate::fixtures::{Freezer, Proc, capture_pid, wait_state};
 
@@ -78,7 +78,7 @@ fn assert_parses(probe: &str) -> usize {
 #[test]
 fn every_probe_the_code_emits_parses() {
     let mut parsed = 0;
-    for probe in pstack_agent::probes::samples() {
+    for probe in pstack_capture::probes::samples() {
         assert_eq!(assert_parses(&probe), 1, "{probe}");
         parsed += 1;
     }
@@ -152,6 +152,9 @@ fn probes_are_built_only_in_the_probes_module() {
     // The CLI and daemon sources, and the engines in pstack-capture.
     let roots = [
         concat!(env!("CARGO_MANIFEST_DIR"), "/src"),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/daemon/src"),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/ctl/src"),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/api/src"),
         concat!(env!("CARGO_MANIFEST_DIR"), "/../capture/src"),
     ];
     let mut strays = Vec::new();

@@ -8,10 +8,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use pstack_agent::client::{
-    self, CaptureRequestBody, ClientError, RequestedDeadlines, SubjectSelector,
-};
+use pstack_capture::request::{CaptureRequest, ProcessRequest, RequestedDeadlines};
 use pstack_envelope::Envelope;
+use pstackctl::client::{self, ClientError};
 
 pub fn is_root() -> bool {
     // SAFETY: geteuid takes no arguments and cannot fail.
@@ -235,8 +234,11 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The status document, read as the typed `DaemonStatus` (a missing
+    /// field fails here) and handed back as JSON for the tests' lookups.
     pub fn status(&self) -> serde_json::Value {
-        client::status(&self.socket, Duration::from_secs(5)).expect("status")
+        let status = client::status(&self.socket, Duration::from_secs(5)).expect("status");
+        serde_json::to_value(status).expect("a status document")
     }
 
     pub fn capture_pid(&self, pid: u32) -> Result<Envelope, ClientError> {
@@ -404,17 +406,14 @@ pub fn proc_status_field(pid: i32, field: &str) -> u64 {
 }
 
 pub fn capture(socket: &Path, pid: u32, bundle_ms: u64) -> Result<Envelope, ClientError> {
-    let req = CaptureRequestBody {
-        subject: SubjectSelector {
-            pid: Some(pid),
-            ..Default::default()
-        },
+    let req = CaptureRequest::Process(ProcessRequest {
+        pid,
         deadlines: RequestedDeadlines {
             bundle_ms: Some(bundle_ms),
             surface_ms: Some(bundle_ms.min(500)),
         },
         ..Default::default()
-    };
+    });
     let env = client::capture_via_socket(socket, &req, Duration::from_millis(bundle_ms + 5_000))?;
     // Every envelope the daemon seals agrees with the independent canonicalizer.
     pstack_testkit::check_envelope(&env);

@@ -8,8 +8,9 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use pstack_agent::client::{self, CaptureRequestBody, RequestedDeadlines, SubjectSelector};
+use pstack_capture::request::{CaptureRequest, ProcessRequest, RequestedDeadlines};
 use pstack_envelope::{Envelope, SurfaceStatus};
+use pstackctl::client;
 
 use crate::common::{Daemon, Settings, is_root, wait_until};
 
@@ -46,18 +47,15 @@ impl Drop for Napper {
 }
 
 fn windowed(d: &Daemon, pid: u32, window_ms: u64) -> Envelope {
-    let body = CaptureRequestBody {
-        subject: SubjectSelector {
-            pid: Some(pid),
-            ..Default::default()
-        },
+    let body = CaptureRequest::Process(ProcessRequest {
+        pid,
         deadlines: RequestedDeadlines {
             surface_ms: Some(1_000),
             bundle_ms: Some(window_ms + 3_000),
         },
         window_ms: Some(window_ms),
         ..Default::default()
-    };
+    });
     let env =
         client::capture_via_socket(&d.socket, &body, Duration::from_millis(window_ms + 10_000))
             .unwrap_or_else(|e| panic!("windowed capture: {e}\nlog:\n{}", d.log_text()));

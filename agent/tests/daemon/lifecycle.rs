@@ -4,7 +4,7 @@
 use std::os::unix::net::{UnixDatagram, UnixListener};
 use std::time::{Duration, Instant};
 
-use pstack_agent::client;
+use pstackctl::client;
 
 use super::common::*;
 
@@ -354,4 +354,74 @@ fn pstackctl_capture_goes_through_the_socket_when_pstackd_runs_and_one_shot_othe
     let one_shot = run(&dir.path().join("absent.sock"), &dir.path().join("b.json"));
     assert_eq!(one_shot.collector.name, "pstackctl");
     assert_eq!(d.status()["spool"]["files"], 1);
+}
+
+/// `pstackctl capture --pid/--tid/--host` sends pstackd the `kind`-tagged
+/// request every other capture kind sends, not the legacy `{"subject": …}`
+/// body. A socket that records the request and refuses it stands in for
+/// pstackd: what is asserted is the bytes pstackctl wrote.
+#[test]
+fn pstackctl_capture_sends_the_tagged_request_for_process_thread_and_host() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("recorder.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let pid = std::process::id().to_string();
+    let cases: [(&[&str], serde_json::Value); 3] = [
+        (
+            &["--pid", &pid, "--window", "50ms"],
+            serde_json::json!({"kind": "process", "pid": std::process::id(), "window_ms": 50}),
+        ),
+        (
+            &["--tid", &pid],
+            serde_json::json!({"kind": "thread", "tid": std::process::id()}),
+        ),
+        (&["--host"], serde_json::json!({"kind": "host"})),
+    ];
+    for (args, want) in cases {
+        let child = std::process::Command::new(pstackctl_bin())
+            .arg("capture")
+            .args(args)
+            .arg("--socket")
+            .arg(&socket)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut raw = Vec::new();
+        let mut b = [0u8; 1];
+        while !raw.ends_with(b"\r\n\r\n") {
+            assert_eq!(s.read(&mut b).unwrap(), 1, "request head cut short");
+            raw.push(b[0]);
+        }
+        let head = String::from_utf8(raw).unwrap().to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .expect("a content-length")
+            .trim()
+            .parse()
+            .unwrap();
+        let mut body = vec![0u8; len];
+        s.read_exact(&mut body).unwrap();
+        let refusal = br#"{"error":{"code":"busy","message":"recorded"}}"#;
+        write!(
+            s,
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            refusal.len()
+        )
+        .unwrap();
+        s.write_all(refusal).unwrap();
+        drop(s);
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "pstackctl reports the refusal");
+        let sent: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        for (k, v) in want.as_object().unwrap() {
+            assert_eq!(&sent[k], v, "{k} in {sent}");
+        }
+        assert!(sent.get("subject").is_none(), "legacy body sent: {sent}");
+        assert!(sent["deadlines"]["bundle_ms"].as_u64().is_some(), "{sent}");
+    }
 }

@@ -4,7 +4,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use pstack_agent::client::{self, ClientError};
+use pstackctl::client::{self, ClientError};
 
 use super::common::*;
 

@@ -268,7 +268,7 @@ fn root_only_tiny_tmpfs_spool_fills_refuse_new_refuses_and_keeps_what_it_holds()
     for _ in 0..40 {
         match d.capture_pid(target.pid()) {
             Ok(e) => ok.push(e.digest),
-            Err(pstack_agent::client::ClientError::Api {
+            Err(pstackctl::client::ClientError::Api {
                 status: 507, code, ..
             }) => {
                 assert_eq!(code, "spool_full");

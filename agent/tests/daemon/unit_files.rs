@@ -89,7 +89,7 @@ fn sysusers_file_creates_the_socket_group_in_a_scratch_root() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let conf = repo.join("systemd/pstack.sysusers.conf");
     let socket = std::fs::read_to_string(repo.join("systemd/pstackd.socket")).unwrap();
-    let default_group = pstack_agent::daemon::config::Config::default().group;
+    let default_group = pstackd::config::Config::default().group;
     assert!(socket.contains(&format!("SocketGroup={default_group}\n")));
 
     let root = tempfile::tempdir().unwrap();

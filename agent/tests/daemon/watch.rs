@@ -444,7 +444,7 @@ fn a_listen_queue_overflow_faster_than_the_threshold_captures_the_host() {
 
 /// An envelope pstackd spooled, by digest.
 fn client_envelope(d: &Daemon, digest: &str) -> pstack_envelope::Envelope {
-    let resp = pstack_agent::client::request(
+    let resp = pstackctl::client::request(
         &d.socket,
         "GET",
         &format!("/v1/envelopes/{digest}"),

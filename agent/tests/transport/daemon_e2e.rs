@@ -10,8 +10,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use pstack_agent::client;
 use pstack_envelope::{Subject, SurfaceStatus};
+use pstackctl::client;
 
 use crate::daemon_common::{Daemon, Settings};
 use crate::testbed::*;

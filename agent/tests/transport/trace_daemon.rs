@@ -12,9 +12,9 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use pstack_agent::client::{self, CaptureEvent};
 use pstack_capture::request::{CaptureRequest, TcpTraceRequest};
 use pstack_capture::tcp_trace::TraceLine;
+use pstackctl::client::{self, CaptureEvent};
 
 use crate::daemon_common::{Daemon, Settings};
 use crate::testbed::root_or_skip;

@@ -111,7 +111,7 @@ pub fn plan(a: &LonghornRequest) -> Result<LonghornPlan, RequestError> {
     if let Some(t) = &a.transfer {
         name_ok("transfer", t)?;
     }
-    let plan = Plan::from_selection(&a.flows(), a.ebpf)?;
+    let plan = Plan::from_selection(&crate::request::PlanLonghorn::flows(a), a.ebpf)?;
     let range = plan.filter.either_port_in.unwrap_or(LONGHORN_PORTS);
     for (param, port) in [
         ("peer", plan.filter.peer_port),
