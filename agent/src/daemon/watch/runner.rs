@@ -242,7 +242,7 @@ async fn run_capture(
                 &RequestedCaps::default(),
                 None,
                 &None,
-                &limits,
+                &crate::daemon::capture::host_limits(&config),
             )
             .map_err(|e| format!("building the capture: {e}"))?;
             r.trigger = Some(trigger);
