@@ -31,10 +31,26 @@ pub fn limits(config: &Config) -> ProcessLimits {
     }
 }
 
+/// The daemon's caps and defaults for a host snapshot: every thread of the
+/// host is its universe, so it has its own thread and per-surface caps
+/// (`capture.host_max_*`), which a caller may narrow like the others.
+pub fn host_limits(config: &Config) -> ProcessLimits {
+    ProcessLimits {
+        max_threads: config.capture.host_max_threads,
+        max_bytes_per_surface: config.capture.host_max_bytes_per_surface,
+        ..limits(config)
+    }
+}
+
 /// Parse and validate a request body (the one validator of
-/// `pstack_capture::request`) with the daemon's limits.
+/// `pstack_capture::request`) with the daemon's limits for its kind.
 pub fn parse_request(body: &[u8], config: &Config) -> Result<ValidRequest, RequestError> {
-    request::parse(body)?.validate(&limits(config))
+    let request = request::parse(body)?;
+    let limits = match request {
+        request::CaptureRequest::Host(_) => host_limits(config),
+        _ => limits(config),
+    };
+    request.validate(&limits)
 }
 
 #[cfg(test)]

@@ -48,6 +48,8 @@
 //! bundle_deadline_ms = 2000
 //! max_threads = 10000
 //! max_bytes_per_surface = 65536
+//! host_max_threads = 32768         # a host snapshot reads every thread of the host
+//! host_max_bytes_per_surface = 4194304  # one host surface holds a process's every thread
 //! leak_budget = 4
 //! leak_journal = "/run/pstack/helper-leaks.jsonl"
 //! helper_path = ""                 # empty: next to pstackd
@@ -308,6 +310,16 @@ pub struct CaptureConfig {
     pub max_threads: u64,
     /// Most raw bytes per surface. Default 64 KiB.
     pub max_bytes_per_surface: u64,
+    /// Most threads read by a host snapshot. Default 32,768: a host capture's
+    /// universe is every thread of the host, and cutting it makes the
+    /// snapshot `bounded` exactly when the host is busiest. About 1 KiB is
+    /// kept per thread, so the default bounds one snapshot near 32 MiB.
+    pub host_max_threads: u64,
+    /// Most raw bytes per surface of a host snapshot. Default 4 MiB (as
+    /// one-shot `pstackctl capture --host`): one surface holds the stat or
+    /// wchan text of every thread of one process, ~300 B a thread, so 64 KiB
+    /// truncated any process of more than ~200 threads.
+    pub host_max_bytes_per_surface: u64,
     /// Unreaped helpers tolerated. Default 4.
     pub leak_budget: u64,
     /// Leak journal path. Default `/run/pstack/helper-leaks.jsonl`, the same
@@ -392,6 +404,8 @@ impl Default for CaptureConfig {
             bundle_deadline_ms: 2_000,
             max_threads: 10_000,
             max_bytes_per_surface: 64 << 10,
+            host_max_threads: 32_768,
+            host_max_bytes_per_surface: 4 << 20,
             leak_budget: 4,
             leak_journal: PathBuf::from(pstack_capture::supervisor::leak::DEFAULT_JOURNAL),
             helper_path: PathBuf::new(),
@@ -638,6 +652,18 @@ impl Config {
                 "caps must be at least 1 (max_threads, max_bytes_per_surface)",
             ));
         }
+        if c.host_max_threads < c.max_threads {
+            return Err(invalid(
+                "capture.host_max_threads",
+                "at least capture.max_threads (a host holds every process's threads)",
+            ));
+        }
+        if c.host_max_bytes_per_surface < c.max_bytes_per_surface {
+            return Err(invalid(
+                "capture.host_max_bytes_per_surface",
+                "at least capture.max_bytes_per_surface",
+            ));
+        }
         Ok(())
     }
 
@@ -754,6 +780,28 @@ mod tests {
                     assert_eq!(p, param, "{text}")
                 }
                 other => panic!("{text}: expected InvalidParameter({param}), got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn host_caps_are_at_least_the_process_caps() {
+        // At, just below and just above the process caps.
+        let host = |threads: u64, bytes: u64| {
+            Config::parse(&format!(
+                "[capture]\nmax_threads = 1000\nmax_bytes_per_surface = 4096\n\
+                 host_max_threads = {threads}\nhost_max_bytes_per_surface = {bytes}"
+            ))
+        };
+        assert!(host(1000, 4096).is_ok());
+        assert!(host(1001, 4097).is_ok());
+        for (result, param) in [
+            (host(999, 4096), "capture.host_max_threads"),
+            (host(1000, 4095), "capture.host_max_bytes_per_surface"),
+        ] {
+            match result {
+                Err(ConfigError::InvalidParameter { param: p, .. }) => assert_eq!(p, param),
+                other => panic!("expected InvalidParameter({param}), got {other:?}"),
             }
         }
     }

@@ -15,6 +15,7 @@ mod ebpf;
 mod eio_fuse;
 mod faults;
 mod helper_status;
+mod host_snapshot;
 mod hostile_spool;
 mod lifecycle;
 mod limits;

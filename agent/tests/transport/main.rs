@@ -13,6 +13,7 @@ mod hostile;
 mod longhorn;
 mod net_helper;
 mod netns_semantics;
+mod sockets_cli;
 mod sockopt_helper;
 mod ss_oracle;
 mod testbed;

@@ -11,8 +11,12 @@
 //! - **in-process**: the reader alone (`dump_tcp`, parse included), the cost
 //!   the net helper (`pstack-helper --net`) pays per sample.
 //!
-//! With `--pstackctl PATH`, it also runs `pstackctl capture transport` over
-//! the same sockets (`--max-flows 200`) and reports envelope bytes per flow.
+//! With `--pstackctl PATH`, it also times, interleaved with the others,
+//! what an operator runs: `pstackctl sockets` (the same reader, a table like
+//! `ss -tin`'s) and `pstackctl sockets --json` (every field, one JSON object a
+//! line), each against `ss -tin` in the same round; and runs
+//! `pstackctl capture transport` over the same sockets (`--max-flows 200`)
+//! to report envelope bytes per flow.
 //!
 //! Usage (root): `cargo run --release --manifest-path bench/transport/Cargo.toml -- \
 //!   [--sockets 10000] [--runs 15] [--pstackctl target/release/pstackctl]`
@@ -143,6 +147,11 @@ fn main() {
 
     let (mut ss_t, mut ps_t, mut inproc_t) = (Vec::new(), Vec::new(), Vec::new());
     let (mut ss_bytes, mut ps_bytes) = (0, 0);
+    let (mut table_t, mut json_t) = (Vec::new(), Vec::new());
+    let (mut table_bytes, mut json_bytes) = (0, 0);
+    if let Some(p) = &pstackctl {
+        timed_run(Command::new(p).arg("sockets"));
+    }
     for _ in 0..runs {
         // Interleaved so both see the same machine state.
         let (t, b) = timed_run(Command::new("ss").arg("-tin"));
@@ -155,6 +164,14 @@ fn main() {
         let d = dump_tcp(&|_| true).expect("dump");
         inproc_t.push(t.elapsed());
         assert!(d.sockets.len() >= pairs * 2);
+        if let Some(p) = &pstackctl {
+            let (t, b) = timed_run(Command::new(p).arg("sockets"));
+            table_t.push(t);
+            table_bytes = b;
+            let (t, b) = timed_run(Command::new(p).args(["sockets", "--json"]));
+            json_t.push(t);
+            json_bytes = b;
+        }
     }
     let (ss_m, ps_m, in_m) = (median(ss_t), median(ps_t), median(inproc_t));
     println!("runs: {runs} (medians)");
@@ -179,6 +196,19 @@ fn main() {
         in_m.as_secs_f64() / ss_m.as_secs_f64()
     );
 
+    if !table_t.is_empty() {
+        let (table_m, json_m) = (median(table_t), median(json_t));
+        println!(
+            "pstackctl sockets (table)       : {:>8.2} ms  ({table_bytes} bytes)  ratio {:.2}x",
+            table_m.as_secs_f64() * 1e3,
+            table_m.as_secs_f64() / ss_m.as_secs_f64()
+        );
+        println!(
+            "pstackctl sockets --json        : {:>8.2} ms  ({json_bytes} bytes)  ratio {:.2}x",
+            json_m.as_secs_f64() * 1e3,
+            json_m.as_secs_f64() / ss_m.as_secs_f64()
+        );
+    }
     if let Some(p) = pstackctl {
         let out = Command::new(&p)
             .args([

@@ -404,11 +404,28 @@ pub struct TcpDump {
 /// Dump every TCP socket of the calling thread's netns. `keep` decides which
 /// parsed sockets are retained (all bytes are digested either way).
 pub fn dump_tcp(keep: &dyn Fn(&TcpSocket) -> bool) -> Result<TcpDump, NetlinkError> {
+    let mut sockets = Vec::new();
+    let raw = dump_tcp_each(&mut |s| {
+        if keep(&s) {
+            sockets.push(s);
+        }
+    })?;
+    Ok(TcpDump { sockets, raw })
+}
+
+/// [`dump_tcp`] without the list: every parsed socket is handed to `each` as
+/// its reply arrives, and only the raw bytes' digest is returned. The same
+/// requests, parser and digest; what differs is that nothing is kept, so a
+/// caller that prints as it reads (`pstackctl sockets`) holds one socket at
+/// a time instead of 10,000 (whose growing list, faulted in page by page,
+/// cost a fresh process more than the read itself).
+pub fn dump_tcp_each(
+    each: &mut dyn FnMut(TcpSocket),
+) -> Result<crate::procfs::RawMeta, NetlinkError> {
     use sha2::Digest;
     let mut sock = NetlinkSocket::open(libc::NETLINK_SOCK_DIAG)?;
     let mut hasher = sha2::Sha256::new();
     let mut total = 0u64;
-    let mut sockets = Vec::new();
     for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
         let req = dump_request(family);
         let mut err = None;
@@ -423,11 +440,7 @@ pub fn dump_tcp(keep: &dyn Fn(&TcpSocket) -> bool) -> Result<TcpDump, NetlinkErr
             &mut |msg| {
                 if msg.kind == SOCK_DIAG_BY_FAMILY {
                     match parse_socket(msg.payload) {
-                        Ok(s) => {
-                            if keep(&s) {
-                                sockets.push(s);
-                            }
-                        }
+                        Ok(s) => each(s),
                         Err(e) => err = Some(e),
                     }
                 }
@@ -445,13 +458,10 @@ pub fn dump_tcp(keep: &dyn Fn(&TcpSocket) -> bool) -> Result<TcpDump, NetlinkErr
             return Err(e);
         }
     }
-    Ok(TcpDump {
-        sockets,
-        raw: crate::procfs::RawMeta {
-            digest: format!("sha256:{}", hex::encode(hasher.finalize())),
-            bytes: total,
-            truncated: false,
-        },
+    Ok(crate::procfs::RawMeta {
+        digest: format!("sha256:{}", hex::encode(hasher.finalize())),
+        bytes: total,
+        truncated: false,
     })
 }
 

@@ -18,6 +18,7 @@ pub mod capture;
 pub mod envelope;
 pub mod longhorn;
 pub mod progress;
+pub mod sockets;
 pub mod status;
 pub mod trace;
 pub mod transport;
@@ -47,6 +48,9 @@ pub enum Command {
     Capture(Box<capture::Args>),
     /// Show what the running pstackd holds: captures, helpers, spool, shipping.
     Status(status::Args),
+    /// List TCP sockets with their tcp_info, like `ss -tin` (a table; --json for every field).
+    #[command(long_about = sockets::LONG_ABOUT)]
+    Sockets(sockets::Args),
     /// Watch TCP retransmits, resets and state changes live (eBPF).
     Trace(trace::Args),
     /// List pstackd's watch rules (armed or why not, fired, suppressed) and follow their firings.
@@ -74,6 +78,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Envelope(a) => envelope::run(a),
         Command::Capture(a) => capture::run(*a),
+        Command::Sockets(a) => sockets::run(a),
         Command::Trace(a) => trace::run(a),
         Command::Status(a) => status::run(a),
         Command::Watch(a) => watch::run(a),

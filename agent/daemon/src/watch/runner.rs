@@ -243,7 +243,7 @@ async fn run_capture(
                 &RequestedCaps::default(),
                 None,
                 &None,
-                &limits,
+                &crate::capture::host_limits(&config),
             )
             .map_err(|e| format!("building the capture: {e}"))?;
             r.trigger = Some(trigger);
