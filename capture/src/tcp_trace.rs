@@ -444,7 +444,7 @@ pub fn envelope(
             claims.push(Claim {
                 id: format!("retransmits-{i}"),
                 kind: ClaimKind::Fact,
-                code: "tcp_retransmits_observed".into(),
+                code: pstack_envelope::ClaimCode::TcpRetransmitsObserved.into(),
                 statement: format!(
                     "{} -> {} retransmitted {} times in the window",
                     f.local, f.remote, f.retransmits
@@ -469,7 +469,7 @@ pub fn envelope(
             claims.push(Claim {
                 id: format!("reset-{i}"),
                 kind: ClaimKind::Fact,
-                code: "tcp_reset_sender".into(),
+                code: pstack_envelope::ClaimCode::TcpResetSender.into(),
                 statement,
                 surfaces: vec![TcpSurface::Resets.id().into()],
                 scope: Scope::Existential,

@@ -22,9 +22,10 @@ use pstack_envelope::{
 };
 use serde_json::Map;
 
-use super::assemble_claims::{self as rules, code};
+use super::assemble_claims::{self as rules};
 use super::assemble_readings::{Readings, SurfaceId};
 use super::{CaptureRequest, Deadlines, SupervisorConfig, SurfaceFamily, SurfaceSelection};
+use pstack_envelope::ClaimCode;
 
 /// Which flow produced the surfaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,7 +185,7 @@ impl Assembly {
         };
         let frozen = claims
             .iter()
-            .find(|c| c.code == code::D_STATE_FROM_CGROUP_FREEZER)
+            .find(|c| c.code == ClaimCode::DStateFromCgroupFreezer)
             .map(|c| c.statement.clone());
         for c in claims {
             builder.claim(c)?;
@@ -428,7 +429,7 @@ pub(in crate::supervisor) mod tests {
         let fuse = env
             .claims
             .iter()
-            .find(|c| c.code == code::FUSE_SERVER_NOT_ANSWERING)
+            .find(|c| c.code == ClaimCode::FuseServerNotAnswering)
             .expect("the hypothesis");
         assert_eq!(fuse.kind, pstack_envelope::ClaimKind::Hypothesis);
         assert_eq!(fuse.surfaces, ["task/12/stat", "task/12/wchan"]);
@@ -465,7 +466,7 @@ pub(in crate::supervisor) mod tests {
         assert!(
             !env.claims
                 .iter()
-                .any(|c| c.code == code::FUSE_SERVER_NOT_ANSWERING)
+                .any(|c| c.code == ClaimCode::FuseServerNotAnswering)
         );
         assert!(
             env.unknowns

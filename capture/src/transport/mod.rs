@@ -58,30 +58,10 @@ pub mod recorded;
 pub mod rules;
 /// The ids of the surfaces a flow envelope can carry: claims bind these,
 /// never a string written elsewhere.
-pub mod surface_id {
-    /// The flow's socket at window start (sock_diag).
-    pub const TCP_START: &str = "tcp/start";
-    /// The flow's socket at window end.
-    pub const TCP_END: &str = "tcp/end";
-    /// TCP_USER_TIMEOUT and keepalive of the socket, read from its owner.
-    pub const TCP_SOCKOPT: &str = "tcp/sockopt";
-    /// The eBPF TCP events of the flow's cookie.
-    pub const EBPF_TCP: &str = "ebpf/tcp";
-    /// The netns's snmp/netstat counter deltas.
-    pub const NETSTAT: &str = "netstat";
-    /// The veth peer of the egress link.
-    pub const LINK_PEER: &str = "link/peer";
-    /// The egress link.
-    pub const LINK: &str = "link";
-    /// The route to the peer.
-    pub const ROUTE: &str = "route";
-    /// Conntrack occupancy and stat deltas.
-    pub const CONNTRACK: &str = "conntrack";
-    /// CPU load and pressure: bears hypotheses only.
-    pub const HOST_CPU: &str = "host/cpu";
-}
+pub use pstack_envelope::surface_id::network_stream as surface_id;
 
 use self::surface_id as sid;
+use pstack_envelope::facts::{ebpf_tcp, socket as socket_facts};
 
 use crate::Progress;
 use crate::clock::monotonic_ns;
@@ -100,7 +80,7 @@ use pstack_collectors::net::sockdiag::{self, FlowFilter, PortRange, TcpDump, Tcp
 use pstack_collectors::net::sockopt::{self, SockOptError, SockOpts};
 use pstack_collectors::net::{CountersError, TcpInfo, snmp};
 use pstack_envelope::{
-    Bounds, Claim, ClaimKind, Clock, Collector, Completeness, Envelope, EnvelopeBuilder,
+    Bounds, Claim, ClaimCode, ClaimKind, Clock, Collector, Completeness, Envelope, EnvelopeBuilder,
     HostIdentity, NextTransition, SCHEMA_ID, Scope, StatusCause, StreamIdentity, Subject, Surface,
     SurfaceStatus, Termination, Universe, Unknown, sha256_digest,
 };
@@ -870,11 +850,11 @@ fn tcp_info_facts(i: &TcpInfo) -> Value {
 fn socket_facts(s: &TcpSocket) -> Map<String, Value> {
     let mut m = Map::new();
     m.insert("state".into(), json!(sockdiag::state_name(s.state)));
-    m.insert("timer".into(), json!(s.timer.as_str()));
+    m.insert(socket_facts::TIMER.into(), json!(s.timer.as_str()));
     m.insert("timer_expires_ms".into(), json!(s.timer_expires_ms));
     m.insert("timer_retrans".into(), json!(s.timer_retrans));
-    m.insert("rqueue".into(), json!(s.rqueue));
-    m.insert("wqueue".into(), json!(s.wqueue));
+    m.insert(socket_facts::RQUEUE.into(), json!(s.rqueue));
+    m.insert(socket_facts::WQUEUE.into(), json!(s.wqueue));
     m.insert("uid".into(), json!(s.uid));
     m.insert("inode".into(), json!(s.inode.to_string()));
     if let Some(c) = &s.congestion {
@@ -891,10 +871,10 @@ fn socket_facts(s: &TcpSocket) -> Map<String, Value> {
     }
     match &s.info {
         Some(i) => {
-            m.insert("tcp_info".into(), tcp_info_facts(i));
+            m.insert(socket_facts::TCP_INFO.into(), tcp_info_facts(i));
         }
         None => {
-            m.insert("tcp_info".into(), Value::Null);
+            m.insert(socket_facts::TCP_INFO.into(), Value::Null);
         }
     }
     m
@@ -1564,7 +1544,7 @@ impl Ctx<'_> {
             claims.push(Claim {
                 id: "c1".into(),
                 kind: ClaimKind::Fact,
-                code: "no_matching_flow".into(),
+                code: ClaimCode::NoMatchingFlow.into(),
                 statement: if self.raw.stopped_early {
                     format!(
                         "no TCP socket in netns {} matched `{}` at the first sample nor at the second, taken at once (the window was not waited out)",
@@ -1697,7 +1677,7 @@ impl Ctx<'_> {
             && sf.status == SurfaceStatus::Ok
         {
             sf.facts.insert(
-                "delta".into(),
+                socket_facts::DELTA.into(),
                 Value::Object(d.iter().map(|(k, v)| (k.to_string(), num(*v))).collect()),
             );
         }
@@ -1777,9 +1757,9 @@ impl Ctx<'_> {
                     digest.clone().map(|d| (d, *bytes)),
                     obj(json!({
                         "cookie": cookie.to_string(),
-                        "retransmits": f.retransmits,
-                        "resets_sent": f.resets_sent,
-                        "resets_received": f.resets_received,
+                        (ebpf_tcp::RETRANSMITS): f.retransmits,
+                        (ebpf_tcp::RESETS_SENT): f.resets_sent,
+                        (ebpf_tcp::RESETS_RECEIVED): f.resets_received,
                         "last_reset_reason": f.last_reset_reason,
                         "transitions": f.transitions,
                         "resets": f.resets.iter().map(|(dir, ts, from)| json!({
