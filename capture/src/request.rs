@@ -672,9 +672,9 @@ pub fn window(ms: u64, bounds: (Duration, Duration)) -> Result<Duration, Request
             "window_ms",
             format!(
                 "{} is outside {}–{}",
-                pstack_cli::duration::format_duration(d),
-                pstack_cli::duration::format_duration(bounds.0),
-                pstack_cli::duration::format_duration(bounds.1)
+                pstack_units::format_duration(d),
+                pstack_units::format_duration(bounds.0),
+                pstack_units::format_duration(bounds.1)
             ),
         ));
     }

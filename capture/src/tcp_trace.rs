@@ -137,7 +137,7 @@ impl TraceLine {
     pub fn banner(window_ms: u64, port: Option<u16>, addr: Option<&str>) -> String {
         format!(
             "tracing TCP for {}{}{} (Ctrl-C to stop)",
-            pstack_cli::duration::format_duration(Duration::from_millis(window_ms)),
+            pstack_units::format_duration(Duration::from_millis(window_ms)),
             port.map(|p| format!(", port {p}")).unwrap_or_default(),
             addr.map(|x| format!(", addr {x}")).unwrap_or_default()
         )

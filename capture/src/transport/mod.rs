@@ -222,7 +222,7 @@ impl Plan {
         format!(
             "capturing {what}{} for {} in netns {} ...",
             self.filter.selector(),
-            pstack_cli::duration::format_duration(self.window),
+            pstack_units::format_duration(self.window),
             self.target.path()
         )
     }
@@ -681,7 +681,7 @@ pub fn capture_until(
             "no TCP flow matches {} in netns {}: stopping now instead of watching {} (--wait watches the whole window)",
             plan.filter.selector(),
             plan.target.path(),
-            pstack_cli::duration::format_duration(plan.window)
+            pstack_units::format_duration(plan.window)
         )));
     } else {
         progress(Progress::Phase {
