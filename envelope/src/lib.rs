@@ -38,6 +38,7 @@ mod scan;
 mod seal;
 mod secrets;
 mod strict;
+mod surface;
 pub mod vocab;
 pub mod wall_time;
 

@@ -142,21 +142,12 @@ fn failed(
 ) -> Surface {
     let mut facts = Map::new();
     facts.insert("read_at".into(), json!(r.at));
-    Surface {
-        id: id.into(),
-        authority,
-        status: e.0,
-        cause: Some(StatusCause {
-            errno: e.1,
-            message: e.2,
-        }),
-        deadline_ms: API_DEADLINE.as_millis() as u64,
-        elapsed_us: r.elapsed_us,
-        digest: None,
-        bytes: 0,
-        truncated: false,
-        facts,
-    }
+    let cause = StatusCause {
+        errno: e.1,
+        message: e.2,
+    };
+    let deadline_ms = API_DEADLINE.as_millis() as u64;
+    Surface::unread(id, authority, deadline_ms, r.elapsed_us, e.0, cause).with_facts(facts)
 }
 
 fn volume_facts(v: &Volume, r: &ApiRead, stripped_v1: bool) -> Map<String, Value> {
@@ -297,18 +288,14 @@ pub fn transfer_envelope(
         let auth = format!("http:GET {}", read.url);
         match volume_of(read) {
             Ok((v, body)) => {
-                o.surfaces.push(Surface {
-                    id: id.into(),
-                    authority: auth,
-                    status: SurfaceStatus::Ok,
-                    cause: None,
-                    deadline_ms: API_DEADLINE.as_millis() as u64,
-                    elapsed_us: read.elapsed_us,
-                    digest: Some(sha256_digest(body)),
-                    bytes: body.len() as u64,
-                    truncated: false,
-                    facts: volume_facts(&v, read, stripped_v1),
-                });
+                o.surfaces.push(Surface::read(
+                    id,
+                    auth,
+                    API_DEADLINE.as_millis() as u64,
+                    read.elapsed_us,
+                    Some((sha256_digest(body), body.len() as u64)),
+                    volume_facts(&v, read, stripped_v1),
+                ));
                 volumes[i] = Some(v);
             }
             Err(e) => o.surfaces.push(failed(id, auth, read, e)),
@@ -940,18 +927,14 @@ pub fn transfer_envelope(
                         None => format!("{name} not set on this manager"),
                     });
                 }
-                o.surfaces.push(Surface {
-                    id: "longhorn/settings".into(),
-                    authority: format!("longhorn-manager:GET {}", read.url),
-                    status: SurfaceStatus::Ok,
-                    cause: None,
-                    deadline_ms: API_DEADLINE.as_millis() as u64,
-                    elapsed_us: read.elapsed_us,
-                    digest: Some(sha256_digest(body)),
-                    bytes: body.len() as u64,
-                    truncated: false,
+                o.surfaces.push(Surface::read(
+                    "longhorn/settings",
+                    format!("longhorn-manager:GET {}", read.url),
+                    API_DEADLINE.as_millis() as u64,
+                    read.elapsed_us,
+                    Some((sha256_digest(body), body.len() as u64)),
                     facts,
-                });
+                ));
                 o.claim(
                     ClaimKind::Fact,
                     ClaimCode::LonghornSettingsBoundFailures,
@@ -1267,18 +1250,14 @@ pub fn transfer_envelope(
                     facts.insert("read_at".into(), json!(read.at));
                     facts.insert("object".into(), json!(read.object));
                     facts.insert("events".into(), json!(events));
-                    o.surfaces.push(Surface {
-                        id: id.clone(),
-                        authority: auth,
-                        status: SurfaceStatus::Ok,
-                        cause: None,
-                        deadline_ms: EVENTS_DEADLINE.as_millis() as u64,
-                        elapsed_us: read.elapsed_us,
-                        digest: Some(sha256_digest(body)),
-                        bytes: body.len() as u64,
-                        truncated: false,
+                    o.surfaces.push(Surface::read(
+                        id.clone(),
+                        auth,
+                        EVENTS_DEADLINE.as_millis() as u64,
+                        read.elapsed_us,
+                        Some((sha256_digest(body), body.len() as u64)),
                         facts,
-                    });
+                    ));
                     for e in &failed_rebuilding {
                         let pairs: Vec<String> = parse_error_addrs(&e.message)
                             .pairs
@@ -1535,18 +1514,14 @@ pub fn transfer_envelope(
                 let dropped = facts["dropped_flows"].as_u64().unwrap_or(0);
                 let verdicts = facts["verdicts"].to_string();
                 let reasons = facts["reasons"].to_string();
-                o.surfaces.push(Surface {
-                    id: "cilium/hubble".into(),
-                    authority: auth,
-                    status: SurfaceStatus::Ok,
-                    cause: None,
-                    deadline_ms: HUBBLE_DEADLINE.as_millis() as u64,
-                    elapsed_us: h.elapsed_us,
-                    digest: Some(sha256_digest(&out)),
-                    bytes: out.len() as u64,
-                    truncated: false,
+                o.surfaces.push(Surface::read(
+                    "cilium/hubble",
+                    auth,
+                    HUBBLE_DEADLINE.as_millis() as u64,
+                    h.elapsed_us,
+                    Some((sha256_digest(&out), out.len() as u64)),
                     facts,
-                });
+                ));
                 if dropped > 0 {
                     o.claim(ClaimKind::Fact, ClaimCode::HubbleReportsDrops, format!("Hubble reports {dropped} DROPPED flow(s) involving {} over the window ({reasons}); all verdicts: {verdicts}", plan.filter.peer), &["cilium/hubble"], None);
                 } else {

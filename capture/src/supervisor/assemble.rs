@@ -353,18 +353,14 @@ pub(in crate::supervisor) mod tests {
     use super::super::assemble_readings::{TaskFile, Typed};
 
     fn surface(id: SurfaceId) -> Surface {
-        Surface {
-            id: id.to_string(),
-            authority: format!("procfs:/proc/{id}"),
-            status: SurfaceStatus::Ok,
-            cause: None,
-            deadline_ms: 250,
-            elapsed_us: 3,
-            digest: Some(sha256_digest(id.to_string().as_bytes())),
-            bytes: 10,
-            truncated: false,
-            facts: Map::new(),
-        }
+        Surface::read(
+            id.to_string(),
+            format!("procfs:/proc/{id}"),
+            250,
+            3,
+            Some((sha256_digest(id.to_string().as_bytes()), 10)),
+            Map::new(),
+        )
     }
 
     pub(in crate::supervisor) fn stat(tid: u32, state: TaskState) -> TaskStat {

@@ -154,21 +154,11 @@ fn with_status(
     status: SurfaceStatus,
     why: &str,
 ) -> Surface {
-    Surface {
-        id,
-        authority,
-        status,
-        cause: Some(StatusCause {
-            errno: None,
-            message: why.to_string(),
-        }),
-        deadline_ms,
-        elapsed_us: 0,
-        digest: None,
-        bytes: 0,
-        truncated: false,
-        facts: Map::new(),
-    }
+    let cause = StatusCause {
+        errno: None,
+        message: why.to_string(),
+    };
+    Surface::unread(id, authority, deadline_ms, 0, status, cause)
 }
 
 /// Capture `request.target` and return the sealed envelope.

@@ -166,22 +166,7 @@ pub(super) fn surface(
     raw: Option<(String, u64)>,
     facts: Map<String, Value>,
 ) -> Surface {
-    let (digest, bytes) = match raw {
-        Some((d, b)) => (Some(d), b),
-        None => (None, 0),
-    };
-    Surface {
-        id: id.into(),
-        authority: authority.into(),
-        status: SurfaceStatus::Ok,
-        cause: None,
-        deadline_ms: SURFACE_DEADLINE_MS,
-        elapsed_us,
-        digest,
-        bytes,
-        truncated: false,
-        facts,
-    }
+    Surface::read(id, authority, SURFACE_DEADLINE_MS, elapsed_us, raw, facts)
 }
 
 pub(super) fn failed(
@@ -192,21 +177,18 @@ pub(super) fn failed(
     errno: Option<i32>,
     message: impl Into<String>,
 ) -> Surface {
-    Surface {
-        id: id.into(),
-        authority: authority.into(),
-        status,
-        cause: Some(StatusCause {
-            errno,
-            message: message.into(),
-        }),
-        deadline_ms: SURFACE_DEADLINE_MS,
+    let cause = StatusCause {
+        errno,
+        message: message.into(),
+    };
+    Surface::unread(
+        id,
+        authority,
+        SURFACE_DEADLINE_MS,
         elapsed_us,
-        digest: None,
-        bytes: 0,
-        truncated: false,
-        facts: Map::new(),
-    }
+        status,
+        cause,
+    )
 }
 
 pub(super) fn status_of_errno(errno: Option<i32>) -> SurfaceStatus {
