@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use pstack_envelope::Subject;
 
-use crate::supervisor::denial::Caller;
+use crate::helpers::denial::Caller;
 
 /// `pstackctl capture` of the same subject.
 pub fn capture_again(subject: &Subject) -> String {

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::supervisor::{self, SurfaceSelection, Target};
+use crate::process::{self, SurfaceSelection, Target};
 use crate::{longhorn, tcp_trace, transport};
 
 /// Shortest and longest off-CPU window of a process/thread capture (it
@@ -291,7 +291,7 @@ pub struct ProcessLimits {
 #[derive(Debug, Clone)]
 pub enum ValidRequest {
     /// process, thread or host.
-    Process(supervisor::CaptureRequest),
+    Process(process::CaptureRequest),
     /// transport.
     Transport(transport::Plan),
     /// longhorn.
@@ -576,7 +576,7 @@ pub fn process_plan(
     window_ms: Option<u64>,
     surfaces: &Option<Vec<String>>,
     limits: &ProcessLimits,
-) -> Result<supervisor::CaptureRequest, RequestError> {
+) -> Result<process::CaptureRequest, RequestError> {
     match target {
         Target::Process { pid: 0 } => {
             return Err(RequestError::BadSelector("pid 0 is not a process".into()));
@@ -649,10 +649,10 @@ pub fn process_plan(
     surfaces
         .resolve(&target, window_ms.is_some())
         .map_err(|e| RequestError::BadSurfaces(e.to_string()))?;
-    Ok(supervisor::CaptureRequest {
+    Ok(process::CaptureRequest {
         target,
         surfaces,
-        deadlines: Some(supervisor::Deadlines {
+        deadlines: Some(process::Deadlines {
             surface: Duration::from_millis(surface),
             bundle: Duration::from_millis(bundle),
         }),

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Progress;
 use crate::clock::{monotonic_ns, wall_time_now};
-use crate::supervisor::SOURCE_COMMIT;
+use crate::process::SOURCE_COMMIT;
 
 /// Most a trace spends around its window (loading and detaching programs).
 pub const RUN_OVERHEAD: Duration = Duration::from_secs(10);
@@ -491,7 +491,7 @@ pub fn envelope(
                         a.port,
                     ),
                     _ => crate::probes::trace_tcp_privileged(
-                        &crate::supervisor::denial::Caller::current(),
+                        &crate::helpers::denial::Caller::current(),
                     ),
                 },
                 surface: Some(s.id.clone()),

@@ -82,7 +82,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::supervisor::{CaptureError, LeakBudget, NetHelper, NetHelperFailure, SupervisorConfig};
+use crate::process::{CaptureError, LeakBudget, NetHelper, NetHelperFailure, SupervisorConfig};
 use pstack_collectors::net::conntrack::ConntrackError;
 use pstack_collectors::net::load::LoadFacts;
 use pstack_collectors::net::netns::{NetnsError, NetnsTarget};
@@ -116,7 +116,7 @@ pub const CONNTRACK_PRESSURE_PPM: u64 = 900_000;
 pub const CPU_PSI_HYPOTHESIS_CENTI: u64 = 1000;
 const MAX_SAFE: i128 = 9_007_199_254_740_991;
 
-pub use crate::supervisor::SOURCE_COMMIT;
+pub use crate::process::SOURCE_COMMIT;
 
 /// Why a capture could not run (as opposed to evidence it gathered).
 #[derive(Debug, thiserror::Error)]

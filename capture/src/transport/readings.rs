@@ -14,7 +14,7 @@ pub const NET_LEAK_BUDGET: u64 = 4;
 
 /// Default leak journal (`PSTACK_LEAK_JOURNAL` overrides), shared with
 /// `pstackctl capture`.
-pub const DEFAULT_LEAK_JOURNAL: &str = crate::supervisor::leak::DEFAULT_JOURNAL;
+pub const DEFAULT_LEAK_JOURNAL: &str = crate::helpers::leak::DEFAULT_JOURNAL;
 
 /// Most a capture spends around its window: two net-helper samples and the
 /// socket-option read, each under [`SURFACE_DEADLINE_MS`], plus helper
@@ -61,7 +61,7 @@ pub(super) fn read_flow_sockopts(
             fd: *fd,
         })
         .collect();
-    let mut read = crate::supervisor::sockopt_helper::read_sockopts(
+    let mut read = crate::helpers::sockopt_helper::read_sockopts(
         &targets,
         config,
         budget,

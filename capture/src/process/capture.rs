@@ -23,13 +23,13 @@ use super::assemble::{Assembly, Mode};
 use super::assemble_readings::{
     ClaimInput, OffCpuReading, ProcFile, Readings, SurfaceId, TaskFile, Typed,
 };
-use super::leak::LeakBudget;
-use super::risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, cause_of, status_of};
 use super::{
     CaptureError, CaptureRequest, Deadlines, OffCpuSource, SupervisorConfig, SurfaceFamily,
     SurfaceSelection, Target,
 };
 use crate::clock::{monotonic_ns, wall_time_now};
+use crate::helpers::leak::LeakBudget;
+use crate::helpers::risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, cause_of, status_of};
 
 /// Longest off-CPU window a capture may ask for (the one limit, in
 /// [`crate::request::PROCESS_WINDOW`]).
@@ -306,8 +306,9 @@ fn identity_error(what: &'static str, id: u32, e: ReadError) -> CaptureError {
         ReadError::Vanished { .. } => CaptureError::NoSuchProcess { what, id },
         error => CaptureError::IdentityUnreadable {
             id,
-            advice: matches!(error, ReadError::PermissionDenied { .. })
-                .then(|| super::denial::explain(&super::denial::Caller::current())),
+            advice: matches!(error, ReadError::PermissionDenied { .. }).then(|| {
+                crate::helpers::denial::explain(&crate::helpers::denial::Caller::current())
+            }),
             error,
         },
     }

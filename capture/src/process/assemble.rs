@@ -345,7 +345,7 @@ const LIMIT_CONSTS: [(&str, &str); 4] = [
 ];
 
 #[cfg(test)]
-pub(in crate::supervisor) mod tests {
+pub(in crate::process) mod tests {
     use super::*;
     use pstack_collectors::procfs::parse::{TaskStat, TaskState};
     use pstack_collectors::procfs::read::WchanFacts;
@@ -363,7 +363,7 @@ pub(in crate::supervisor) mod tests {
         )
     }
 
-    pub(in crate::supervisor) fn stat(tid: u32, state: TaskState) -> TaskStat {
+    pub(in crate::process) fn stat(tid: u32, state: TaskState) -> TaskStat {
         TaskStat {
             pid: tid,
             comm: "worker".into(),
@@ -541,9 +541,9 @@ pub(in crate::supervisor) mod tests {
             include_str!("assemble_readings.rs"),
             include_str!("assemble_unknowns.rs"),
             include_str!("capture.rs"),
-            include_str!("risky.rs"),
-            include_str!("helper_process.rs"),
-            include_str!("leak.rs"),
+            include_str!("../helpers/risky.rs"),
+            include_str!("../helpers/helper_process.rs"),
+            include_str!("../helpers/leak.rs"),
             include_str!("selection.rs"),
             include_str!("mod.rs"),
         ];
