@@ -16,10 +16,13 @@ use std::time::Duration;
 pub mod clock;
 pub mod digest_key;
 pub mod envelope_file;
+pub mod helpers;
 pub mod longhorn;
 pub mod probes;
+pub mod process;
 pub mod request;
-pub mod supervisor;
+/// The process engine at its former path (pstack-agent and its tests use it).
+pub use process as supervisor;
 pub mod tcp_trace;
 pub mod transport;
 

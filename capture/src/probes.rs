@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use pstack_envelope::Subject;
 
-use crate::supervisor::denial::Caller;
+use crate::helpers::denial::Caller;
 
 /// `pstackctl capture` of the same subject.
 pub fn capture_again(subject: &Subject) -> String {
@@ -37,7 +37,7 @@ pub fn capture_window(subject: &Subject, window: Duration) -> String {
     format!(
         "{} --window {} --one-shot",
         capture_again(subject),
-        pstack_cli::duration::format_duration(window)
+        pstack_units::format_duration(window)
     )
 }
 
@@ -46,7 +46,7 @@ pub fn capture_longer(subject: &Subject, bundle: Duration) -> String {
     format!(
         "{} --bundle-deadline {}",
         capture_again(subject),
-        pstack_cli::duration::format_duration(bundle)
+        pstack_units::format_duration(bundle)
     )
 }
 
@@ -62,7 +62,7 @@ pub fn capture_failed_surfaces(subject: &Subject) -> String {
 pub fn trace_tcp_larger_ring(window: Duration, ring_bytes: u32, port: Option<u16>) -> String {
     format!(
         "pstackctl trace tcp --window {} --ring-bytes {ring_bytes}{}",
-        pstack_cli::duration::format_duration(window),
+        pstack_units::format_duration(window),
         port.map(|p| format!(" --port {p}")).unwrap_or_default()
     )
 }

@@ -21,7 +21,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use crate::supervisor::{self, SurfaceSelection, Target};
+use crate::process::{self, SurfaceSelection, Target};
 use crate::{longhorn, tcp_trace, transport};
 
 // The request is a wire type (`POST /v1/captures`): defined in
@@ -72,7 +72,7 @@ pub struct ProcessLimits {
 #[derive(Debug, Clone)]
 pub enum ValidRequest {
     /// process, thread or host.
-    Process(supervisor::CaptureRequest),
+    Process(process::CaptureRequest),
     /// transport.
     Transport(transport::Plan),
     /// longhorn.
@@ -291,7 +291,7 @@ pub fn process_plan(
     window_ms: Option<u64>,
     surfaces: &Option<Vec<String>>,
     limits: &ProcessLimits,
-) -> Result<supervisor::CaptureRequest, RequestError> {
+) -> Result<process::CaptureRequest, RequestError> {
     match target {
         Target::Process { pid: 0 } => {
             return Err(RequestError::BadSelector("pid 0 is not a process".into()));
@@ -364,10 +364,10 @@ pub fn process_plan(
     surfaces
         .resolve(&target, window_ms.is_some())
         .map_err(|e| RequestError::BadSurfaces(e.to_string()))?;
-    Ok(supervisor::CaptureRequest {
+    Ok(process::CaptureRequest {
         target,
         surfaces,
-        deadlines: Some(supervisor::Deadlines {
+        deadlines: Some(process::Deadlines {
             surface: Duration::from_millis(surface),
             bundle: Duration::from_millis(bundle),
         }),
@@ -387,9 +387,9 @@ pub fn window(ms: u64, bounds: (Duration, Duration)) -> Result<Duration, Request
             "window_ms",
             format!(
                 "{} is outside {}–{}",
-                pstack_cli::duration::format_duration(d),
-                pstack_cli::duration::format_duration(bounds.0),
-                pstack_cli::duration::format_duration(bounds.1)
+                pstack_units::format_duration(d),
+                pstack_units::format_duration(bounds.0),
+                pstack_units::format_duration(bounds.1)
             ),
         ));
     }

@@ -24,7 +24,7 @@ use pstack_envelope::{
 
 use crate::Progress;
 use crate::clock::{monotonic_ns, wall_time_now};
-use crate::supervisor::SOURCE_COMMIT;
+use crate::process::SOURCE_COMMIT;
 
 /// Most a trace spends around its window (loading and detaching programs).
 pub const RUN_OVERHEAD: Duration = Duration::from_secs(10);
@@ -97,7 +97,7 @@ pub use pstackd_api::TraceLine;
 pub fn banner(window_ms: u64, port: Option<u16>, addr: Option<&str>) -> String {
     format!(
         "tracing TCP for {}{}{} (Ctrl-C to stop)",
-        pstack_cli::duration::format_duration(Duration::from_millis(window_ms)),
+        pstack_units::format_duration(Duration::from_millis(window_ms)),
         port.map(|p| format!(", port {p}")).unwrap_or_default(),
         addr.map(|x| format!(", addr {x}")).unwrap_or_default()
     )
@@ -403,7 +403,7 @@ pub fn envelope(
             claims.push(Claim {
                 id: format!("retransmits-{i}"),
                 kind: ClaimKind::Fact,
-                code: "tcp_retransmits_observed".into(),
+                code: pstack_envelope::ClaimCode::TcpRetransmitsObserved.into(),
                 statement: format!(
                     "{} -> {} retransmitted {} times in the window",
                     f.local, f.remote, f.retransmits
@@ -428,7 +428,7 @@ pub fn envelope(
             claims.push(Claim {
                 id: format!("reset-{i}"),
                 kind: ClaimKind::Fact,
-                code: "tcp_reset_sender".into(),
+                code: pstack_envelope::ClaimCode::TcpResetSender.into(),
                 statement,
                 surfaces: vec![TcpSurface::Resets.id().into()],
                 scope: Scope::Existential,
@@ -450,7 +450,7 @@ pub fn envelope(
                         a.port,
                     ),
                     _ => crate::probes::trace_tcp_privileged(
-                        &crate::supervisor::denial::Caller::current(),
+                        &crate::helpers::denial::Caller::current(),
                     ),
                 },
                 surface: Some(s.id.clone()),

@@ -38,6 +38,8 @@ mod scan;
 mod seal;
 mod secrets;
 mod strict;
+mod surface;
+pub mod vocab;
 pub mod wall_time;
 
 pub use builder::{BuildError, EnvelopeBuilder};
@@ -56,6 +58,7 @@ pub use seal::{
 };
 pub use secrets::{REDACTED, looks_secret, redact_text};
 pub use strict::{MAX_DEPTH, MAX_SAFE_INTEGER, parse_strict};
+pub use vocab::{ClaimCode, facts, surface_id};
 
 /// The JSON Schema of `pstack.envelope/v1`, published with the crate.
 pub const JSON_SCHEMA: &str = include_str!("../schema/pstack.envelope.v1.schema.json");

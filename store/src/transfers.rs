@@ -26,23 +26,22 @@
 
 use std::time::Duration;
 
-use pstack_envelope::{ClaimKind, Envelope, Subject, SurfaceStatus, sha256_digest};
-use serde::Serialize;
+use pstack_envelope::facts::{ebpf_tcp, flight_recorder, socket, streams};
+use pstack_envelope::{
+    ClaimCode, ClaimKind, Envelope, Subject, SurfaceStatus, facts::StreamLink, sha256_digest,
+};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// How far apart two capture windows may lie and still be joined, by default.
 pub const DEFAULT_JOIN_WINDOW: Duration = Duration::from_secs(120);
 
-/// Surface ids of a transport (`network_stream`) envelope that the view reads
-/// (the capture engine's `transport::surface_id`).
+/// Surface ids the view reads.
 mod sid {
-    pub const TCP_END: &str = "tcp/end";
-    pub const TCP_START: &str = "tcp/start";
-    pub const EBPF_TCP: &str = "ebpf/tcp";
-    /// pstackd's flight record of a flow a watch rule fired on.
-    pub const FLIGHT_RECORDER: &str = "ebpf/flight_recorder";
-    /// A Longhorn `storage_transfer` envelope's links to its streams.
-    pub const STREAMS: &str = "streams";
+    pub use pstack_envelope::surface_id::network_stream::{
+        EBPF_TCP, FLIGHT_RECORDER, TCP_END, TCP_START,
+    };
+    pub use pstack_envelope::surface_id::storage_transfer::STREAMS;
 }
 
 /// Why two envelopes were joined.
@@ -193,20 +192,25 @@ pub struct Stated {
 }
 
 /// Verdict-bearing claim codes.
-const RST_SENT: &str = "rst_sent_by_local";
-const RST_RECEIVED: &str = "rst_received_from_peer";
-const LOCAL_ZERO: &str = "local_zero_window";
-const PEER_ZERO: &str = "peer_zero_window";
-/// Codes listed on an end (facts decide, inferences are shown).
-const LISTED: [&str; 7] = [
-    RST_SENT,
-    RST_RECEIVED,
-    LOCAL_ZERO,
-    PEER_ZERO,
-    "reset_by_peer_inferred",
-    "flow_retransmits",
-    "flow_rto_timeouts",
-];
+const RST_SENT: &str = ClaimCode::RstSentByLocal.as_str();
+const RST_RECEIVED: &str = ClaimCode::RstReceivedFromPeer.as_str();
+const LOCAL_ZERO: &str = ClaimCode::LocalZeroWindow.as_str();
+const PEER_ZERO: &str = ClaimCode::PeerZeroWindow.as_str();
+/// Whether a code is listed on an end (facts decide, inferences are shown).
+fn listed(code: &str) -> bool {
+    matches!(
+        ClaimCode::parse(code),
+        Some(
+            ClaimCode::RstSentByLocal
+                | ClaimCode::RstReceivedFromPeer
+                | ClaimCode::LocalZeroWindow
+                | ClaimCode::PeerZeroWindow
+                | ClaimCode::ResetByPeerInferred
+                | ClaimCode::FlowRetransmits
+                | ClaimCode::FlowRtoTimeouts
+        )
+    )
+}
 
 /// What one envelope says about its end of the transfer.
 #[derive(Debug, Clone, Serialize)]
@@ -289,7 +293,7 @@ pub fn end_view(env: &Envelope, wall_time: String) -> EndView {
             ClaimKind::Inference => "inference",
             ClaimKind::Hypothesis => continue,
         };
-        if LISTED.contains(&c.code.as_str()) {
+        if listed(&c.code) {
             view.stated.push(Stated {
                 code: c.code.clone(),
                 kind,
@@ -305,7 +309,7 @@ pub fn end_view(env: &Envelope, wall_time: String) -> EndView {
             view.remote.push(s.dst.clone());
             view.flow_ids.push(s.flow_id.clone());
             if let Some(end) = surface(env, sid::TCP_END) {
-                if let Some(Value::Object(d)) = end.get("delta") {
+                if let Some(Value::Object(d)) = end.get(socket::DELTA) {
                     let d = pick(
                         d,
                         &[
@@ -322,7 +326,7 @@ pub fn end_view(env: &Envelope, wall_time: String) -> EndView {
                         view.counters.insert("tcp_delta".into(), Value::Object(d));
                     }
                 }
-                if let Some(Value::Object(i)) = end.get("tcp_info") {
+                if let Some(Value::Object(i)) = end.get(socket::TCP_INFO) {
                     let mut i = pick(
                         i,
                         &[
@@ -335,7 +339,7 @@ pub fn end_view(env: &Envelope, wall_time: String) -> EndView {
                             "bytes_received",
                         ],
                     );
-                    for k in ["rqueue", "wqueue", "timer"] {
+                    for k in [socket::RQUEUE, socket::WQUEUE, socket::TIMER] {
                         if let Some(v) = end.get(k) {
                             i.insert(k.into(), v.clone());
                         }
@@ -344,7 +348,7 @@ pub fn end_view(env: &Envelope, wall_time: String) -> EndView {
                         .insert("tcp_info_end".into(), Value::Object(i));
                 }
             } else if let Some(start) = surface(env, sid::TCP_START)
-                && let Some(Value::Object(i)) = start.get("tcp_info")
+                && let Some(Value::Object(i)) = start.get(socket::TCP_INFO)
             {
                 view.counters.insert(
                     "tcp_info_start".into(),
@@ -361,7 +365,7 @@ pub fn end_view(env: &Envelope, wall_time: String) -> EndView {
                 );
             }
             if let Some(r) = surface(env, sid::FLIGHT_RECORDER) {
-                let mut f = match r.get("totals") {
+                let mut f = match r.get(flight_recorder::TOTALS) {
                     Some(Value::Object(t)) => pick(
                         t,
                         &[
@@ -376,14 +380,24 @@ pub fn end_view(env: &Envelope, wall_time: String) -> EndView {
                     ),
                     _ => Map::new(),
                 };
-                if let Some(v) = r.get("reached_back_before_last_ns") {
-                    f.insert("reached_back_before_last_ns".into(), v.clone());
+                if let Some(v) = r.get(flight_recorder::REACHED_BACK_BEFORE_LAST_NS) {
+                    f.insert(
+                        flight_recorder::REACHED_BACK_BEFORE_LAST_NS.into(),
+                        v.clone(),
+                    );
                 }
                 view.counters
                     .insert("flight_recorder".into(), Value::Object(f));
             }
             if let Some(e) = surface(env, sid::EBPF_TCP) {
-                let e = pick(e, &["retransmits", "resets_sent", "resets_received"]);
+                let e = pick(
+                    e,
+                    &[
+                        ebpf_tcp::RETRANSMITS,
+                        ebpf_tcp::RESETS_SENT,
+                        ebpf_tcp::RESETS_RECEIVED,
+                    ],
+                );
                 if !e.is_empty() {
                     view.counters.insert("ebpf".into(), Value::Object(e));
                 }
@@ -392,45 +406,37 @@ pub fn end_view(env: &Envelope, wall_time: String) -> EndView {
         Subject::StorageTransfer(_) => {
             view.role = role_of(env);
             if let Some(s) = surface(env, sid::STREAMS) {
-                if let Some(ns) = s.get("net_ns").and_then(Value::as_str) {
+                if let Some(ns) = s.get(streams::NET_NS).and_then(Value::as_str) {
                     view.netns = Some(ns.to_string());
                 }
                 for link in s
-                    .get("links")
+                    .get(streams::LINKS)
                     .and_then(Value::as_array)
                     .into_iter()
                     .flatten()
                 {
-                    let Some(d) = link.get("digest").and_then(Value::as_str) else {
+                    let Ok(link) = StreamLink::deserialize(link) else {
                         continue;
                     };
+                    let d = link.digest.as_str();
                     push_unique(&mut view.linked_streams, d);
-                    for (k, into) in [("src", &mut view.local), ("dst", &mut view.remote)] {
-                        if let Some(v) = link.get(k).and_then(Value::as_str) {
+                    for (v, into) in [(&link.src, &mut view.local), (&link.dst, &mut view.remote)] {
+                        if let Some(v) = v {
                             push_unique(into, v);
                         }
                     }
-                    if let Some(f) = link.get("flow_id").and_then(Value::as_str) {
+                    if let Some(f) = &link.flow_id {
                         push_unique(&mut view.flow_ids, f);
                     }
                     // The transfer envelope lists each stream's claims as
                     // `kind:code`.
-                    for c in link
-                        .get("claims")
-                        .and_then(Value::as_array)
-                        .into_iter()
-                        .flatten()
-                        .filter_map(Value::as_str)
-                    {
-                        let Some((kind, code)) = c.split_once(':') else {
-                            continue;
-                        };
+                    for (kind, code) in link.claims() {
                         let kind = match kind {
-                            "fact" => "fact",
-                            "inference" => "inference",
-                            _ => continue,
+                            ClaimKind::Fact => "fact",
+                            ClaimKind::Inference => "inference",
+                            ClaimKind::Hypothesis => continue,
                         };
-                        if LISTED.contains(&code) {
+                        if listed(code) {
                             view.stated.push(Stated {
                                 code: code.to_string(),
                                 kind,

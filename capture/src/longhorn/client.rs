@@ -128,7 +128,7 @@ fn fail(status: SurfaceStatus, errno: Option<i32>, message: String) -> ApiFailur
 /// GET `{base}/v1{rest}` under `deadline`. `not_found` is what a 404 means.
 pub fn get(base: &str, rest: &str, deadline: Duration, not_found: &str) -> ApiRead {
     let t = Instant::now();
-    let at = crate::supervisor::clock::wall_time_now();
+    let at = crate::clock::wall_time_now();
     let parsed = parse_base_url(base);
     let url = parsed
         .as_ref()

@@ -23,9 +23,11 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use pstack_envelope::facts::{StreamLink, streams as streams_facts};
+use pstack_envelope::surface_id::storage_transfer::STREAMS;
 use pstack_envelope::{
-    Bounds, Claim, ClaimKind, Clock, Envelope, EnvelopeBuilder, NextTransition, Scope, StatusCause,
-    Subject, Surface, SurfaceStatus, Termination, TransferIdentity, Universe, Unknown,
+    Bounds, Claim, ClaimCode, ClaimKind, Clock, Envelope, EnvelopeBuilder, NextTransition, Scope,
+    StatusCause, Subject, Surface, SurfaceStatus, Termination, TransferIdentity, Universe, Unknown,
     sha256_digest,
 };
 use serde_json::{Map, Value, json};
@@ -140,21 +142,12 @@ fn failed(
 ) -> Surface {
     let mut facts = Map::new();
     facts.insert("read_at".into(), json!(r.at));
-    Surface {
-        id: id.into(),
-        authority,
-        status: e.0,
-        cause: Some(StatusCause {
-            errno: e.1,
-            message: e.2,
-        }),
-        deadline_ms: API_DEADLINE.as_millis() as u64,
-        elapsed_us: r.elapsed_us,
-        digest: None,
-        bytes: 0,
-        truncated: false,
-        facts,
-    }
+    let cause = StatusCause {
+        errno: e.1,
+        message: e.2,
+    };
+    let deadline_ms = API_DEADLINE.as_millis() as u64;
+    Surface::unread(id, authority, deadline_ms, r.elapsed_us, e.0, cause).with_facts(facts)
 }
 
 fn volume_facts(v: &Volume, r: &ApiRead, stripped_v1: bool) -> Map<String, Value> {
@@ -225,7 +218,7 @@ impl Out {
     fn claim(
         &mut self,
         kind: ClaimKind,
-        code: &str,
+        code: ClaimCode,
         statement: String,
         surfaces: &[&str],
         falsifier: Option<String>,
@@ -295,18 +288,14 @@ pub fn transfer_envelope(
         let auth = format!("http:GET {}", read.url);
         match volume_of(read) {
             Ok((v, body)) => {
-                o.surfaces.push(Surface {
-                    id: id.into(),
-                    authority: auth,
-                    status: SurfaceStatus::Ok,
-                    cause: None,
-                    deadline_ms: API_DEADLINE.as_millis() as u64,
-                    elapsed_us: read.elapsed_us,
-                    digest: Some(sha256_digest(body)),
-                    bytes: body.len() as u64,
-                    truncated: false,
-                    facts: volume_facts(&v, read, stripped_v1),
-                });
+                o.surfaces.push(Surface::read(
+                    id,
+                    auth,
+                    API_DEADLINE.as_millis() as u64,
+                    read.elapsed_us,
+                    Some((sha256_digest(body), body.len() as u64)),
+                    volume_facts(&v, read, stripped_v1),
+                ));
                 volumes[i] = Some(v);
             }
             Err(e) => o.surfaces.push(failed(id, auth, read, e)),
@@ -376,16 +365,29 @@ pub fn transfer_envelope(
         .iter()
         .map(|e| {
             let (flow, src, dst) = match &e.subject {
-                Subject::NetworkStream(s) => (Some(s.flow_id.clone()), Some(s.src.clone()), Some(s.dst.clone())),
+                Subject::NetworkStream(s) => (
+                    Some(s.flow_id.clone()),
+                    Some(s.src.clone()),
+                    Some(s.dst.clone()),
+                ),
                 _ => (None, None, None),
             };
-            json!({
-                "digest": e.digest, "kind": e.subject.kind(), "flow_id": flow, "src": src, "dst": dst,
-                "role": role_of(&e.digest).map(FlowRole::as_str),
-                "source_replica": source_of(e),
-                "completeness": e.completeness.as_str(),
-                "claims": e.claims.iter().map(|c| format!("{}:{}", c.kind.as_str(), c.code)).collect::<Vec<_>>(),
-            })
+            let link = StreamLink {
+                digest: e.digest.clone(),
+                kind: Some(e.subject.kind().into()),
+                flow_id: flow,
+                src,
+                dst,
+                role: role_of(&e.digest).map(|r| r.as_str().into()),
+                source_replica: source_of(e),
+                completeness: Some(e.completeness.as_str().into()),
+                claims: e
+                    .claims
+                    .iter()
+                    .map(|c| StreamLink::claim(c.kind, &c.code))
+                    .collect(),
+            };
+            serde_json::to_value(link).unwrap_or(Value::Null)
         })
         .collect();
     let incomplete: Vec<&str> = linked
@@ -402,9 +404,12 @@ pub fn transfer_envelope(
         .collect::<Vec<_>>()
         .join("\n");
     let mut sfacts = Map::new();
-    sfacts.insert("links".into(), Value::Array(links));
+    sfacts.insert(streams_facts::LINKS.into(), Value::Array(links));
     sfacts.insert("stream_count".into(), json!(streams.flows.len()));
-    sfacts.insert("net_ns".into(), json!(streams.net_ns.to_string()));
+    sfacts.insert(
+        streams_facts::NET_NS.into(),
+        json!(streams.net_ns.to_string()),
+    );
     sfacts.insert("incomplete_links".into(), json!(incomplete));
     sfacts.insert("excluded_count".into(), json!(r.excluded.len()));
     sfacts.insert(
@@ -507,7 +512,7 @@ pub fn transfer_envelope(
     o.surfaces.insert(
         0,
         Surface {
-            id: "streams".into(),
+            id: STREAMS.into(),
             authority: format!("pstack:network_stream envelopes, netns {}", streams.net_ns),
             status: SurfaceStatus::Ok,
             cause: None,
@@ -548,7 +553,7 @@ pub fn transfer_envelope(
             .count();
         o.claim(
             ClaimKind::Fact,
-            "longhorn_short_lived_streams",
+            ClaimCode::LonghornShortLivedStreams,
             format!(
                 "eBPF saw {} stream(s) of the rebuild's port blocks close inside the window that neither sock_diag sample held ({}); {} of them carried a RST",
                 short_roles.len(),
@@ -559,45 +564,45 @@ pub fn transfer_envelope(
                     .join(", "),
                 resets
             ),
-            &["streams"],
+            &[STREAMS],
             None,
         );
     }
     if streams.flows.is_empty() {
         o.claim(
             ClaimKind::Fact,
-            "no_stream_linked",
+            ClaimCode::NoStreamLinked,
             format!(
                 "no TCP flow to {} in the rebuild's port blocks matched in netns {}",
                 plan.filter.peer, streams.net_ns
             ),
-            &["streams"],
+            &[STREAMS],
             None,
         );
     } else {
         o.claim(
             ClaimKind::Fact,
-            "streams_linked",
+            ClaimCode::StreamsLinked,
             format!(
                 "{} stream envelope(s) linked; {} carry transport fault facts: {}",
                 streams.flows.len(),
                 faulted.len(),
                 faulted.join(", ")
             ),
-            &["streams"],
+            &[STREAMS],
             None,
         );
     }
     if !r.excluded.is_empty() {
         o.claim(
             ClaimKind::Fact,
-            "longhorn_flows_excluded",
+            ClaimCode::LonghornFlowsExcluded,
             format!(
                 "{} flow(s) to {} outside the source's and target's port blocks were excluded as other volumes' (not linked, not counted in this transfer)",
                 r.excluded.len(),
                 plan.filter.peer
             ),
-            &["streams"],
+            &[STREAMS],
             None,
         );
     }
@@ -709,7 +714,7 @@ pub fn transfer_envelope(
         };
         o.claim(
             ClaimKind::Fact,
-            "longhorn_topology_resolved",
+            ClaimCode::LonghornTopologyResolved,
             format!(
                 "the manager names engine {}, source {}, target {}; this capture plays the {role_str} role",
                 part(&t.engine),
@@ -722,7 +727,7 @@ pub fn transfer_envelope(
         if let Some(sel) = &r.selected_on {
             o.claim(
                 ClaimKind::Fact,
-                "longhorn_flows_selected_on",
+                ClaimCode::LonghornFlowsSelectedOn,
                 format!(
                     "flows selected on the {} ({}): {}",
                     sel.network,
@@ -740,7 +745,7 @@ pub fn transfer_envelope(
         for m in &mismatches {
             o.claim(
                 ClaimKind::Fact,
-                "longhorn_flag_mismatch",
+                ClaimCode::LonghornFlagMismatch,
                 format!(
                     "--{} {} disagrees with the manager: {}",
                     m.flag.replace('_', "-"),
@@ -772,7 +777,7 @@ pub fn transfer_envelope(
             if !changed.is_empty() && o.ok("longhorn/manager/end") {
                 o.claim(
                     ClaimKind::Fact,
-                    "longhorn_identity_changed",
+                    ClaimCode::LonghornIdentityChanged,
                     format!(
                         "between window start and end the manager's {} changed (end: engine {:?}, target {:?})",
                         changed.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", "),
@@ -840,7 +845,7 @@ pub fn transfer_envelope(
             .collect();
         o.claim(
             ClaimKind::Fact,
-            "longhorn_manager_reports_rebuild",
+            ClaimCode::LonghornManagerReportsRebuild,
             format!(
                 "at {when} ({at}) the Longhorn manager reports for volume {} (state {}, robustness {}): {}",
                 a.volume,
@@ -873,25 +878,25 @@ pub fn transfer_envelope(
                         };
                         o.claim(
                             ClaimKind::Fact,
-                            "longhorn_error_names_stream",
+                            ClaimCode::LonghornErrorNamesStream,
                             format!(
                                 "Longhorn reports {cause} on {x}→{y} (replica {}, {when}); this is flow {flow}, role {}, stream envelope {}",
                                 e.replica,
                                 role_of(&s.digest).map(FlowRole::as_str).unwrap_or("?"),
                                 s.digest
                             ),
-                            &[sid, "streams"],
+                            &[sid, STREAMS],
                             None,
                         );
                     }
                     None => o.claim(
                         ClaimKind::Fact,
-                        "longhorn_error_names_unlinked_connection",
+                        ClaimCode::LonghornErrorNamesUnlinkedConnection,
                         format!(
                             "Longhorn reports {cause} on {x}→{y} (replica {}, {when}); no stream linked here has that address pair (it closed before the window, or is captured on the other node)",
                             e.replica
                         ),
-                        &[sid, "streams"],
+                        &[sid, STREAMS],
                         None,
                     ),
                 }
@@ -922,21 +927,17 @@ pub fn transfer_envelope(
                         None => format!("{name} not set on this manager"),
                     });
                 }
-                o.surfaces.push(Surface {
-                    id: "longhorn/settings".into(),
-                    authority: format!("longhorn-manager:GET {}", read.url),
-                    status: SurfaceStatus::Ok,
-                    cause: None,
-                    deadline_ms: API_DEADLINE.as_millis() as u64,
-                    elapsed_us: read.elapsed_us,
-                    digest: Some(sha256_digest(body)),
-                    bytes: body.len() as u64,
-                    truncated: false,
+                o.surfaces.push(Surface::read(
+                    "longhorn/settings",
+                    format!("longhorn-manager:GET {}", read.url),
+                    API_DEADLINE.as_millis() as u64,
+                    read.elapsed_us,
+                    Some((sha256_digest(body), body.len() as u64)),
                     facts,
-                });
+                ));
                 o.claim(
                     ClaimKind::Fact,
-                    "longhorn_settings_bound_failures",
+                    ClaimCode::LonghornSettingsBoundFailures,
                     format!(
                         "the settings that bound a rebuild's failure: {} (engine-replica-timeout: seconds before the engine marks a replica ERR; replica-file-sync-http-client-timeout: seconds of the sync agents' HTTP transfer; long-grpc-timeout: seconds of FilesSync; replica-rebuild-concurrent-sync-limit: sources per rebuild from v1.11; storage-network: \"\" is the pod network)",
                         said.join(", ")
@@ -981,7 +982,7 @@ pub fn transfer_envelope(
         let addrs = parse_error_addrs(&ev.message);
         o.claim(
             ClaimKind::Fact,
-            "longhorn_engine_event",
+            ClaimCode::LonghornEngineEvent,
             format!(
                 "Kubernetes Event {} ({}) on {} {} at {}: {:?}",
                 ev.reason, ev.event_type, ev.kind, ev.name, ev.last, ev.message
@@ -1030,7 +1031,7 @@ pub fn transfer_envelope(
             for f in &transient {
                 o.claim(
                     ClaimKind::Fact,
-                    "longhorn_error_names_short_lived_flow",
+                    ClaimCode::LonghornErrorNamesShortLivedFlow,
                     format!(
                         "the {} Event names {cause} on {what}; this is the short-lived flow {}→{} seen by eBPF inside the window (states {}; {} retransmit(s), {} RST sent, {} RST received{})",
                         ev.reason,
@@ -1046,7 +1047,7 @@ pub fn transfer_envelope(
                             ""
                         }
                     ),
-                    &["kubernetes/events/watch", "streams"],
+                    &["kubernetes/events/watch", STREAMS],
                     None,
                 );
             }
@@ -1054,12 +1055,12 @@ pub fn transfer_envelope(
                 if x.is_some() && transient.is_empty() {
                     o.claim(
                         ClaimKind::Fact,
-                        "longhorn_error_names_unlinked_connection",
+                        ClaimCode::LonghornErrorNamesUnlinkedConnection,
                         format!(
                             "the {} Event names {cause} on {what}; no stream linked here has that address pair (it closed before the window, or is captured on the other node)",
                             ev.reason
                         ),
-                        &["kubernetes/events/watch", "streams"],
+                        &["kubernetes/events/watch", STREAMS],
                         None,
                     );
                 }
@@ -1081,14 +1082,14 @@ pub fn transfer_envelope(
                 };
                 o.claim(
                     ClaimKind::Fact,
-                    "longhorn_error_names_stream",
+                    ClaimCode::LonghornErrorNamesStream,
                     format!(
                         "the {} Event names {cause} on {what}; this is flow {flow} (last state {state}), role {}, stream envelope {}",
                         ev.reason,
                         role_of(&s.digest).map(FlowRole::as_str).unwrap_or("?"),
                         s.digest
                     ),
-                    &["kubernetes/events/watch", "streams"],
+                    &["kubernetes/events/watch", STREAMS],
                     None,
                 );
             }
@@ -1101,7 +1102,7 @@ pub fn transfer_envelope(
     if let Some(v) = &r.verdict {
         let (code, statement) = if v.outcome.starts_with("failed") {
             (
-                "longhorn_rebuild_failed",
+                ClaimCode::LonghornRebuildFailed,
                 format!(
                     "the rebuild failed ({}) at step {}{}: {:?}",
                     v.basis,
@@ -1116,12 +1117,12 @@ pub fn transfer_envelope(
             )
         } else if v.outcome == "complete" {
             (
-                "longhorn_rebuild_complete",
+                ClaimCode::LonghornRebuildComplete,
                 format!("the rebuild completed ({})", v.basis),
             )
         } else if v.outcome == "removed" {
             (
-                "longhorn_rebuild_removed",
+                ClaimCode::LonghornRebuildRemoved,
                 format!(
                     "the rebuild ended without a FailedRebuilding Event because the replica or volume was removed on purpose ({}): not a failure",
                     v.basis
@@ -1129,7 +1130,7 @@ pub fn transfer_envelope(
             )
         } else {
             (
-                "longhorn_rebuild_unresolved",
+                ClaimCode::LonghornRebuildUnresolved,
                 format!("the rebuild's outcome is not known: {}", v.basis),
             )
         };
@@ -1181,7 +1182,7 @@ pub fn transfer_envelope(
         if v.retries > 0 {
             o.claim(
                 ClaimKind::Fact,
-                "longhorn_rebuild_retries",
+                ClaimCode::LonghornRebuildRetries,
                 format!(
                     "the rebuild survived {} reset(s): each was followed by the file's next attempt (the entry stayed in_progress; from v1.11 each file is retried up to 3 times), so none is the rebuild's end, which is judged by its final state ({}); per source: {}; texts: {:?}",
                     v.retries,
@@ -1195,7 +1196,7 @@ pub fn transfer_envelope(
         } else if per_source.len() > 1 {
             o.claim(
                 ClaimKind::Fact,
-                "longhorn_rebuild_sources",
+                ClaimCode::LonghornRebuildSources,
                 format!(
                     "the rebuild had {} sources (fromReplicaList): {}",
                     per_source.len(),
@@ -1221,7 +1222,7 @@ pub fn transfer_envelope(
             .map(|r| (r.mode.clone(), r.failed_at.clone()));
         o.claim(
             ClaimKind::Fact,
-            "longhorn_rebuild_entry_gone",
+            ClaimCode::LonghornRebuildEntryGone,
             format!(
                 "the rebuild of replica {t} reported at window start is gone from rebuildStatus at window end{}: the entry exists only while the replica is WO, so this is not an outcome",
                 match &failed_at {
@@ -1249,18 +1250,14 @@ pub fn transfer_envelope(
                     facts.insert("read_at".into(), json!(read.at));
                     facts.insert("object".into(), json!(read.object));
                     facts.insert("events".into(), json!(events));
-                    o.surfaces.push(Surface {
-                        id: id.clone(),
-                        authority: auth,
-                        status: SurfaceStatus::Ok,
-                        cause: None,
-                        deadline_ms: EVENTS_DEADLINE.as_millis() as u64,
-                        elapsed_us: read.elapsed_us,
-                        digest: Some(sha256_digest(body)),
-                        bytes: body.len() as u64,
-                        truncated: false,
+                    o.surfaces.push(Surface::read(
+                        id.clone(),
+                        auth,
+                        EVENTS_DEADLINE.as_millis() as u64,
+                        read.elapsed_us,
+                        Some((sha256_digest(body), body.len() as u64)),
                         facts,
-                    });
+                    ));
                     for e in &failed_rebuilding {
                         let pairs: Vec<String> = parse_error_addrs(&e.message)
                             .pairs
@@ -1269,7 +1266,7 @@ pub fn transfer_envelope(
                             .collect();
                         o.claim(
                             ClaimKind::Fact,
-                            "longhorn_failed_rebuilding_event",
+                            ClaimCode::LonghornFailedRebuildingEvent,
                             format!(
                                 "Kubernetes Event FailedRebuilding ({}) on {} {} at {} (count {}, from {}): {:?}{}",
                                 e.event_type,
@@ -1292,7 +1289,7 @@ pub fn transfer_envelope(
                     if failed_rebuilding.is_empty() {
                         o.claim(
                             ClaimKind::Fact,
-                            "kubernetes_events_without_failed_rebuilding",
+                            ClaimCode::KubernetesEventsWithoutFailedRebuilding,
                             format!(
                                 "the Kubernetes API lists {} Event(s) for {} in {} at {} and none is FailedRebuilding (Events expire, by default after an hour)",
                                 events.len(),
@@ -1443,7 +1440,7 @@ pub fn transfer_envelope(
         match h {
             IdleHazard::Hazardous => o.claim(
                 ClaimKind::Hypothesis,
-                "control_channel_user_timeout_below_keepalive_retry",
+                ClaimCode::ControlChannelUserTimeoutBelowKeepaliveRetry,
                 format!(
                     "the idle {channel} channel's server side here, {server} (stream {}, role {}), sends its first keepalive probe after {idle} s idle and the next {intvl} s later, but TCP_USER_TIMEOUT is {ut} ms: one unanswered probe (a single lost ACK) outlives the user timeout and this side's kernel aborts the channel (ETIMEDOUT) and resets it; the gRPC client at the other end reads `connection reset by peer` and the rebuild fails — the #13703 pattern (grpc-go sets 20 s TCP_USER_TIMEOUT on accepted connections, Go's listener keepalive is 15 s; longhorn-engine app/cmd/sync_agent.go v1.9.0 uses a plain net.Listen)",
                     e.digest,
@@ -1457,7 +1454,7 @@ pub fn transfer_envelope(
             ),
             IdleHazard::PostFixOsKeepalive => o.claim(
                 ClaimKind::Fact,
-                "control_channel_keepalive_not_hazardous",
+                ClaimCode::ControlChannelKeepaliveNotHazardous,
                 format!(
                     "the idle {channel} channel's server side here (stream {}) keeps the OS keepalive ({idle} s idle, {intvl} s interval) with TCP_USER_TIMEOUT {ut} ms: the first probe comes only after {idle} s idle, so the #13703 abort needs an unanswered probe after that long — the settings of upstream's fix (longhorn-engine master \"preserve OS TCP keepalive settings\"), not the 15 s/20 s hazard",
                     e.digest
@@ -1467,7 +1464,7 @@ pub fn transfer_envelope(
             ),
             IdleHazard::ClientSide => o.claim(
                 ClaimKind::Fact,
-                "control_channel_client_side",
+                ClaimCode::ControlChannelClientSide,
                 format!(
                     "stream {} is the gRPC client's end of the idle {channel} channel (keepalive {}, TCP_USER_TIMEOUT {ut} ms): grpc-go sets its user timeout only on the server's accepted socket, so a #13703 abort would be raised by {server}, not here — capture on that node to read its socket options",
                     e.digest, s.keepalive
@@ -1517,22 +1514,18 @@ pub fn transfer_envelope(
                 let dropped = facts["dropped_flows"].as_u64().unwrap_or(0);
                 let verdicts = facts["verdicts"].to_string();
                 let reasons = facts["reasons"].to_string();
-                o.surfaces.push(Surface {
-                    id: "cilium/hubble".into(),
-                    authority: auth,
-                    status: SurfaceStatus::Ok,
-                    cause: None,
-                    deadline_ms: HUBBLE_DEADLINE.as_millis() as u64,
-                    elapsed_us: h.elapsed_us,
-                    digest: Some(sha256_digest(&out)),
-                    bytes: out.len() as u64,
-                    truncated: false,
+                o.surfaces.push(Surface::read(
+                    "cilium/hubble",
+                    auth,
+                    HUBBLE_DEADLINE.as_millis() as u64,
+                    h.elapsed_us,
+                    Some((sha256_digest(&out), out.len() as u64)),
                     facts,
-                });
+                ));
                 if dropped > 0 {
-                    o.claim(ClaimKind::Fact, "hubble_reports_drops", format!("Hubble reports {dropped} DROPPED flow(s) involving {} over the window ({reasons}); all verdicts: {verdicts}", plan.filter.peer), &["cilium/hubble"], None);
+                    o.claim(ClaimKind::Fact, ClaimCode::HubbleReportsDrops, format!("Hubble reports {dropped} DROPPED flow(s) involving {} over the window ({reasons}); all verdicts: {verdicts}", plan.filter.peer), &["cilium/hubble"], None);
                 } else {
-                    o.claim(ClaimKind::Fact, "hubble_reports_no_drops", format!("Hubble reports no DROPPED flow involving {} over the window (verdicts: {verdicts}); this does not clear the network: a packet FORWARDED on this node may still never reach the other one — compare with the other node's capture, and Multus storage-network traffic is invisible to Cilium", plan.filter.peer), &["cilium/hubble"], None);
+                    o.claim(ClaimKind::Fact, ClaimCode::HubbleReportsNoDrops, format!("Hubble reports no DROPPED flow involving {} over the window (verdicts: {verdicts}); this does not clear the network: a packet FORWARDED on this node may still never reach the other one — compare with the other node's capture, and Multus storage-network traffic is invisible to Cilium", plan.filter.peer), &["cilium/hubble"], None);
                 }
                 hubble_answered = true;
             }

@@ -244,7 +244,7 @@ pub fn kubectl_events(object: &str) -> String {
 /// `GET {base}/api/v1/namespaces/longhorn-system/events?fieldSelector=involvedObject.name={object}`.
 pub fn fetch_events(api: &KubeApi, object: &str) -> EventsRead {
     let t = Instant::now();
-    let at = crate::supervisor::clock::wall_time_now();
+    let at = crate::clock::wall_time_now();
     let url = format!(
         "{}/api/v1/namespaces/{NAMESPACE}/events?fieldSelector=involvedObject.name%3D{object}",
         api.base.trim_end_matches('/')

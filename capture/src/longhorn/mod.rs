@@ -38,9 +38,9 @@ use std::sync::{Arc, Mutex};
 use pstack_envelope::{Clock, Envelope};
 
 use crate::Progress;
+use crate::clock::{monotonic_ns, wall_time_now};
+use crate::process::{LeakBudget, SupervisorConfig};
 use crate::request::{LonghornRequest, RequestError, invalid};
-use crate::supervisor::clock::{monotonic_ns, wall_time_now};
-use crate::supervisor::{LeakBudget, SupervisorConfig};
 use crate::transport::{self, CaptureResult, LONGHORN_PORTS, Plan, TransportError, WindowStop};
 
 /// Most manager reads one capture makes (volume at start, the source's and

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use pstack_ebpf::{FlightStats, FlowHistory, FlowIncident};
 use pstack_envelope::{
-    Bounds, BuildError, Claim, ClaimKind, Clock, Collector, Envelope, EnvelopeBuilder,
+    Bounds, BuildError, Claim, ClaimCode, ClaimKind, Clock, Collector, Envelope, EnvelopeBuilder,
     NextTransition, Scope, StreamIdentity, Subject, Surface, SurfaceStatus, Termination, Trigger,
     Universe, Unknown, sha256_digest,
 };
@@ -29,7 +29,7 @@ use super::SOURCE_COMMIT;
 use crate::clock::{monotonic_ns, wall_time_of};
 
 /// Surface id of the flight record.
-pub const FLIGHT_SURFACE: &str = "ebpf/flight_recorder";
+pub const FLIGHT_SURFACE: &str = pstack_envelope::surface_id::network_stream::FLIGHT_RECORDER;
 
 /// What the recorder had when the rule fired.
 #[derive(Debug, Clone)]
@@ -46,9 +46,9 @@ pub struct RecordedFlow {
     pub max_flows: usize,
 }
 
-fn claim(code: &str, statement: String) -> Claim {
+fn claim(code: ClaimCode, statement: String) -> Claim {
     Claim {
-        id: code.replace('_', "-"),
+        id: code.as_str().replace('_', "-"),
         kind: ClaimKind::Fact,
         code: code.into(),
         statement,
@@ -81,20 +81,20 @@ pub fn claims_of(h: &FlowHistory, incident: &FlowIncident) -> Vec<Claim> {
         );
     if received {
         out.push(claim(
-            "rst_received_from_peer",
+            ClaimCode::RstReceivedFromPeer,
             format!("RST received from {r} (the remote endpoint sent it) on flow {l} -> {r}"),
         ));
     }
     if sent {
         out.push(claim(
-            "rst_sent_by_local",
+            ClaimCode::RstSentByLocal,
             format!("this host ({l}) sent a RST to {r}"),
         ));
     }
     let span_s = h.last_seen_ns.saturating_sub(h.reached_back_ns) as f64 / 1e9;
     if t.retransmits > 0 {
         out.push(claim(
-            "flow_retransmits",
+            ClaimCode::FlowRetransmits,
             format!(
                 "{l} retransmitted {} segments to {r} in the {span_s:.1} s recorded before the last event",
                 t.retransmits
@@ -103,7 +103,7 @@ pub fn claims_of(h: &FlowHistory, incident: &FlowIncident) -> Vec<Claim> {
     }
     if t.rto_retransmits > 0 {
         out.push(claim(
-            "flow_rto_timeouts",
+            ClaimCode::FlowRtoTimeouts,
             format!(
                 "{} of those retransmits were sent by the retransmission timer (socket in loss recovery): the peer did not acknowledge for a whole RTO",
                 t.rto_retransmits
@@ -112,7 +112,7 @@ pub fn claims_of(h: &FlowHistory, incident: &FlowIncident) -> Vec<Claim> {
     }
     if t.zero_window_events > 0 {
         out.push(claim(
-            "peer_zero_window",
+            ClaimCode::PeerZeroWindow,
             format!(
                 "{r} advertised a zero receive window to {l} at {} recorded events",
                 t.zero_window_events

@@ -18,6 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use pstack_envelope::ClaimCode;
 use serde::Serialize;
 
 use super::verdict::CohortCounts;
@@ -49,20 +50,20 @@ impl FleetMetric {
     }
 
     /// Claim codes counted.
-    pub fn codes(self) -> &'static [&'static str] {
+    pub fn codes(self) -> &'static [ClaimCode] {
         match self {
             FleetMetric::Resets => &[
-                "rst_received_from_peer",
-                "rst_sent_by_local",
-                "reset_by_peer_inferred",
+                ClaimCode::RstReceivedFromPeer,
+                ClaimCode::RstSentByLocal,
+                ClaimCode::ResetByPeerInferred,
             ],
-            FleetMetric::RtoTimeouts => &["flow_rto_timeouts"],
-            FleetMetric::DStateEpisodes => &["thread_in_d_state"],
+            FleetMetric::RtoTimeouts => &[ClaimCode::FlowRtoTimeouts],
+            FleetMetric::DStateEpisodes => &[ClaimCode::ThreadInDState],
             FleetMetric::RebuildFailures => &[
-                "flow_left_established",
-                "rst_received_from_peer",
-                "rst_sent_by_local",
-                "reset_by_peer_inferred",
+                ClaimCode::FlowLeftEstablished,
+                ClaimCode::RstReceivedFromPeer,
+                ClaimCode::RstSentByLocal,
+                ClaimCode::ResetByPeerInferred,
             ],
         }
     }
@@ -141,10 +142,10 @@ fn events_in(env: &NodeEnvelope, metric: FleetMetric) -> u64 {
     if metric.subject_kind().is_some_and(|k| k != env.kind) {
         return 0;
     }
-    let codes: BTreeSet<&str> = env
+    let codes: BTreeSet<ClaimCode> = env
         .codes
         .iter()
-        .map(String::as_str)
+        .filter_map(|c| ClaimCode::parse(c))
         .filter(|c| metric.codes().contains(c))
         .collect();
     if metric.per_envelope() {

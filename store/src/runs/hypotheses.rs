@@ -55,8 +55,11 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// Hypothesis codes and the fact or inference codes that confirm them
-/// (pstack's own vocabulary: `capture/src/supervisor/assemble_claims.rs`).
-pub const CONFIRMED_BY: [(&str, &str); 1] = [("cgroup_frozen", "d_state_from_cgroup_freezer")];
+/// (pstack's own vocabulary: [`pstack_envelope::ClaimCode`]).
+pub const CONFIRMED_BY: [(&str, &str); 1] = [(
+    pstack_envelope::ClaimCode::CgroupFrozen.as_str(),
+    pstack_envelope::ClaimCode::DStateFromCgroupFreezer.as_str(),
+)];
 
 /// Where a hypothesis stands.
 #[derive(

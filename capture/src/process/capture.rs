@@ -23,13 +23,13 @@ use super::assemble::{Assembly, Mode};
 use super::assemble_readings::{
     ClaimInput, OffCpuReading, ProcFile, Readings, SurfaceId, TaskFile, Typed,
 };
-use super::leak::LeakBudget;
-use super::risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, cause_of, status_of};
 use super::{
     CaptureError, CaptureRequest, Deadlines, OffCpuSource, SupervisorConfig, SurfaceFamily,
     SurfaceSelection, Target,
 };
 use crate::clock::{monotonic_ns, wall_time_now};
+use crate::helpers::leak::LeakBudget;
+use crate::helpers::risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, cause_of, status_of};
 
 /// Longest off-CPU window a capture may ask for (the one limit, in
 /// [`crate::request::PROCESS_WINDOW`]).
@@ -154,21 +154,11 @@ fn with_status(
     status: SurfaceStatus,
     why: &str,
 ) -> Surface {
-    Surface {
-        id,
-        authority,
-        status,
-        cause: Some(StatusCause {
-            errno: None,
-            message: why.to_string(),
-        }),
-        deadline_ms,
-        elapsed_us: 0,
-        digest: None,
-        bytes: 0,
-        truncated: false,
-        facts: Map::new(),
-    }
+    let cause = StatusCause {
+        errno: None,
+        message: why.to_string(),
+    };
+    Surface::unread(id, authority, deadline_ms, 0, status, cause)
 }
 
 /// Capture `request.target` and return the sealed envelope.
@@ -316,8 +306,9 @@ fn identity_error(what: &'static str, id: u32, e: ReadError) -> CaptureError {
         ReadError::Vanished { .. } => CaptureError::NoSuchProcess { what, id },
         error => CaptureError::IdentityUnreadable {
             id,
-            advice: matches!(error, ReadError::PermissionDenied { .. })
-                .then(|| super::denial::explain(&super::denial::Caller::current())),
+            advice: matches!(error, ReadError::PermissionDenied { .. }).then(|| {
+                crate::helpers::denial::explain(&crate::helpers::denial::Caller::current())
+            }),
             error,
         },
     }

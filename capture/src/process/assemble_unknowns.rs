@@ -52,7 +52,7 @@ pub(super) fn unknowns(
                 format!("How long were the subject's threads off CPU, and in D, during a window? (eBPF denied: {cause})"),
                 crate::probes::with_privilege(
                     &crate::probes::capture_window(subject, window),
-                    &crate::supervisor::denial::Caller::current(),
+                    &crate::helpers::denial::Caller::current(),
                 ),
             ),
             SurfaceStatus::Unsupported => (
@@ -124,10 +124,7 @@ pub(super) fn unknowns(
             }
             SurfaceStatus::PermissionDenied => (
                 format!("What does {path} show to a caller allowed to read it?"),
-                crate::probes::with_privilege(
-                    &again,
-                    &crate::supervisor::denial::Caller::current(),
-                ),
+                crate::probes::with_privilege(&again, &crate::helpers::denial::Caller::current()),
             ),
             SurfaceStatus::Skipped if cause.contains("leak budget") => (
                 format!("What does {path} show once leaked helpers have exited?"),

@@ -34,7 +34,7 @@ use serde_json::{Map, Value};
 
 use super::helper_process::{HelperProcess, Reap, Received};
 use super::leak::{HelperIdentity, LeakBudget};
-use super::{CaptureError, SupervisorConfig};
+use crate::process::{CaptureError, SupervisorConfig};
 
 /// One risky surface to read in a helper.
 #[derive(Debug, Clone, PartialEq, Eq)]

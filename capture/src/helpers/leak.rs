@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use pstack_collectors::procfs::read::{TaskRef, read_stat};
 use serde::{Deserialize, Serialize};
 
-use super::clock::wall_time_now;
+use crate::clock::wall_time_now;
 
 /// The host's one leak journal, shared by one-shot `pstackctl` and `pstackd`
 /// (`/run`: a leak does not outlive the boot).

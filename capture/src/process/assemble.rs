@@ -22,9 +22,10 @@ use pstack_envelope::{
 };
 use serde_json::Map;
 
-use super::assemble_claims::{self as rules, code};
+use super::assemble_claims::{self as rules};
 use super::assemble_readings::{Readings, SurfaceId};
 use super::{CaptureRequest, Deadlines, SupervisorConfig, SurfaceFamily, SurfaceSelection};
+use pstack_envelope::ClaimCode;
 
 /// Which flow produced the surfaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,7 +185,7 @@ impl Assembly {
         };
         let frozen = claims
             .iter()
-            .find(|c| c.code == code::D_STATE_FROM_CGROUP_FREEZER)
+            .find(|c| c.code == ClaimCode::DStateFromCgroupFreezer)
             .map(|c| c.statement.clone());
         for c in claims {
             builder.claim(c)?;
@@ -344,7 +345,7 @@ const LIMIT_CONSTS: [(&str, &str); 4] = [
 ];
 
 #[cfg(test)]
-pub(in crate::supervisor) mod tests {
+pub(in crate::process) mod tests {
     use super::*;
     use pstack_collectors::procfs::parse::{TaskStat, TaskState};
     use pstack_collectors::procfs::read::WchanFacts;
@@ -352,21 +353,17 @@ pub(in crate::supervisor) mod tests {
     use super::super::assemble_readings::{TaskFile, Typed};
 
     fn surface(id: SurfaceId) -> Surface {
-        Surface {
-            id: id.to_string(),
-            authority: format!("procfs:/proc/{id}"),
-            status: SurfaceStatus::Ok,
-            cause: None,
-            deadline_ms: 250,
-            elapsed_us: 3,
-            digest: Some(sha256_digest(id.to_string().as_bytes())),
-            bytes: 10,
-            truncated: false,
-            facts: Map::new(),
-        }
+        Surface::read(
+            id.to_string(),
+            format!("procfs:/proc/{id}"),
+            250,
+            3,
+            Some((sha256_digest(id.to_string().as_bytes()), 10)),
+            Map::new(),
+        )
     }
 
-    pub(in crate::supervisor) fn stat(tid: u32, state: TaskState) -> TaskStat {
+    pub(in crate::process) fn stat(tid: u32, state: TaskState) -> TaskStat {
         TaskStat {
             pid: tid,
             comm: "worker".into(),
@@ -428,7 +425,7 @@ pub(in crate::supervisor) mod tests {
         let fuse = env
             .claims
             .iter()
-            .find(|c| c.code == code::FUSE_SERVER_NOT_ANSWERING)
+            .find(|c| c.code == ClaimCode::FuseServerNotAnswering)
             .expect("the hypothesis");
         assert_eq!(fuse.kind, pstack_envelope::ClaimKind::Hypothesis);
         assert_eq!(fuse.surfaces, ["task/12/stat", "task/12/wchan"]);
@@ -465,7 +462,7 @@ pub(in crate::supervisor) mod tests {
         assert!(
             !env.claims
                 .iter()
-                .any(|c| c.code == code::FUSE_SERVER_NOT_ANSWERING)
+                .any(|c| c.code == ClaimCode::FuseServerNotAnswering)
         );
         assert!(
             env.unknowns
@@ -544,9 +541,9 @@ pub(in crate::supervisor) mod tests {
             include_str!("assemble_readings.rs"),
             include_str!("assemble_unknowns.rs"),
             include_str!("capture.rs"),
-            include_str!("risky.rs"),
-            include_str!("helper_process.rs"),
-            include_str!("leak.rs"),
+            include_str!("../helpers/risky.rs"),
+            include_str!("../helpers/helper_process.rs"),
+            include_str!("../helpers/leak.rs"),
             include_str!("selection.rs"),
             include_str!("mod.rs"),
         ];

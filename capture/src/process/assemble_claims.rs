@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 use pstack_collectors::procfs::parse::{SyscallFacts, TaskState};
-use pstack_envelope::{Claim, ClaimKind, Completeness, Scope, Subject};
+use pstack_envelope::{Claim, ClaimCode, ClaimKind, Completeness, Scope, Subject};
 
 use super::assemble_readings::{
     HostReadings, OffCpuReading, ProcFile, SurfaceId, TaskFile, TaskReadings, ThreadReadings,
@@ -31,28 +31,19 @@ pub const FREEZER_WAITS: [&str; 2] = ["__refrigerator", "do_freezer_trap"];
 /// Most per-thread D-state claims.
 pub const MAX_D_CLAIMS: usize = 200;
 
-/// Every claim code the process, thread and host rules can produce.
-pub mod code {
-    /// Fact: how many threads are in a state (`threads_in_state_<state>`).
-    pub const THREADS_IN_STATE_UNINTERRUPTIBLE: &str = "threads_in_state_uninterruptible";
-    /// Fact: one thread is in D, with its wait.
-    pub const THREAD_IN_D_STATE: &str = "thread_in_d_state";
-    /// Hypothesis: the FUSE server of a mount is not answering.
-    pub const FUSE_SERVER_NOT_ANSWERING: &str = "fuse_server_not_answering";
-    /// Hypothesis: a D thread waits in the freezer: its cgroup is frozen.
-    pub const CGROUP_FROZEN: &str = "cgroup_frozen";
-    /// Inference: a D thread's cgroup is frozen (the freezer says so).
-    pub const D_STATE_FROM_CGROUP_FREEZER: &str = "d_state_from_cgroup_freezer";
-    /// Fact (universal): no thread is in D.
-    pub const NO_THREAD_IN_D_STATE: &str = "no_thread_in_d_state";
-    /// Fact: off-CPU time by state in the window.
-    pub const OFFCPU_TIME_IN_WINDOW: &str = "offcpu_time_in_window";
-    /// Fact: one D episode in the window.
-    pub const D_STATE_EPISODE: &str = "d_state_episode";
-    /// Fact (universal): no D episode in the window.
-    pub const NO_D_STATE_EPISODE_IN_WINDOW: &str = "no_d_state_episode_in_window";
-    /// Fact: a host's threads counted by state.
-    pub const THREAD_STATE_COUNTS: &str = "thread_state_counts";
+/// The claim code of "threads in state `state`".
+pub fn threads_in_state(state: TaskState) -> ClaimCode {
+    match state {
+        TaskState::Running => ClaimCode::ThreadsInStateRunning,
+        TaskState::Sleeping => ClaimCode::ThreadsInStateSleeping,
+        TaskState::DiskSleep => ClaimCode::ThreadsInStateUninterruptible,
+        TaskState::Zombie => ClaimCode::ThreadsInStateZombie,
+        TaskState::Stopped => ClaimCode::ThreadsInStateStopped,
+        TaskState::TracingStop => ClaimCode::ThreadsInStateTracingStop,
+        TaskState::Dead => ClaimCode::ThreadsInStateDead,
+        TaskState::Idle => ClaimCode::ThreadsInStateIdle,
+        TaskState::Parked => ClaimCode::ThreadsInStateParked,
+    }
 }
 
 /// Claims of a process or thread capture, and a description of each D
@@ -86,7 +77,7 @@ pub fn task_claims(
         claims.push(Claim {
             id: format!("state-{letter}"),
             kind: ClaimKind::Fact,
-            code: format!("threads_in_state_{}", TaskState::name(*state)),
+            code: threads_in_state(*state).into(),
             statement: format!(
                 "{} thread(s) in state {letter} ({}): {}{more}",
                 tids.len(),
@@ -123,7 +114,7 @@ pub fn task_claims(
             claims.push(Claim {
                 id: "no-d".into(),
                 kind: ClaimKind::Fact,
-                code: code::NO_THREAD_IN_D_STATE.into(),
+                code: ClaimCode::NoThreadInDState.into(),
                 statement: format!("no thread of the {} observed is in D", stats.len()),
                 surfaces: stats,
                 scope: Scope::Universal,
@@ -169,7 +160,7 @@ fn d_thread_claim(tid: u32, t: &ThreadReadings) -> (Claim, String) {
     let claim = Claim {
         id: format!("d-{tid}"),
         kind: ClaimKind::Fact,
-        code: code::THREAD_IN_D_STATE.into(),
+        code: ClaimCode::ThreadInDState.into(),
         statement: text.clone(),
         surfaces: bound,
         scope: Scope::Existential,
@@ -212,7 +203,7 @@ fn fuse_hypothesis(tid: u32, t: &ThreadReadings) -> Option<Claim> {
     Some(Claim {
         id: format!("fuse-{tid}"),
         kind: ClaimKind::Hypothesis,
-        code: code::FUSE_SERVER_NOT_ANSWERING.into(),
+        code: ClaimCode::FuseServerNotAnswering.into(),
         statement: format!(
             "thread {tid} ({comm}) is in D waiting for a FUSE request to be answered ({FUSE_WAIT}): the FUSE server of that mount is not answering"
         ),
@@ -237,7 +228,7 @@ fn freezer_claim(tid: u32, t: &ThreadReadings, r: &TaskReadings) -> Option<Claim
         Some(fz) if fz.frozen() => Some(Claim {
             id: format!("frozen-{tid}"),
             kind: ClaimKind::Inference,
-            code: code::D_STATE_FROM_CGROUP_FREEZER.into(),
+            code: ClaimCode::DStateFromCgroupFreezer.into(),
             statement: format!(
                 "thread {tid} is in D because its cgroup {} is {} by the {} freezer, not because it waits on I/O or a lock",
                 fz.cgroup, fz.state, fz.hierarchy
@@ -260,7 +251,7 @@ fn freezer_claim(tid: u32, t: &ThreadReadings, r: &TaskReadings) -> Option<Claim
             Some(Claim {
                 id: format!("cgroup-frozen-{tid}"),
                 kind: ClaimKind::Hypothesis,
-                code: code::CGROUP_FROZEN.into(),
+                code: ClaimCode::CgroupFrozen.into(),
                 statement: format!(
                     "thread {tid} is in D in the freezer's wait ({}): {cg} is frozen, not waiting on I/O or a lock",
                     FREEZER_WAITS[0]
@@ -307,7 +298,7 @@ pub fn offcpu_claims(
     let mut claims = vec![Claim {
         id: "offcpu-time".into(),
         kind: ClaimKind::Fact,
-        code: code::OFFCPU_TIME_IN_WINDOW.into(),
+        code: ClaimCode::OffcpuTimeInWindow.into(),
         statement: if tasks.is_empty() {
             format!(
                 "no thread of the subject switched off CPU during the {window_ms} ms window (each stayed where it was: on CPU, or asleep since before the window)"
@@ -355,7 +346,7 @@ pub fn offcpu_claims(
         claims.push(Claim {
             id: format!("d-episode-{i}"),
             kind: ClaimKind::Fact,
-            code: code::D_STATE_EPISODE.into(),
+            code: ClaimCode::DStateEpisode.into(),
             statement: format!(
                 "{who} was in D for {} ms{}{}{}",
                 e.duration_ns / 1_000_000,
@@ -380,7 +371,7 @@ pub fn offcpu_claims(
         claims.push(Claim {
             id: "no-d-episode".into(),
             kind: ClaimKind::Fact,
-            code: code::NO_D_STATE_EPISODE_IN_WINDOW.into(),
+            code: ClaimCode::NoDStateEpisodeInWindow.into(),
             statement: format!(
                 "no thread of the subject had a D episode of at least {} ms in the {window_ms} ms window",
                 o.d_min_ns / 1_000_000
@@ -425,7 +416,7 @@ pub fn host_claims(r: &HostReadings, completeness: Completeness) -> (Vec<Claim>,
                 claims.push(Claim {
                     id: format!("d-{pid}-{}", t.tid),
                     kind: ClaimKind::Fact,
-                    code: code::THREAD_IN_D_STATE.into(),
+                    code: ClaimCode::ThreadInDState.into(),
                     statement: text,
                     surfaces,
                     scope: Scope::Existential,
@@ -441,7 +432,7 @@ pub fn host_claims(r: &HostReadings, completeness: Completeness) -> (Vec<Claim>,
             Claim {
                 id: "state-counts".into(),
                 kind: ClaimKind::Fact,
-                code: code::THREAD_STATE_COUNTS.into(),
+                code: ClaimCode::ThreadStateCounts.into(),
                 statement: format!("observed threads by state: {}", text.join(", ")),
                 surfaces: bound.clone(),
                 scope: Scope::Existential,
@@ -453,7 +444,7 @@ pub fn host_claims(r: &HostReadings, completeness: Completeness) -> (Vec<Claim>,
         claims.push(Claim {
             id: "no-d".into(),
             kind: ClaimKind::Fact,
-            code: code::NO_THREAD_IN_D_STATE.into(),
+            code: ClaimCode::NoThreadInDState.into(),
             statement: "no thread on the host is in D".into(),
             surfaces: bound,
             scope: Scope::Universal,
@@ -591,7 +582,7 @@ mod tests {
         task_claims(r, &subject(), completeness).0
     }
 
-    fn has(claims: &[Claim], code: &str) -> bool {
+    fn has(claims: &[Claim], code: ClaimCode) -> bool {
         claims.iter().any(|c| c.code == code)
     }
 
@@ -603,40 +594,40 @@ mod tests {
         let none = |_: &mut TaskReadings| {};
         #[allow(clippy::type_complexity, reason = "a table")]
         let table: Vec<(
-            &str,
+            ClaimCode,
             (TaskReadings, Completeness),
             (TaskReadings, Completeness),
         )> = vec![
             (
-                code::THREADS_IN_STATE_UNINTERRUPTIBLE,
+                ClaimCode::ThreadsInStateUninterruptible,
                 (task(D, none), Partial),
                 (task(S, none), Partial),
             ),
             (
-                code::THREAD_IN_D_STATE,
+                ClaimCode::ThreadInDState,
                 (task(D, none), Partial),
                 (task(R, none), Partial),
             ),
             (
-                code::FUSE_SERVER_NOT_ANSWERING,
+                ClaimCode::FuseServerNotAnswering,
                 (task(D, wchan(FUSE_WAIT)), Complete),
                 // In D on another wait: not FUSE.
                 (task(D, wchan("io_schedule")), Complete),
             ),
             (
-                code::FUSE_SERVER_NOT_ANSWERING,
+                ClaimCode::FuseServerNotAnswering,
                 (task(D, stack("request_wait_answer")), Complete),
                 // The FUSE frame is not the innermost: not where it waits.
                 (task(D, stack("folio_wait_bit_common")), Complete),
             ),
             (
-                code::FUSE_SERVER_NOT_ANSWERING,
+                ClaimCode::FuseServerNotAnswering,
                 (task(D, wchan(FUSE_WAIT)), Complete),
                 // Not in D: a FUSE wait that is interruptible is not stuck.
                 (task(S, wchan(FUSE_WAIT)), Complete),
             ),
             (
-                code::CGROUP_FROZEN,
+                ClaimCode::CgroupFrozen,
                 (task(D, wchan("__refrigerator")), Complete),
                 // The freezer was read and says thawed: falsified.
                 (
@@ -648,59 +639,59 @@ mod tests {
                 ),
             ),
             (
-                code::CGROUP_FROZEN,
+                ClaimCode::CgroupFrozen,
                 (task(D, stack("__refrigerator")), Complete),
                 // In D elsewhere: no freezer mechanism is pointed at.
                 (task(D, stack("io_schedule")), Complete),
             ),
             (
-                code::D_STATE_FROM_CGROUP_FREEZER,
+                ClaimCode::DStateFromCgroupFreezer,
                 (task(D, freezer("frozen")), Complete),
                 (task(D, freezer("thawed")), Complete),
             ),
             (
-                code::D_STATE_FROM_CGROUP_FREEZER,
+                ClaimCode::DStateFromCgroupFreezer,
                 (task(D, freezer("freezing")), Complete),
                 // Frozen, but no thread is in D: nothing to explain.
                 (task(S, freezer("frozen")), Complete),
             ),
             (
-                code::NO_THREAD_IN_D_STATE,
+                ClaimCode::NoThreadInDState,
                 (task(R, none), Complete),
                 // A surface not read: not complete, so nothing universal.
                 (task(R, none), Partial),
             ),
             (
-                code::NO_THREAD_IN_D_STATE,
+                ClaimCode::NoThreadInDState,
                 (task(R, none), Complete),
                 (task(D, none), Complete),
             ),
             (
-                code::OFFCPU_TIME_IN_WINDOW,
+                ClaimCode::OffcpuTimeInWindow,
                 (task(S, offcpu(4242, None, 0, true)), Complete),
                 // The off-CPU surface was not read: no reading.
                 (task(S, none), Complete),
             ),
             (
-                code::D_STATE_EPISODE,
+                ClaimCode::DStateEpisode,
                 (task(S, offcpu(4242, Some(4242), 0, true)), Complete),
                 // An episode of another process is not this subject's.
                 (task(S, offcpu(4242, Some(999), 0, true)), Complete),
             ),
             (
-                code::NO_D_STATE_EPISODE_IN_WINDOW,
+                ClaimCode::NoDStateEpisodeInWindow,
                 (task(S, offcpu(4242, None, 0, true)), Complete),
                 // Episodes were dropped: absence is not shown.
                 (task(S, offcpu(4242, None, 3, true)), Complete),
             ),
             (
-                code::NO_D_STATE_EPISODE_IN_WINDOW,
+                ClaimCode::NoDStateEpisodeInWindow,
                 (task(S, offcpu(4242, None, 0, true)), Complete),
                 // Not complete: no universal claim.
                 (task(S, offcpu(4242, None, 0, true)), Partial),
             ),
             (
-                code::NO_D_STATE_EPISODE_IN_WINDOW,
+                ClaimCode::NoDStateEpisodeInWindow,
                 (task(S, offcpu(4242, None, 0, true)), Complete),
                 // The surface was truncated (events lost): not shown absent.
                 (task(S, offcpu(4242, None, 0, false)), Complete),
@@ -729,19 +720,82 @@ mod tests {
             }
             covered.insert(code);
         }
-        // Every process code is in the table.
-        for code in [
-            code::THREADS_IN_STATE_UNINTERRUPTIBLE,
-            code::THREAD_IN_D_STATE,
-            code::FUSE_SERVER_NOT_ANSWERING,
-            code::CGROUP_FROZEN,
-            code::D_STATE_FROM_CGROUP_FREEZER,
-            code::NO_THREAD_IN_D_STATE,
-            code::OFFCPU_TIME_IN_WINDOW,
-            code::D_STATE_EPISODE,
-            code::NO_D_STATE_EPISODE_IN_WINDOW,
-        ] {
-            assert!(covered.contains(code), "{code} has no row");
+        // Every process code is in the table. The match is exhaustive: a new
+        // or renamed code is a build error here until it is placed.
+        let process_rule = |c: ClaimCode| match c {
+            ClaimCode::ThreadsInStateUninterruptible
+            | ClaimCode::ThreadInDState
+            | ClaimCode::FuseServerNotAnswering
+            | ClaimCode::CgroupFrozen
+            | ClaimCode::DStateFromCgroupFreezer
+            | ClaimCode::NoThreadInDState
+            | ClaimCode::OffcpuTimeInWindow
+            | ClaimCode::DStateEpisode
+            | ClaimCode::NoDStateEpisodeInWindow => true,
+            // One per state (`threads_in_state`, tested with its letters), the
+            // host's count (`host_claims`), and other engines' codes.
+            ClaimCode::ThreadsInStateRunning
+            | ClaimCode::ThreadsInStateSleeping
+            | ClaimCode::ThreadsInStateZombie
+            | ClaimCode::ThreadsInStateStopped
+            | ClaimCode::ThreadsInStateTracingStop
+            | ClaimCode::ThreadsInStateDead
+            | ClaimCode::ThreadsInStateIdle
+            | ClaimCode::ThreadsInStateParked
+            | ClaimCode::ThreadStateCounts
+            | ClaimCode::TcpRetransmitsObserved
+            | ClaimCode::TcpResetSender
+            | ClaimCode::FlowRetransmits
+            | ClaimCode::FlowRtoTimeouts
+            | ClaimCode::PeerZeroWindow
+            | ClaimCode::SendStalledLocally
+            | ClaimCode::LocalZeroWindow
+            | ClaimCode::FlowLeftEstablished
+            | ClaimCode::RstReceivedFromPeer
+            | ClaimCode::RstSentByLocal
+            | ClaimCode::ResetByPeerInferred
+            | ClaimCode::NetnsTcpFaultCountersMoved
+            | ClaimCode::MtuMismatch
+            | ClaimCode::PmtuBlackHole
+            | ClaimCode::FlowStalled
+            | ClaimCode::LinkDrops
+            | ClaimCode::ConntrackPressure
+            | ClaimCode::CpuStarvation
+            | ClaimCode::NoFaultObserved
+            | ClaimCode::NoMatchingFlow
+            | ClaimCode::LonghornShortLivedStreams
+            | ClaimCode::NoStreamLinked
+            | ClaimCode::StreamsLinked
+            | ClaimCode::LonghornFlowsExcluded
+            | ClaimCode::LonghornTopologyResolved
+            | ClaimCode::LonghornFlowsSelectedOn
+            | ClaimCode::LonghornFlagMismatch
+            | ClaimCode::LonghornIdentityChanged
+            | ClaimCode::LonghornManagerReportsRebuild
+            | ClaimCode::LonghornErrorNamesStream
+            | ClaimCode::LonghornErrorNamesUnlinkedConnection
+            | ClaimCode::LonghornSettingsBoundFailures
+            | ClaimCode::LonghornEngineEvent
+            | ClaimCode::LonghornErrorNamesShortLivedFlow
+            | ClaimCode::LonghornRebuildFailed
+            | ClaimCode::LonghornRebuildComplete
+            | ClaimCode::LonghornRebuildRemoved
+            | ClaimCode::LonghornRebuildUnresolved
+            | ClaimCode::LonghornRebuildRetries
+            | ClaimCode::LonghornRebuildSources
+            | ClaimCode::LonghornRebuildEntryGone
+            | ClaimCode::LonghornFailedRebuildingEvent
+            | ClaimCode::KubernetesEventsWithoutFailedRebuilding
+            | ClaimCode::ControlChannelUserTimeoutBelowKeepaliveRetry
+            | ClaimCode::ControlChannelKeepaliveNotHazardous
+            | ClaimCode::ControlChannelClientSide
+            | ClaimCode::HubbleReportsDrops
+            | ClaimCode::HubbleReportsNoDrops => false,
+        };
+        for &code in ClaimCode::ALL {
+            if process_rule(code) {
+                assert!(covered.contains(&code), "{code} has no row");
+            }
         }
     }
 
@@ -750,7 +804,7 @@ mod tests {
         let fuse = claims(&task(D, wchan(FUSE_WAIT)), Complete);
         let h = fuse
             .iter()
-            .find(|c| c.code == code::FUSE_SERVER_NOT_ANSWERING)
+            .find(|c| c.code == ClaimCode::FuseServerNotAnswering)
             .unwrap();
         assert_eq!(h.kind, ClaimKind::Hypothesis);
         assert_eq!(h.surfaces, ["task/12/stat", "task/12/wchan"]);
@@ -758,7 +812,7 @@ mod tests {
         // The thread's D state stays a fact of its own.
         assert!(
             fuse.iter()
-                .any(|c| c.code == code::THREAD_IN_D_STATE && c.kind == ClaimKind::Fact)
+                .any(|c| c.code == ClaimCode::ThreadInDState && c.kind == ClaimKind::Fact)
         );
         let frozen = claims(
             &task(D, |r| {
@@ -769,7 +823,7 @@ mod tests {
         );
         let h = frozen
             .iter()
-            .find(|c| c.code == code::CGROUP_FROZEN)
+            .find(|c| c.code == ClaimCode::CgroupFrozen)
             .unwrap();
         assert_eq!(h.kind, ClaimKind::Hypothesis);
         assert_eq!(
@@ -789,8 +843,8 @@ mod tests {
             }),
             Complete,
         );
-        assert!(has(&inferred, code::D_STATE_FROM_CGROUP_FREEZER));
-        assert!(!has(&inferred, code::CGROUP_FROZEN));
+        assert!(has(&inferred, ClaimCode::DStateFromCgroupFreezer));
+        assert!(!has(&inferred, ClaimCode::CgroupFrozen));
     }
 
     fn host_process(states: &[TaskState], wchan: Option<&str>) -> HostProcess {
@@ -826,23 +880,23 @@ mod tests {
         let unread = HostProcess::default();
         #[allow(clippy::type_complexity, reason = "a table")]
         let table: Vec<(
-            &str,
+            ClaimCode,
             (HostReadings, Completeness),
             (HostReadings, Completeness),
         )> = vec![
             (
-                code::THREAD_IN_D_STATE,
+                ClaimCode::ThreadInDState,
                 (host(vec![(10, host_process(&[S, D], None))]), Partial),
                 (host(vec![(10, host_process(&[S, R], None))]), Partial),
             ),
             (
-                code::THREAD_STATE_COUNTS,
+                ClaimCode::ThreadStateCounts,
                 (host(vec![(10, host_process(&[S], None))]), Partial),
                 // No tasks reading: nothing is counted.
                 (host(vec![(10, unread.clone())]), Partial),
             ),
             (
-                code::NO_THREAD_IN_D_STATE,
+                ClaimCode::NoThreadInDState,
                 (
                     host(vec![
                         (10, host_process(&[S, R], None)),
@@ -870,7 +924,7 @@ mod tests {
         );
         let fact = c
             .iter()
-            .find(|c| c.code == code::THREAD_IN_D_STATE)
+            .find(|c| c.code == ClaimCode::ThreadInDState)
             .unwrap();
         assert_eq!(fact.surfaces, ["proc/10/tasks", "proc/10/wchan"]);
         assert!(d[0].contains("wchan io_schedule"), "{d:?}");

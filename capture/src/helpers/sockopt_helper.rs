@@ -25,10 +25,10 @@ use pstack_collectors::net::sockopt::{SockOptError, SockOpts, owner_comm};
 use pstack_helper::protocol::{MAX_FRAME, PROTOCOL_VERSION};
 use pstack_helper::sockopt::{SockoptAnswer, SockoptOutcome, SockoptRequest, SockoptTarget};
 
-use super::SupervisorConfig;
 use super::helper_process::{HelperProcess, Reap, Received};
 use super::leak::LeakBudget;
 use super::risky::describe_exit;
+use crate::process::SupervisorConfig;
 
 /// The result of one socket.
 pub type SockoptReading = Timed<Result<SockOpts, SockOptError>>;

@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use pstack_capture::supervisor::{capture, CaptureRequest, Deadlines, LeakBudget, LeakJournal, SupervisorConfig, Target};
+//! use pstack_capture::process::{capture, CaptureRequest, Deadlines, LeakBudget, LeakJournal, SupervisorConfig, Target};
 //! let config = SupervisorConfig::locate("pstackd").unwrap();
 //! let budget = LeakBudget::new(4, LeakJournal::new("/run/pstack/helper-leaks.jsonl"), &config.boot_id);
 //! let request = CaptureRequest {
@@ -79,13 +79,10 @@ mod assemble_unknowns;
 mod capture;
 /// The envelope clock (moved to [`crate::clock`]; this path stays for callers).
 pub use crate::clock;
-pub mod denial;
-pub mod helper_process;
-pub mod leak;
-pub mod net_helper;
-pub mod risky;
 pub mod selection;
-pub mod sockopt_helper;
+// The helper machinery (capture/src/helpers), re-exported at its old paths
+// for pstack-agent (`pstack_agent::supervisor::…`).
+pub use crate::helpers::{denial, helper_process, leak, net_helper, risky, sockopt_helper};
 
 use std::path::PathBuf;
 use std::sync::Arc;

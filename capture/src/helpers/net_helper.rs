@@ -35,10 +35,10 @@ use pstack_helper::protocol::{
     NetResponse, PROTOCOL_VERSION,
 };
 
-use super::SupervisorConfig;
 use super::helper_process::{HelperProcess, Reap, Received};
 use super::leak::{HelperIdentity, LeakBudget};
 use super::risky::describe_exit;
+use crate::process::SupervisorConfig;
 
 /// Why a sample is missing: the status its surfaces get, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
