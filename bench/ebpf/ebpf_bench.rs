@@ -31,6 +31,10 @@
 //!    ns/event = the tool's process CPU over the flood / its run_cnt. Printing
 //!    tools write to /dev/null.
 //!
+//! `PSTACK_BENCH_RING_MIB=N` gives the recording-window consumers an N MiB
+//! ring (default 256 KiB, which a 10,000-connection flood overruns on a
+//! loaded 2-vCPU machine: lost records are cheap, so compare at lost = 0).
+//!
 //! Subcommands used internally: `consumer SECS [offcpu-pid]`, `flight SECS`, `blast SECS`, `flood CONNS`.
 
 use std::io::{Read, Write};
@@ -65,7 +69,16 @@ fn start_ready(cfg: EbpfConfig) -> EbpfSession {
 }
 
 /// A session's window of `secs`, then its kernel counts and this process's CPU.
-fn window_result(cfg: EbpfConfig, secs: u64) -> (pstack_ebpf::WindowReport, u64) {
+/// `PSTACK_BENCH_RING_MIB` sets the ring size (a ring too small for the flood
+/// loses records, and a lost record costs the kernel almost nothing: compare
+/// modes at equal completeness).
+fn window_result(mut cfg: EbpfConfig, secs: u64) -> (pstack_ebpf::WindowReport, u64) {
+    if let Some(mib) = std::env::var("PSTACK_BENCH_RING_MIB")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        cfg.ring_bytes = mib << 20;
+    }
     let mut s = start_ready(cfg);
     let r = s
         .run_window_blocking(Duration::from_secs(secs), |_| {})
