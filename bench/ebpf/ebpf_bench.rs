@@ -14,9 +14,10 @@
 //!    writes, for N s) alternately without pstack and with pstack attached
 //!    (TCP programs; TCP + off-CPU watching the blaster), medians of 5 runs.
 //!
-//! 3. `cost`: pstack's three TCP settings one after the other on the same
-//!    flood (no bpftrace): count-only, a recording window, the flight
-//!    recorder watching every port; kernel and consumer ns per event.
+//! 3. `cost [ROUNDS]`: pstack's TCP settings one after the other on the same
+//!    flood (no bpftrace): count-only, a recording window (aggregated, and
+//!    per-event), the flight recorder watching every port; kernel and
+//!    consumer ns per event and each program's ns/run, ROUNDS times over.
 //!
 //! 4. `peers`: every mode of pstack's TCP programs and the tools a user would
 //!    otherwise run, all attached at once to one flood: pstack aggregated
@@ -29,6 +30,10 @@
 //!    when it attached; kernel ns/event = their run_time_ns / run_cnt, consumer
 //!    ns/event = the tool's process CPU over the flood / its run_cnt. Printing
 //!    tools write to /dev/null.
+//!
+//! `PSTACK_BENCH_RING_MIB=N` gives the recording-window consumers an N MiB
+//! ring (default 256 KiB, which a 10,000-connection flood overruns on a
+//! loaded 2-vCPU machine: lost records are cheap, so compare at lost = 0).
 //!
 //! Subcommands used internally: `consumer SECS [offcpu-pid]`, `flight SECS`, `blast SECS`, `flood CONNS`.
 
@@ -64,7 +69,16 @@ fn start_ready(cfg: EbpfConfig) -> EbpfSession {
 }
 
 /// A session's window of `secs`, then its kernel counts and this process's CPU.
-fn window_result(cfg: EbpfConfig, secs: u64) -> (pstack_ebpf::WindowReport, u64) {
+/// `PSTACK_BENCH_RING_MIB` sets the ring size (a ring too small for the flood
+/// loses records, and a lost record costs the kernel almost nothing: compare
+/// modes at equal completeness).
+fn window_result(mut cfg: EbpfConfig, secs: u64) -> (pstack_ebpf::WindowReport, u64) {
+    if let Some(mib) = std::env::var("PSTACK_BENCH_RING_MIB")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        cfg.ring_bytes = mib << 20;
+    }
     let mut s = start_ready(cfg);
     let r = s
         .run_window_blocking(Duration::from_secs(secs), |_| {})
@@ -147,19 +161,27 @@ fn consumer_flight(secs: u64) {
     );
 }
 
-/// Cost per event of pstack's three TCP settings, one after the other on the
-/// same flood (no bpftrace): count-only, recording windows, flight recorder.
-fn cost() {
+/// Cost per event of pstack's TCP settings, one after the other on the same
+/// flood (no bpftrace, no other tool attached: no program warms the socket's
+/// cache lines for another): count-only, recording windows (aggregated, the
+/// captures' mode, and per-event), flight recorder; `rounds` times over,
+/// alternating, with each program's ns/run.
+fn cost(rounds: usize) {
     let exe = std::env::current_exe().expect("exe");
     sh("sysctl", &["-q", "-w", "kernel.bpf_stats_enabled=1"], None);
-    for (label, args) in [
+    let settings = [
         (
             "count-only (pstackd counters)",
             &["consumer", "60", "count"][..],
         ),
         ("recording window (capture)", &["consumer", "60"][..]),
+        (
+            "recording window, per-event",
+            &["consumer", "60", "per-event"][..],
+        ),
         ("flight recorder, all ports", &["flight", "60"][..]),
-    ] {
+    ];
+    for (round, (label, args)) in (0..rounds).flat_map(|r| settings.iter().map(move |s| (r, *s))) {
         let conns = 10_000usize;
         let writes = 10_000usize;
         let ns = Netns(format!("pstk-bench-{}", std::process::id()));
@@ -185,6 +207,7 @@ fn cost() {
         let pid = ps.0.id();
         let cpu0 = cpu_ns(pid);
         let k0 = prog_stats(&["pstack_tcp_", "pstack_inet_"]);
+        let p0 = per_prog();
         let t = Instant::now();
         let ns_file = std::fs::File::open(format!("/run/netns/{}", ns.0)).expect("netns");
         std::thread::spawn(move || {
@@ -199,6 +222,7 @@ fn cost() {
         let secs = t.elapsed().as_secs_f64();
         std::thread::sleep(Duration::from_millis(500));
         let k1 = prog_stats(&["pstack_tcp_", "pstack_inet_"]);
+        let p1 = per_prog();
         let cpu1 = cpu_ns(pid);
         drop(ps);
         drop(ns);
@@ -206,9 +230,19 @@ fn cost() {
         let kern = (k1.0 - k0.0) as f64 / n;
         let user = (cpu1 - cpu0) as f64 / n;
         println!(
-            "{label:<32} {n:>8.0} events in {secs:>5.1}s  kernel {kern:>6.1} ns/event  consumer {user:>6.1} ns/event  total {:>6.1} ns/event",
+            "[{round}] {label:<32} {n:>8.0} events in {secs:>5.1}s  kernel {kern:>6.1} ns/event  consumer {user:>6.1} ns/event  total {:>6.1} ns/event",
             kern + user
         );
+        for (name, (t1, c1)) in &p1 {
+            let (t0, c0) = p0.get(name).copied().unwrap_or((0, 0));
+            if c1 > &c0 && name.starts_with("pstack_") {
+                println!(
+                    "      {name} {} runs {:.1} ns/run",
+                    c1 - c0,
+                    (t1 - t0) as f64 / (c1 - c0) as f64
+                );
+            }
+        }
     }
 }
 
@@ -693,7 +727,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("flight") => consumer_flight(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(30)),
-        Some("cost") => cost(),
+        Some("cost") => cost(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1)),
         Some("book") => book(
             args.get(2)
                 .and_then(|s| s.parse().ok())

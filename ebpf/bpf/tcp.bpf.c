@@ -35,6 +35,13 @@
  *   (no socket, a socket already closed, the map refused) is sent with
  *   PSTACK_TCP_UNAGG and counted by user space. Every choice and every
  *   refusal is counted in COUNTERS.
+ *
+ * Why an LRU hash and not socket-local storage (issue 31, measured on 6.18):
+ * BTF tracepoints may call bpf_sk_storage_get (classic ones may not), but
+ * creating a socket's storage alone costs more than this whole path, and a
+ * flood of short connections creates one per ~4 events. It is cheaper only
+ * on long-lived sockets (a retransmit storm). See BENCHMARKS.md, "eBPF
+ * recording redesign", and bench/ebpf/sk-storage-experiment.patch.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>

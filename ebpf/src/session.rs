@@ -18,7 +18,9 @@
 //!   kernel's `FLOWS` map (flows before the window belong to none), and ends,
 //!   after the final drain, by reading its live entries (DEAD ones were
 //!   already sent at CLOSE) and checking every event the programs counted
-//!   against the flows ([`TcpAggregate::finish_kernel`]).
+//!   against the flows ([`TcpAggregate::finish_kernel`]). The map is an LRU
+//!   hash, not socket-local storage: creating sk storage per socket measured
+//!   dearer on short-connection floods (issue 31; `tcp.bpf.c`, BENCHMARKS.md).
 //! - Memory: ring buffers are `ring_bytes` each; maps have fixed
 //!   `max_entries`; user-space aggregation is bounded by [`Limits`]. Nothing
 //!   grows with the event rate.
