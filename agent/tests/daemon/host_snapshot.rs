@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use pstackctl::client;
 use pstack_capture::request::{CaptureRequest, HostRequest, RequestedDeadlines};
 use pstack_envelope::Envelope;
+use pstackctl::client;
 
 use super::common::*;
 

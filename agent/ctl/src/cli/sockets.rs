@@ -89,17 +89,13 @@ impl Args {
         if s.state == LISTEN && !self.all {
             return false;
         }
-        if let Some(p) = self.peer {
-            if s.remote.ip() != p.ip || p.port.is_some_and(|port| port != s.remote.port()) {
-                return false;
-            }
-        }
-        if let Some(port) = self.port {
-            if s.local.port() != port && s.remote.port() != port {
-                return false;
-            }
-        }
-        true
+        let peer_ok = self.peer.is_none_or(|p| {
+            s.remote.ip() == p.ip && p.port.is_none_or(|port| port == s.remote.port())
+        });
+        let port_ok = self
+            .port
+            .is_none_or(|port| s.local.port() == port || s.remote.port() == port);
+        peer_ok && port_ok
     }
 
     fn target(&self) -> NetnsTarget {
