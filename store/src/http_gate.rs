@@ -32,21 +32,21 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::analysis::ledger::rfc3339;
-use crate::db::analysis::new_id;
-use crate::db::gate::{
-    ClaimOutcome, Fence, FenceRefusal, Finish, IncidentRow, LeaseOutcome, NewIncident,
-    ProposalFilter, ProposalRow, ProposeOutcome, Transition, service_node_key,
-};
-use crate::gate::policy::{self, Action, Autonomy, Status};
-use crate::gate::provenance;
-use crate::gate::webhook::{self, Callback, Delivery};
-use crate::gate::{alertmanager, watchdog};
 use crate::http::{AppState, Scope};
 use crate::http_analysis::{
     Reply, auth, bad_query, err, finding_json, json_body, limit_param, only_params, store_err,
     unprocessable,
 };
+use crate::webhook::{self, Callback, Delivery};
+use pstack_store_core::analysis::ledger::rfc3339;
+use pstack_store_core::db::analysis::new_id;
+use pstack_store_core::db::gate::{
+    ClaimOutcome, Fence, FenceRefusal, Finish, IncidentRow, LeaseOutcome, NewIncident,
+    ProposalFilter, ProposalRow, ProposeOutcome, Transition, service_node_key,
+};
+use pstack_store_core::gate::policy::{self, Action, Autonomy, Status};
+use pstack_store_core::gate::provenance;
+use pstack_store_core::gate::{alertmanager, watchdog};
 
 /// Default lease length.
 const DEFAULT_LEASE_NS: i64 = 60_000_000_000;
@@ -354,7 +354,7 @@ async fn post_lease(
     .map_err(store_err)?;
     match outcome {
         LeaseOutcome::Ok(inc) => {
-            tracing::info!(incident = %inc.id, runner = %crate::logsafe::text(&req.runner_id), op, fencing_token = inc.fencing_token, "incident lease");
+            tracing::info!(incident = %inc.id, runner = %pstack_store_core::logsafe::text(&req.runner_id), op, fencing_token = inc.fencing_token, "incident lease");
             Ok(Json(json!({
                 "incident": incident_json(&inc),
                 "lease": {
@@ -655,7 +655,7 @@ fn check_expected_state(v: &Value, subject: bool) -> Result<(), Response> {
 
 /// The pre-mutation envelope rule: a stored envelope of the same subject,
 /// `complete` or `bounded`, captured before now and within its kind's
-/// freshness — the store's one rule (`crate::runs::freshness`), shared with
+/// freshness — the store's one rule (`pstack_store_core::runs::freshness`), shared with
 /// supervised runs.
 async fn check_envelope(
     state: &AppState,
@@ -772,7 +772,7 @@ async fn record_delivery(
         .set_callback_delivery(&p.id, &stored, now)
         .await
         .map_err(store_err)?;
-    tracing::info!(proposal = %p.id, host = %crate::logsafe::text(&d.host), delivered = d.delivered, attempts = d.attempts, "grant webhook");
+    tracing::info!(proposal = %p.id, host = %pstack_store_core::logsafe::text(&d.host), delivered = d.delivered, attempts = d.attempts, "grant webhook");
     Ok(d)
 }
 
@@ -1162,7 +1162,7 @@ async fn post_grant(
                 .map_err(store_err)?
             {
                 ClaimOutcome::Claimed(p) => {
-                    tracing::info!(proposal = %p.id, runner = %crate::logsafe::text(&req.runner_id), "grant claimed");
+                    tracing::info!(proposal = %p.id, runner = %pstack_store_core::logsafe::text(&req.runner_id), "grant claimed");
                     Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
                 }
                 ClaimOutcome::Expired(p) => Err(err(
@@ -1280,7 +1280,7 @@ async fn post_grant(
 
 /// An autonomous grant (no operator decided it) is claimed only by a key
 /// that neither proposed it nor wrote the evidence its tier rests on
-/// (`crate::gate::provenance`); an approved grant had its second party in
+/// (`pstack_store_core::gate::provenance`); an approved grant had its second party in
 /// the operator, and any runner key holding the token may claim it.
 async fn check_claimer(state: &AppState, p: &ProposalRow, key_id: &str) -> Result<(), Response> {
     if p.decided_by.is_some() {
@@ -1427,7 +1427,7 @@ async fn post_approve(
         }
         Transition::NotFound => return Err(proposal_not_found(&id)),
     };
-    tracing::info!(proposal = %p.id, by = %crate::logsafe::text(&key_id), "remediation approved");
+    tracing::info!(proposal = %p.id, by = %pstack_store_core::logsafe::text(&key_id), "remediation approved");
     // The request's callback wins over the one stored at propose time. A
     // stored one that does not open (sealed under another gate key, or an
     // edited row) is a failed delivery with its reason, never a silent none.
@@ -1489,7 +1489,7 @@ async fn post_reject(
         .map_err(store_err)?
     {
         Transition::Done(p) => {
-            tracing::info!(proposal = %p.id, by = %crate::logsafe::text(&key_id), "remediation rejected");
+            tracing::info!(proposal = %p.id, by = %pstack_store_core::logsafe::text(&key_id), "remediation rejected");
             Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
         }
         Transition::Refused(p) => Err(status_conflict(
@@ -1515,6 +1515,8 @@ struct ApproveRequestEmpty {
 
 async fn post_watchdog(State(state): State<AppState>, headers: HeaderMap) -> Reply {
     auth(&state, &headers, Scope::Analysis).await?;
-    let report = crate::gate_tick::tick(&state).await.map_err(store_err)?;
+    let report = pstack_store_core::gate_tick::tick(&state.store, &state.clock)
+        .await
+        .map_err(store_err)?;
     Ok(Json(json!(report)).into_response())
 }
