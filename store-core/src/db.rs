@@ -246,6 +246,7 @@ fn parse_identity(text: &str) -> serde_json::Value {
 
 // After the macros above, which they use.
 pub mod analysis;
+#[cfg(feature = "testing")]
 mod bench_fill;
 pub mod gate;
 pub mod gate_key;

@@ -44,6 +44,8 @@ pub mod logsafe;
 pub mod operators;
 pub mod receipts;
 pub mod runs;
+/// Synthetic envelopes for tests and benchmarks (feature `testing`).
+#[cfg(any(test, feature = "testing"))]
 pub mod synthetic;
 pub mod transfers;
 
