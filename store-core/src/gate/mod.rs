@@ -3,7 +3,8 @@
 //! whether the evidence allows it and hands out exactly one short-lived right
 //! to do it.
 //!
-//! Pure rule modules — [`policy`] (matrix, lowering, statuses, windows),
+//! Pure rule modules — [`admission`] (a proposal → a plan or a typed
+//! refusal), [`policy`] (matrix, lowering, statuses, windows),
 //! [`provenance`] (no tier resting on the acting key's own evidence),
 //! [`keys`] (grant tokens, sealed callbacks), [`watchdog`] (checkpoint
 //! verdicts), [`alertmanager`] (webhook payload v4) — plus [`shared_key`],
@@ -14,6 +15,7 @@
 //! crate. The design choices where the seed is
 //! silent are in `store/docs/gate.md`.
 
+pub mod admission;
 pub mod alertmanager;
 pub mod keys;
 pub mod policy;
