@@ -21,7 +21,7 @@
 //!   string reaches a log field only through `pstack_store_core::logsafe::text`
 //!   (escaped, capped).
 //! - The remediation gate (`pstack_store_core::gate` rules, `db::gate`
-//!   storage, [`http_gate`] routes, `gate_tick` periodic work, [`http_ui`] the
+//!   storage, [`http::gate`] routes, `gate_tick` periodic work, [`http::ui`] the
 //!   approval page): a grant token exists only in the response that mints
 //!   it; every status change of a proposal is one conditional update; time
 //!   windows read `pstack_store_core::clock::Clock` only (docs/gate.md).
@@ -30,12 +30,6 @@ pub mod changes_cli;
 pub mod client;
 pub mod conn;
 pub mod http;
-pub mod http_analysis;
-pub mod http_bundles;
-pub mod http_gate;
-pub mod http_runs;
-pub mod http_transfers;
-pub mod http_ui;
 pub mod mcp;
 pub mod query;
 pub mod query_params;

@@ -9,7 +9,7 @@
 //! [`keys`] (grant tokens, sealed callbacks), [`watchdog`] (checkpoint
 //! verdicts), [`alertmanager`] (webhook payload v4) — plus [`shared_key`],
 //! the start-up check that every replica holds the one gate key. Storage is
-//! `crate::db::gate`; routes are `pstack_store::http_gate`; the one place
+//! `crate::db::gate`; routes are `pstack_store::http::gate`; the one place
 //! that sends a grant over the network is `pstack_store::webhook` (with its
 //! SSRF guard `pstack_store::ssrf`), an HTTP client and so not in this
 //! crate. The design choices where the seed is

@@ -16,6 +16,19 @@
 //! - Logs: one structured event per request (route, status, latency, key id,
 //!   item counts). Never bodies, never keys, never envelope contents;
 //!   caller-supplied strings only through `logsafe::text`.
+//!
+//! This file holds the shared edge (state, auth, metrics, envelope ingest
+//! and reads, receipts); one file per route group below it:
+//! [`analysis`] (changes, spans, findings, evaluations), [`gate`]
+//! (incidents, proposals, grants), [`ui`] (the approval page and operator
+//! logins), [`runs`], [`bundles`], [`transfers`].
+
+pub mod analysis;
+pub mod bundles;
+pub mod gate;
+pub mod runs;
+pub mod transfers;
+pub mod ui;
 
 use crate::query_params::{DiffQuery, QueryParams, UnknownsQuery};
 use std::collections::BTreeMap;
@@ -380,12 +393,12 @@ pub fn api_router(state: AppState) -> Router {
         .route("/v1/handoff/{digest}", get(get_handoff))
         .route("/v1/unknowns", get(get_unknowns))
         .route("/v1/receipts", post(post_receipt).get(get_receipts))
-        .merge(crate::http_analysis::routes())
-        .merge(crate::http_gate::routes())
-        .merge(crate::http_ui::routes())
-        .merge(crate::http_runs::routes())
-        .merge(crate::http_bundles::routes())
-        .merge(crate::http_transfers::routes())
+        .merge(crate::http::analysis::routes())
+        .merge(crate::http::gate::routes())
+        .merge(crate::http::ui::routes())
+        .merge(crate::http::runs::routes())
+        .merge(crate::http::bundles::routes())
+        .merge(crate::http::transfers::routes())
         .fallback(no_such_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))

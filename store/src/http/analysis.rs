@@ -51,7 +51,7 @@ use pstack_store_core::analysis::verdict::Verdict;
 use pstack_store_core::db::analysis::{FindingRow, new_id};
 
 /// The OpenAPI document (every route of the store).
-pub const OPENAPI: &str = include_str!("../openapi.json");
+pub const OPENAPI: &str = include_str!("../../openapi.json");
 
 pub(crate) type Reply = Result<Response, Response>;
 

@@ -43,8 +43,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::http::analysis::{Reply, auth, bad_query, err, only_params, store_err, unprocessable};
 use crate::http::{AppState, Scope};
-use crate::http_analysis::{Reply, auth, bad_query, err, only_params, store_err, unprocessable};
 use pstack_store_core::analysis::ledger::rfc3339;
 use pstack_store_core::db::analysis::new_id;
 use pstack_store_core::db::runs::{FailureReceiptRow, GraphPut, LedgerMove, RunRow};

@@ -32,11 +32,11 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::http::{AppState, Scope};
-use crate::http_analysis::{
+use crate::http::analysis::{
     Reply, auth, bad_query, err, finding_json, json_body, limit_param, only_params, store_err,
     unprocessable,
 };
+use crate::http::{AppState, Scope};
 use crate::webhook::{self, Callback, Delivery};
 use pstack_store_core::analysis::ledger::rfc3339;
 use pstack_store_core::db::analysis::new_id;
@@ -1213,7 +1213,7 @@ async fn post_approve(
     body: Body,
 ) -> Reply {
     // A human decision: an operator session with its CSRF token, never an API key.
-    let (user, _) = crate::http_ui::human(&state, &headers, true).await?;
+    let (user, _) = crate::http::ui::human(&state, &headers, true).await?;
     let key_id = format!("user:{user}");
     let req: ApproveRequest = optional_body(body, "invalid_approval").await?;
     let callback = validate_callback(req.webhook_url.as_ref(), req.secret.as_ref(), "secret")
@@ -1324,7 +1324,7 @@ async fn post_reject(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    let (user, _) = crate::http_ui::human(&state, &headers, true).await?;
+    let (user, _) = crate::http::ui::human(&state, &headers, true).await?;
     let key_id = format!("user:{user}");
     let _: ApproveRequestEmpty = optional_body(body, "invalid_rejection").await?;
     match state

@@ -39,13 +39,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::http::AppState;
-use crate::http_analysis::{Reply, err, json_body, store_err};
+use crate::http::analysis::{Reply, err, json_body, store_err};
 use pstack_store_core::db::gate::ProposalFilter;
 use pstack_store_core::login::{ClientSource, ThrottleRefusal, VerifierBusy};
 use pstack_store_core::operators::{self, COOKIE};
 
-const PAGE: &str = include_str!("ui/index.html");
-const SCRIPT: &str = include_str!("ui/app.js");
+const PAGE: &str = include_str!("../ui/index.html");
+const SCRIPT: &str = include_str!("../ui/app.js");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// The page's routes (merged into [`crate::http::router`]).
@@ -382,7 +382,7 @@ async fn queue(State(state): State<AppState>, headers: HeaderMap) -> Reply {
             envelopes.push(json!({"digest": d, "handoff": handoff,
                 "preMutation": p.pre_mutation_envelope.as_deref() == Some(d.as_str())}));
         }
-        let mut item = crate::http_gate::proposal_json(p);
+        let mut item = crate::http::gate::proposal_json(p);
         item["finding"] = json!({
             "id": p.finding_id,
             "faultLocusEntityId": finding.as_ref().map(|f| f.fault_locus_entity_id.clone()),
