@@ -43,13 +43,13 @@ use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode as OtelStatus;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
 use prost::Message;
-use pstack_store::analysis::cohort::{CohortKey, Dimension};
-use pstack_store::analysis::otlp::{self, Batch, CallKey};
-use pstack_store::analysis::sketch::{self, MinuteCells, Sketch};
-use pstack_store::db::Store;
 use pstack_store::http::{AppState, serve};
-use pstack_store::ingest::IngestLimits;
-use pstack_store::keys::ScopeSet;
+use pstack_store_core::analysis::cohort::{CohortKey, Dimension};
+use pstack_store_core::analysis::otlp::{self, Batch, CallKey};
+use pstack_store_core::analysis::sketch::{self, MinuteCells, Sketch};
+use pstack_store_core::db::Store;
+use pstack_store_core::ingest::IngestLimits;
+use pstack_store_core::keys::ScopeSet;
 
 mod common;
 use common::{Target, close, cpu_time, open, percentile};
@@ -232,7 +232,7 @@ fn decode_ceiling(bodies: Arc<Vec<Vec<u8>>>) -> (f64, Duration) {
 async fn bench_ingest(t: &Target) -> anyhow::Result<()> {
     let key = t.store.create_key("bench", &ScopeSet::legacy()).await?;
     let (base, stop) = start(t.store.clone()).await?;
-    let base_ns = pstack_store::now_ns() - 2 * 60 * MIN_NS;
+    let base_ns = pstack_store_core::now_ns() - 2 * 60 * MIN_NS;
     let bodies: Arc<Vec<Vec<u8>>> = Arc::new(
         (0..BODIES)
             .map(|i| body(i, base_ns).encode_to_vec())
@@ -403,7 +403,7 @@ fn rows(
 async fn bench_blast(t: &Target) -> anyhow::Result<()> {
     let key = t.store.create_key("bench", &ScopeSet::legacy()).await?;
     let day = 24 * 60;
-    let at = (pstack_store::now_ns() / MIN_NS) * MIN_NS - 2 * day * MIN_NS;
+    let at = (pstack_store_core::now_ns() / MIN_NS) * MIN_NS - 2 * day * MIN_NS;
     let fill = Instant::now();
     let bytes_before = t.store.bench_database_bytes().await?;
     let mut total_rows = 0usize;
@@ -445,16 +445,16 @@ async fn bench_blast(t: &Target) -> anyhow::Result<()> {
         filled as f64 / 1e6,
         filled as f64 / 140.0 / 1e6
     );
-    let change = pstack_store::analysis::ledger::validate(
+    let change = pstack_store_core::analysis::ledger::validate(
         serde_json::from_value(serde_json::json!({
             "environment": "prod", "kind": "deploy", "service": "checkout-api",
-            "version": "2.4.1", "previousVersion": "2.4.0", "at": pstack_store::ident::format_ns(at + 30 * 1_000_000_000),
+            "version": "2.4.1", "previousVersion": "2.4.0", "at": pstack_store_core::ident::format_ns(at + 30 * 1_000_000_000),
         }))?,
-        pstack_store::now_ns(),
+        pstack_store_core::now_ns(),
     )?;
     let id = t
         .store
-        .record_change(&change, "bench", pstack_store::now_ns())
+        .record_change(&change, "bench", pstack_store_core::now_ns())
         .await?;
     let (base, stop) = start(t.store.clone()).await?;
     let client = reqwest::Client::new();

@@ -13,11 +13,11 @@
 
 use std::time::{Duration, Instant};
 
-use pstack_store::db::analysis::FindingRow;
 use pstack_store::http::{AppState, serve};
-use pstack_store::ingest::IngestLimits;
-use pstack_store::keys::ScopeSet;
-use pstack_store::synthetic::Capture;
+use pstack_store_core::db::analysis::FindingRow;
+use pstack_store_core::ingest::IngestLimits;
+use pstack_store_core::keys::ScopeSet;
+use pstack_store_core::synthetic::Capture;
 use serde_json::{Value, json};
 
 #[allow(
@@ -102,7 +102,7 @@ async fn main() -> anyhow::Result<()> {
             .error_for_status()?;
     }
     for (n, cited) in digests.chunks(100).enumerate() {
-        let now = pstack_store::now_ns();
+        let now = pstack_store_core::now_ns();
         let id = format!("fnd_bundle{n:04}");
         let row = FindingRow {
             id: id.clone(),

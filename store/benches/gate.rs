@@ -22,10 +22,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pstack_store::db::analysis::FindingRow;
 use pstack_store::http::{AppState, serve};
-use pstack_store::ingest::IngestLimits;
-use pstack_store::keys::ScopeSet;
+use pstack_store_core::db::analysis::FindingRow;
+use pstack_store_core::ingest::IngestLimits;
+use pstack_store_core::keys::ScopeSet;
 use serde_json::{Value, json};
 
 // The CPU-time helpers serve the other benchmarks.
@@ -81,7 +81,7 @@ async fn start(t: &Target) -> anyhow::Result<Server> {
 }
 
 async fn finding(t: &Target, incident: &str, n: usize) -> anyhow::Result<String> {
-    let now = pstack_store::now_ns();
+    let now = pstack_store_core::now_ns();
     let id = format!("fnd_bench{n:08}");
     let row = FindingRow {
         id: id.clone(),

@@ -37,11 +37,11 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pstack_store::db::Store;
 use pstack_store::http::{AppState, serve};
-use pstack_store::ingest::IngestLimits;
-use pstack_store::keys::{Scope, ScopeSet};
-use pstack_store::synthetic::Capture;
+use pstack_store_core::db::Store;
+use pstack_store_core::ingest::IngestLimits;
+use pstack_store_core::keys::{Scope, ScopeSet};
+use pstack_store_core::synthetic::Capture;
 
 mod common;
 use common::{close, cpu_time, cpu_time_of, open, percentile};

@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{CommandFactory, Parser, Subcommand};
-use pstack_store::db::{OpenOptions, RetentionPolicy, Store};
 use pstack_store::http::{AppState, serve};
-use pstack_store::ingest::IngestLimits;
-use pstack_store::keys::{Scope, ScopeSet};
 use pstack_store::query::{
     Connection, EnvelopesCommand, Query, ReceiptsArgs, SubjectsCommand, UnknownsArgs,
 };
+use pstack_store_core::db::{OpenOptions, RetentionPolicy, Store};
+use pstack_store_core::ingest::IngestLimits;
+use pstack_store_core::keys::{Scope, ScopeSet};
 
 // glibc malloc, not mimalloc (which pstackctl uses for verify): under
 // mimalloc the store's peak RSS with twenty concurrent 16 MiB bodies reached
@@ -119,7 +119,7 @@ enum Command {
         /// network_stream 60s, storage_transfer 300s, host 600s), e.g.
         /// `process=30s,host=15m`.
         #[arg(long, env = "PSTACK_STORE_FRESHNESS", value_parser = parse_freshness)]
-        freshness: Option<pstack_store::runs::freshness::Freshness>,
+        freshness: Option<pstack_store_core::runs::freshness::Freshness>,
         /// Let grant webhooks reach private, loopback, link-local and other
         /// internal addresses (the SSRF guard refuses them by default).
         #[arg(long, env = "ALERT_WEBHOOK_ALLOW_PRIVATE", default_value_t = false)]
@@ -380,7 +380,7 @@ async fn adopt_gate_key(
     state: &mut AppState,
     gate_key_file: Option<&std::path::Path>,
 ) -> Result<()> {
-    use pstack_store::gate::shared_key::{self, KeyAgreement, KeySource};
+    use pstack_store_core::gate::shared_key::{self, KeyAgreement, KeySource};
     let key_source = match gate_key_file {
         Some(path) => {
             state.gate.keys = std::sync::Arc::new(read_gate_key(path)?);
@@ -394,7 +394,14 @@ async fn adopt_gate_key(
         }
     };
     let fingerprint = state.gate.keys.fingerprint().to_string();
-    match shared_key::check(store, &state.gate.keys, key_source, pstack_store::now_ns()).await? {
+    match shared_key::check(
+        store,
+        &state.gate.keys,
+        key_source,
+        pstack_store_core::now_ns(),
+    )
+    .await?
+    {
         KeyAgreement::Recorded => tracing::info!(
             fingerprint,
             "recorded the gate key's fingerprint: every replica on this database must start with this key"
@@ -408,10 +415,10 @@ async fn adopt_gate_key(
 }
 
 /// A gate key file: 64 hex digits.
-fn read_gate_key(path: &std::path::Path) -> Result<pstack_store::gate::keys::GateKeys> {
+fn read_gate_key(path: &std::path::Path) -> Result<pstack_store_core::gate::keys::GateKeys> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the gate key {}", path.display()))?;
-    pstack_store::gate::keys::GateKeys::from_hex(&text)
+    pstack_store_core::gate::keys::GateKeys::from_hex(&text)
         .with_context(|| format!("gate key {}", path.display()))
 }
 
@@ -466,14 +473,14 @@ fn password_from_stdin() -> Result<String> {
 fn operator_changed(
     name: &str,
     what: &str,
-    change: pstack_store::db::operators::OperatorChange,
+    change: pstack_store_core::db::operators::OperatorChange,
 ) -> Result<()> {
     match change {
-        pstack_store::db::operators::OperatorChange::Done { sessions_ended } => {
+        pstack_store_core::db::operators::OperatorChange::Done { sessions_ended } => {
             eprintln!("{what} operator {name:?}; {sessions_ended} session(s) ended");
             Ok(())
         }
-        pstack_store::db::operators::OperatorChange::NoSuchOperator => {
+        pstack_store_core::db::operators::OperatorChange::NoSuchOperator => {
             bail!("no operator named {name:?}")
         }
     }
@@ -492,8 +499,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     pstack_cli::parse_duration(s).map_err(|e| e.to_string())
 }
 
-fn parse_freshness(s: &str) -> Result<pstack_store::runs::freshness::Freshness, String> {
-    pstack_store::runs::freshness::Freshness::default()
+fn parse_freshness(s: &str) -> Result<pstack_store_core::runs::freshness::Freshness, String> {
+    pstack_store_core::runs::freshness::Freshness::default()
         .with_overrides(s)
         .map_err(|e| e.to_string())
 }
@@ -656,10 +663,10 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Users { command } => match command {
             UsersCommand::Create { name } => {
                 let password = password_from_stdin()?;
-                pstack_store::operators::validate(&name, &password)?;
-                let hash = pstack_store::operators::hash_password(&password)?;
+                pstack_store_core::operators::validate(&name, &password)?;
+                let hash = pstack_store_core::operators::hash_password(&password)?;
                 if !store
-                    .create_operator(&name, &hash, pstack_store::now_ns())
+                    .create_operator(&name, &hash, pstack_store_core::now_ns())
                     .await?
                 {
                     bail!("an operator named {name:?} exists");
@@ -667,8 +674,8 @@ async fn run(cli: Cli) -> Result<()> {
                 eprintln!("created operator {name:?}");
             }
             UsersCommand::List { json } => {
-                let rows = store.list_operators(pstack_store::now_ns()).await?;
-                let when = |ns: i64| pstack_store::ident::format_ns(ns);
+                let rows = store.list_operators(pstack_store_core::now_ns()).await?;
+                let when = |ns: i64| pstack_store_core::ident::format_ns(ns);
                 if json {
                     let items: Vec<serde_json::Value> = rows
                         .iter()
@@ -702,20 +709,20 @@ async fn run(cli: Cli) -> Result<()> {
             }
             UsersCommand::Disable { name } => {
                 let change = store
-                    .set_operator_disabled(&name, true, pstack_store::now_ns())
+                    .set_operator_disabled(&name, true, pstack_store_core::now_ns())
                     .await?;
                 operator_changed(&name, "disabled", change)?;
             }
             UsersCommand::Enable { name } => {
                 let change = store
-                    .set_operator_disabled(&name, false, pstack_store::now_ns())
+                    .set_operator_disabled(&name, false, pstack_store_core::now_ns())
                     .await?;
                 operator_changed(&name, "enabled", change)?;
             }
             UsersCommand::Passwd { name } => {
                 let password = password_from_stdin()?;
-                pstack_store::operators::validate_password(&password)?;
-                let hash = pstack_store::operators::hash_password(&password)?;
+                pstack_store_core::operators::validate_password(&password)?;
+                let hash = pstack_store_core::operators::hash_password(&password)?;
                 let change = store.set_operator_password(&name, &hash).await?;
                 operator_changed(&name, "changed the password of", change)?;
             }
@@ -778,7 +785,7 @@ async fn run(cli: Cli) -> Result<()> {
                 Some(r) => pstack_cli::outln!(
                     "recorded  {}  (since {})",
                     r.fingerprint,
-                    pstack_store::ident::format_ns(r.recorded_ns)
+                    pstack_store_core::ident::format_ns(r.recorded_ns)
                 )?,
                 None => pstack_cli::outln!(
                     "recorded  none (the first serve with --gate-key-file records its key)"
@@ -794,7 +801,7 @@ async fn run(cli: Cli) -> Result<()> {
         } => {
             let keys = read_gate_key(&gate_key_file)?;
             let before = store
-                .replace_gate_key_fingerprint(keys.fingerprint(), pstack_store::now_ns())
+                .replace_gate_key_fingerprint(keys.fingerprint(), pstack_store_core::now_ns())
                 .await?;
             match before {
                 Some(old) if old != keys.fingerprint() => eprintln!(
@@ -812,7 +819,7 @@ async fn run(cli: Cli) -> Result<()> {
             let report = store
                 .apply_retention(
                     &RetentionPolicy { max_age, max_bytes },
-                    pstack_store::now_ns(),
+                    pstack_store_core::now_ns(),
                 )
                 .await?;
             pstack_cli::outln!("{}", serde_json::to_string_pretty(&report)?)?;
@@ -863,8 +870,8 @@ async fn run(cli: Cli) -> Result<()> {
                 inflight_budget_bytes: inflight_budget,
             };
             let mut state = AppState::with_conn_limits(store.clone(), limits, conn);
-            state.login = pstack_store::login::LoginControls::new(
-                pstack_store::login::LoginLimits::default(),
+            state.login = pstack_store_core::login::LoginControls::new(
+                pstack_store_core::login::LoginLimits::default(),
                 trusted_proxies,
             );
             adopt_gate_key(&store, &mut state, gate_key_file.as_deref()).await?;
@@ -900,9 +907,9 @@ async fn run(cli: Cli) -> Result<()> {
                     loop {
                         tokio::select! {
                             _ = tick.tick() => {
-                                match store.apply_retention(&policy, pstack_store::now_ns()).await {
+                                match store.apply_retention(&policy, pstack_store_core::now_ns()).await {
                                     Ok(r) => metrics.add_retention_deleted(r.deleted),
-                                    Err(e) => tracing::error!(error = %pstack_store::logsafe::text(&e), "retention pass failed"),
+                                    Err(e) => tracing::error!(error = %pstack_store_core::logsafe::text(&e), "retention pass failed"),
                                 }
                             }
                             _ = stop.changed() => break,
@@ -922,8 +929,8 @@ async fn run(cli: Cli) -> Result<()> {
                     loop {
                         tokio::select! {
                             _ = tick.tick() => {
-                                if let Err(e) = pstack_store::gate_tick::tick(&state).await {
-                                    tracing::error!(error = %pstack_store::logsafe::text(&e), "gate tick failed");
+                                if let Err(e) = pstack_store_core::gate_tick::tick(&state.store, &state.clock).await {
+                                    tracing::error!(error = %pstack_store_core::logsafe::text(&e), "gate tick failed");
                                 }
                             }
                             _ = stop.changed() => break,

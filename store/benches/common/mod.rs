@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use pstack_store::db::{OpenOptions, Store};
+use pstack_store_core::db::{OpenOptions, Store};
 
 /// One opened backend; the tempdir / schema go away with `close`.
 pub struct Target {

@@ -10,7 +10,7 @@ use std::io::Write;
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use pstack_store::ingest::{IngestLimits, decode_body, split_items, verify_items};
+use pstack_store_core::ingest::{IngestLimits, decode_body, split_items, verify_items};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, body)) = data.split_first() else {

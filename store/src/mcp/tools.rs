@@ -19,8 +19,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::http_analysis::FindingRequest;
-use crate::http_gate::{IncidentRequest, ProposeRequest};
+use crate::http::analysis::FindingRequest;
+use crate::http::gate::{IncidentRequest, ProposeRequest};
 use crate::query_params::{
     BlastQuery, BundleQuery, ChangesQuery, DiffQuery, FindingsQuery, IncidentsQuery, QueryParams,
     UnknownsQuery,

@@ -12,11 +12,11 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use pstack_store::clock::Clock;
-use pstack_store::db::{OpenOptions, Store};
 use pstack_store::http::{AppState, serve};
-use pstack_store::ingest::IngestLimits;
-use pstack_store::login::{ClientSource, LoginControls, LoginLimits, ThrottleKeys};
+use pstack_store_core::clock::Clock;
+use pstack_store_core::db::{OpenOptions, Store};
+use pstack_store_core::ingest::IngestLimits;
+use pstack_store_core::login::{ClientSource, LoginControls, LoginLimits, ThrottleKeys};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -97,8 +97,8 @@ impl Replicas {
         a.store
             .create_operator(
                 "alice",
-                &pstack_store::operators::hash_password(PASSWORD).unwrap(),
-                pstack_store::now_ns(),
+                &pstack_store_core::operators::hash_password(PASSWORD).unwrap(),
+                pstack_store_core::now_ns(),
             )
             .await
             .unwrap();
@@ -519,7 +519,7 @@ async fn disable_passwd_and_revoke_end_sessions_and_csrf_is_stored_hashed(db: Db
             .set_operator_disabled("alice", true, now)
             .await
             .unwrap(),
-        pstack_store::db::operators::OperatorChange::Done { sessions_ended: 1 }
+        pstack_store_core::db::operators::OperatorChange::Done { sessions_ended: 1 }
     );
     for i in [0, 1] {
         assert_eq!(rs.session(i, &cookie).await.0, StatusCode::UNAUTHORIZED);
@@ -535,14 +535,15 @@ async fn disable_passwd_and_revoke_end_sessions_and_csrf_is_stored_hashed(db: Db
         StatusCode::UNAUTHORIZED
     );
     // A session row planted for a disabled operator does not authenticate.
-    let (planted, planted_hash, planted_csrf) = pstack_store::operators::new_session().unwrap();
+    let (planted, planted_hash, planted_csrf) =
+        pstack_store_core::operators::new_session().unwrap();
     store
         .create_session(
             &planted_hash,
             "alice",
-            &pstack_store::operators::csrf_hash(&planted_csrf),
+            &pstack_store_core::operators::csrf_hash(&planted_csrf),
             now,
-            now + pstack_store::operators::SESSION_NS,
+            now + pstack_store_core::operators::SESSION_NS,
         )
         .await
         .unwrap();
@@ -553,7 +554,7 @@ async fn disable_passwd_and_revoke_end_sessions_and_csrf_is_stored_hashed(db: Db
             .set_operator_disabled("alice", false, now)
             .await
             .unwrap(),
-        pstack_store::db::operators::OperatorChange::Done { sessions_ended: 0 }
+        pstack_store_core::db::operators::OperatorChange::Done { sessions_ended: 0 }
     );
     let second = rs.login(1, "alice", PASSWORD, src).await;
     assert_eq!(second.status, StatusCode::OK);
@@ -561,13 +562,13 @@ async fn disable_passwd_and_revoke_end_sessions_and_csrf_is_stored_hashed(db: Db
     assert_eq!(rs.session(0, &second).await.0, StatusCode::OK);
 
     // Passwd: every session ends; the old password stops, the new works.
-    let new_hash = pstack_store::operators::hash_password("a brand new passphrase").unwrap();
+    let new_hash = pstack_store_core::operators::hash_password("a brand new passphrase").unwrap();
     assert_eq!(
         store
             .set_operator_password("alice", &new_hash)
             .await
             .unwrap(),
-        pstack_store::db::operators::OperatorChange::Done { sessions_ended: 2 }
+        pstack_store_core::db::operators::OperatorChange::Done { sessions_ended: 2 }
     );
     assert_eq!(rs.session(0, &second).await.0, StatusCode::UNAUTHORIZED);
     assert_eq!(rs.session(1, &planted).await.0, StatusCode::UNAUTHORIZED);
@@ -582,19 +583,19 @@ async fn disable_passwd_and_revoke_end_sessions_and_csrf_is_stored_hashed(db: Db
     // Revoke: the session ends; the operator can log in again.
     assert_eq!(
         store.revoke_operator_sessions("alice").await.unwrap(),
-        pstack_store::db::operators::OperatorChange::Done { sessions_ended: 1 }
+        pstack_store_core::db::operators::OperatorChange::Done { sessions_ended: 1 }
     );
     assert_eq!(rs.session(1, &third).await.0, StatusCode::UNAUTHORIZED);
     assert_eq!(
         store.revoke_operator_sessions("nobody").await.unwrap(),
-        pstack_store::db::operators::OperatorChange::NoSuchOperator
+        pstack_store_core::db::operators::OperatorChange::NoSuchOperator
     );
     assert_eq!(
         store
             .set_operator_disabled("nobody", true, now)
             .await
             .unwrap(),
-        pstack_store::db::operators::OperatorChange::NoSuchOperator
+        pstack_store_core::db::operators::OperatorChange::NoSuchOperator
     );
     rs.finish().await;
 }

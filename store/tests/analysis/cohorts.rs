@@ -8,9 +8,9 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message;
-use pstack_store::analysis::cohort::MAX_FLAG_VARIANTS;
-use pstack_store::db::analysis::VersionFilter;
-use pstack_store::db::{OpenOptions, Store};
+use pstack_store_core::analysis::cohort::MAX_FLAG_VARIANTS;
+use pstack_store_core::db::analysis::VersionFilter;
+use pstack_store_core::db::{OpenOptions, Store};
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -212,14 +212,14 @@ async fn legacy_request_stats_are_converted_on_open(db: Db) {
         .unwrap();
     assert_eq!(first.requests, 950);
     // The stated bound covers the legacy bin (2^(40/4)..2^(41/4) µs), and is wider than α.
-    let q = pstack_store::analysis::blast::p95_of(&old).unwrap();
+    let q = pstack_store_core::analysis::blast::p95_of(&old).unwrap();
     assert!(
         q.lower_ms <= 1.024 && q.upper_ms.unwrap() >= 1.2177,
         "{q:?}"
     );
     assert!(q.relative_error().unwrap() > 0.09, "{q:?}");
     // New requests merge into a converted row; it stays marked legacy.
-    let batch = pstack_store::analysis::otlp::aggregate(&ExportTraceServiceRequest {
+    let batch = pstack_store_core::analysis::otlp::aggregate(&ExportTraceServiceRequest {
         resource_spans: vec![ResourceSpans {
             resource: Some(Resource {
                 attributes: vec![

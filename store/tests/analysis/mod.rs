@@ -14,7 +14,7 @@ use opentelemetry_proto::tonic::trace::v1::status::StatusCode as OtelStatus;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
 use prost::Message;
 use pstack_envelope::{Claim, ClaimKind, Scope};
-use pstack_store::synthetic::Capture;
+use pstack_store_core::synthetic::Capture;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -29,12 +29,12 @@ const HOUR_NS: i64 = 60 * MIN_NS;
 
 /// A minute-aligned time `hours_ago` hours before now.
 fn anchor(hours_ago: i64) -> i64 {
-    let now = pstack_store::now_ns();
+    let now = pstack_store_core::now_ns();
     now - now.rem_euclid(MIN_NS) - hours_ago * HOUR_NS
 }
 
 fn rfc(ns: i64) -> String {
-    pstack_store::ident::format_ns(ns)
+    pstack_store_core::ident::format_ns(ns)
 }
 
 fn kv(k: &str, v: &str) -> KeyValue {
@@ -990,11 +990,11 @@ async fn fleet_kernel_change(db: Db) {
             let report = h
                 .store
                 .apply_retention(
-                    &pstack_store::db::RetentionPolicy {
+                    &pstack_store_core::db::RetentionPolicy {
                         max_age: Some(Duration::ZERO),
                         max_bytes: None,
                     },
-                    pstack_store::now_ns() + 1,
+                    pstack_store_core::now_ns() + 1,
                 )
                 .await
                 .expect("retention");
@@ -1042,7 +1042,7 @@ async fn bad_input_stores_nothing(db: Db) {
         .request_totals(
             "prod",
             "checkout-api",
-            pstack_store::db::analysis::VersionFilter::Any,
+            pstack_store_core::db::analysis::VersionFilter::Any,
             0,
             i64::MAX,
         )
@@ -1160,7 +1160,7 @@ async fn otlp_json_spec_example(db: Db) {
         .request_totals(
             "prod",
             "my.service",
-            pstack_store::db::analysis::VersionFilter::Is("unknown"),
+            pstack_store_core::db::analysis::VersionFilter::Is("unknown"),
             0,
             i64::MAX,
         )

@@ -3,8 +3,8 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use pstack_store::db::{KeyCheck, OpenOptions, Store};
-use pstack_store::keys::{Scope, ScopeSet};
+use pstack_store_core::db::{KeyCheck, OpenOptions, Store};
+use pstack_store_core::keys::{Scope, ScopeSet};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_pstack-store"))

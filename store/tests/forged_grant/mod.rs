@@ -216,7 +216,7 @@ fn spans(
 }
 
 fn rfc(ns: i64) -> String {
-    pstack_store::ident::format_ns(ns)
+    pstack_store_core::ident::format_ns(ns)
 }
 
 /// The evidence half of the sequence, written with `key`: a deploy of
@@ -227,7 +227,7 @@ async fn forge_evidence(
     key: &str,
     service: &str,
 ) -> Result<String, (StatusCode, Value)> {
-    let now = pstack_store::now_ns();
+    let now = pstack_store_core::now_ns();
     let at = now - now.rem_euclid(MIN_NS) - 10 * MIN_NS;
     let (st, change) = s
         .post(
@@ -346,7 +346,14 @@ async fn forged_grant_sequence_is_refused() {
     let (st, body) = s
         .traces(
             &node,
-            &spans("checkout-api", "2.4.1", 10, 5, pstack_store::now_ns(), 9),
+            &spans(
+                "checkout-api",
+                "2.4.1",
+                10,
+                5,
+                pstack_store_core::now_ns(),
+                9,
+            ),
         )
         .await;
     assert_eq!(
@@ -475,7 +482,7 @@ async fn future_dated_changes_and_spans_are_refused() {
         json!({"environment": "prod", "kind": "deploy", "service": "checkout-api",
                "version": "9.9.9", "at": at})
     };
-    let now = pstack_store::now_ns();
+    let now = pstack_store_core::now_ns();
     // The bound is now + 2 min; 30 s either side of it (the process reads
     // its clock a few ms after this one).
     for (label, at, want) in [

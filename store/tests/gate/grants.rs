@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use pstack_store::synthetic::Capture;
+use pstack_store_core::synthetic::Capture;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

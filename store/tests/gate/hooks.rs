@@ -12,7 +12,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode as AxStatus, Uri};
 use axum::response::{IntoResponse, Response};
-use pstack_store::ingest::IngestLimits;
+use pstack_store_core::ingest::IngestLimits;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

@@ -6,12 +6,12 @@
 
 use std::time::Duration;
 
-use pstack_store::analysis::cohort::{CohortKey, Dimension};
-use pstack_store::analysis::ledger;
-use pstack_store::analysis::otlp::Batch;
-use pstack_store::analysis::proof::EvalRun;
-use pstack_store::analysis::sketch::MinuteCells;
-use pstack_store::db::analysis::FindingRow;
+use pstack_store_core::analysis::cohort::{CohortKey, Dimension};
+use pstack_store_core::analysis::ledger;
+use pstack_store_core::analysis::otlp::Batch;
+use pstack_store_core::analysis::proof::EvalRun;
+use pstack_store_core::analysis::sketch::MinuteCells;
+use pstack_store_core::db::analysis::FindingRow;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -441,7 +441,7 @@ async fn ontology_follows_the_ledger(db: Db) {
         &h,
         "/v1/changes",
         &json!({"environment": "prod", "kind": "deploy", "service": "checkout-api",
-                "version": "2.3.0", "at": pstack_store::ident::format_ns(h.clock.now_ns() - 3_600_000_000_000)}),
+                "version": "2.3.0", "at": pstack_store_core::ident::format_ns(h.clock.now_ns() - 3_600_000_000_000)}),
     )
     .await;
     assert_eq!(st, StatusCode::CREATED, "{b}");

@@ -9,7 +9,7 @@ use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode as OtelStatus;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
 use prost::Message;
-use pstack_store::synthetic::Capture;
+use pstack_store_core::synthetic::Capture;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

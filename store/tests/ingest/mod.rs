@@ -2,9 +2,9 @@
 //! typed reason, nothing partial stored; then batches, replay, concurrency.
 
 use pstack_envelope::Envelope;
-use pstack_store::ingest::IngestLimits;
-use pstack_store::keys::{Scope, ScopeSet};
-use pstack_store::synthetic::Capture;
+use pstack_store_core::ingest::IngestLimits;
+use pstack_store_core::keys::{Scope, ScopeSet};
+use pstack_store_core::synthetic::Capture;
 use pstack_testkit::verify;
 use reqwest::StatusCode;
 use serde_json::Value;

@@ -47,9 +47,9 @@ async fn caller_strings_in_logs_are_escaped_and_capped(db: Db) {
     // approves, rejects (the `by=user:<name>` of the audit lines).
     let operator =
         format!("eve\n{marker} INFO remediation approved proposal=rem_0 by=user:alice\x1b[2K");
-    let hash = pstack_store::operators::hash_password("operator password 2").unwrap();
+    let hash = pstack_store_core::operators::hash_password("operator password 2").unwrap();
     h.store
-        .create_operator(&operator, &hash, pstack_store::now_ns())
+        .create_operator(&operator, &hash, pstack_store_core::now_ns())
         .await
         .unwrap();
     let resp = login(&h, &operator, "operator password 2").await;

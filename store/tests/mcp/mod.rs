@@ -3,8 +3,8 @@
 //! HTTP (`/mcp` on the store's port): initialize, list tools (exactly 10,
 //! 14 with writes), call, and an error for a bad argument.
 
-use pstack_store::db::{OpenOptions, Store};
-use pstack_store::keys::ScopeSet;
+use pstack_store_core::db::{OpenOptions, Store};
+use pstack_store_core::keys::ScopeSet;
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService};

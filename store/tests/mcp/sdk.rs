@@ -14,9 +14,9 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use pstack_store::analysis::proof::{FingerprintInput, fingerprint};
-use pstack_store::keys::Scope;
-use pstack_store::synthetic::Capture;
+use pstack_store_core::analysis::proof::{FingerprintInput, fingerprint};
+use pstack_store_core::keys::Scope;
+use pstack_store_core::synthetic::Capture;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -241,7 +241,7 @@ async fn report_fingerprint(h: &Harness, report: &Value) -> String {
 }
 
 fn time_ns(rfc3339: &str) -> i64 {
-    pstack_store::analysis::ledger::parse_time("time", rfc3339)
+    pstack_store_core::analysis::ledger::parse_time("time", rfc3339)
         .unwrap_or_else(|e| panic!("a time: {rfc3339}: {e}"))
 }
 

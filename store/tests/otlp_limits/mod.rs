@@ -17,7 +17,7 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message;
 use pstack_store::conn::{ConnLimits, Guards};
-use pstack_store::ingest::IngestLimits;
+use pstack_store_core::ingest::IngestLimits;
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -36,7 +36,7 @@ fn kv(k: &str, v: &str) -> KeyValue {
 
 /// `n` SERVER spans of checkout-api (a minute ago).
 fn spans(n: usize) -> Vec<Span> {
-    let start = (pstack_store::now_ns() - 60_000_000_000) as u64;
+    let start = (pstack_store_core::now_ns() - 60_000_000_000) as u64;
     (0..n as u64)
         .map(|i| Span {
             trace_id: (i + 1).to_be_bytes().repeat(2),

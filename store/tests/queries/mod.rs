@@ -1,7 +1,7 @@
 //! Queries: subject histories (newest first, paged), diff, handoff, the fleet
 //! view of open unknowns, health and metrics.
 
-use pstack_store::synthetic::Capture;
+use pstack_store_core::synthetic::Capture;
 use reqwest::StatusCode;
 use serde_json::Value;
 

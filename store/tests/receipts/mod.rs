@@ -5,8 +5,8 @@
 use std::collections::BTreeSet;
 
 use pstack_envelope::Completeness;
-use pstack_store::receipts::ReceiptRefusal;
-use pstack_store::synthetic::Capture;
+use pstack_store_core::receipts::ReceiptRefusal;
+use pstack_store_core::synthetic::Capture;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pstack_store::db::analysis::FindingRow;
-use pstack_store::db::{OpenOptions, Store};
-use pstack_store::gate::keys::GateKeys;
+use pstack_store_core::db::analysis::FindingRow;
+use pstack_store_core::db::{OpenOptions, Store};
+use pstack_store_core::gate::keys::GateKeys;
 use serde_json::{Value, json};
 
 use crate::support::{DEFAULT_PG_URL, Db};
@@ -382,7 +382,7 @@ async fn concurrent_idempotent_proposals_across_two_replicas_all_get_the_one_pro
     // takes it, and a loser that counted it would be refused 429.
     let store = shared.open().await;
     let finding = format!("fnd_{:016x}", crate::gate::rand_u64());
-    let now = pstack_store::now_ns();
+    let now = pstack_store_core::now_ns();
     let row = FindingRow {
         id: finding.clone(),
         environment: "prod".into(),

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use pstack_store::db::RetentionPolicy;
-use pstack_store::ingest::{IngestLimits, ItemVerdict, VerifiedItem, verify_item};
-use pstack_store::receipts::{ReceiptKind, ReceiptRequest};
-use pstack_store::synthetic::Capture;
+use pstack_store_core::db::RetentionPolicy;
+use pstack_store_core::ingest::{IngestLimits, ItemVerdict, VerifiedItem, verify_item};
+use pstack_store_core::receipts::{ReceiptKind, ReceiptRequest};
+use pstack_store_core::synthetic::Capture;
 
 use crate::on_both_backends;
 use crate::support::{Db, drop_schema, fresh_store};
@@ -22,7 +22,7 @@ async fn reopening_keeps_data_and_applies_no_migration_twice(db: Db) {
     };
     assert_eq!(
         store.schema_version().await.unwrap(),
-        pstack_store::db::SCHEMA_VERSION
+        pstack_store_core::db::SCHEMA_VERSION
     );
     let item = verified(&Capture::new("node-a", 1, 1));
     store.ingest(&[&item], "k", 1).await.unwrap();
@@ -32,14 +32,16 @@ async fn reopening_keeps_data_and_applies_no_migration_twice(db: Db) {
         (_, Some((url, _))) => url.clone(),
         _ => unreachable!(),
     };
-    let opts = pstack_store::db::OpenOptions {
+    let opts = pstack_store_core::db::OpenOptions {
         pg_schema: pg.as_ref().map(|(_, s)| s.clone()),
         ..Default::default()
     };
-    let again = pstack_store::db::Store::open(&url, &opts).await.unwrap();
+    let again = pstack_store_core::db::Store::open(&url, &opts)
+        .await
+        .unwrap();
     assert_eq!(
         again.schema_version().await.unwrap(),
-        pstack_store::db::SCHEMA_VERSION
+        pstack_store_core::db::SCHEMA_VERSION
     );
     assert_eq!(
         again.all_digests().await.unwrap(),

@@ -1,8 +1,8 @@
 //! Evidence bundles within a token budget, saying what they cut, with
 //! handoffs an agent can act on alone.
 
-use pstack_store::db::analysis::FindingRow;
-use pstack_store::synthetic::Capture;
+use pstack_store_core::db::analysis::FindingRow;
+use pstack_store_core::synthetic::Capture;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

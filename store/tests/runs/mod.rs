@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use pstack_store::synthetic::Capture;
+use pstack_store_core::synthetic::Capture;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

@@ -6,7 +6,7 @@
 use pstack_envelope::{
     Claim, ClaimKind, Completeness, Envelope, Scope, StatusCause, SurfaceStatus,
 };
-use pstack_store::synthetic::Capture;
+use pstack_store_core::synthetic::Capture;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -20,7 +20,7 @@ const PID: u32 = 4242;
 /// A whole second `back_s` seconds before the real now (the synthetic
 /// captures' wall times are whole seconds after their base).
 pub(crate) fn past_second(back_s: i64) -> i64 {
-    (pstack_store::now_ns() / S - back_s) * S
+    (pstack_store_core::now_ns() / S - back_s) * S
 }
 
 /// An envelope of process 4242 on node-a observed at `wall_ns` (a whole
@@ -485,11 +485,11 @@ async fn retention_keeps_the_envelopes_that_moved_a_hypothesis(db: Db) {
     let report = h
         .store
         .apply_retention(
-            &pstack_store::db::RetentionPolicy {
+            &pstack_store_core::db::RetentionPolicy {
                 max_age: Some(std::time::Duration::from_secs(3600)),
                 max_bytes: None,
             },
-            pstack_store::now_ns() + 86_400 * S,
+            pstack_store_core::now_ns() + 86_400 * S,
         )
         .await
         .unwrap();

@@ -11,7 +11,7 @@ use pstack_envelope::{
     Claim, ClaimKind, NextTransition, Scope, StreamIdentity, Subject, Surface, SurfaceStatus,
     Termination, Unknown, sha256_digest,
 };
-use pstack_store::synthetic::Capture;
+use pstack_store_core::synthetic::Capture;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use pstack_store::db::{KeyCheck, OpenOptions, Store};
 use pstack_store::http::{AppState, serve};
-use pstack_store::ingest::IngestLimits;
-use pstack_store::keys::{Scope, ScopeSet};
+use pstack_store_core::db::{KeyCheck, OpenOptions, Store};
+use pstack_store_core::ingest::IngestLimits;
+use pstack_store_core::keys::{Scope, ScopeSet};
 use reqwest::StatusCode;
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
@@ -165,24 +165,24 @@ struct V5Store {
 async fn v5_store(db: Db) -> Option<V5Store> {
     const V5: [(&str, &str); 5] = [
         (
-            include_str!("../../migrations/sqlite/0001_core.sql"),
-            include_str!("../../migrations/postgres/0001_core.sql"),
+            include_str!("../../../store-core/migrations/sqlite/0001_core.sql"),
+            include_str!("../../../store-core/migrations/postgres/0001_core.sql"),
         ),
         (
-            include_str!("../../migrations/sqlite/0002_analysis.sql"),
-            include_str!("../../migrations/postgres/0002_analysis.sql"),
+            include_str!("../../../store-core/migrations/sqlite/0002_analysis.sql"),
+            include_str!("../../../store-core/migrations/postgres/0002_analysis.sql"),
         ),
         (
-            include_str!("../../migrations/sqlite/0003_gate.sql"),
-            include_str!("../../migrations/postgres/0003_gate.sql"),
+            include_str!("../../../store-core/migrations/sqlite/0003_gate.sql"),
+            include_str!("../../../store-core/migrations/postgres/0003_gate.sql"),
         ),
         (
-            include_str!("../../migrations/sqlite/0004_runs.sql"),
-            include_str!("../../migrations/postgres/0004_runs.sql"),
+            include_str!("../../../store-core/migrations/sqlite/0004_runs.sql"),
+            include_str!("../../../store-core/migrations/postgres/0004_runs.sql"),
         ),
         (
-            include_str!("../../migrations/sqlite/0005_transfers.sql"),
-            include_str!("../../migrations/postgres/0005_transfers.sql"),
+            include_str!("../../../store-core/migrations/sqlite/0005_transfers.sql"),
+            include_str!("../../../store-core/migrations/postgres/0005_transfers.sql"),
         ),
     ];
     use sqlx::Connection;
@@ -191,7 +191,7 @@ async fn v5_store(db: Db) -> Option<V5Store> {
     let (store, dir, pg) = fresh_store(db).await?;
     store.close().await;
     drop_schema(pg.clone()).await;
-    let key = pstack_store::keys::generate().unwrap();
+    let key = pstack_store_core::keys::generate().unwrap();
     let postgres = pg.is_some();
     let mut script = String::from(
         "CREATE TABLE pstack_schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_ns BIGINT NOT NULL);\n",

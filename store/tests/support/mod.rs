@@ -7,11 +7,11 @@
 
 use std::io::Write;
 
-use pstack_store::db::{OpenOptions, Store};
 use pstack_store::http::{AppState, IngestResponse, serve};
-use pstack_store::ingest::IngestLimits;
-use pstack_store::keys::{Scope, ScopeSet};
-use pstack_store::synthetic::Capture;
+use pstack_store_core::db::{OpenOptions, Store};
+use pstack_store_core::ingest::IngestLimits;
+use pstack_store_core::keys::{Scope, ScopeSet};
+use pstack_store_core::synthetic::Capture;
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -48,7 +48,7 @@ pub struct Harness {
     /// An operator session (cookie value, CSRF token), made on first use.
     pub human: std::sync::Mutex<Option<(String, String)>>,
     /// The server's clock (tests move it instead of sleeping).
-    pub clock: pstack_store::clock::Clock,
+    pub clock: pstack_store_core::clock::Clock,
     pub base: String,
     /// A `legacy` key (every scope, as keys made before scopes): what the
     /// tests that predate scopes act with.
@@ -216,10 +216,10 @@ impl Harness {
         if let Some(s) = self.human.lock().unwrap().clone() {
             return s;
         }
-        let hash = pstack_store::operators::hash_password("operator password 1").unwrap();
+        let hash = pstack_store_core::operators::hash_password("operator password 1").unwrap();
         let _ = self
             .store
-            .create_operator("ops", &hash, pstack_store::now_ns())
+            .create_operator("ops", &hash, pstack_store_core::now_ns())
             .await
             .unwrap();
         let resp = self

@@ -6,8 +6,8 @@
 
 use std::process::{Command, Output};
 
-use pstack_store::keys::ScopeSet;
-use pstack_store::synthetic::{StreamEnd, StreamLink, TransferEnd};
+use pstack_store_core::keys::ScopeSet;
+use pstack_store_core::synthetic::{StreamEnd, StreamLink, TransferEnd};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -509,12 +509,12 @@ async fn envelopes_stored_before_the_migration_are_joined_by_it(db: Db) {
     let Some((store, dir, pg)) = crate::support::fresh_store(db).await else {
         return;
     };
-    let verified = |bytes: Vec<u8>| match pstack_store::ingest::verify_item(
+    let verified = |bytes: Vec<u8>| match pstack_store_core::ingest::verify_item(
         bytes.into(),
-        &pstack_store::ingest::IngestLimits::default(),
+        &pstack_store_core::ingest::IngestLimits::default(),
     ) {
-        pstack_store::ingest::ItemVerdict::Verified(v) => *v,
-        pstack_store::ingest::ItemVerdict::Rejected(r) => panic!("{:?}", r.reasons),
+        pstack_store_core::ingest::ItemVerdict::Verified(v) => *v,
+        pstack_store_core::ingest::ItemVerdict::Rejected(r) => panic!("{:?}", r.reasons),
     };
     let ka = store
         .create_key("node-a", &ScopeSet::legacy())
@@ -536,14 +536,16 @@ async fn envelopes_stored_before_the_migration_are_joined_by_it(db: Db) {
         (_, Some((url, _))) => url.clone(),
         _ => unreachable!(),
     };
-    let opts = pstack_store::db::OpenOptions {
+    let opts = pstack_store_core::db::OpenOptions {
         pg_schema: pg.as_ref().map(|(_, s)| s.clone()),
         ..Default::default()
     };
-    let again = pstack_store::db::Store::open(&url, &opts).await.unwrap();
+    let again = pstack_store_core::db::Store::open(&url, &opts)
+        .await
+        .unwrap();
     assert_eq!(
         again.schema_version().await.unwrap(),
-        pstack_store::db::SCHEMA_VERSION
+        pstack_store_core::db::SCHEMA_VERSION
     );
     let ids = again.transfers_of(&da).await.unwrap();
     assert_eq!(ids.len(), 1, "joined when the migration ran");
@@ -671,11 +673,11 @@ async fn retention_takes_the_ends_with_their_envelopes(db: Db) {
     let report = h
         .store
         .apply_retention(
-            &pstack_store::db::RetentionPolicy {
+            &pstack_store_core::db::RetentionPolicy {
                 max_age: Some(std::time::Duration::from_secs(1)),
                 max_bytes: None,
             },
-            pstack_store::now_ns() + 3_600 * S,
+            pstack_store_core::now_ns() + 3_600 * S,
         )
         .await
         .expect("retention deletes joined envelopes");

@@ -542,12 +542,12 @@ async fn users_create_stores_only_an_argon2_hash() {
     let short = run("bob", "short");
     assert!(!short.status.success());
     assert!(String::from_utf8_lossy(&short.stderr).contains("12 characters"));
-    let store = pstack_store::db::Store::open(db.to_str().unwrap(), &Default::default())
+    let store = pstack_store_core::db::Store::open(db.to_str().unwrap(), &Default::default())
         .await
         .unwrap();
     let phc = store.operator_hash("alice").await.unwrap().unwrap();
     assert!(phc.starts_with("$argon2id$") && !phc.contains("passphrase"));
-    assert!(pstack_store::operators::verify_password(
+    assert!(pstack_store_core::operators::verify_password(
         "a long passphrase 42",
         &phc
     ));

@@ -16,6 +16,19 @@
 //! - Logs: one structured event per request (route, status, latency, key id,
 //!   item counts). Never bodies, never keys, never envelope contents;
 //!   caller-supplied strings only through `logsafe::text`.
+//!
+//! This file holds the shared edge (state, auth, metrics, envelope ingest
+//! and reads, receipts); one file per route group below it:
+//! [`analysis`] (changes, spans, findings, evaluations), [`gate`]
+//! (incidents, proposals, grants), [`ui`] (the approval page and operator
+//! logins), [`runs`], [`bundles`], [`transfers`].
+
+pub mod analysis;
+pub mod bundles;
+pub mod gate;
+pub mod runs;
+pub mod transfers;
+pub mod ui;
 
 use crate::query_params::{DiffQuery, QueryParams, UnknownsQuery};
 use std::collections::BTreeMap;
@@ -34,11 +47,11 @@ use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::db::{self, KeyCheck, Store, StoreError, StoredStatus};
-use crate::ingest::{self, Framing, IngestLimits, ItemVerdict, Reason};
-pub use crate::keys::Scope;
-use crate::keys::ScopeSet;
-use crate::receipts::ReceiptRequest;
+use pstack_store_core::db::{self, KeyCheck, Store, StoreError, StoredStatus};
+use pstack_store_core::ingest::{self, Framing, IngestLimits, ItemVerdict, Reason};
+pub use pstack_store_core::keys::Scope;
+use pstack_store_core::keys::ScopeSet;
+use pstack_store_core::receipts::ReceiptRequest;
 
 /// Shared state of the server.
 #[derive(Debug, Clone)]
@@ -52,14 +65,14 @@ pub struct AppState {
     /// Connection, per-key and byte-budget limits.
     pub guards: Arc<crate::conn::Guards>,
     /// The remediation gate's keys and knobs.
-    pub gate: crate::gate::GateConfig,
+    pub gate: pstack_store_core::gate::GateConfig,
     /// The clock every time window of the gate reads.
-    pub clock: crate::clock::Clock,
+    pub clock: pstack_store_core::clock::Clock,
     /// Operator logins: verifier slots, throttle limits, trusted proxies.
-    pub login: crate::login::LoginControls,
+    pub login: pstack_store_core::login::LoginControls,
     /// How long an envelope of each subject kind stays fresh (handoff
     /// expiry, run captures, the gate's pre-mutation envelope).
-    pub freshness: crate::runs::freshness::Freshness,
+    pub freshness: pstack_store_core::runs::freshness::Freshness,
     /// The MCP server offers its four write tools
     /// (`OBS_MCP_ENABLE_WRITES=true`).
     pub mcp_writes: bool,
@@ -92,13 +105,13 @@ impl AppState {
             limits,
             metrics: Arc::new(Metrics::default()),
             guards: Arc::new(crate::conn::Guards::new(conn)),
-            gate: crate::gate::GateConfig::with_keys(
-                crate::gate::keys::GateKeys::ephemeral()
+            gate: pstack_store_core::gate::GateConfig::with_keys(
+                pstack_store_core::gate::keys::GateKeys::ephemeral()
                     .expect("the operating system random source works"),
             ),
-            clock: crate::clock::Clock::system(),
-            login: crate::login::LoginControls::default(),
-            freshness: crate::runs::freshness::Freshness::default(),
+            clock: pstack_store_core::clock::Clock::system(),
+            login: pstack_store_core::login::LoginControls::default(),
+            freshness: pstack_store_core::runs::freshness::Freshness::default(),
             mcp_writes: false,
             max_future_skew_ns: DEFAULT_MAX_FUTURE_SKEW_NS,
             mcp_allowed_hosts: Vec::new(),
@@ -120,8 +133,8 @@ pub struct Metrics {
     auth_failures: Mutex<BTreeMap<&'static str, u64>>,
     responses: Mutex<BTreeMap<(String, u16), u64>>,
     latency: Mutex<BTreeMap<String, Histogram>>,
-    /// Seed 001's acceptance metrics (AC1; `crate::runs::acceptance`).
-    pub acceptance: crate::runs::acceptance::AcceptanceMetrics,
+    /// Seed 001's acceptance metrics (AC1; `pstack_store_core::runs::acceptance`).
+    pub acceptance: pstack_store_core::runs::acceptance::AcceptanceMetrics,
 }
 
 const BUCKETS_S: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
@@ -331,7 +344,7 @@ impl From<StoreError> for ApiError {
                 }
             }
             other => {
-                tracing::error!(error = %crate::logsafe::text(&other), "storage failure");
+                tracing::error!(error = %pstack_store_core::logsafe::text(&other), "storage failure");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "store_unavailable",
@@ -380,12 +393,12 @@ pub fn api_router(state: AppState) -> Router {
         .route("/v1/handoff/{digest}", get(get_handoff))
         .route("/v1/unknowns", get(get_unknowns))
         .route("/v1/receipts", post(post_receipt).get(get_receipts))
-        .merge(crate::http_analysis::routes())
-        .merge(crate::http_gate::routes())
-        .merge(crate::http_ui::routes())
-        .merge(crate::http_runs::routes())
-        .merge(crate::http_bundles::routes())
-        .merge(crate::http_transfers::routes())
+        .merge(crate::http::analysis::routes())
+        .merge(crate::http::gate::routes())
+        .merge(crate::http::ui::routes())
+        .merge(crate::http::runs::routes())
+        .merge(crate::http::bundles::routes())
+        .merge(crate::http::transfers::routes())
         .fallback(no_such_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
@@ -425,9 +438,9 @@ impl Drop for Observed {
         let status = self.status.unwrap_or(499);
         let (method, route) = (&self.method, &self.route);
         if self.status.is_some() {
-            tracing::info!(method = %crate::logsafe::text(method), route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request");
+            tracing::info!(method = %pstack_store_core::logsafe::text(method), route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request");
         } else {
-            tracing::warn!(method = %crate::logsafe::text(method), route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request abandoned: the client closed the connection first");
+            tracing::warn!(method = %pstack_store_core::logsafe::text(method), route = %route, status, elapsed_ms = elapsed.as_secs_f64() * 1e3, "request abandoned: the client closed the connection first");
         }
         let metrics = &self.state.metrics;
         *lock(&metrics.responses)
@@ -793,7 +806,7 @@ async fn post_envelopes(
         m.ingest_batches.fetch_add(1, Ordering::Relaxed);
         state
             .store
-            .ingest(&verified, &key_id, crate::now_ns())
+            .ingest(&verified, &key_id, pstack_store_core::now_ns())
             .await?
     };
     let mut records = records.into_iter();
@@ -821,7 +834,7 @@ async fn post_envelopes(
                     index,
                     digest: Some(item.digest.clone()),
                     status: status.into(),
-                    received_at: Some(crate::ident::format_ns(rec.received_ns)),
+                    received_at: Some(pstack_store_core::ident::format_ns(rec.received_ns)),
                     key_id: Some(rec.key_id),
                     reasons: Vec::new(),
                 });
@@ -831,7 +844,9 @@ async fn post_envelopes(
                 let mut by_rule = lock(&m.rejected_by_rule);
                 for reason in &r.reasons {
                     *by_rule.entry(reason.rule.clone()).or_insert(0) += 1;
-                    if let Some(missing) = crate::runs::acceptance::unknown_missing(reason) {
+                    if let Some(missing) =
+                        pstack_store_core::runs::acceptance::unknown_missing(reason)
+                    {
                         m.acceptance.add_unknown_missing(missing);
                     }
                 }
@@ -1073,7 +1088,7 @@ async fn post_receipt(
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_receipt", e.to_string()))?;
     let rec = state
         .store
-        .record_receipt(&req, &key_id, crate::now_ns())
+        .record_receipt(&req, &key_id, pstack_store_core::now_ns())
         .await?;
     tracing::info!(kind = %rec.kind, id = rec.id, key_id = %key_id, "receipt recorded");
     Ok((StatusCode::CREATED, Json(rec)).into_response())

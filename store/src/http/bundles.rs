@@ -2,7 +2,7 @@
 //! incident with, anchored at an incident, a change or a finding (seed 000,
 //! `get_evidence_bundle`), assembled from the store's own routes (in
 //! process, with the caller's credentials) and fitted to a token budget
-//! ([`crate::bundle::fit`]). The seed's four sections sit at
+//! ([`pstack_store_core::bundle::fit`]). The seed's four sections sit at
 //! `bundle.autosre` (`faultLocus`, `candidateChanges`,
 //! `contentionCandidates`, `priorFindings`); `handoffs`, the anchor and the
 //! budget accounting at the top level.
@@ -31,10 +31,10 @@ use axum::{Json, Router};
 use serde_json::{Map, Value, json};
 use tower::ServiceExt;
 
-use crate::analysis::ledger::rfc3339;
-use crate::bundle::{Section, fit};
+use crate::http::analysis::{Reply, auth, bad_query, err, only_params, store_err};
 use crate::http::{AppState, Scope};
-use crate::http_analysis::{Reply, auth, bad_query, err, only_params, store_err};
+use pstack_store_core::analysis::ledger::rfc3339;
+use pstack_store_core::bundle::{Section, fit};
 
 /// Default budget.
 pub const DEFAULT_BUDGET_TOKENS: usize = 4000;

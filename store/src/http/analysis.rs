@@ -36,22 +36,22 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::analysis::blast::{BlastParams, blast_radius};
-use crate::analysis::fleet::FleetMetric;
-use crate::analysis::future::{FutureBound, FutureTime};
-use crate::analysis::ledger::{self, ChangeRequest, FieldError, rfc3339};
-use crate::analysis::otlp::{self, Encoding};
-use crate::analysis::otlp_cost::{Grant, Meter};
-use crate::analysis::proof::{
+use crate::http::{ApiError, AppState, Scope, authenticate};
+use pstack_store_core::analysis::blast::{BlastParams, blast_radius};
+use pstack_store_core::analysis::fleet::FleetMetric;
+use pstack_store_core::analysis::future::{FutureBound, FutureTime};
+use pstack_store_core::analysis::ledger::{self, ChangeRequest, FieldError, rfc3339};
+use pstack_store_core::analysis::otlp::{self, Encoding};
+use pstack_store_core::analysis::otlp_cost::{Grant, Meter};
+use pstack_store_core::analysis::proof::{
     self, BrokenState, CausalProofTier, EvalRun, FingerprintInput, ProofFacts,
     RelationshipCertainty,
 };
-use crate::analysis::verdict::Verdict;
-use crate::db::analysis::{FindingRow, new_id};
-use crate::http::{ApiError, AppState, Scope, authenticate};
+use pstack_store_core::analysis::verdict::Verdict;
+use pstack_store_core::db::analysis::{FindingRow, new_id};
 
 /// The OpenAPI document (every route of the store).
-pub const OPENAPI: &str = include_str!("../openapi.json");
+pub const OPENAPI: &str = include_str!("../../openapi.json");
 
 pub(crate) type Reply = Result<Response, Response>;
 
@@ -76,7 +76,7 @@ pub(crate) fn api(e: ApiError) -> Response {
     e.into_response()
 }
 
-pub(crate) fn store_err(e: crate::db::StoreError) -> Response {
+pub(crate) fn store_err(e: pstack_store_core::db::StoreError) -> Response {
     ApiError::from(e).into_response()
 }
 
@@ -211,7 +211,7 @@ async fn openapi() -> Response {
 async fn post_change(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
     let key_id = auth(&state, &headers, Scope::Telemetry).await?;
     let req: ChangeRequest = json_body(body, "invalid_change").await?;
-    let now = crate::now_ns();
+    let now = pstack_store_core::now_ns();
     let change = ledger::validate(req, now)
         .map_err(|e| field_err(StatusCode::UNPROCESSABLE_ENTITY, "invalid_change", e))?;
     future_bound(&state)
@@ -306,8 +306,8 @@ fn busy(code: &str, message: String) -> Response {
     r
 }
 
-fn body_refused(e: crate::ingest::BodyError) -> Response {
-    use crate::ingest::BodyError;
+fn body_refused(e: pstack_store_core::ingest::BodyError) -> Response {
+    use pstack_store_core::ingest::BodyError;
     let status = match e {
         BodyError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         BodyError::TooLarge { .. } | BodyError::DecodedTooLarge { .. } => {
@@ -372,7 +372,7 @@ async fn post_traces(State(state): State<AppState>, headers: HeaderMap, body: Bo
                     .budget_refused
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             };
-            let decoded = crate::ingest::decode_body_within(
+            let decoded = pstack_store_core::ingest::decode_body_within(
                 raw,
                 content_encoding.as_deref(),
                 &limits,
@@ -511,8 +511,8 @@ async fn get_claims(
             format!("{code:?} is not a claim code (snake_case, at most 64 bytes)"),
         ));
     }
-    let since =
-        time_param(&params, "since")?.unwrap_or_else(|| crate::now_ns() - 86_400_000_000_000);
+    let since = time_param(&params, "since")?
+        .unwrap_or_else(|| pstack_store_core::now_ns() - 86_400_000_000_000);
     const CAP: i64 = 100_000;
     let (rows, cut) = state
         .store
@@ -599,7 +599,7 @@ async fn post_eval_run(State(state): State<AppState>, headers: HeaderMap, body: 
     };
     let id = state
         .store
-        .record_eval_run(&run, &key_id, crate::now_ns())
+        .record_eval_run(&run, &key_id, pstack_store_core::now_ns())
         .await
         .map_err(store_err)?;
     Ok((StatusCode::CREATED, Json(json!({"id": id}))).into_response())
@@ -890,9 +890,14 @@ async fn post_finding(State(state): State<AppState>, headers: HeaderMap, body: B
     // The server's own evidence: the change's blast radius.
     let radius = match &change {
         Some(c) => Some(
-            blast_radius(&state.store, c, &BlastParams::default(), crate::now_ns())
-                .await
-                .map_err(store_err)?,
+            blast_radius(
+                &state.store,
+                c,
+                &BlastParams::default(),
+                pstack_store_core::now_ns(),
+            )
+            .await
+            .map_err(store_err)?,
         ),
         None => None,
     };
@@ -921,7 +926,7 @@ async fn post_finding(State(state): State<AppState>, headers: HeaderMap, body: B
         counterfactual_verified: false,
         code_path_overlap: overlap_found || asserts_overlap,
     };
-    let now = crate::now_ns();
+    let now = pstack_store_core::now_ns();
     let row = FindingRow {
         id: new_id("fnd").map_err(store_err)?,
         environment: req.environment.clone(),
@@ -1056,7 +1061,7 @@ async fn post_counterfactual(
         )
             .into_response());
     }
-    let now = crate::now_ns();
+    let now = pstack_store_core::now_ns();
     let cf_json = counterfactual_json(&cf, &outcome);
     let tier = CausalProofTier::CounterfactualVerified;
     state

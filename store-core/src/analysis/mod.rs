@@ -9,7 +9,7 @@
 //! [`future`] (the bound on caller-supplied times),
 //! [`otlp_cost`] (what an OTLP body costs decoded, read before decoding) —
 //! and [`blast`], which assembles a blast radius from stored aggregates.
-//! Storage is `crate::db::analysis`; routes are `crate::http_analysis`.
+//! Storage is `crate::db::analysis`; routes are `pstack_store::http::analysis`.
 
 pub mod blast;
 pub mod cohort;

@@ -3,7 +3,7 @@
 //! a supervised run put forward, whether it stands, was falsified or was
 //! confirmed, and the envelopes that moved it. Pure: [`judge`] takes the
 //! subject's ledger and one envelope and returns the new rows and the moves;
-//! storage is `crate::db::runs`, the edge `crate::http_runs`.
+//! storage is `crate::db::runs`, the edge `pstack_store::http::runs`.
 //!
 //! A hypothesis is identified across envelopes by its code and the surfaces
 //! it binds ([`hypothesis_key`]): claim ids are per capture and statements

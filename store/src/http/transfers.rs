@@ -9,7 +9,7 @@
 //!   `envelope_not_found`); an envelope that is stored but not joined is
 //!   `404 transfer_not_found`, never an empty transfer.
 //! - The view is computed from the stored bytes on every read
-//!   ([`crate::transfers`]); nothing derived is stored, so a verdict can
+//!   ([`pstack_store_core::transfers`]); nothing derived is stored, so a verdict can
 //!   never disagree with the envelopes it cites.
 
 use axum::extract::{Path, State};
@@ -19,10 +19,10 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::db::transfers::TransferRow;
 use crate::http::{ApiError, AppState, Scope, authenticate};
-use crate::ident::format_ns;
-use crate::transfers::{self, SideView, TransferView, end_view, is_transfer_id};
+use pstack_store_core::db::transfers::TransferRow;
+use pstack_store_core::ident::format_ns;
+use pstack_store_core::transfers::{self, SideView, TransferView, end_view, is_transfer_id};
 
 /// The routes (merged into [`crate::http::router`]).
 pub fn routes() -> Router<AppState> {
@@ -48,7 +48,7 @@ pub fn view(row: &TransferRow) -> Result<TransferView, ApiError> {
         let mut nodes = Vec::new();
         for e in row.ends.iter().filter(|e| e.side_key == *key) {
             let (env, _) = pstack_envelope::parse(&e.body).map_err(|err| {
-                ApiError::from(crate::db::StoreError::Corrupt {
+                ApiError::from(pstack_store_core::db::StoreError::Corrupt {
                     digest: e.digest.clone(),
                     reason: err.to_string(),
                 })

@@ -1133,23 +1133,6 @@ impl Store {
         })
     }
 
-    /// Bytes the database holds (benchmarks: bytes per million spans).
-    /// SQLite: used pages × page size; PostgreSQL: every table of the
-    /// schema with its indexes and TOAST.
-    pub async fn bench_database_bytes(&self) -> Result<i64, StoreError> {
-        with_pool!(self, write, |pool, pg| {
-            let sql = if pg {
-                "SELECT CAST(COALESCE(SUM(pg_total_relation_size(c.oid)), 0) AS BIGINT) FROM pg_class c
-                 JOIN pg_namespace n ON n.oid = c.relnamespace
-                 WHERE n.nspname = current_schema() AND c.relkind = 'r'"
-            } else {
-                "SELECT (p.page_count - f.freelist_count) * s.page_size
-                 FROM pragma_page_count() p, pragma_freelist_count() f, pragma_page_size() s"
-            };
-            Ok(sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await?)
-        })
-    }
-
     // ---- envelopes for the fleet ----
 
     /// Envelopes captured in `[start, end)` with their node (the subject's

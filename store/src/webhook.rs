@@ -20,7 +20,7 @@ use std::time::Duration;
 use ring::hmac;
 use serde::Serialize;
 
-use super::ssrf::{self, GuardedResolver};
+use crate::ssrf::{self, GuardedResolver};
 
 /// The signature header.
 pub const SIGNATURE_HEADER: &str = "X-Obs-Signature-256";

@@ -19,11 +19,12 @@
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::clock::Clock;
+use crate::db::Store;
 use crate::db::StoreError;
 use crate::db::analysis::VersionFilter;
 use crate::db::gate::{GateReceipt, ProposalFilter, ProposalRow};
 use crate::gate::watchdog::{self, Verdict};
-use crate::http::AppState;
 
 /// What one tick did.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -41,10 +42,9 @@ pub struct TickReport {
     pub receipts_recorded: u64,
 }
 
-/// Run one tick at the state's clock.
-pub async fn tick(state: &AppState) -> Result<TickReport, StoreError> {
-    let now = state.clock.now_ns();
-    let store = &state.store;
+/// Run one tick at `clock`'s now (the serving state's clock: tests move it).
+pub async fn tick(store: &Store, clock: &Clock) -> Result<TickReport, StoreError> {
+    let now = clock.now_ns();
     let mut r = TickReport {
         reaped_leases: store.reap_leases(now).await?,
         ..TickReport::default()
@@ -101,7 +101,7 @@ pub async fn tick(state: &AppState) -> Result<TickReport, StoreError> {
         .iter()
         .filter(|p| p.target_key.starts_with("subject:"))
     {
-        r.receipts_recorded += subject_receipts(state, p).await?;
+        r.receipts_recorded += subject_receipts(store, clock, p).await?;
     }
     Ok(r)
 }
@@ -114,8 +114,11 @@ fn traffic_scope(target: &Value) -> Option<(String, String)> {
     ))
 }
 
-async fn subject_receipts(state: &AppState, p: &ProposalRow) -> Result<u64, StoreError> {
-    let store = &state.store;
+async fn subject_receipts(
+    store: &Store,
+    clock: &Clock,
+    p: &ProposalRow,
+) -> Result<u64, StoreError> {
     let (Some(subject), Some(pre), Some(done)) = (
         p.target_key.strip_prefix("subject:"),
         p.pre_mutation_envelope.as_deref(),
@@ -136,7 +139,7 @@ async fn subject_receipts(state: &AppState, p: &ProposalRow) -> Result<u64, Stor
     let Some(first) = post.first() else {
         return Ok(0);
     };
-    let now = state.clock.now_ns();
+    let now = clock.now_ns();
     let mut n = 0;
     if !have.iter().any(|k| k == "REALIZED") {
         let rec = GateReceipt {

@@ -3,24 +3,25 @@
 //! whether the evidence allows it and hands out exactly one short-lived right
 //! to do it.
 //!
-//! Pure rule modules — [`policy`] (matrix, lowering, statuses, windows),
+//! Pure rule modules — [`admission`] (a proposal → a plan or a typed
+//! refusal), [`policy`] (matrix, lowering, statuses, windows),
 //! [`provenance`] (no tier resting on the acting key's own evidence),
-//! [`keys`] (grant tokens, sealed callbacks), [`ssrf`] (which addresses a
-//! webhook may reach), [`watchdog`] (checkpoint verdicts), [`alertmanager`]
-//! (webhook payload v4) — plus [`webhook`], the one place that sends a
-//! grant over the network, and [`shared_key`], the start-up check that
-//! every replica holds the one gate key. Storage is `crate::db::gate`;
-//! routes are `crate::http_gate`. The design choices where the seed is
+//! [`keys`] (grant tokens, sealed callbacks), [`watchdog`] (checkpoint
+//! verdicts), [`alertmanager`] (webhook payload v4) — plus [`shared_key`],
+//! the start-up check that every replica holds the one gate key. Storage is
+//! `crate::db::gate`; routes are `pstack_store::http::gate`; the one place
+//! that sends a grant over the network is `pstack_store::webhook` (with its
+//! SSRF guard `pstack_store::ssrf`), an HTTP client and so not in this
+//! crate. The design choices where the seed is
 //! silent are in `store/docs/gate.md`.
 
+pub mod admission;
 pub mod alertmanager;
 pub mod keys;
 pub mod policy;
 pub mod provenance;
 pub mod shared_key;
-pub mod ssrf;
 pub mod watchdog;
-pub mod webhook;
 
 use std::sync::Arc;
 

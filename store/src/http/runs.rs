@@ -15,10 +15,10 @@
 //!   handoff_expired`) and the run does not move (only its count of stale
 //!   handoffs grows).
 //! - A MUTATE step is judged by the store's one pre-mutation rule
-//!   (`crate::runs::freshness`); a refusal answers `verdict: block` with the
+//!   (`pstack_store_core::runs::freshness`); a refusal answers `verdict: block` with the
 //!   typed error as `refusal` (`{code, message, field, completeness?}`).
 //! - Every envelope a run records is judged against its subject's
-//!   hypothesis ledger (`crate::runs::hypotheses`) once: the ledger is
+//!   hypothesis ledger (`pstack_store_core::runs::hypotheses`) once: the ledger is
 //!   written before the run, so a step that loses its revision race leaves
 //!   the ledger moved and the retry finds the same moves, counting them once.
 //! - Every report this edge returns validated against
@@ -43,21 +43,21 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::analysis::ledger::rfc3339;
-use crate::db::analysis::new_id;
-use crate::db::runs::{FailureReceiptRow, GraphPut, LedgerMove, RunRow};
+use crate::http::analysis::{Reply, auth, bad_query, err, only_params, store_err, unprocessable};
 use crate::http::{AppState, Scope};
-use crate::http_analysis::{Reply, auth, bad_query, err, only_params, store_err, unprocessable};
-use crate::runs::acceptance::{self, StaleHandoff};
-use crate::runs::deviation::Escalation;
-use crate::runs::freshness::EnvelopeFacts;
-use crate::runs::graph::{StepGraph, investigation_loop};
-use crate::runs::hypotheses::{self, HypothesisState};
-use crate::runs::report::{
+use pstack_store_core::analysis::ledger::rfc3339;
+use pstack_store_core::db::analysis::new_id;
+use pstack_store_core::db::runs::{FailureReceiptRow, GraphPut, LedgerMove, RunRow};
+use pstack_store_core::runs::acceptance::{self, StaleHandoff};
+use pstack_store_core::runs::deviation::Escalation;
+use pstack_store_core::runs::freshness::EnvelopeFacts;
+use pstack_store_core::runs::graph::{StepGraph, investigation_loop};
+use pstack_store_core::runs::hypotheses::{self, HypothesisState};
+use pstack_store_core::runs::report::{
     self, EnvClass, ExecutorKind, FailureClass, Outcome, Profile, ReportContext, ReportError,
     ReportHypothesis, RuntimeProfile,
 };
-use crate::runs::supervisor::{
+use pstack_store_core::runs::supervisor::{
     self, Capture, Decided, EventKind, Observation, RunState, RunStatus, StartOptions,
 };
 

@@ -32,21 +32,22 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::analysis::ledger::rfc3339;
-use crate::db::analysis::new_id;
-use crate::db::gate::{
-    ClaimOutcome, Fence, FenceRefusal, Finish, IncidentRow, LeaseOutcome, NewIncident,
-    ProposalFilter, ProposalRow, ProposeOutcome, Transition, service_node_key,
-};
-use crate::gate::policy::{self, Action, Autonomy, Status};
-use crate::gate::provenance;
-use crate::gate::webhook::{self, Callback, Delivery};
-use crate::gate::{alertmanager, watchdog};
-use crate::http::{AppState, Scope};
-use crate::http_analysis::{
+use crate::http::analysis::{
     Reply, auth, bad_query, err, finding_json, json_body, limit_param, only_params, store_err,
     unprocessable,
 };
+use crate::http::{AppState, Scope};
+use crate::webhook::{self, Callback, Delivery};
+use pstack_store_core::analysis::ledger::rfc3339;
+use pstack_store_core::db::analysis::new_id;
+use pstack_store_core::db::gate::{
+    ClaimOutcome, Fence, FenceRefusal, Finish, IncidentRow, LeaseOutcome, NewIncident,
+    ProposalFilter, ProposalRow, ProposeOutcome, Transition,
+};
+use pstack_store_core::gate::admission;
+use pstack_store_core::gate::policy::{self, Action, Autonomy, Status};
+use pstack_store_core::gate::provenance;
+use pstack_store_core::gate::{alertmanager, watchdog};
 
 /// Default lease length.
 const DEFAULT_LEASE_NS: i64 = 60_000_000_000;
@@ -78,14 +79,12 @@ fn opt_time(ns: Option<i64>) -> Value {
 }
 
 fn text_field(field: &str, v: &str) -> Result<(), Response> {
-    if v.trim().is_empty() || v.len() > 1024 {
-        return Err(unprocessable(
-            "invalid_field",
-            "required, at most 1024 bytes",
-            field,
-        ));
-    }
-    Ok(())
+    admission::text_field(field, v).map_err(refused)
+}
+
+/// An admission refusal as the route answers it (422).
+fn refused(r: admission::Refusal) -> Response {
+    unprocessable(r.code, r.message, &r.field)
 }
 
 // ---- incidents ----
@@ -354,7 +353,7 @@ async fn post_lease(
     .map_err(store_err)?;
     match outcome {
         LeaseOutcome::Ok(inc) => {
-            tracing::info!(incident = %inc.id, runner = %crate::logsafe::text(&req.runner_id), op, fencing_token = inc.fencing_token, "incident lease");
+            tracing::info!(incident = %inc.id, runner = %pstack_store_core::logsafe::text(&req.runner_id), op, fencing_token = inc.fencing_token, "incident lease");
             Ok(Json(json!({
                 "incident": incident_json(&inc),
                 "lease": {
@@ -535,127 +534,9 @@ pub(crate) struct ProposeRequest {
     fencing_token: Option<i64>,
 }
 
-/// A validated target: (node key, subject key if a host subject, service
-/// and environment for traffic checks).
-struct Target {
-    key: String,
-    subject: Option<String>,
-}
-
-fn parse_target(t: &Value, incident_env: &str) -> Result<Target, Response> {
-    let Some(obj) = t.as_object() else {
-        return Err(unprocessable(
-            "invalid_target",
-            "target is {service, environment} or {subject}",
-            "target",
-        ));
-    };
-    for k in obj.keys() {
-        if !["service", "environment", "subject"].contains(&k.as_str()) {
-            return Err(unprocessable(
-                "invalid_target",
-                format!("unknown target field {k:?}"),
-                &format!("target.{k}"),
-            ));
-        }
-    }
-    let s = |k: &str| obj.get(k).and_then(Value::as_str);
-    if let Some(subject) = s("subject") {
-        text_field("target.subject", subject)?;
-        return Ok(Target {
-            key: format!("subject:{subject}"),
-            subject: Some(subject.to_string()),
-        });
-    }
-    match (s("service"), s("environment")) {
-        (Some(svc), Some(env)) => {
-            text_field("target.service", svc)?;
-            if env != incident_env {
-                return Err(unprocessable(
-                    "invalid_target",
-                    format!("target environment {env:?} is not the incident's ({incident_env:?})"),
-                    "target.environment",
-                ));
-            }
-            Ok(Target {
-                key: service_node_key(env, svc),
-                subject: None,
-            })
-        }
-        (None, _) => Err(unprocessable(
-            "invalid_target",
-            "give target.service and target.environment, or target.subject",
-            "target.service",
-        )),
-        (_, None) => Err(unprocessable(
-            "invalid_target",
-            "target.environment is required with target.service",
-            "target.environment",
-        )),
-    }
-}
-
-const STATE_FIELDS: [&str; 3] = ["version", "commitSha", "configDigest"];
-
-fn check_expected_state(v: &Value, subject: bool) -> Result<(), Response> {
-    let field = "expectedCurrentState";
-    let Some(obj) = v.as_object() else {
-        return Err(unprocessable("invalid_expected_state", "an object", field));
-    };
-    if subject {
-        // A host subject's state is its newest sealed envelope: the cited
-        // pre-mutation one (optionally restated as envelopeDigest).
-        for (k, val) in obj {
-            if k != "envelopeDigest" || !val.is_string() {
-                return Err(unprocessable(
-                    "invalid_expected_state",
-                    "a host subject's expected state is {envelopeDigest} (the pre-mutation envelope)",
-                    &format!("{field}.{k}"),
-                ));
-            }
-        }
-        return Ok(());
-    }
-    if obj.is_empty() {
-        return Err(unprocessable(
-            "invalid_expected_state",
-            format!("name at least one of {}, flags", STATE_FIELDS.join(", ")),
-            field,
-        ));
-    }
-    for (k, val) in obj {
-        if k == "flags" {
-            let ok = val.as_object().is_some_and(|f| {
-                !f.is_empty()
-                    && f.values()
-                        .all(|v| v.is_string() || v.is_boolean() || v.is_number())
-            });
-            if !ok {
-                return Err(unprocessable(
-                    "invalid_expected_state",
-                    "flags is an object of flag name → string, boolean or number",
-                    &format!("{field}.flags"),
-                ));
-            }
-            continue;
-        }
-        if !STATE_FIELDS.contains(&k.as_str()) || !val.is_string() {
-            return Err(unprocessable(
-                "invalid_expected_state",
-                format!(
-                    "fields are strings among {}, and flags",
-                    STATE_FIELDS.join(", ")
-                ),
-                &format!("{field}.{k}"),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// The pre-mutation envelope rule: a stored envelope of the same subject,
 /// `complete` or `bounded`, captured before now and within its kind's
-/// freshness — the store's one rule (`crate::runs::freshness`), shared with
+/// freshness — the store's one rule (`pstack_store_core::runs::freshness`), shared with
 /// supervised runs.
 async fn check_envelope(
     state: &AppState,
@@ -692,23 +573,23 @@ fn validate_callback(
     url: Option<&String>,
     secret: Option<&String>,
     secret_field: &str,
-) -> Result<Option<(Callback, String)>, Response> {
+) -> Result<Option<(Callback, String)>, admission::Refusal> {
     match (url, secret) {
         (None, None) => Ok(None),
-        (None, Some(_)) => Err(unprocessable(
-            "invalid_webhook",
-            format!("{secret_field} needs webhookUrl"),
-            secret_field,
-        )),
+        (None, Some(_)) => Err(admission::Refusal {
+            code: "invalid_webhook",
+            message: format!("{secret_field} needs webhookUrl"),
+            field: secret_field.to_string(),
+        }),
         (Some(u), s) => {
-            let host = webhook::callback_host(u)
-                .map_err(|e| unprocessable("invalid_webhook_url", e.to_string(), "webhookUrl"))?;
+            let bad_url = |message: String| admission::Refusal {
+                code: "invalid_webhook_url",
+                message,
+                field: "webhookUrl".to_string(),
+            };
+            let host = webhook::callback_host(u).map_err(|e| bad_url(e.to_string()))?;
             if u.len() > 2048 {
-                return Err(unprocessable(
-                    "invalid_webhook_url",
-                    "at most 2048 bytes",
-                    "webhookUrl",
-                ));
+                return Err(bad_url("at most 2048 bytes".to_string()));
             }
             Ok(Some((
                 Callback {
@@ -772,7 +653,7 @@ async fn record_delivery(
         .set_callback_delivery(&p.id, &stored, now)
         .await
         .map_err(store_err)?;
-    tracing::info!(proposal = %p.id, host = %crate::logsafe::text(&d.host), delivered = d.delivered, attempts = d.attempts, "grant webhook");
+    tracing::info!(proposal = %p.id, host = %pstack_store_core::logsafe::text(&d.host), delivered = d.delivered, attempts = d.attempts, "grant webhook");
     Ok(d)
 }
 
@@ -789,106 +670,69 @@ async fn post_propose(State(state): State<AppState>, headers: HeaderMap, body: B
         return Ok(replay(&existing));
     }
     let now = state.clock.now_ns();
-    let Some(action) = Action::parse(&req.action) else {
-        return Err(unprocessable(
-            "unknown_action",
-            format!(
-                "{:?} is not one of {}",
-                req.action,
-                Action::ALL.map(Action::as_str).join(", ")
-            ),
-            "action",
-        ));
-    };
-    let requested = match req.requested_autonomy.as_deref() {
-        None => None,
-        Some(r) => match Autonomy::parse(r) {
-            Some(a) if a != Autonomy::BlockedByPolicy => Some(a),
-            _ => {
-                return Err(unprocessable(
-                    "invalid_requested_autonomy",
-                    "requestedAutonomy is read_only, suggested_action, human_approved_write or autonomous_write",
-                    "requestedAutonomy",
-                ));
-            }
-        },
-    };
-    let Some(finding) = state
+    // Load what the admission rule reads ...
+    let finding = state
         .store
         .finding(&req.finding_id)
         .await
-        .map_err(store_err)?
-    else {
-        return Err(unprocessable(
-            "unknown_finding",
-            format!("no finding {}", req.finding_id),
-            "findingId",
-        ));
-    };
-    let Some(incident) = state
+        .map_err(store_err)?;
+    let incident = state
         .store
         .incident(&req.incident_id)
         .await
-        .map_err(store_err)?
-    else {
-        return Err(unprocessable(
-            "unknown_incident",
-            format!("no incident {}", req.incident_id),
-            "incidentId",
-        ));
+        .map_err(store_err)?;
+    let envelope = match req.pre_mutation_envelope.as_deref() {
+        Some(d) => state.store.envelope_facts(d).await.map_err(store_err)?,
+        None => None,
     };
-    if let Some(fi) = &finding.incident_id
-        && fi != &incident.id
-    {
-        return Err(unprocessable(
-            "finding_incident_mismatch",
-            format!("finding {} belongs to incident {fi}", finding.id),
-            "findingId",
-        ));
+    let tier_evidence = match &finding {
+        Some(f) => Some(
+            provenance::evidence(&state.store, f)
+                .await
+                .map_err(store_err)?,
+        ),
+        None => None,
+    };
+    // ... decide ...
+    let plan = admission::propose(admission::ProposeReadings {
+        action: &req.action,
+        requested_autonomy: req.requested_autonomy.as_deref(),
+        finding_id: &req.finding_id,
+        finding: finding.as_ref(),
+        incident_id: &req.incident_id,
+        incident: incident.as_ref(),
+        target: &req.target,
+        expected_current_state: &req.expected_current_state,
+        pre_mutation_envelope: req.pre_mutation_envelope.as_deref(),
+        envelope: envelope.as_ref(),
+        tier_evidence: tier_evidence.as_ref(),
+        key_id: &key_id,
+        callback: validate_callback(
+            req.webhook_url.as_ref(),
+            req.webhook_secret.as_ref(),
+            "webhookSecret",
+        ),
+        freshness: &state.freshness,
+        now_ns: now,
+    })
+    .map_err(refused)?;
+    // ... persist ...
+    let admission::ProposePlan {
+        incident_id,
+        finding_id,
+        fingerprint,
+        action,
+        requested,
+        target,
+        tier,
+        demotion,
+        effective,
+        status,
+        callback,
+    } = plan;
+    if let Some(d) = &demotion {
+        tracing::info!(finding = %finding_id, key_id = %key_id, finding_tier = d.finding_tier, gate_tier = d.gate_tier, "tier demoted at the gate: self-attested evidence");
     }
-    let target = parse_target(&req.target, &incident.environment)?;
-    check_expected_state(&req.expected_current_state, target.subject.is_some())?;
-    match &target.subject {
-        Some(subject) => {
-            check_envelope(&state, req.pre_mutation_envelope.as_deref(), subject, now).await?;
-            if let Some(d) = req.expected_current_state.get("envelopeDigest")
-                && d.as_str() != req.pre_mutation_envelope.as_deref()
-            {
-                return Err(unprocessable(
-                    "invalid_expected_state",
-                    "envelopeDigest must be the preMutationEnvelope",
-                    "expectedCurrentState.envelopeDigest",
-                ));
-            }
-        }
-        None if req.pre_mutation_envelope.is_some() => {
-            return Err(unprocessable(
-                "field_not_applicable",
-                "preMutationEnvelope applies to host-subject targets",
-                "preMutationEnvelope",
-            ));
-        }
-        None => {}
-    }
-    let callback = validate_callback(
-        req.webhook_url.as_ref(),
-        req.webhook_secret.as_ref(),
-        "webhookSecret",
-    )?;
-    // The tier is the server's, recorded on the finding; never the caller's,
-    // and never one resting on the proposing key's own evidence.
-    let gated = provenance::gate_tier(
-        &provenance::evidence(&state.store, &finding)
-            .await
-            .map_err(store_err)?,
-        provenance::Actor::Proposer(&key_id),
-    );
-    let tier = gated.tier;
-    if let Some(d) = &gated.demotion {
-        tracing::info!(finding = %finding.id, key_id = %key_id, finding_tier = d.finding_tier, gate_tier = d.gate_tier, "tier demoted at the gate: self-attested evidence");
-    }
-    let effective = policy::effective_autonomy(action, tier, requested);
-    let status = policy::initial_status(effective);
     let minted = if status == Status::GrantIssued {
         Some(state.gate.keys.mint_token().map_err(|e| {
             err(
@@ -922,8 +766,8 @@ async fn post_propose(State(state): State<AppState>, headers: HeaderMap, body: B
     };
     let row = ProposalRow {
         id: new_id("rem").map_err(store_err)?,
-        incident_id: incident.id.clone(),
-        finding_id: finding.id.clone(),
+        incident_id,
+        finding_id,
         action: action.as_str().into(),
         target: req.target.clone(),
         target_key: target.key,
@@ -931,7 +775,7 @@ async fn post_propose(State(state): State<AppState>, headers: HeaderMap, body: B
         requested_autonomy: requested.map(|a| a.as_str().to_string()),
         effective_autonomy: effective.as_str().into(),
         causal_proof_tier: tier.as_str().into(),
-        fingerprint: finding.fingerprint.clone(),
+        fingerprint: fingerprint.clone(),
         status: status.as_str().into(),
         idempotency_key: req.idempotency_key.clone(),
         pre_mutation_envelope: req.pre_mutation_envelope.clone(),
@@ -971,7 +815,7 @@ async fn post_propose(State(state): State<AppState>, headers: HeaderMap, body: B
                 format!(
                     "{live} live {} proposals for finding fingerprint {} in the last hour; the circuit breaker allows {} (reject or let one expire to free a slot)",
                     action.as_str(),
-                    finding.fingerprint,
+                    fingerprint,
                     policy::BREAKER_LIMIT
                 ),
                 Some("action"),
@@ -997,7 +841,7 @@ async fn post_propose(State(state): State<AppState>, headers: HeaderMap, body: B
     if let Some(d) = delivery {
         body["grantDelivery"] = json!(d);
     }
-    if let Some(d) = gated.demotion {
+    if let Some(d) = demotion {
         body["tierDemotion"] = json!(d);
     }
     Ok((StatusCode::CREATED, Json(body)).into_response())
@@ -1162,7 +1006,7 @@ async fn post_grant(
                 .map_err(store_err)?
             {
                 ClaimOutcome::Claimed(p) => {
-                    tracing::info!(proposal = %p.id, runner = %crate::logsafe::text(&req.runner_id), "grant claimed");
+                    tracing::info!(proposal = %p.id, runner = %pstack_store_core::logsafe::text(&req.runner_id), "grant claimed");
                     Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
                 }
                 ClaimOutcome::Expired(p) => Err(err(
@@ -1280,7 +1124,7 @@ async fn post_grant(
 
 /// An autonomous grant (no operator decided it) is claimed only by a key
 /// that neither proposed it nor wrote the evidence its tier rests on
-/// (`crate::gate::provenance`); an approved grant had its second party in
+/// (`pstack_store_core::gate::provenance`); an approved grant had its second party in
 /// the operator, and any runner key holding the token may claim it.
 async fn check_claimer(state: &AppState, p: &ProposalRow, key_id: &str) -> Result<(), Response> {
     if p.decided_by.is_some() {
@@ -1369,10 +1213,11 @@ async fn post_approve(
     body: Body,
 ) -> Reply {
     // A human decision: an operator session with its CSRF token, never an API key.
-    let (user, _) = crate::http_ui::human(&state, &headers, true).await?;
+    let (user, _) = crate::http::ui::human(&state, &headers, true).await?;
     let key_id = format!("user:{user}");
     let req: ApproveRequest = optional_body(body, "invalid_approval").await?;
-    let callback = validate_callback(req.webhook_url.as_ref(), req.secret.as_ref(), "secret")?;
+    let callback = validate_callback(req.webhook_url.as_ref(), req.secret.as_ref(), "secret")
+        .map_err(refused)?;
     let Some(before) = state.store.proposal(&id).await.map_err(store_err)? else {
         return Err(proposal_not_found(&id));
     };
@@ -1427,7 +1272,7 @@ async fn post_approve(
         }
         Transition::NotFound => return Err(proposal_not_found(&id)),
     };
-    tracing::info!(proposal = %p.id, by = %crate::logsafe::text(&key_id), "remediation approved");
+    tracing::info!(proposal = %p.id, by = %pstack_store_core::logsafe::text(&key_id), "remediation approved");
     // The request's callback wins over the one stored at propose time. A
     // stored one that does not open (sealed under another gate key, or an
     // edited row) is a failed delivery with its reason, never a silent none.
@@ -1479,7 +1324,7 @@ async fn post_reject(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    let (user, _) = crate::http_ui::human(&state, &headers, true).await?;
+    let (user, _) = crate::http::ui::human(&state, &headers, true).await?;
     let key_id = format!("user:{user}");
     let _: ApproveRequestEmpty = optional_body(body, "invalid_rejection").await?;
     match state
@@ -1489,7 +1334,7 @@ async fn post_reject(
         .map_err(store_err)?
     {
         Transition::Done(p) => {
-            tracing::info!(proposal = %p.id, by = %crate::logsafe::text(&key_id), "remediation rejected");
+            tracing::info!(proposal = %p.id, by = %pstack_store_core::logsafe::text(&key_id), "remediation rejected");
             Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
         }
         Transition::Refused(p) => Err(status_conflict(
@@ -1515,6 +1360,8 @@ struct ApproveRequestEmpty {
 
 async fn post_watchdog(State(state): State<AppState>, headers: HeaderMap) -> Reply {
     auth(&state, &headers, Scope::Analysis).await?;
-    let report = crate::gate_tick::tick(&state).await.map_err(store_err)?;
+    let report = pstack_store_core::gate_tick::tick(&state.store, &state.clock)
+        .await
+        .map_err(store_err)?;
     Ok(Json(json!(report)).into_response())
 }

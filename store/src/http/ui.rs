@@ -11,11 +11,11 @@
 //! - Every state-changing request of a session (approve, reject, logout)
 //!   carries the session's CSRF token in `X-CSRF-Token`; without it: 403.
 //!   The token is derived from the session id and stored only hashed
-//!   (`crate::operators`). Login takes JSON only (a cross-site form cannot
+//!   (`pstack_store_core::operators`). Login takes JSON only (a cross-site form cannot
 //!   send it without a preflight the store never answers).
 //! - A login takes a verifier slot before anything else and is charged to
 //!   the database throttle before its password is verified
-//!   (`crate::login`: 429 `login_verifier_busy` / `login_source_busy` /
+//!   (`pstack_store_core::login`: 429 `login_verifier_busy` / `login_source_busy` /
 //!   `too_many_login_failures` / `login_source_throttled` /
 //!   `login_user_throttled`, each with `Retry-After`). A disabled operator
 //!   cannot log in (403 `operator_disabled`, only after the right password)
@@ -38,14 +38,14 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::db::gate::ProposalFilter;
 use crate::http::AppState;
-use crate::http_analysis::{Reply, err, json_body, store_err};
-use crate::login::{ClientSource, ThrottleRefusal, VerifierBusy};
-use crate::operators::{self, COOKIE};
+use crate::http::analysis::{Reply, err, json_body, store_err};
+use pstack_store_core::db::gate::ProposalFilter;
+use pstack_store_core::login::{ClientSource, ThrottleRefusal, VerifierBusy};
+use pstack_store_core::operators::{self, COOKIE};
 
-const PAGE: &str = include_str!("ui/index.html");
-const SCRIPT: &str = include_str!("ui/app.js");
+const PAGE: &str = include_str!("../ui/index.html");
+const SCRIPT: &str = include_str!("../ui/app.js");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// The page's routes (merged into [`crate::http::router`]).
@@ -129,7 +129,7 @@ pub async fn human(
             .unwrap_or("");
         // Compare digests: equal-length, no early exit on the secret.
         if operators::csrf_hash(sent) != csrf_hash {
-            tracing::warn!(user = %crate::logsafe::text(&user), "request without the session's CSRF token");
+            tracing::warn!(user = %pstack_store_core::logsafe::text(&user), "request without the session's CSRF token");
             return Err(err(
                 StatusCode::FORBIDDEN,
                 "csrf_token_invalid",
@@ -184,9 +184,9 @@ fn verifier_busy(busy: VerifierBusy) -> Response {
 fn throttled(r: ThrottleRefusal) -> Response {
     let seconds = r.retry_after_ns / 1_000_000_000 + 1;
     let what = match r.dimension {
-        crate::login::ThrottleDimension::Source => "from this address",
-        crate::login::ThrottleDimension::Pair => "for this user from this address",
-        crate::login::ThrottleDimension::Name => {
+        pstack_store_core::login::ThrottleDimension::Source => "from this address",
+        pstack_store_core::login::ThrottleDimension::Pair => "for this user from this address",
+        pstack_store_core::login::ThrottleDimension::Name => {
             "for this user from addresses it has not logged in from"
         }
     };
@@ -244,7 +244,7 @@ async fn login(State(state): State<AppState>, request: Request) -> Reply {
         .await
         .map_err(store_err)?;
     if let Some(refusal) = charge.refused {
-        tracing::warn!(user = %crate::logsafe::text(&req.username), "operator login throttled");
+        tracing::warn!(user = %pstack_store_core::logsafe::text(&req.username), "operator login throttled");
         return Err(throttled(refusal));
     }
     let (stored, disabled) = match state
@@ -258,7 +258,7 @@ async fn login(State(state): State<AppState>, request: Request) -> Reply {
     };
     let ok = slot.verify(req.password, stored).await;
     if !ok {
-        tracing::warn!(user = %crate::logsafe::text(&req.username), "operator login refused");
+        tracing::warn!(user = %pstack_store_core::logsafe::text(&req.username), "operator login refused");
         return Err(err(
             StatusCode::UNAUTHORIZED,
             "invalid_credentials",
@@ -267,7 +267,7 @@ async fn login(State(state): State<AppState>, request: Request) -> Reply {
         ));
     }
     if disabled {
-        tracing::warn!(user = %crate::logsafe::text(&req.username), "operator login refused: operator disabled");
+        tracing::warn!(user = %pstack_store_core::logsafe::text(&req.username), "operator login refused: operator disabled");
         return Err(err(
             StatusCode::FORBIDDEN,
             "operator_disabled",
@@ -300,7 +300,7 @@ async fn login(State(state): State<AppState>, request: Request) -> Reply {
         )
         .await
         .map_err(store_err)?;
-    tracing::info!(user = %crate::logsafe::text(&req.username), "operator logged in");
+    tracing::info!(user = %pstack_store_core::logsafe::text(&req.username), "operator logged in");
     let mut r = Json(json!({"username": req.username, "csrfToken": csrf})).into_response();
     r.headers_mut().insert(
         header::SET_COOKIE,
@@ -316,7 +316,7 @@ async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Reply {
         .delete_session(&hash, state.clock.now_ns())
         .await
         .map_err(store_err)?;
-    tracing::info!(user = %crate::logsafe::text(&user), "operator logged out");
+    tracing::info!(user = %pstack_store_core::logsafe::text(&user), "operator logged out");
     let mut r = Json(json!({"loggedOut": true})).into_response();
     r.headers_mut()
         .insert(header::SET_COOKIE, cookie(&headers, "", 0));
@@ -382,7 +382,7 @@ async fn queue(State(state): State<AppState>, headers: HeaderMap) -> Reply {
             envelopes.push(json!({"digest": d, "handoff": handoff,
                 "preMutation": p.pre_mutation_envelope.as_deref() == Some(d.as_str())}));
         }
-        let mut item = crate::http_gate::proposal_json(p);
+        let mut item = crate::http::gate::proposal_json(p);
         item["finding"] = json!({
             "id": p.finding_id,
             "faultLocusEntityId": finding.as_ref().map(|f| f.fault_locus_entity_id.clone()),
