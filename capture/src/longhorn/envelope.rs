@@ -36,7 +36,7 @@ use super::client::{API_DEADLINE, ApiRead, MAX_API_BYTES};
 use super::flows::{DataConn, FlowRole, classify, data_conn_ends, group_data_connections};
 use super::hubble::{HUBBLE_DEADLINE, HubbleRead, hubble_facts};
 use super::kube::{EVENTS_DEADLINE, EventsRead, kubectl_events};
-use super::model::{ModelError, Volume, parse_error_addrs, parse_volume};
+use super::model::{ModelError, RebuildEntry, Volume, parse_error_addrs, parse_volume};
 use super::topology::{NodeSeen, Topology, check_flags, node_roles, resolve};
 use crate::request::LonghornRequest;
 use crate::transport::{self, CaptureResult, Plan, TransportError};
@@ -274,8 +274,33 @@ pub fn transfer_envelope(
         claims: Vec::new(),
         unknowns: Vec::new(),
     };
+    let topo = r.topology.as_ref();
+    let cx = Cx { a, plan, r, topo };
+    let target_name = topo.and_then(|t| t.target.as_ref()).map(|p| p.name.clone());
+    let volumes = manager_reads(r, stripped_v1, &mut o);
+    let roles = flow_roles(r, topo);
+    let read = streams_section(cx, &roles, &linked, &mut o);
+    let role_str = topology_section(cx, &volumes, &target_name, &mut o);
+    let (terminal, seen_start) = manager_reports(cx, &volumes, &roles, &target_name, &mut o);
+    settings_section(r, &mut o);
+    engine_events(cx, &roles, &mut o);
+    let verdict_closes = verdict_section(cx, &mut o);
+    terminal_unknown(
+        cx,
+        &volumes,
+        &target_name,
+        seen_start,
+        terminal,
+        verdict_closes,
+        &mut o,
+    );
+    control_channel(&roles, topo, &mut o);
+    hubble_section(cx, &mut o);
+    seal(cx, &linked, &read, &role_str, &target_name, o)
+}
 
-    // Manager reads, start and end.
+/// Manager reads, start and end.
+fn manager_reads(r: &Readings, stripped_v1: bool, o: &mut Out) -> [Option<Volume>; 2] {
     let mut volumes: [Option<Volume>; 2] = [None, None];
     for (i, (id, read)) in [
         ("longhorn/manager/start", &r.start),
@@ -333,9 +358,12 @@ pub fn transfer_envelope(
             Err(e) => o.surfaces.push(failed(&id, auth, read, e)),
         }
     }
+    volumes
+}
 
-    // Flows: roles.
-    let topo = r.topology.as_ref();
+/// Flows: roles.
+fn flow_roles<'a>(r: &'a Readings, topo: Option<&Topology>) -> Vec<(&'a Envelope, FlowRole)> {
+    let streams = &r.streams;
     let mut roles: Vec<(&Envelope, FlowRole)> = Vec::new();
     for e in &streams.flows {
         let role = match (topo, endpoints(e)) {
@@ -349,12 +377,19 @@ pub fn transfer_envelope(
         };
         roles.push((e, role));
     }
-    let role_of = |digest: &str| {
-        roles
-            .iter()
-            .find(|(e, _)| e.digest == digest)
-            .map(|(_, r)| *r)
-    };
+    roles
+}
+
+/// Flows: the linked streams surface, short-lived streams, data connection groups.
+fn streams_section(
+    cx: Cx,
+    roles: &[(&Envelope, FlowRole)],
+    linked: &[&Envelope],
+    o: &mut Out,
+) -> StreamsRead {
+    let Cx { plan, r, topo, .. } = cx;
+    let streams = &r.streams;
+    let role_of = |digest: &str| role_in(roles, digest);
     // Which source a flow belongs to (v1.11+ may name several).
     let source_of = |e: &Envelope| -> Option<String> {
         let t = topo?;
@@ -439,7 +474,7 @@ pub fn transfer_envelope(
     // receiver, see `flows::group_data_connections`), read as one transfer.
     if let Some(t) = topo {
         let mut conns: Vec<DataConn> = Vec::new();
-        for (e, role) in &roles {
+        for (e, role) in roles {
             if let (FlowRole::SsyncData, Some((x, y))) = (role, endpoints(e))
                 && let Some((client, server)) = data_conn_ends(t, x, y, r.by_ip)
             {
@@ -606,15 +641,24 @@ pub fn transfer_envelope(
             None,
         );
     }
+    StreamsRead { capped, faulted }
+}
 
-    // Topology, role, identity.
+/// Topology, role, identity.
+fn topology_section(
+    cx: Cx,
+    volumes: &[Option<Volume>; 2],
+    target_name: &Option<String>,
+    o: &mut Out,
+) -> String {
+    let Cx { a, plan, r, topo } = cx;
+    let streams = &r.streams;
     let local_ips: Vec<IpAddr> = streams
         .flows
         .iter()
         .filter_map(endpoints)
         .map(|(l, _)| l.ip())
         .collect();
-    let target_name = topo.and_then(|t| t.target.as_ref()).map(|p| p.name.clone());
     let end_topo = volumes[1]
         .as_ref()
         .map(|v| resolve(v, target_name.as_deref()));
@@ -790,19 +834,20 @@ pub fn transfer_envelope(
             }
         }
     }
+    role_str
+}
 
-    // What the manager reports, and what it no longer reports.
-    let replica_probe = |r: &str| {
-        format!(
-            "kubectl -n longhorn-system get replicas.longhorn.io {r} -o jsonpath='{{.status.conditions[?(@.type==\"RebuildFailed\")]}} {{.spec.failedAt}}'; kubectl -n longhorn-system get events --field-selector involvedObject.kind=Engine,involvedObject.name={e},reason=FailedRebuilding",
-            e = a.engine
-        )
-    };
-    let kubectl = format!(
-        "kubectl -n longhorn-system get volumes.longhorn.io {v} -o jsonpath='{{.status.state}} {{.status.robustness}}'; kubectl -n longhorn-system get engines.longhorn.io {e} -o jsonpath='{{.status.rebuildStatus}}'; kubectl -n longhorn-system get events --field-selector involvedObject.kind=Engine,involvedObject.name={e},reason=FailedRebuilding",
-        v = a.volume,
-        e = a.engine
-    );
+/// What the manager reports, and what it no longer reports.
+fn manager_reports(
+    cx: Cx,
+    volumes: &[Option<Volume>; 2],
+    roles: &[(&Envelope, FlowRole)],
+    target_name: &Option<String>,
+    o: &mut Out,
+) -> (bool, Option<RebuildEntry>) {
+    let Cx { a, r, .. } = cx;
+    let streams = &r.streams;
+    let role_of = |digest: &str| role_in(roles, digest);
     let mut terminal = false;
     let seen_start = volumes[0].as_ref().and_then(|v| {
         let t = target_name.as_deref()?;
@@ -903,7 +948,11 @@ pub fn transfer_envelope(
             }
         }
     }
-    // The Longhorn settings that bound each failure.
+    (terminal, seen_start)
+}
+
+/// The Longhorn settings that bound each failure.
+fn settings_section(r: &Readings, o: &mut Out) {
     if let Some(read) = &r.settings {
         let parsed = read
             .result
@@ -954,10 +1003,16 @@ pub fn transfer_envelope(
             )),
         }
     }
-    // The rebuild's Engine Events seen by the watcher, and its verdict.
-    // Formats: longhorn-manager v1.9.0 `controller/engine_controller.go`
-    // l.1860 (Rebuilding), l.1874 (FailedRebuilding), l.1916 (Rebuilt),
-    // l.1793/1827 (snapshot purge), l.855 (Faulted).
+}
+
+/// The rebuild's Engine Events seen by the watcher, and its verdict.
+/// Formats: longhorn-manager v1.9.0 `controller/engine_controller.go`
+/// l.1860 (Rebuilding), l.1874 (FailedRebuilding), l.1916 (Rebuilt),
+/// l.1793/1827 (snapshot purge), l.855 (Faulted).
+fn engine_events(cx: Cx, roles: &[(&Envelope, FlowRole)], o: &mut Out) {
+    let Cx { r, .. } = cx;
+    let streams = &r.streams;
+    let role_of = |digest: &str| role_in(roles, digest);
     if !r.signals.is_empty() {
         let mut facts = Map::new();
         facts.insert("events".into(), json!(r.signals));
@@ -1095,6 +1150,11 @@ pub fn transfer_envelope(
             }
         }
     }
+}
+
+/// The watcher's verdict on the rebuild; whether it closes the terminal question.
+fn verdict_section(cx: Cx, o: &mut Out) -> bool {
+    let Cx { r, topo, .. } = cx;
     let verdict_closes = r
         .verdict
         .as_ref()
@@ -1207,7 +1267,31 @@ pub fn transfer_envelope(
             );
         }
     }
-    // `[]` (or no entry for the target) after the target's rebuild was seen.
+    verdict_closes
+}
+
+/// `[]` (or no entry for the target) after the target's rebuild was seen.
+fn terminal_unknown(
+    cx: Cx,
+    volumes: &[Option<Volume>; 2],
+    target_name: &Option<String>,
+    seen_start: Option<RebuildEntry>,
+    terminal: bool,
+    verdict_closes: bool,
+    o: &mut Out,
+) {
+    let Cx { a, r, .. } = cx;
+    let replica_probe = |r: &str| {
+        format!(
+            "kubectl -n longhorn-system get replicas.longhorn.io {r} -o jsonpath='{{.status.conditions[?(@.type==\"RebuildFailed\")]}} {{.spec.failedAt}}'; kubectl -n longhorn-system get events --field-selector involvedObject.kind=Engine,involvedObject.name={e},reason=FailedRebuilding",
+            e = a.engine
+        )
+    };
+    let kubectl = format!(
+        "kubectl -n longhorn-system get volumes.longhorn.io {v} -o jsonpath='{{.status.state}} {{.status.robustness}}'; kubectl -n longhorn-system get engines.longhorn.io {e} -o jsonpath='{{.status.rebuildStatus}}'; kubectl -n longhorn-system get events --field-selector involvedObject.kind=Engine,involvedObject.name={e},reason=FailedRebuilding",
+        v = a.volume,
+        e = a.engine
+    );
     let gone = seen_start.is_some()
         && volumes[1].as_ref().is_some_and(|v| {
             !v.rebuild
@@ -1363,15 +1447,17 @@ pub fn transfer_envelope(
             surface,
         );
     }
+}
 
-    // #13703: an idle gRPC channel's keepalive against its user timeout,
-    // judged on the side that aborts: grpc-go sets TCP_USER_TIMEOUT (20 s)
-    // only on the server's accepted socket (`internal/transport/http2_server.go`);
-    // Longhorn's replica client sets none. So for sync_control (T→S:P_S+2,
-    // `FileSend`) it is S's sync agent's socket, and for files_sync
-    // (E→T:P_T+2, `FilesSync`, idle for the whole rebuild) T's.
+/// #13703: an idle gRPC channel's keepalive against its user timeout,
+/// judged on the side that aborts: grpc-go sets TCP_USER_TIMEOUT (20 s)
+/// only on the server's accepted socket (`internal/transport/http2_server.go`);
+/// Longhorn's replica client sets none. So for sync_control (T→S:P_S+2,
+/// `FileSend`) it is S's sync agent's socket, and for files_sync
+/// (E→T:P_T+2, `FilesSync`, idle for the whole rebuild) T's.
+fn control_channel(roles: &[(&Envelope, FlowRole)], topo: Option<&Topology>, o: &mut Out) {
     let mut ctl_opts = Vec::new();
-    for (e, role) in &roles {
+    for (e, role) in roles {
         if *role != FlowRole::SyncControl && *role != FlowRole::FilesSync {
             continue;
         }
@@ -1475,8 +1561,11 @@ pub fn transfer_envelope(
             IdleHazard::NoUserTimeout | IdleHazard::NoKeepalive | IdleHazard::Safe => {}
         }
     }
+}
 
-    // Hubble.
+/// Hubble.
+fn hubble_section(cx: Cx, o: &mut Out) {
+    let Cx { plan, r, topo, .. } = cx;
     let hubble_probe = format!(
         "hubble observe --ip {} --since 30m -o jsonpb   # all verdicts; run on the other node too",
         plan.filter.peer
@@ -1558,7 +1647,20 @@ pub fn transfer_envelope(
             has.then_some("cilium/hubble"),
         );
     }
+}
 
+/// The transfer's identity, selector, next transition and bounds; seal.
+fn seal(
+    cx: Cx,
+    linked: &[&Envelope],
+    read: &StreamsRead,
+    role_str: &str,
+    target_name: &Option<String>,
+    o: Out,
+) -> Result<Envelope, TransportError> {
+    let Cx { a, plan, r, topo } = cx;
+    let streams = &r.streams;
+    let (capped, faulted) = (read.capped, &read.faulted);
     let transfer_id = a.transfer.clone().unwrap_or_else(|| match &target_name {
         // The same on every capture point: the store joins S, T and E on it.
         Some(t) => format!("{}/{t}", a.volume),
@@ -1679,6 +1781,31 @@ pub fn transfer_envelope(
         builder.unknown(u)?;
     }
     Ok(builder.seal(next)?)
+}
+
+/// The inputs every section of [`transfer_envelope`] reads.
+#[derive(Clone, Copy)]
+struct Cx<'a> {
+    a: &'a LonghornRequest,
+    plan: &'a Plan,
+    r: &'a Readings,
+    topo: Option<&'a Topology>,
+}
+
+/// What the streams section hands to the seal.
+struct StreamsRead {
+    /// A linked stream hit a cap.
+    capped: bool,
+    /// The linked streams that carry transport fault facts, with their role.
+    faulted: Vec<String>,
+}
+
+/// The role a linked flow was given.
+fn role_in(roles: &[(&Envelope, FlowRole)], digest: &str) -> Option<FlowRole> {
+    roles
+        .iter()
+        .find(|(e, _)| e.digest == digest)
+        .map(|(_, r)| *r)
 }
 
 /// Linux's default `net.ipv4.tcp_keepalive_time`: what a socket keeps when
