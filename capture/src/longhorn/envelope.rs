@@ -279,7 +279,9 @@ pub fn transfer_envelope(
     let target_name = topo.and_then(|t| t.target.as_ref()).map(|p| p.name.clone());
     let volumes = manager_reads(r, stripped_v1, &mut o);
     let roles = flow_roles(r, topo);
-    let read = streams_section(cx, &roles, &linked, &mut o);
+    let (capped, short_roles) = streams_surface(cx, &roles, &linked, &mut o);
+    let faulted = streams_claims(cx, &roles, &short_roles, &mut o);
+    let read = StreamsRead { capped, faulted };
     let role_str = topology_section(cx, &volumes, &target_name, &mut o);
     let (terminal, seen_start) = manager_reports(cx, &volumes, &roles, &target_name, &mut o);
     settings_section(r, &mut o);
@@ -381,12 +383,12 @@ fn flow_roles<'a>(r: &'a Readings, topo: Option<&Topology>) -> Vec<(&'a Envelope
 }
 
 /// Flows: the linked streams surface, short-lived streams, data connection groups.
-fn streams_section(
-    cx: Cx,
+fn streams_surface<'a>(
+    cx: Cx<'a>,
     roles: &[(&Envelope, FlowRole)],
     linked: &[&Envelope],
     o: &mut Out,
-) -> StreamsRead {
+) -> (bool, Vec<(&'a transport::TransientFlow, FlowRole)>) {
     let Cx { plan, r, topo, .. } = cx;
     let streams = &r.streams;
     let role_of = |digest: &str| role_in(roles, digest);
@@ -561,6 +563,19 @@ fn streams_section(
             facts: sfacts,
         },
     );
+    (capped, short_roles)
+}
+
+/// Flows: what the linked and short-lived streams say (returns the faulted ones).
+fn streams_claims(
+    cx: Cx,
+    roles: &[(&Envelope, FlowRole)],
+    short_roles: &[(&transport::TransientFlow, FlowRole)],
+    o: &mut Out,
+) -> Vec<String> {
+    let Cx { plan, r, .. } = cx;
+    let streams = &r.streams;
+    let role_of = |digest: &str| role_in(roles, digest);
     let faulted: Vec<String> = streams
         .flows
         .iter()
@@ -579,7 +594,7 @@ fn streams_section(
         .collect();
     if !short_roles.is_empty() {
         let mut by_role: std::collections::BTreeMap<&str, usize> = Default::default();
-        for (_, role) in &short_roles {
+        for (_, role) in short_roles {
             *by_role.entry(role.as_str()).or_default() += 1;
         }
         let resets = short_roles
@@ -641,7 +656,7 @@ fn streams_section(
             None,
         );
     }
-    StreamsRead { capped, faulted }
+    faulted
 }
 
 /// Topology, role, identity.
