@@ -9,7 +9,7 @@ use super::{Cx, Out};
 use crate::longhorn::flows::classify;
 use crate::longhorn::hubble::{HUBBLE_DEADLINE, hubble_facts};
 
-/// Hubble.
+/// Hubble: what Cilium did with the packets to the peer, or the unknown that asks.
 pub(super) fn hubble_section(cx: Cx, o: &mut Out) {
     let Cx { plan, r, topo, .. } = cx;
     let hubble_probe = format!(

@@ -11,7 +11,8 @@ use crate::longhorn::client::API_DEADLINE;
 use crate::longhorn::model::Volume;
 use crate::longhorn::topology::{NodeSeen, check_flags, node_roles, resolve};
 
-/// Topology, role, identity.
+/// Topology, role, identity: the topology surface and its claims; returns the
+/// role this capture plays.
 pub(super) fn topology_section(
     cx: Cx,
     volumes: &[Option<Volume>; 2],

@@ -12,7 +12,7 @@ use crate::longhorn::client::API_DEADLINE;
 use crate::longhorn::flows::FlowRole;
 use crate::longhorn::model::{RebuildEntry, Volume, parse_error_addrs};
 
-/// Manager reads, start and end.
+/// Manager reads, start and end (and the instance managers'): their surfaces and volumes.
 pub(super) fn manager_reads(r: &Readings, stripped_v1: bool, o: &mut Out) -> [Option<Volume>; 2] {
     let mut volumes: [Option<Volume>; 2] = [None, None];
     for (i, (id, read)) in [

@@ -14,7 +14,7 @@ use crate::longhorn::flows::FlowRole;
 use crate::longhorn::kube::{EVENTS_DEADLINE, kubectl_events};
 use crate::longhorn::model::{RebuildEntry, Volume, parse_error_addrs};
 
-/// The rebuild's Engine Events seen by the watcher, and its verdict.
+/// The rebuild's Engine Events seen by the watcher (its verdict: [`verdict_section`]).
 /// Formats: longhorn-manager v1.9.0 `controller/engine_controller.go`
 /// l.1860 (Rebuilding), l.1874 (FailedRebuilding), l.1916 (Rebuilt),
 /// l.1793/1827 (snapshot purge), l.855 (Faulted).
@@ -279,7 +279,10 @@ pub(super) fn verdict_section(cx: Cx, o: &mut Out) -> bool {
     verdict_closes
 }
 
-/// `[]` (or no entry for the target) after the target's rebuild was seen.
+/// How the rebuild ended, or the unknown that asks: an entry gone from
+/// rebuildStatus (the Events read through the Kubernetes API, or the command
+/// to read them), else the terminal question while nothing closed it.
+/// Gone: `[]` (or no entry for the target) after the target's rebuild was seen.
 pub(super) fn terminal_unknown(
     cx: Cx,
     volumes: &[Option<Volume>; 2],
