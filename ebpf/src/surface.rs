@@ -401,20 +401,18 @@ pub fn failed_surfaces(
     elapsed_us: u64,
 ) -> Vec<Surface> {
     ids.iter()
-        .map(|id| Surface {
-            id: (*id).into(),
-            authority: "ebpf:pstack-ebpf".into(),
-            status: err.status(),
-            cause: Some(StatusCause {
-                errno: err.errno(),
-                message: err.to_string(),
-            }),
-            deadline_ms,
-            elapsed_us,
-            digest: None,
-            bytes: 0,
-            truncated: false,
-            facts: Map::new(),
+        .map(|id| {
+            Surface::unread(
+                *id,
+                "ebpf:pstack-ebpf",
+                deadline_ms,
+                elapsed_us,
+                err.status(),
+                StatusCause {
+                    errno: err.errno(),
+                    message: err.to_string(),
+                },
+            )
         })
         .collect()
 }

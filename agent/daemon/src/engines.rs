@@ -186,14 +186,7 @@ pub fn run_and_spool_with(
         ValidRequest::Longhorn(plan) => {
             let progress = log_progress("longhorn", record);
             let r = longhorn::capture(plan, config, budget, Path::new(HUBBLE_BIN), &progress)?;
-            let mut all: Vec<Envelope> = r
-                .streams
-                .flows
-                .into_iter()
-                .chain(r.streams.no_match)
-                .collect();
-            all.push(r.transfer);
-            ("longhorn", all, None)
+            ("longhorn", r.into_envelopes(), None)
         }
         ValidRequest::TcpTrace(plan) => {
             let progress = log_progress("tcp_trace", record);
@@ -232,14 +225,7 @@ pub fn run_longhorn_watched(
         &progress,
         watcher,
     )?;
-    let mut all: Vec<Envelope> = r
-        .streams
-        .flows
-        .into_iter()
-        .chain(r.streams.no_match)
-        .collect();
-    all.push(r.transfer);
-    spool_all("longhorn", all, None, spool)
+    spool_all("longhorn", r.into_envelopes(), None, spool)
 }
 
 fn spool_all(

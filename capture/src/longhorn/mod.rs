@@ -72,6 +72,21 @@ pub struct LonghornResult {
     pub transfer: Envelope,
 }
 
+impl LonghornResult {
+    /// Every envelope of the capture: the flows, the no-match envelope, then
+    /// the transfer (the order `pstackctl --json` prints and pstackd spools).
+    pub fn into_envelopes(self) -> Vec<Envelope> {
+        let mut all: Vec<Envelope> = self
+            .streams
+            .flows
+            .into_iter()
+            .chain(self.streams.no_match)
+            .collect();
+        all.push(self.transfer);
+        all
+    }
+}
+
 fn name_ok(param: &'static str, v: &str) -> Result<(), RequestError> {
     if v.trim().is_empty()
         || v.len() > 253
