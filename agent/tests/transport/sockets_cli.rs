@@ -204,7 +204,10 @@ fn root_sockets_refuses_hostile_arguments_with_usage_errors() {
 
     let (code, _, err) = pstackctl(&["sockets", "--peer", "host.example:80"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("is not ADDR or ADDR:PORT"), "{err}");
+    assert!(
+        err.contains("is not ADDR, ADDR:PORT or [IPv6]:PORT"),
+        "{err}"
+    );
 
     let (code, _, err) = pstackctl(&["sockets", "--netns", "a", "--netns-pid", "1"]);
     assert_eq!(code, 2, "{err}");

@@ -15,8 +15,10 @@
 use std::io::{self, BufWriter, Write};
 use std::net::{IpAddr, SocketAddr};
 
+use pstack_capture::transport::parse_endpoint;
+
 use pstack_collectors::net::netns::{NetnsTarget, run_in};
-use pstack_collectors::net::sockdiag::{TcpSocket, dump_tcp_each, state_name};
+use pstack_collectors::net::sockdiag::{TcpSocket, dump_tcp_each, normalize, state_name};
 
 /// TCP state number of a listening socket.
 const LISTEN: u8 = 10;
@@ -62,25 +64,20 @@ pub struct Args {
 /// `--peer`: an address, with a port when one is pinned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer {
-    /// Remote address.
+    /// Remote address (IPv4-mapped IPv6 read as IPv4, as the reader reports it).
     pub ip: IpAddr,
     /// Remote port, when pinned.
     pub port: Option<u16>,
 }
 
-/// Parse `ADDR` or `ADDR:PORT` (`[V6]:PORT`).
+/// Parse `ADDR` or `ADDR:PORT` (`[V6]:PORT`) with the transport engine's
+/// endpoint grammar, so `--peer` means the same here as in `capture transport`.
 pub fn parse_peer(s: &str) -> Result<Peer, String> {
-    if let Ok(a) = s.parse::<SocketAddr>() {
-        return Ok(Peer {
-            ip: a.ip(),
-            port: Some(a.port()),
-        });
-    }
-    s.trim_start_matches('[')
-        .trim_end_matches(']')
-        .parse::<IpAddr>()
-        .map(|ip| Peer { ip, port: None })
-        .map_err(|_| format!("{s:?} is not ADDR or ADDR:PORT (IPv6 with a port: [fd00::2]:10001)"))
+    let (ip, port) = parse_endpoint("peer", s).map_err(|e| e.to_string())?;
+    Ok(Peer {
+        ip: normalize(ip),
+        port,
+    })
 }
 
 impl Args {
@@ -462,6 +459,14 @@ mod tests {
                 }),
             ),
             ("10.0.0.7:99999", None),
+            ("10.0.0.7:0", None),
+            (
+                "::ffff:10.0.0.7",
+                Some(Peer {
+                    ip: "10.0.0.7".parse().unwrap(),
+                    port: None,
+                }),
+            ),
             ("host.example", None),
             ("", None),
         ];
