@@ -22,7 +22,6 @@ pub mod probes;
 pub mod process;
 pub mod request;
 /// The process engine at its former path (pstack-agent and its tests use it).
-pub use process as supervisor;
 pub mod tcp_trace;
 pub mod transport;
 

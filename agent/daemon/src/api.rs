@@ -52,8 +52,8 @@ use super::engines::{self, EngineFailure, RunAborted};
 use super::peer::PeerCred;
 use super::spool::SpoolError;
 use super::state::DaemonState;
+use pstack_capture::process::CaptureError;
 use pstack_capture::request::ValidRequest;
-use pstack_capture::supervisor::CaptureError;
 use pstack_capture::transport::TransportError;
 use pstackd_api::status::{
     CaptureCounts, DaemonStatus, HelperBinary, HelperStatus, ShippingStatus,
@@ -254,8 +254,8 @@ fn wants_async(headers: &HeaderMap) -> bool {
 struct Admitted {
     request: ValidRequest,
     slot: super::state::CaptureSlot,
-    supervisor: pstack_capture::supervisor::SupervisorConfig,
-    budget: pstack_capture::supervisor::LeakBudget,
+    supervisor: pstack_capture::process::SupervisorConfig,
+    budget: pstack_capture::process::LeakBudget,
 }
 
 /// Everything that refuses a capture before it runs, in order: body size,

@@ -27,7 +27,7 @@ pub fn limits(config: &Config) -> ProcessLimits {
         max_bundle_deadline_ms: config.max_bundle_deadline_ms,
         max_threads: c.max_threads,
         max_bytes_per_surface: c.max_bytes_per_surface,
-        max_fds: pstack_capture::supervisor::CaptureRequest::default().max_fds,
+        max_fds: pstack_capture::process::CaptureRequest::default().max_fds,
     }
 }
 
@@ -57,10 +57,10 @@ pub fn parse_request(body: &[u8], config: &Config) -> Result<ValidRequest, Reque
 mod tests {
     use super::*;
 
-    use pstack_capture::supervisor;
+    use pstack_capture::process;
     use std::time::Duration;
 
-    fn parse(text: &str) -> Result<supervisor::CaptureRequest, RequestError> {
+    fn parse(text: &str) -> Result<process::CaptureRequest, RequestError> {
         match parse_request(text.as_bytes(), &Config::default())? {
             ValidRequest::Process(r) => Ok(r),
             other => panic!("not a process request: {other:?}"),
@@ -71,11 +71,11 @@ mod tests {
     fn selectors_are_closed_and_exclusive() {
         assert!(matches!(
             parse(r#"{"subject":{"pid":1}}"#).unwrap().target,
-            supervisor::Target::Process { pid: 1 }
+            process::Target::Process { pid: 1 }
         ));
         assert!(matches!(
             parse(r#"{"subject":{"host":true}}"#).unwrap().target,
-            supervisor::Target::Host
+            process::Target::Host
         ));
         for bad in [
             r#"{"subject":{}}"#,

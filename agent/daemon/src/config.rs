@@ -407,7 +407,7 @@ impl Default for CaptureConfig {
             host_max_threads: 32_768,
             host_max_bytes_per_surface: 4 << 20,
             leak_budget: 4,
-            leak_journal: PathBuf::from(pstack_capture::supervisor::leak::DEFAULT_JOURNAL),
+            leak_journal: PathBuf::from(pstack_capture::helpers::leak::DEFAULT_JOURNAL),
             helper_path: PathBuf::new(),
             digest_key_file: PathBuf::from(pstack_capture::digest_key::DEFAULT_PATH),
             kubelet_url: String::new(),

@@ -31,7 +31,7 @@ use pstack_envelope::Surface;
 use tokio::sync::{Mutex, watch};
 
 use super::config::EbpfDaemonConfig;
-use pstack_capture::supervisor::OffCpuSource;
+use pstack_capture::process::OffCpuSource;
 
 /// How long a windowed capture waits for the shared session before loading
 /// its own.

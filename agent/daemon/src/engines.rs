@@ -40,8 +40,8 @@ use std::time::Duration;
 
 use pstackd_api::limits::OVERRUN_GRACE;
 
+use pstack_capture::process::{self, CaptureError, LeakBudget, SupervisorConfig};
 use pstack_capture::request::ValidRequest;
-use pstack_capture::supervisor::{self, CaptureError, LeakBudget, SupervisorConfig};
 use pstack_capture::tcp_trace::TraceError;
 use pstack_capture::transport::TransportError;
 use pstack_capture::{Progress, longhorn, tcp_trace, transport};
@@ -172,11 +172,7 @@ pub fn run_and_spool_with(
     // Leaks journaled by one-shot pstackctl since the last capture count here.
     budget.refresh_from_journal();
     let (kind, envelopes, trace_refused): (&'static str, Vec<Envelope>, _) = match request {
-        ValidRequest::Process(r) => (
-            "process",
-            vec![supervisor::capture(r, config, budget)?],
-            None,
-        ),
+        ValidRequest::Process(r) => ("process", vec![process::capture(r, config, budget)?], None),
         ValidRequest::Transport(plan) => {
             let progress = log_progress("transport", record);
             let r = transport::capture_with(plan, config, budget, &progress)?;

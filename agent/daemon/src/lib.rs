@@ -24,7 +24,7 @@
 //! configured values; optional `window_ms` (pid/tid only) adds the
 //! `ebpf:offcpu` surface observed over that window; optional `surfaces` lists
 //! the surface families to read (`["task/*/stack", "proc/fd"]`; see
-//! [`pstack_capture::supervisor::SurfaceFamily`]) — thread states are always read and
+//! [`pstack_capture::process::SurfaceFamily`]) — thread states are always read and
 //! the universe selector records the selection; an unknown or misfit name is
 //! a 400 `bad_surfaces` naming the valid ones. Unknown members are refused.
 //!

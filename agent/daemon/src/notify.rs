@@ -89,7 +89,7 @@ impl Notifier {
     /// `RELOADING=1` (with `MONOTONIC_USEC`, as `Type=notify-reload` wants)
     /// then, after the reload, `READY=1`.
     pub fn reloading(&self) {
-        let usec = pstack_capture::supervisor::clock::monotonic_ns() / 1_000;
+        let usec = pstack_capture::clock::monotonic_ns() / 1_000;
         self.send(&format!("RELOADING=1\nMONOTONIC_USEC={usec}"));
     }
 

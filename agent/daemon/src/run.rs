@@ -36,7 +36,7 @@ use super::privilege::{self, PrivilegeError};
 use super::shipper::Shipper;
 use super::spool::{Spool, SpoolError, SpoolLimits};
 use super::state::{CaptureEngine, DaemonState};
-use pstack_capture::supervisor::{LeakBudget, LeakJournal, SupervisorConfig};
+use pstack_capture::process::{LeakBudget, LeakJournal, SupervisorConfig};
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -171,14 +171,14 @@ pub async fn run(opts: RunOptions, prepared: Prepared) -> Result<(), DaemonError
     let ebpf = super::ebpf::DaemonEbpf::start(&config.ebpf);
     let engine = {
         let helper = if config.capture.helper_path.as_os_str().is_empty() {
-            pstack_capture::supervisor::locate_helper()
+            pstack_capture::process::locate_helper()
         } else {
             Ok(config.capture.helper_path.clone())
         };
         match helper.and_then(|p| SupervisorConfig::new("pstackd", p)) {
             Ok(mut sc) => {
                 *sc.digest_key.write().unwrap_or_else(|p| p.into_inner()) = digest_key.clone();
-                sc.offcpu = Some(ebpf.clone() as Arc<dyn pstack_capture::supervisor::OffCpuSource>);
+                sc.offcpu = Some(ebpf.clone() as Arc<dyn pstack_capture::process::OffCpuSource>);
                 sc.kubelet_url = Some(config.capture.kubelet_url.clone()).filter(|u| !u.is_empty());
                 let budget = LeakBudget::new(
                     config.capture.leak_budget,

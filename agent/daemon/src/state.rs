@@ -19,7 +19,7 @@ use super::config::{Config, ShipperConfig};
 use super::peer::AccessPolicy;
 use super::shipper::ShipperStats;
 use super::spool::Spool;
-use pstack_capture::supervisor::{LeakBudget, SupervisorConfig};
+use pstack_capture::process::{LeakBudget, SupervisorConfig};
 
 /// Request counters for `/metrics`.
 #[derive(Debug, Default)]

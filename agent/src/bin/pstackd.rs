@@ -17,7 +17,7 @@ Exit codes:
 #[derive(Debug, Parser)]
 #[command(
     name = "pstackd",
-    version = pstack_capture::supervisor::VERSION,
+    version = pstack_capture::process::VERSION,
     after_help = EXIT_CODES_HELP
 )]
 struct Args {

@@ -2,7 +2,7 @@
 //! (digest over the kept bytes), a thread cap cuts the universe to `cap`, and
 //! neither envelope may carry a universal claim.
 
-use pstack_capture::supervisor::Target;
+use pstack_capture::process::Target;
 use pstack_envelope::{Completeness, Scope, SurfaceStatus, Termination};
 
 use crate::fixtures::{Proc, budget, config, request, surface, wait_state};

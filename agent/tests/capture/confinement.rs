@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use pstack_capture::supervisor::{RiskyRead, run_risky};
+use pstack_capture::process::{RiskyRead, run_risky};
 use pstack_envelope::SurfaceStatus;
 use pstack_helper::protocol::{ForbiddenSyscall, SurfaceKind};
 

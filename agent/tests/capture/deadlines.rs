@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use pstack_capture::supervisor::{CaptureError, CaptureRequest, RiskyRead, Target, run_risky};
+use pstack_capture::process::{CaptureError, CaptureRequest, RiskyRead, Target, run_risky};
 use pstack_helper::protocol::SurfaceKind;
 
 use crate::fixtures::{Proc, budget, config, request};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use pstack_capture::supervisor::{
+use pstack_capture::process::{
     self, CaptureRequest, Deadlines, LeakBudget, LeakJournal, SupervisorConfig, Target,
 };
 use pstack_envelope::{Envelope, Surface};
@@ -47,14 +47,14 @@ pub fn request(target: Target, surface_ms: u64, bundle_ms: u64) -> CaptureReques
     }
 }
 
-/// `supervisor::capture`, plus the independent-canonicalizer check on every envelope
+/// `process::capture`, plus the independent-canonicalizer check on every envelope
 /// it seals (pstack-testkit): the capture tests all go through here.
 pub fn sealed_capture(
     request: &CaptureRequest,
     config: &SupervisorConfig,
     budget: &LeakBudget,
-) -> Result<Envelope, pstack_capture::supervisor::CaptureError> {
-    let env = supervisor::capture(request, config, budget)?;
+) -> Result<Envelope, pstack_capture::process::CaptureError> {
+    let env = process::capture(request, config, budget)?;
     pstack_testkit::check_envelope(&env);
     Ok(env)
 }

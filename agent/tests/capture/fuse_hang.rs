@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use pstack_capture::supervisor::Target;
+use pstack_capture::process::Target;
 use pstack_envelope::SurfaceStatus;
 
 use crate::fixtures::{HangingFuse, Proc, budget, config, is_root, request, wait_state};

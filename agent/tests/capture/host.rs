@@ -1,7 +1,7 @@
 //! Host-wide captures: every process's threads with state and wchan, sealed;
 //! the universe cap is reported, never silent.
 
-use pstack_capture::supervisor::Target;
+use pstack_capture::process::Target;
 use pstack_envelope::{Completeness, SurfaceStatus, Termination};
 
 use crate::fixtures::{Proc, budget, config, request};

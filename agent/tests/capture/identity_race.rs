@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pstack_capture::supervisor::Target;
+use pstack_capture::process::Target;
 use pstack_envelope::{Completeness, SurfaceStatus};
 
 use crate::fixtures::{Proc, budget, config, is_root, request, spawn_with_pid, wait_state};

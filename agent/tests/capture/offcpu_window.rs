@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pstack_capture::supervisor::{CaptureError, OffCpuSource, Target};
+use pstack_capture::process::{CaptureError, OffCpuSource, Target};
 use pstack_envelope::{ClaimKind, Completeness, Envelope, Scope, Surface, SurfaceStatus};
 use serde_json::Value;
 

@@ -7,7 +7,7 @@
 
 use pstack_envelope::SurfaceStatus;
 
-use pstack_capture::supervisor::{self, Target};
+use pstack_capture::process::{self, Target};
 
 use crate::fixtures::{Proc, budget, capture_pid, config, is_root, request, surface};
 
@@ -53,7 +53,7 @@ fn capture_in_pod(kubelet_url: Option<String>) -> pstack_envelope::Envelope {
     let mut config = config();
     config.kubelet_url = kubelet_url;
     let tmp = tempfile::tempdir().unwrap();
-    let env = supervisor::capture(
+    let env = process::capture(
         &request(Target::Process { pid: p.pid() }, 2000, 10_000),
         &config,
         &budget(tmp.path(), 4),

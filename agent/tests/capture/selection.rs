@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use pstack_capture::supervisor::{CaptureError, SurfaceSelection, Target};
+use pstack_capture::process::{CaptureError, SurfaceSelection, Target};
 use pstack_envelope::Envelope;
 
 use crate::fixtures::{Proc, budget, config, request};

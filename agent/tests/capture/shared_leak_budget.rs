@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pstack_capture::supervisor::{LeakBudget, LeakJournal, Target};
+use pstack_capture::process::{LeakBudget, LeakJournal, Target};
 use pstack_envelope::SurfaceStatus;
 
 use crate::daemon_common::{Daemon, Settings};

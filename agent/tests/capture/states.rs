@@ -276,7 +276,7 @@ fn root_thread_capture_of_one_thread() {
     let dir = tempfile::tempdir().unwrap();
     let env = crate::fixtures::sealed_capture(
         &crate::fixtures::request(
-            pstack_capture::supervisor::Target::Thread { tid: p.pid() },
+            pstack_capture::process::Target::Thread { tid: p.pid() },
             2000,
             10_000,
         ),

@@ -5,14 +5,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pstack_capture::supervisor::{JournalEntry, Target};
+use pstack_capture::process::{JournalEntry, Target};
 use pstack_envelope::SurfaceStatus;
 
 use crate::fixtures::{Freezer, Proc, budget, config, request, wait_state};
 
 /// Freeze the first helper spawned; returns the freezer holding it.
 pub(crate) fn freeze_first_helper(
-    cfg: &mut pstack_capture::supervisor::SupervisorConfig,
+    cfg: &mut pstack_capture::process::SupervisorConfig,
     freezer: Arc<Freezer>,
 ) -> Arc<Mutex<Vec<u32>>> {
     let spawned = Arc::new(Mutex::new(Vec::new()));

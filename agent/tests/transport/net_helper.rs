@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pstack_capture::supervisor::{LeakBudget, LeakJournal, SupervisorConfig};
+use pstack_capture::process::{LeakBudget, LeakJournal, SupervisorConfig};
 use pstack_capture::transport::{self, CaptureResult, FlowSelection, Plan, SURFACE_DEADLINE_MS};
 use pstack_envelope::{Completeness, Subject, SurfaceStatus};
 
@@ -418,7 +418,7 @@ fn root_frozen_net_helper_is_timeout_unreaped_journaled_and_spends_the_budget() 
     );
     assert_eq!(env.completeness, Completeness::Partial);
     let leaked = b.journal().entries().into_iter().find_map(|e| match e {
-        pstack_capture::supervisor::JournalEntry::Leaked {
+        pstack_capture::process::JournalEntry::Leaked {
             helper, surface, ..
         } => Some((helper, surface)),
         _ => None,

@@ -8,8 +8,8 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pstack_capture::supervisor::sockopt_helper::read_sockopts;
-use pstack_capture::supervisor::{LeakBudget, LeakJournal, SupervisorConfig};
+use pstack_capture::helpers::sockopt_helper::read_sockopts;
+use pstack_capture::process::{LeakBudget, LeakJournal, SupervisorConfig};
 use pstack_collectors::net::sockopt::SockOptError;
 use pstack_helper::sockopt::SockoptTarget;
 

@@ -26,12 +26,12 @@
 //!
 //! - **Risky reads never run in this process** — `stack`, `wchan`,
 //!   `syscall`, `cmdline`, `environ`, fd targets (and `wchan` sweeps in host
-//!   captures) go to `pstack-helper` through [`risky::RiskyRun`]. Only reads
+//!   captures) go to `pstack-helper` through [`RiskyRun`]. Only reads
 //!   that do not take the target's locks (`stat`, `status`, `io`,
 //!   `schedstat`, `cgroup`, the `ns/pid` link) run here.
 //! - **Network-namespace samples never run in this process either** — the
 //!   transport capture's reads go to `pstack-helper --net` through
-//!   [`net_helper::NetHelper`] (same deadline/kill/reap/leak-budget rules),
+//!   [`NetHelper`] (same deadline/kill/reap/leak-budget rules),
 //!   and no thread of the agent enters another netns.
 //! - **No deadline, no capture**: a request without deadlines, or a risky read
 //!   without one, is refused with [`CaptureError::MissingDeadline`].
@@ -77,12 +77,7 @@ pub mod assemble_claims;
 pub mod assemble_readings;
 mod assemble_unknowns;
 mod capture;
-/// The envelope clock (moved to [`crate::clock`]; this path stays for callers).
-pub use crate::clock;
 pub mod selection;
-// The helper machinery (capture/src/helpers), re-exported at its old paths
-// for pstack-agent (`pstack_agent::supervisor::…`).
-pub use crate::helpers::{denial, helper_process, leak, net_helper, risky, sockopt_helper};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -92,9 +87,11 @@ use pstack_collectors::procfs::ReadError;
 use pstack_envelope::Surface;
 
 pub use capture::{MAX_WINDOW, capture};
-pub use leak::{HelperIdentity, JournalEntry, LeakBudget, LeakJournal};
-pub use net_helper::{NetHelper, NetHelperFailure, NetReading};
-pub use risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, run_risky};
+// The helper machinery a process capture runs on (capture/src/helpers), named
+// here too because every caller of the process engine configures it.
+pub use crate::helpers::leak::{HelperIdentity, JournalEntry, LeakBudget, LeakJournal};
+pub use crate::helpers::net_helper::{NetHelper, NetHelperFailure, NetReading};
+pub use crate::helpers::risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, run_risky};
 pub use selection::{SelectionError, SurfaceFamily, SurfaceSelection, UnknownSurface};
 
 /// What to capture.
@@ -336,7 +333,7 @@ pub enum CaptureError {
         /// Why.
         error: ReadError,
         /// For a permission denial: what to do, true for who was refused
-        /// (see [`denial::explain`]).
+        /// (see [`crate::helpers::denial::explain`]).
         advice: Option<String>,
     },
     /// Host facts (hostname, boot id) could not be read.

@@ -22,11 +22,11 @@ use anyhow::Context;
 use pstack_envelope::{Completeness, Envelope, Subject, Surface, SurfaceStatus};
 use serde_json::Value;
 
+use pstack_capture::process::{self, LeakBudget, LeakJournal, SupervisorConfig, Target};
 use pstack_capture::request::{
     self, CaptureRequest, HostRequest, ProcessLimits, ProcessRequest, RequestedCaps,
     RequestedDeadlines, ThreadRequest,
 };
-use pstack_capture::supervisor::{self, LeakBudget, LeakJournal, SupervisorConfig, Target};
 
 /// Arguments of `pstackctl capture`.
 #[derive(Debug, clap::Args)]
@@ -106,7 +106,7 @@ pub struct Args {
         long,
         value_name = "FILE",
         env = "PSTACK_LEAK_JOURNAL",
-        default_value = pstack_capture::supervisor::leak::DEFAULT_JOURNAL
+        default_value = pstack_capture::helpers::leak::DEFAULT_JOURNAL
     )]
     pub leak_journal: PathBuf,
     /// The pstack-helper binary [default: next to pstackctl].
@@ -242,14 +242,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let (key, _shared) = pstack_capture::digest_key::for_one_shot(Path::new(
         pstack_capture::digest_key::DEFAULT_PATH,
     ))
-    .map_err(pstack_capture::supervisor::CaptureError::DigestKey)?;
+    .map_err(pstack_capture::process::CaptureError::DigestKey)?;
     *config.digest_key.write().unwrap_or_else(|p| p.into_inner()) = key;
     let budget = LeakBudget::new(
         args.leak_budget,
         LeakJournal::new(&args.leak_journal),
         &config.boot_id,
     );
-    let envelope = supervisor::capture(&request, &config, &budget)?;
+    let envelope = process::capture(&request, &config, &budget)?;
     drop(progress);
     let leaked = budget.leaked_helpers();
     let mut notes = Vec::new();

@@ -29,7 +29,7 @@ pub mod watch;
 #[derive(Debug, clap::Parser)]
 #[command(
     name = "pstackctl",
-    version = pstack_capture::supervisor::VERSION,
+    version = pstack_capture::process::VERSION,
     propagate_version = true
 )]
 /// Capture, verify, compare and hand off pstack evidence envelopes.

@@ -204,7 +204,7 @@ impl Printer {
                 eprintln!("pstackctl trace tcp: {status}: {message}");
                 match status {
                     SurfaceStatus::PermissionDenied => {
-                        use pstack_capture::supervisor::denial;
+                        use pstack_capture::helpers::denial;
                         eprintln!("  {}", denial::explain_bpf(&denial::Caller::current()))
                     }
                     SurfaceStatus::Unsupported => eprintln!(

@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 
 use std::time::Duration;
 
+use pstack_capture::process::{LeakBudget, LeakJournal, SupervisorConfig};
 use pstack_capture::request::{
     CaptureRequest, PlanTransport, RequestError, TransportRequest, ValidRequest, invalid_window,
 };
-use pstack_capture::supervisor::{LeakBudget, LeakJournal, SupervisorConfig};
 use pstack_capture::transport::{CaptureResult, Plan, TransportError};
 use pstack_envelope::Envelope;
 

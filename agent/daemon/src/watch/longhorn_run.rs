@@ -220,7 +220,7 @@ pub(super) async fn capture(
     a: &longhorn::LonghornAction,
     trigger: Trigger,
     slot: Option<crate::state::CaptureSlot>,
-    budget: Option<pstack_capture::supervisor::LeakBudget>,
+    budget: Option<pstack_capture::process::LeakBudget>,
 ) -> Result<Vec<String>, String> {
     let life = a.life.clone();
     let result = async {

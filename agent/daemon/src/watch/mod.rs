@@ -44,10 +44,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pstack_capture::clock::wall_time_now;
+use pstack_capture::process::Target;
 use pstack_capture::request::{
     ProcessLimits, RequestedCaps, RequestedDeadlines, ValidRequest, process_plan,
 };
-use pstack_capture::supervisor::Target;
 use pstack_envelope::Trigger;
 use pstackd_api::status::{DStateScan, RuleState as WireRuleState, RuleStatus, WatchStatus};
 use serde_json::{Value, json};

@@ -207,7 +207,7 @@ async fn run_capture(
     state: &Arc<DaemonState>,
     f: &Firing,
     slot: Option<crate::state::CaptureSlot>,
-    budget: Option<pstack_capture::supervisor::LeakBudget>,
+    budget: Option<pstack_capture::process::LeakBudget>,
 ) -> Result<Vec<String>, String> {
     let config = state.config();
     let trigger = trigger_of(f);
