@@ -33,14 +33,15 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use prost::Message;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::http::{ApiError, AppState, Scope, authenticate};
+use crate::http::error::{Reply, api, err, field_err, store_err, unprocessable};
+use crate::http::extract::{auth, bad_query, json_body, limit_param, only_params};
+use crate::http::{AppState, Scope};
 use pstack_store_core::analysis::blast::{BlastParams, blast_radius};
 use pstack_store_core::analysis::fleet::FleetMetric;
 use pstack_store_core::analysis::future::{FutureBound, FutureTime};
-use pstack_store_core::analysis::ledger::{self, ChangeRequest, FieldError, rfc3339};
+use pstack_store_core::analysis::ledger::{self, ChangeRequest, rfc3339};
 use pstack_store_core::analysis::otlp::{self, Encoding};
 use pstack_store_core::analysis::otlp_cost::{Grant, Meter};
 use pstack_store_core::analysis::proof::{
@@ -52,91 +53,6 @@ use pstack_store_core::db::analysis::{FindingRow, new_id};
 
 /// The OpenAPI document (every route of the store).
 pub const OPENAPI: &str = include_str!("../../openapi.json");
-
-pub(crate) type Reply = Result<Response, Response>;
-
-pub(crate) fn err(
-    status: StatusCode,
-    code: &str,
-    message: impl Into<String>,
-    field: Option<&str>,
-) -> Response {
-    let mut e = json!({"error": {"code": code, "message": message.into()}});
-    if let Some(f) = field {
-        e["error"]["field"] = json!(f);
-    }
-    (status, Json(e)).into_response()
-}
-
-fn field_err(status: StatusCode, code: &str, e: FieldError) -> Response {
-    err(status, code, e.to_string(), Some(&e.field))
-}
-
-pub(crate) fn api(e: ApiError) -> Response {
-    e.into_response()
-}
-
-pub(crate) fn store_err(e: pstack_store_core::db::StoreError) -> Response {
-    ApiError::from(e).into_response()
-}
-
-/// Authenticate and require `need` (see [`crate::http::authenticate`]);
-/// the caller's key id.
-pub(crate) async fn auth(
-    state: &AppState,
-    headers: &HeaderMap,
-    need: Scope,
-) -> Result<String, Response> {
-    authenticate(state, headers, need)
-        .await
-        .map(|c| c.key_id)
-        .map_err(api)
-}
-
-/// Read a JSON body (≤ 1 MiB) into `T`, naming the field on failure.
-pub(crate) async fn json_body<T: DeserializeOwned>(body: Body, code: &str) -> Result<T, Response> {
-    let bytes = axum::body::to_bytes(body, 1 << 20).await.map_err(|_| {
-        err(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            "JSON bodies are at most 1 MiB",
-            None,
-        )
-    })?;
-    let de = &mut serde_json::Deserializer::from_slice(&bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let field = (path != "." && !path.is_empty()).then_some(path);
-        err(
-            StatusCode::BAD_REQUEST,
-            code,
-            e.inner().to_string(),
-            field.as_deref(),
-        )
-    })
-}
-
-pub(crate) fn bad_query(field: &str, message: impl Into<String>) -> Response {
-    err(
-        StatusCode::BAD_REQUEST,
-        "invalid_query",
-        message,
-        Some(field),
-    )
-}
-
-pub(crate) fn only_params(
-    params: &BTreeMap<String, String>,
-    allowed: &[&str],
-) -> Result<(), Response> {
-    match params.keys().find(|k| !allowed.contains(&k.as_str())) {
-        Some(k) => Err(bad_query(
-            k,
-            format!("unknown parameter {k:?} (allowed: {})", allowed.join(", ")),
-        )),
-        None => Ok(()),
-    }
-}
 
 /// `30s`, `15m`, `24h`, `7d` → ns.
 pub fn parse_window(s: &str) -> Option<i64> {
@@ -160,26 +76,6 @@ fn time_param(params: &BTreeMap<String, String>, name: &str) -> Result<Option<i6
         Some(s) => ledger::parse_time(name, s)
             .map(Some)
             .map_err(|e| bad_query(name, e.message)),
-    }
-}
-
-/// `limit=` in 1..=1000, `default` when absent.
-pub(crate) fn limit_param(
-    params: &BTreeMap<String, String>,
-    default: i64,
-) -> Result<i64, Response> {
-    match params.get("limit") {
-        None => Ok(default),
-        Some(s) => s
-            .parse::<i64>()
-            .ok()
-            .filter(|n| (1..=1000).contains(n))
-            .ok_or_else(|| {
-                bad_query(
-                    "limit",
-                    format!("limit {s:?} must be an integer in 1..=1000"),
-                )
-            }),
     }
 }
 
@@ -300,10 +196,7 @@ fn future_refused(e: FutureTime) -> Response {
 
 /// A 503 that says when to come back.
 fn busy(code: &str, message: String) -> Response {
-    let mut r = err(StatusCode::SERVICE_UNAVAILABLE, code, message, None);
-    r.headers_mut()
-        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-    r
+    err(StatusCode::SERVICE_UNAVAILABLE, code, message, None)
 }
 
 fn body_refused(e: pstack_store_core::ingest::BodyError) -> Response {
@@ -686,9 +579,6 @@ pub(crate) fn finding_json(f: &FindingRow) -> Value {
     })
 }
 
-pub(crate) fn unprocessable(code: &str, message: impl Into<String>, field: &str) -> Response {
-    err(StatusCode::UNPROCESSABLE_ENTITY, code, message, Some(field))
-}
 
 /// Load every named run, or refuse naming the first missing one.
 async fn load_runs(

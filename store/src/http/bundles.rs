@@ -31,7 +31,8 @@ use axum::{Json, Router};
 use serde_json::{Map, Value, json};
 use tower::ServiceExt;
 
-use crate::http::analysis::{Reply, auth, bad_query, err, only_params, store_err};
+use crate::http::error::{Reply, err, store_err};
+use crate::http::extract::{auth, bad_query, only_params};
 use crate::http::{AppState, Scope};
 use pstack_store_core::analysis::ledger::rfc3339;
 use pstack_store_core::bundle::{Section, fit};

@@ -32,10 +32,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::http::analysis::{
-    Reply, auth, bad_query, err, finding_json, json_body, limit_param, only_params, store_err,
-    unprocessable,
-};
+use crate::http::analysis::finding_json;
+use crate::http::error::{Reply, err, store_err, unprocessable};
+use crate::http::extract::{auth, bad_query, json_body, limit_param, only_params};
 use crate::http::{AppState, Scope};
 use crate::webhook::{self, Callback, Delivery};
 use pstack_store_core::analysis::ledger::rfc3339;

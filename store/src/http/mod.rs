@@ -8,7 +8,7 @@
 //!   [`authenticate`] call (the same table as `openapi.json`'s `security`); a
 //!   live key without it gets 403 `insufficient_scope` naming the scope,
 //!   before the body is read.
-//! - Errors are JSON `{"error": {"code", "message"}}` with a stable snake_case
+//! - Errors are [`ApiError`]s (`error.rs`): `{"error": {"code", "message", "field"?}}` with a stable snake_case
 //!   code and the precise status (400 malformed, 401 auth, 404 absent, 413 too
 //!   large, 415 encoding, 422 refused by a rule, 503 database unavailable).
 //! - Envelope verification (CPU-bound) runs on the blocking pool, never on the
@@ -25,10 +25,14 @@
 
 pub mod analysis;
 pub mod bundles;
+pub mod error;
+pub mod extract;
 pub mod gate;
 pub mod runs;
 pub mod transfers;
 pub mod ui;
+
+pub use error::ApiError;
 
 use crate::query_params::{DiffQuery, QueryParams, UnknownsQuery};
 use std::collections::BTreeMap;
@@ -47,7 +51,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::json;
 
-use pstack_store_core::db::{self, KeyCheck, Store, StoreError, StoredStatus};
+use pstack_store_core::db::{self, KeyCheck, Store, StoredStatus};
 use pstack_store_core::ingest::{self, Framing, IngestLimits, ItemVerdict, Reason};
 pub use pstack_store_core::keys::Scope;
 use pstack_store_core::keys::ScopeSet;
@@ -275,86 +279,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// An API error: status, stable code, message.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    code: String,
-    message: String,
-    detail: Option<serde_json::Value>,
-    retry_after: bool,
-    www_scope: Option<Scope>,
-}
-
-impl ApiError {
-    pub(crate) fn new(
-        status: StatusCode,
-        code: impl Into<String>,
-        message: impl Into<String>,
-    ) -> ApiError {
-        ApiError {
-            status,
-            code: code.into(),
-            message: message.into(),
-            detail: None,
-            retry_after: false,
-            www_scope: None,
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut body = json!({"error": {"code": self.code, "message": self.message}});
-        if let Some(d) = self.detail {
-            body["error"]["detail"] = d;
-        }
-        let mut resp = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE || self.retry_after {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        if self.status == StatusCode::UNAUTHORIZED {
-            resp.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        if let Some(need) = self.www_scope {
-            // RFC 6750 §3.1: the scope the request needed.
-            let v = format!("Bearer error=\"insufficient_scope\", scope=\"{need}\"");
-            if let Ok(v) = HeaderValue::from_str(&v) {
-                resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
-            }
-        }
-        resp
-    }
-}
-
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> ApiError {
-        match e {
-            StoreError::Receipt(r) => {
-                let detail = serde_json::to_value(&r).ok();
-                ApiError {
-                    status: StatusCode::UNPROCESSABLE_ENTITY,
-                    code: r.rule().into(),
-                    message: r.to_string(),
-                    detail,
-                    retry_after: false,
-                    www_scope: None,
-                }
-            }
-            other => {
-                tracing::error!(error = %pstack_store_core::logsafe::text(&other), "storage failure");
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store_unavailable",
-                    other.to_string(),
-                )
-            }
-        }
-    }
-}
-
 /// Build the router: the API plus the MCP server at `/mcp` (the MCP
 /// endpoint authenticates with the API key before anything is read).
 pub fn router(state: AppState) -> Router {
@@ -574,7 +498,7 @@ pub(crate) async fn authenticate(
         .entry("insufficient_scope")
         .or_insert(0) += 1;
     tracing::warn!(key_id = %caller.key_id, need = %need, scopes = %caller.scopes, "refused API key: insufficient scope");
-    let mut e = ApiError::new(
+    let e = ApiError::new(
         StatusCode::FORBIDDEN,
         "insufficient_scope",
         format!(
@@ -584,9 +508,9 @@ pub(crate) async fn authenticate(
             need.holder()
         ),
     );
-    e.detail = Some(json!({"requiredScope": need.as_str(), "keyScopes": caller.scopes.names()}));
-    e.www_scope = Some(need);
-    Err(e)
+    Err(e
+        .detail(json!({"requiredScope": need.as_str(), "keyScopes": caller.scopes.names()}))
+        .needs_scope(need))
 }
 
 /// Authenticate the request's key, whatever its scopes.
@@ -673,13 +597,12 @@ pub(crate) fn admit_ingest(
         .admit(key_id, declared)
         .map_err(|r| match r {
             crate::conn::Refusal::KeyBusy { limit } => {
-                let mut e = ApiError::new(
+                ApiError::new(
                     StatusCode::TOO_MANY_REQUESTS,
                     "key_busy",
                     format!("this key already has {limit} ingest requests in flight; retry after the Retry-After delay"),
-                );
-                e.retry_after = true;
-                e
+                )
+                .retry_after(1)
             }
             crate::conn::Refusal::Budget { wanted, budget } => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

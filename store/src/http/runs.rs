@@ -43,8 +43,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::http::analysis::{Reply, auth, bad_query, err, only_params, store_err, unprocessable};
-use crate::http::{AppState, Scope};
+use crate::http::error::{Reply, err, store_err, unprocessable};
+use crate::http::extract::{auth, bad_query, only_params};
+use crate::http::{ApiError, AppState, Scope};
 use pstack_store_core::analysis::ledger::rfc3339;
 use pstack_store_core::db::analysis::new_id;
 use pstack_store_core::db::runs::{FailureReceiptRow, GraphPut, LedgerMove, RunRow};
@@ -308,10 +309,15 @@ async fn post_run(State(state): State<AppState>, headers: HeaderMap, body: Body)
     )
     .map_err(|refusals| {
         let first = &refusals[0];
-        let mut e = json!({"error": {"code": "run_refused", "message": first.message, "field": first.field,
-            "refusals": refusals}});
-        e["error"]["reason"] = json!(first.code);
-        (StatusCode::UNPROCESSABLE_ENTITY, Json(e)).into_response()
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "run_refused",
+            first.message.clone(),
+        )
+        .field(first.field.clone())
+        .member("refusals", &refusals)
+            .member("reason", &first.code)
+            .into_response()
     })?;
     let now = state.clock.now_ns();
     let row = RunRow {

@@ -38,8 +38,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::http::AppState;
-use crate::http::analysis::{Reply, err, json_body, store_err};
+use crate::http::{ApiError, AppState};
+use crate::http::error::{Reply, err, store_err};
+use crate::http::extract::json_body;
 use pstack_store_core::db::gate::ProposalFilter;
 use pstack_store_core::login::{ClientSource, ThrottleRefusal, VerifierBusy};
 use pstack_store_core::operators::{self, COOKIE};
@@ -160,13 +161,6 @@ fn cookie(headers: &HeaderMap, value: &str, max_age: i64) -> HeaderValue {
     .unwrap_or_else(|_| HeaderValue::from_static("pstack_session=; Max-Age=0"))
 }
 
-fn retry_after(mut r: Response, seconds: i64) -> Response {
-    if let Ok(v) = HeaderValue::from_str(&seconds.max(1).to_string()) {
-        r.headers_mut().insert(header::RETRY_AFTER, v);
-    }
-    r
-}
-
 fn verifier_busy(busy: VerifierBusy) -> Response {
     let (code, message) = match busy {
         VerifierBusy::Slots { limit } => (
@@ -178,7 +172,9 @@ fn verifier_busy(busy: VerifierBusy) -> Response {
             format!("{limit} login(s) from this address are being verified; try again in 1 s"),
         ),
     };
-    retry_after(err(StatusCode::TOO_MANY_REQUESTS, code, message, None), 1)
+    ApiError::new(StatusCode::TOO_MANY_REQUESTS, code, message)
+        .retry_after(1)
+        .into_response()
 }
 
 fn throttled(r: ThrottleRefusal) -> Response {
@@ -190,15 +186,13 @@ fn throttled(r: ThrottleRefusal) -> Response {
             "for this user from addresses it has not logged in from"
         }
     };
-    retry_after(
-        err(
-            StatusCode::TOO_MANY_REQUESTS,
-            r.dimension.code(),
-            format!("{} failed logins {what}; try again in {seconds} s", r.limit),
-            None,
-        ),
-        seconds,
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        r.dimension.code(),
+        format!("{} failed logins {what}; try again in {seconds} s", r.limit),
     )
+    .retry_after(u64::try_from(seconds).unwrap_or(1))
+    .into_response()
 }
 
 async fn login(State(state): State<AppState>, request: Request) -> Reply {

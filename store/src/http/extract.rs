@@ -1,0 +1,97 @@
+//! What every route does with its request before it decides: authenticate
+//! with the route's scope, read a bounded JSON body, and refuse unknown or
+//! malformed query parameters naming the parameter.
+//!
+//! Invariants:
+//! - Authentication comes first; a body is read only after it.
+//! - A JSON body is read to at most 1 MiB before it is decoded; a decode
+//!   error names the field path that failed.
+//! - Every refusal is an [`ApiError`](crate::http::ApiError) with `field`.
+
+use std::collections::BTreeMap;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use serde::de::DeserializeOwned;
+
+use crate::http::error::{api, err};
+use crate::http::{AppState, Scope, authenticate};
+
+/// Authenticate and require `need` (see [`crate::http::authenticate`]);
+/// the caller's key id.
+pub(crate) async fn auth(
+    state: &AppState,
+    headers: &HeaderMap,
+    need: Scope,
+) -> Result<String, Response> {
+    authenticate(state, headers, need)
+        .await
+        .map(|c| c.key_id)
+        .map_err(api)
+}
+
+/// Read a JSON body (≤ 1 MiB) into `T`, naming the field on failure.
+pub(crate) async fn json_body<T: DeserializeOwned>(body: Body, code: &str) -> Result<T, Response> {
+    let bytes = axum::body::to_bytes(body, 1 << 20).await.map_err(|_| {
+        err(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "JSON bodies are at most 1 MiB",
+            None,
+        )
+    })?;
+    let de = &mut serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = (path != "." && !path.is_empty()).then_some(path);
+        err(
+            StatusCode::BAD_REQUEST,
+            code,
+            e.inner().to_string(),
+            field.as_deref(),
+        )
+    })
+}
+
+pub(crate) fn bad_query(field: &str, message: impl Into<String>) -> Response {
+    err(
+        StatusCode::BAD_REQUEST,
+        "invalid_query",
+        message,
+        Some(field),
+    )
+}
+
+pub(crate) fn only_params(
+    params: &BTreeMap<String, String>,
+    allowed: &[&str],
+) -> Result<(), Response> {
+    match params.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) => Err(bad_query(
+            k,
+            format!("unknown parameter {k:?} (allowed: {})", allowed.join(", ")),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `limit=` in 1..=1000, `default` when absent.
+pub(crate) fn limit_param(
+    params: &BTreeMap<String, String>,
+    default: i64,
+) -> Result<i64, Response> {
+    match params.get("limit") {
+        None => Ok(default),
+        Some(s) => s
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=1000).contains(n))
+            .ok_or_else(|| {
+                bad_query(
+                    "limit",
+                    format!("limit {s:?} must be an integer in 1..=1000"),
+                )
+            }),
+    }
+}
