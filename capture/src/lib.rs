@@ -24,6 +24,7 @@ pub mod request;
 /// The process engine at its former path (pstack-agent and its tests use it).
 pub mod tcp_trace;
 pub mod transport;
+pub mod validation;
 
 /// What a long capture is doing, for whoever shows it.
 #[derive(Debug, Clone, Copy)]

@@ -40,8 +40,11 @@ use pstack_envelope::{Clock, Envelope};
 use crate::Progress;
 use crate::clock::{monotonic_ns, wall_time_now};
 use crate::process::{LeakBudget, SupervisorConfig};
-use crate::request::{LonghornRequest, RequestError, invalid};
-use crate::transport::{self, CaptureResult, LONGHORN_PORTS, Plan, TransportError, WindowStop};
+use crate::transport::{
+    self, CaptureResult, FlowSelection, LONGHORN_PORTS, Plan, TransportError, WindowStop,
+};
+use crate::validation::{RequestError, invalid};
+use pstackd_api::request::LonghornRequest;
 
 /// Most manager reads one capture makes (volume at start, the source's and
 /// target's instance managers, the settings, volume at end), each under
@@ -102,6 +105,19 @@ fn name_ok(param: &'static str, v: &str) -> Result<(), RequestError> {
     Ok(())
 }
 
+/// The longest a Longhorn capture of `plan` can run: its window, the
+/// transport engine's overhead around it, and every read it may make, each
+/// under its own deadline.
+pub fn run_deadline(plan: &LonghornPlan) -> std::time::Duration {
+    plan.transport.window
+        + transport::RUN_OVERHEAD
+        // Volume at start, two instance managers, volume at end.
+        + API_DEADLINE * MAX_API_READS
+        + HUBBLE_DEADLINE
+        // The volume's, engine's and replica's Events (a watched capture).
+        + kube::EVENTS_DEADLINE * 3
+}
+
 /// Validate a request into a Longhorn plan.
 pub fn plan(a: &LonghornRequest) -> Result<LonghornPlan, RequestError> {
     for (p, v) in [("volume", &a.volume), ("engine", &a.engine)] {
@@ -126,7 +142,7 @@ pub fn plan(a: &LonghornRequest) -> Result<LonghornPlan, RequestError> {
     if let Some(t) = &a.transfer {
         name_ok("transfer", t)?;
     }
-    let plan = Plan::from_selection(&crate::request::PlanLonghorn::flows(a), a.ebpf)?;
+    let plan = Plan::from_selection(&FlowSelection::from(a), a.ebpf)?;
     let range = plan.filter.either_port_in.unwrap_or(LONGHORN_PORTS);
     for (param, port) in [
         ("peer", plan.filter.peer_port),
@@ -488,9 +504,7 @@ pub fn capture_watched(
         wall_time: wall,
         monotonic_start_ns: mono_start.to_string(),
         monotonic_end_ns: monotonic_ns().to_string(),
-        bundle_deadline_ms: crate::request::ValidRequest::Longhorn(Box::new(plan.clone()))
-            .run_deadline()
-            .as_millis() as u64,
+        bundle_deadline_ms: run_deadline(plan).as_millis() as u64,
     };
     let readings = Readings {
         streams,

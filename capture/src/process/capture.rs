@@ -32,8 +32,8 @@ use crate::helpers::leak::LeakBudget;
 use crate::helpers::risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, cause_of, status_of};
 
 /// Longest off-CPU window a capture may ask for (the one limit, in
-/// [`crate::request::PROCESS_WINDOW`]).
-pub const MAX_WINDOW: Duration = crate::request::PROCESS_WINDOW.1;
+/// [`crate::validation::PROCESS_WINDOW`]).
+pub const MAX_WINDOW: Duration = crate::validation::PROCESS_WINDOW.1;
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
@@ -202,7 +202,7 @@ pub fn capture(
                 reason: "an off-CPU window needs a process or thread subject (--pid or --tid), not --host".into(),
             });
         }
-        if w < crate::request::PROCESS_WINDOW.0 || w > MAX_WINDOW {
+        if w < crate::validation::PROCESS_WINDOW.0 || w > MAX_WINDOW {
             return Err(CaptureError::InvalidParameter {
                 param: "window",
                 reason: format!("must be between 1 ms and {} s", MAX_WINDOW.as_secs()),

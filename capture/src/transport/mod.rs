@@ -5,7 +5,7 @@
 //! 1. Validates the request (peer `ADDR[:PORT]`, optional local, window,
 //!    default port range) — every bad parameter is a typed
 //!    [`RequestError::InvalidParameter`] naming it ([`Plan::from_selection`],
-//!    called by [`crate::request::CaptureRequest::validate`]).
+//!    called by the request's `validate` in `crate::request`, above this engine).
 //! 2. Opens the target netns (`--netns-pid` or `--netns`) up front: a PID that
 //!    is gone is [`TransportError::Netns`] before anything is read.
 //! 3. Has `pstack-helper --net` ([`NetHelper`]) — a separate, killable process
@@ -77,7 +77,7 @@ use pstack_envelope::facts::{ebpf_tcp, socket as socket_facts};
 
 use crate::Progress;
 use crate::clock::monotonic_ns;
-use crate::request::{self, MAX_FLOWS, RequestError, TRANSPORT_WINDOW, invalid};
+use crate::validation::{self, MAX_FLOWS, RequestError, TRANSPORT_WINDOW, invalid};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -359,7 +359,7 @@ mod tests {
                 "{bad:?}"
             );
         }
-        let w = |ms| request::window(ms, TRANSPORT_WINDOW);
+        let w = |ms| validation::window(ms, TRANSPORT_WINDOW);
         assert_eq!(w(30_000).unwrap(), Duration::from_secs(30));
         assert_eq!(w(100).unwrap(), Duration::from_millis(100));
         for bad in [0, 99, 3_600_001] {

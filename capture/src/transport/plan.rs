@@ -5,7 +5,7 @@ use super::*;
 
 /// Which flows to capture and how long to watch them; the transport fields
 /// shared by the `transport` and `longhorn` requests (see
-/// [`crate::request::TransportRequest`]), before validation.
+/// `TransportRequest` and `LonghornRequest` of `pstackd_api`), before validation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlowSelection {
     /// Remote endpoint: ADDR or ADDR:PORT (IPv6 with a port in brackets: [fd00::2]:10001).
@@ -26,6 +26,28 @@ pub struct FlowSelection {
     /// Watch the whole window even when no flow matches at the first sample.
     pub wait: bool,
 }
+
+macro_rules! flow_selection_of {
+    ($request:ty) => {
+        impl From<&$request> for FlowSelection {
+            fn from(r: &$request) -> FlowSelection {
+                FlowSelection {
+                    peer: r.peer.clone(),
+                    local: r.local.clone(),
+                    netns_pid: r.netns_pid,
+                    netns: r.netns.clone(),
+                    window_ms: r.window_ms,
+                    ports: r.ports.clone(),
+                    max_flows: r.max_flows,
+                    wait: r.wait,
+                }
+            }
+        }
+    };
+}
+// The transport and Longhorn requests select flows with the same members.
+flow_selection_of!(pstackd_api::request::TransportRequest);
+flow_selection_of!(pstackd_api::request::LonghornRequest);
 
 /// `ADDR` or `ADDR:PORT` (`[v6]:PORT`); a port must be 1–65535.
 pub fn parse_endpoint(param: &'static str, s: &str) -> Result<(IpAddr, Option<u16>), RequestError> {
@@ -138,7 +160,7 @@ impl Plan {
                 }),
             },
             target,
-            window: request::window(a.window_ms, TRANSPORT_WINDOW)?,
+            window: validation::window(a.window_ms, TRANSPORT_WINDOW)?,
             max_flows: a.max_flows,
             ebpf,
             wait: a.wait,

@@ -579,7 +579,6 @@ pub(crate) fn finding_json(f: &FindingRow) -> Value {
     })
 }
 
-
 /// Load every named run, or refuse naming the first missing one.
 async fn load_runs(
     state: &AppState,

@@ -211,7 +211,13 @@ mod tests {
 
     #[tokio::test]
     async fn one_shape_for_every_error() {
-        let (s, h, b) = body(err(StatusCode::BAD_REQUEST, "invalid_query", "no", Some("limit"))).await;
+        let (s, h, b) = body(err(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            "no",
+            Some("limit"),
+        ))
+        .await;
         assert_eq!(s, StatusCode::BAD_REQUEST);
         assert_eq!(
             b,
@@ -236,20 +242,39 @@ mod tests {
 
     #[tokio::test]
     async fn headers_follow_the_status() {
-        let (_, h, _) = body(api(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", "b"))).await;
+        let (_, h, _) = body(api(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            "b",
+        )))
+        .await;
         assert_eq!(h[header::RETRY_AFTER], "1");
-        let (_, h, _) = body(api(
-            ApiError::new(StatusCode::TOO_MANY_REQUESTS, "login_throttled", "t").retry_after(7),
-        ))
+        let (_, h, _) = body(api(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "login_throttled",
+            "t",
+        )
+        .retry_after(7)))
         .await;
         assert_eq!(h[header::RETRY_AFTER], "7");
         let (_, h, _) = body(api(ApiError::new(StatusCode::TOO_MANY_REQUESTS, "x", "t"))).await;
-        assert!(h.get(header::RETRY_AFTER).is_none(), "a 429 says when only if told");
-        let (_, h, _) = body(api(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "u"))).await;
+        assert!(
+            h.get(header::RETRY_AFTER).is_none(),
+            "a 429 says when only if told"
+        );
+        let (_, h, _) = body(api(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "u",
+        )))
+        .await;
         assert_eq!(h[header::WWW_AUTHENTICATE], "Bearer");
-        let (_, h, _) = body(api(
-            ApiError::new(StatusCode::FORBIDDEN, "insufficient_scope", "s").needs_scope(Scope::Runner),
-        ))
+        let (_, h, _) = body(api(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "insufficient_scope",
+            "s",
+        )
+        .needs_scope(Scope::Runner)))
         .await;
         assert_eq!(
             h[header::WWW_AUTHENTICATE],

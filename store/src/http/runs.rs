@@ -316,8 +316,8 @@ async fn post_run(State(state): State<AppState>, headers: HeaderMap, body: Body)
         )
         .field(first.field.clone())
         .member("refusals", &refusals)
-            .member("reason", &first.code)
-            .into_response()
+        .member("reason", &first.code)
+        .into_response()
     })?;
     let now = state.clock.now_ns();
     let row = RunRow {

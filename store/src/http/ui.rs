@@ -38,9 +38,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::http::{ApiError, AppState};
 use crate::http::error::{Reply, err, store_err};
 use crate::http::extract::json_body;
+use crate::http::{ApiError, AppState};
 use pstack_store_core::db::gate::ProposalFilter;
 use pstack_store_core::login::{ClientSource, ThrottleRefusal, VerifierBusy};
 use pstack_store_core::operators::{self, COOKIE};

@@ -36,8 +36,8 @@ use super::hubble::HubbleRead;
 use super::kube::EventsRead;
 use super::model::{ModelError, Volume, parse_volume};
 use super::topology::Topology;
-use crate::request::LonghornRequest;
 use crate::transport::{self, CaptureResult, Plan, TransportError};
+use pstackd_api::request::LonghornRequest;
 
 mod channel;
 mod cilium;
