@@ -33,7 +33,7 @@ use seccompiler::{
     SeccompRule,
 };
 
-use crate::confine::ConfineError;
+use crate::confine_error::ConfineError;
 
 /// Syscalls allowed with any arguments in both profiles: what Rust's std,
 /// the allocator and the procfs reads use.

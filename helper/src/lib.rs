@@ -42,6 +42,7 @@
 //!   no filesystem access at all, one answer per socket.
 
 pub mod confine;
+pub mod confine_error;
 pub mod filter;
 pub mod launch;
 pub mod protocol;

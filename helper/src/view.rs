@@ -25,7 +25,7 @@
 use std::ffi::CString;
 use std::path::Path;
 
-use crate::confine::ConfineError;
+use crate::confine_error::ConfineError;
 
 /// Directories tried, in order, as the mount point of the new root. Any
 /// existing directory works: the tmpfs is mounted over it in the helper's own

@@ -310,7 +310,7 @@ fn bounds(
             cap("max_fds", request.max_fds);
         }
         if selection.wants(SurfaceFamily::K8sPod) && config.kubelet_url.is_some() {
-            cap("max_pod_list_bytes", super::capture::MAX_POD_LIST_BYTES);
+            cap("max_pod_list_bytes", super::MAX_POD_LIST_BYTES);
         }
         if request.window.is_some() {
             let limits = match &config.offcpu {
@@ -571,7 +571,7 @@ pub(in crate::process) mod tests {
         assert_eq!(caps("max_d_claims"), Some(rules::MAX_D_CLAIMS as u64));
         assert_eq!(
             caps("max_pod_list_bytes"),
-            Some(super::super::capture::MAX_POD_LIST_BYTES)
+            Some(super::super::MAX_POD_LIST_BYTES)
         );
         // Not read, not in force: no fd cap without the fd surface, no
         // off-CPU caps without a window.

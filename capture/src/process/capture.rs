@@ -492,11 +492,11 @@ fn container_surfaces(
         let deadline = Duration::from_millis(safe.deadline_ms.max(1));
         out.push(safe.read(SurfaceId::K8sPod, format!("kubelet:{url}"), || {
             let body = fetch_pod_list(&url, deadline)?;
-            let raw = pstack_collectors::procfs::RawRead::capped(body, MAX_POD_LIST_BYTES);
+            let raw = pstack_collectors::procfs::RawRead::capped(body, super::MAX_POD_LIST_BYTES);
             if raw.truncated {
                 return Err(ReadError::Parse {
                     path: url.clone(),
-                    reason: format!("pod list larger than {MAX_POD_LIST_BYTES} bytes"),
+                    reason: format!("pod list larger than {} bytes", super::MAX_POD_LIST_BYTES),
                 });
             }
             let facts = pstack_collectors::kubelet::find_pod(&raw.bytes, uid, &seen.container_id)
@@ -527,9 +527,6 @@ fn container_surfaces(
     }
     out
 }
-
-/// Largest kubelet `/pods` answer read (a node's whole pod list).
-pub(super) const MAX_POD_LIST_BYTES: u64 = 16 << 20;
 
 /// `GET url` within `deadline`, on a runtime of its own (captures run on
 /// blocking threads, never inside the daemon's async tasks).

@@ -232,6 +232,9 @@ impl std::fmt::Debug for SupervisorConfig {
     }
 }
 
+/// Largest kubelet `/pods` answer read (a node's whole pod list).
+pub(crate) const MAX_POD_LIST_BYTES: u64 = 16 << 20;
+
 /// Default reap deadline.
 pub const DEFAULT_REAP_DEADLINE: Duration = Duration::from_millis(200);
 

@@ -46,8 +46,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::supervisor::{EventKind, RunState};
 
@@ -58,30 +57,6 @@ pub const REPEAT_WINDOW_NS: i64 = 24 * 3600 * 1_000_000_000;
 /// The histogram's buckets, seconds.
 pub const FIRST_DISCRIMINATING_BUCKETS_S: [f64; 9] =
     [5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0];
-
-/// What a run has accumulated (kept in its state).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RunAcceptance {
-    /// ns from the run's start to its first discriminating envelope.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub first_discriminating_after_ns: Option<i64>,
-    /// Ledger moves out of a judgement its envelopes caused.
-    #[serde(default)]
-    pub retractions: u32,
-    /// It reopened a settled question.
-    #[serde(default)]
-    pub repeated_investigation: bool,
-    /// Unknowns with an empty owner or probe in its envelopes.
-    #[serde(default)]
-    pub unknowns_without_owner_or_probe: u32,
-    /// Advances that cited an expired or unknown handoff.
-    #[serde(default)]
-    pub stale_handoffs: u32,
-    /// Estimated tokens of free text in its steps.
-    #[serde(default)]
-    pub narration_tokens: u64,
-}
 
 /// The seven, for one run (exact; the report buckets and rounds them).
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -30,13 +30,13 @@ use serde::{Deserialize, Serialize};
 
 use pstack_envelope::Completeness;
 
-use super::acceptance::RunAcceptance;
 use super::deviation::{
     CapabilityClass, Deviation, DeviationClass, Escalation, Response, capability_class_of,
     count_by_class, count_by_step,
 };
 use super::freshness::{EnvelopeFacts, PreMutationRefusal, judge_pre_mutation_until};
 use super::graph::{Requirement, StepGraph, Terminal};
+use super::run_acceptance::RunAcceptance;
 
 /// Running or ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
