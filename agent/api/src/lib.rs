@@ -19,7 +19,10 @@ pub mod request;
 pub mod status;
 
 pub use error::{ErrorBody, ErrorDetail};
-pub use events::{CaptureEvent, CaptureStarted, TraceLine};
+pub use events::{
+    CaptureEvent, CaptureOutcome, CaptureStarted, CaptureState, CaptureStatus, PhaseStatus,
+    TraceLine,
+};
 pub use request::CaptureRequest;
 pub use status::DaemonStatus;
 

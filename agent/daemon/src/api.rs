@@ -501,7 +501,7 @@ async fn get_capture(
 ) -> Result<Response, ApiError> {
     let uid = peer.map_or(u32::MAX, |Extension(p)| p.uid);
     let record = registry.get(&id, uid).ok_or_else(|| unknown_capture(&id))?;
-    Ok(axum::Json(record.status_json()).into_response())
+    Ok(axum::Json(record.status()).into_response())
 }
 
 /// A streamed body: lines handed over by the task that follows a record.

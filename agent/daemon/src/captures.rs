@@ -29,7 +29,9 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use pstack_capture::Progress;
-use pstackd_api::CaptureEvent;
+use pstackd_api::{
+    CaptureEvent, CaptureOutcome, CaptureState, CaptureStatus, ErrorDetail, PhaseStatus,
+};
 
 /// How long a finished capture stays readable.
 pub const KEEP_FINISHED: Duration = Duration::from_secs(600);
@@ -148,17 +150,20 @@ impl Record {
     }
 
     /// `GET /v1/captures/{id}`.
-    pub fn status_json(&self) -> serde_json::Value {
+    pub fn status(&self) -> CaptureStatus {
         let log = self.log();
         let (state, outcome) = match &log.outcome {
-            None => ("running", serde_json::Value::Null),
             Some(CaptureEvent::Done {
                 digests,
                 spool_status,
                 trace_refused,
             }) => (
-                "succeeded",
-                serde_json::json!({"digests": digests, "spool_status": spool_status, "trace_refused": trace_refused}),
+                CaptureState::Succeeded,
+                Some(CaptureOutcome::Succeeded {
+                    digests: digests.clone(),
+                    spool_status: spool_status.clone(),
+                    trace_refused: *trace_refused,
+                }),
             ),
             Some(CaptureEvent::Failed {
                 status,
@@ -166,26 +171,40 @@ impl Record {
                 message,
                 field,
             }) => (
-                "failed",
-                serde_json::json!({"status": status, "error": {"code": code, "message": message, "field": field}}),
+                CaptureState::Failed,
+                Some(CaptureOutcome::Failed {
+                    status: *status,
+                    error: ErrorDetail {
+                        code: code.clone(),
+                        message: message.clone(),
+                        field: field.clone(),
+                    },
+                }),
             ),
-            Some(_) => ("running", serde_json::Value::Null),
+            _ => (CaptureState::Running, None),
         };
         let end = log.finished_at.unwrap_or_else(Instant::now);
-        serde_json::json!({
-            "id": self.id,
-            "kind": self.kind,
-            "state": state,
-            "started_unix_ms": self.started_unix_ms,
-            "elapsed_ms": end.duration_since(self.started).as_millis() as u64,
-            "phases": log.phases.iter().map(|(what, expected_ms, done)| serde_json::json!({
-                "what": what, "expected_ms": expected_ms, "done": done,
-            })).collect::<Vec<_>>(),
-            "lines": log.lines.len(),
-            "live_lines_dropped": log.dropped,
-            "outcome": outcome,
-            "events": format!("/v1/captures/{}/events", self.id),
-        })
+        CaptureStatus {
+            id: self.id.clone(),
+            kind: self.kind.to_string(),
+            state,
+            started_unix_ms: self.started_unix_ms,
+            elapsed_ms: u64::try_from(end.duration_since(self.started).as_millis())
+                .unwrap_or(u64::MAX),
+            phases: log
+                .phases
+                .iter()
+                .map(|(what, expected_ms, done)| PhaseStatus {
+                    what: what.clone(),
+                    expected_ms: *expected_ms,
+                    done: *done,
+                })
+                .collect(),
+            lines: log.lines.len() as u64,
+            live_lines_dropped: log.dropped,
+            outcome,
+            events: format!("/v1/captures/{}/events", self.id),
+        }
     }
 
     fn finished_before(&self, t: Instant) -> bool {
@@ -300,9 +319,13 @@ mod tests {
         let (lines, done) = a.lines_from(0);
         assert!(done);
         assert_eq!(lines.len(), 3, "nothing after the outcome");
-        let s = a.status_json();
-        assert_eq!(s["state"], "succeeded");
-        assert_eq!(s["phases"][0]["done"], true);
+        let s = a.status();
+        assert_eq!(s.state, CaptureState::Succeeded);
+        assert!(s.phases[0].done);
+        // The wire form reads back as the same type (what a client parses).
+        let wire = serde_json::to_vec(&s).unwrap();
+        assert_eq!(serde_json::from_slice::<CaptureStatus>(&wire).unwrap(), s);
+        assert!(matches!(s.outcome, Some(CaptureOutcome::Succeeded { .. })));
     }
 
     #[test]

@@ -216,7 +216,10 @@ pub async fn run(opts: RunOptions, prepared: Prepared) -> Result<(), DaemonError
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let shipper_task = tokio::spawn(shipper.run(shutdown_rx.clone()));
     ebpf.spawn_drain(shutdown_rx.clone());
-    tokio::spawn(super::watch::run(state.clone(), shutdown_rx.clone()));
+    tokio::spawn(super::watch::runner::run(
+        state.clone(),
+        shutdown_rx.clone(),
+    ));
 
     if let Some(interval) = notifier.watchdog_interval() {
         let n = notifier.clone();

@@ -331,11 +331,16 @@ fn root_an_async_tcp_trace_holds_a_slot_reports_its_phases_and_streams_its_lines
 
     // Finished: its status, and a second reader gets the whole log again.
     let r = client::request(&d.socket, "GET", &location, None, Duration::from_secs(10)).unwrap();
-    let s: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-    assert_eq!(s["state"], "succeeded", "{s}");
-    assert_eq!(s["outcome"]["digests"][0], digests[0].as_str(), "{s}");
-    assert_eq!(s["phases"][0]["what"], "watching TCP", "{s}");
-    assert_eq!(s["phases"][0]["done"], true, "{s}");
+    // Read as the wire type pstackd-api declares (unknown members refused).
+    let s: pstackd_api::CaptureStatus = serde_json::from_slice(&r.body)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&r.body)));
+    assert_eq!(s.state, pstackd_api::CaptureState::Succeeded, "{s:?}");
+    let Some(pstackd_api::CaptureOutcome::Succeeded { digests: got, .. }) = &s.outcome else {
+        panic!("{s:?}");
+    };
+    assert_eq!(got, digests, "{s:?}");
+    assert_eq!(s.phases[0].what, "watching TCP", "{s:?}");
+    assert!(s.phases[0].done, "{s:?}");
     let mut again = 0;
     client::follow_capture(&d.socket, &id, Duration::from_secs(10), &mut |_| again += 1).unwrap();
     assert_eq!(again, events.len());

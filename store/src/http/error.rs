@@ -34,6 +34,14 @@ pub struct ApiError {
     status: StatusCode,
     code: String,
     message: String,
+    // Boxed: most errors carry none of it, and handlers return the error by
+    // value through every `?`.
+    more: Option<Box<More>>,
+}
+
+/// The optional parts of an [`ApiError`].
+#[derive(Debug, Default)]
+struct More {
     field: Option<String>,
     detail: Option<Value>,
     members: Map<String, Value>,
@@ -51,23 +59,23 @@ impl ApiError {
             status,
             code: code.into(),
             message: message.into(),
-            field: None,
-            detail: None,
-            members: Map::new(),
-            retry_after_s: None,
-            www_scope: None,
+            more: None,
         }
+    }
+
+    fn more(&mut self) -> &mut More {
+        self.more.get_or_insert_with(Box::default)
     }
 
     /// The input field (camelCase path) the refusal is about.
     pub(crate) fn field(mut self, field: impl Into<String>) -> ApiError {
-        self.field = Some(field.into());
+        self.more().field = Some(field.into());
         self
     }
 
     /// Structured data a client can act on.
     pub(crate) fn detail(mut self, detail: impl serde::Serialize) -> ApiError {
-        self.detail = serde_json::to_value(detail).ok();
+        self.more().detail = serde_json::to_value(detail).ok();
         self
     }
 
@@ -75,20 +83,20 @@ impl ApiError {
     pub(crate) fn member(mut self, name: &str, value: impl serde::Serialize) -> ApiError {
         debug_assert!(!matches!(name, "code" | "message" | "field" | "detail"));
         if let Ok(v) = serde_json::to_value(value) {
-            self.members.insert(name.to_string(), v);
+            self.more().members.insert(name.to_string(), v);
         }
         self
     }
 
     /// Come back after `seconds` (at least 1).
     pub(crate) fn retry_after(mut self, seconds: u64) -> ApiError {
-        self.retry_after_s = Some(seconds.max(1));
+        self.more().retry_after_s = Some(seconds.max(1));
         self
     }
 
     /// A 403 for a key without the scope `need`: the header names it.
     pub(crate) fn needs_scope(mut self, need: Scope) -> ApiError {
-        self.www_scope = Some(need);
+        self.more().www_scope = Some(need);
         self
     }
 
@@ -105,20 +113,21 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let more = self.more.map(|m| *m).unwrap_or_default();
         let mut error = Map::new();
         error.insert("code".into(), Value::String(self.code));
         error.insert("message".into(), Value::String(self.message));
-        if let Some(f) = self.field {
+        if let Some(f) = more.field {
             error.insert("field".into(), Value::String(f));
         }
-        if let Some(d) = self.detail {
+        if let Some(d) = more.detail {
             error.insert("detail".into(), d);
         }
-        error.extend(self.members);
+        error.extend(more.members);
         let mut body = Map::new();
         body.insert("error".into(), Value::Object(error));
         let mut resp = (self.status, Json(Value::Object(body))).into_response();
-        let retry = match (self.retry_after_s, self.status) {
+        let retry = match (more.retry_after_s, self.status) {
             (Some(s), _) => Some(s),
             (None, StatusCode::SERVICE_UNAVAILABLE) => Some(1),
             _ => None,
@@ -130,7 +139,7 @@ impl IntoResponse for ApiError {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        if let Some(need) = self.www_scope {
+        if let Some(need) = more.www_scope {
             // RFC 6750 §3.1: the scope the request needed.
             let v = format!("Bearer error=\"insufficient_scope\", scope=\"{need}\"");
             if let Ok(v) = HeaderValue::from_str(&v) {
@@ -146,10 +155,11 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::Receipt(r) => {
                 let detail = serde_json::to_value(&r).ok();
-                let mut out =
-                    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, r.rule(), r.to_string());
-                out.detail = detail;
-                out
+                let out = ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, r.rule(), r.to_string());
+                match detail {
+                    Some(d) => out.detail(d),
+                    None => out,
+                }
             }
             other => {
                 tracing::error!(error = %pstack_store_core::logsafe::text(&other), "storage failure");

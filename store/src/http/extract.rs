@@ -8,6 +8,13 @@
 //!   error names the field path that failed.
 //! - Every refusal is an [`ApiError`](crate::http::ApiError) with `field`.
 
+// These fail with the finished HTTP response, as the handlers do: it is
+// what the caller returns, once, so its size is not worth a box.
+#![allow(
+    clippy::result_large_err,
+    reason = "the error is the HTTP response itself, built once on the way out"
+)]
+
 use std::collections::BTreeMap;
 
 use axum::body::Body;

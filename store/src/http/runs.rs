@@ -316,7 +316,7 @@ async fn post_run(State(state): State<AppState>, headers: HeaderMap, body: Body)
         )
         .field(first.field.clone())
         .member("refusals", &refusals)
-        .member("reason", &first.code)
+        .member("reason", first.code)
         .into_response()
     })?;
     let now = state.clock.now_ns();

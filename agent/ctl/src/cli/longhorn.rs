@@ -2,9 +2,7 @@
 //! Longhorn engine (`pstack_capture::longhorn`) → envelopes printed (streams
 //! first, the transfer last).
 
-use pstack_capture::request::{
-    CaptureRequest, LonghornRequest, PlanLonghorn, RequestError, ValidRequest,
-};
+use pstack_capture::request::{CaptureRequest, LonghornRequest, PlanLonghorn, RequestError};
 
 use super::transport::{self, FlowArgs};
 
@@ -94,22 +92,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if !args.json {
         eprintln!("{}", plan.transport.describe("rebuild transport "));
     }
-    let run_deadline = ValidRequest::Longhorn(Box::new(plan.clone())).run_deadline();
+    let run_deadline = pstack_capture::longhorn::run_deadline(&plan);
     let request = CaptureRequest::Longhorn(plan.request.clone());
-    match args.via.try_daemon(request, run_deadline) {
-        Ok(Some(envs)) => {
-            transport::emit(
-                &envs.iter().collect::<Vec<_>>(),
-                args.json,
-                args.out_dir.as_deref(),
-            )?;
-            return Ok(0);
-        }
-        Ok(None) => {}
-        Err(e) => {
-            eprintln!("pstackctl capture longhorn: {e}");
-            return Ok(2);
-        }
+    let output = (args.json, args.out_dir.as_deref());
+    if let Some(code) = args.via.capture_through_daemon(
+        request,
+        run_deadline,
+        output,
+        "pstackctl capture longhorn",
+    )? {
+        return Ok(code);
     }
     let result =
         transport::one_shot_helper("pstackctl capture transport").and_then(|(config, budget)| {

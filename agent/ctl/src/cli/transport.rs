@@ -77,7 +77,7 @@ impl Via {
     /// Ask the daemon unless `--one-shot`: `Ok(None)` when none listens (the
     /// caller then captures here), the envelopes when it captured. A daemon
     /// that refuses is an error, never bypassed quietly.
-    pub fn try_daemon(
+    fn try_daemon(
         &self,
         request: CaptureRequest,
         run_deadline: Duration,
@@ -98,6 +98,29 @@ impl Via {
             );
         }
         got
+    }
+
+    /// Capture through pstackd when one listens: `Some(exit code)` when it
+    /// answered (its envelopes emitted like a capture here, or its refusal
+    /// printed as `who: …`), `None` when the caller captures here.
+    pub fn capture_through_daemon(
+        &self,
+        request: CaptureRequest,
+        run_deadline: Duration,
+        output: (bool, Option<&std::path::Path>),
+        who: &str,
+    ) -> anyhow::Result<Option<i32>> {
+        match self.try_daemon(request, run_deadline) {
+            Ok(Some(envs)) => {
+                emit(&envs.iter().collect::<Vec<_>>(), output.0, output.1)?;
+                Ok(Some(0))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => {
+                eprintln!("{who}: {e}");
+                Ok(Some(2))
+            }
+        }
     }
 }
 
@@ -218,20 +241,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     };
     let run_deadline = ValidRequest::Transport(plan.clone()).run_deadline();
-    match args.via.try_daemon(request, run_deadline) {
-        Ok(Some(envs)) => {
-            emit(
-                &envs.iter().collect::<Vec<_>>(),
-                args.json,
-                args.out_dir.as_deref(),
-            )?;
-            return Ok(0);
-        }
-        Ok(None) => {}
-        Err(e) => {
-            eprintln!("pstackctl capture transport: {e}");
-            return Ok(2);
-        }
+    let output = (args.json, args.out_dir.as_deref());
+    if let Some(code) = args.via.capture_through_daemon(
+        request,
+        run_deadline,
+        output,
+        "pstackctl capture transport",
+    )? {
+        return Ok(code);
     }
     let result = match capture(&plan) {
         Ok(r) => r,

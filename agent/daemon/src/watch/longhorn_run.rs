@@ -32,7 +32,8 @@ use pstack_envelope::Trigger;
 use serde_json::json;
 
 use super::rules::{self, Condition};
-use super::{Availability, consider, engines, lock, longhorn};
+use super::runner::consider;
+use super::{Availability, engines, lock, longhorn};
 use crate::engines::RunAborted;
 use crate::state::DaemonState;
 

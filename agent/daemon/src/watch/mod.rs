@@ -31,11 +31,8 @@ pub mod longhorn;
 mod longhorn_run;
 pub mod rebuild;
 pub mod rules;
-mod runner;
+pub(crate) mod runner;
 pub mod sample;
-
-use runner::consider;
-pub use runner::run;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
@@ -57,7 +54,6 @@ use self::conditions::{CounterSample, DStateTracker, RateTracker};
 use self::limit::{Limited, Limiter};
 use self::rules::{Condition, RuleKind, WatchRule};
 use super::engines;
-use super::state::DaemonState;
 
 /// How often conditions are sampled.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -327,10 +323,10 @@ impl WatchEngine {
             .collect()
     }
 
-    /// Decide each rule's availability from the daemon's state and the
-    /// flight recorder's (`flow_state`).
-    fn refresh_availability(&self, state: &DaemonState, flow_state: &Result<(), String>) {
-        let helper = state.engine.supervisor.as_ref().err().cloned();
+    /// Decide each rule's availability from why the helper is missing (if
+    /// it is) and the flight recorder's state (`flow_state`).
+    fn refresh_availability(&self, helper_missing: Option<&str>, flow_state: &Result<(), String>) {
+        let helper = helper_missing;
         let mut inner = lock(&self.inner);
         for s in &mut inner.rules {
             let needs_helper = !matches!(s.rule.kind, RuleKind::TcpReset);

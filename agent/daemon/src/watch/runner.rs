@@ -12,6 +12,7 @@
 
 use super::*;
 use crate::engines::RunAborted;
+use crate::state::DaemonState;
 
 /// Run the engine until `stop` turns true.
 pub async fn run(state: Arc<DaemonState>, mut stop: tokio::sync::watch::Receiver<bool>) {
@@ -50,7 +51,10 @@ async fn tick_once(state: &Arc<DaemonState>) {
         return;
     }
     longhorn_run::polls(state);
-    engine.refresh_availability(state, &flow_state);
+    engine.refresh_availability(
+        state.engine.supervisor.as_ref().err().map(String::as_str),
+        &flow_state,
+    );
     let (needs_d, needs_rates) = {
         let inner = lock(&engine.inner);
         let armed = |k: &[RuleKind]| {
