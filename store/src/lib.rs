@@ -34,5 +34,4 @@ pub mod mcp;
 pub mod query;
 pub mod query_params;
 pub mod ssrf;
-pub mod transfers_cli;
 pub mod webhook;

@@ -264,7 +264,7 @@ enum Command {
         #[command(flatten)]
         conn: Connection,
         #[command(subcommand)]
-        command: pstack_store::transfers_cli::TransferCommand,
+        command: pstack_store::query::transfers::TransferCommand,
     },
 }
 

@@ -1,5 +1,5 @@
 //! The query CLI: `pstack-store envelopes get|list`, `subjects history`,
-//! `unknowns`, `receipts`, `transfer show|of-envelope` ([`crate::transfers_cli`]) — what an operator asks the store from a shell,
+//! `unknowns`, `receipts`, `transfer show|of-envelope` ([`crate::query::transfers`]) — what an operator asks the store from a shell,
 //! over its HTTP API ([`crate::client`]), never by opening its database.
 //!
 //! Text output is a table cut to the terminal (full values with `--json`,
@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::Value;
+
+pub mod transfers;
 
 use crate::client::{ClientConfig, ClientError, StoreClient};
 
@@ -138,7 +140,7 @@ pub enum Query {
     /// `receipts`.
     Receipts(ReceiptsArgs),
     /// `transfer ...`.
-    Transfer(crate::transfers_cli::TransferCommand),
+    Transfer(crate::query::transfers::TransferCommand),
 }
 
 /// Exit code of a failed query.
@@ -396,7 +398,7 @@ pub async fn run(conn: &Connection, query: Query) -> Result<(), QueryError> {
                 &rows,
             )?;
         }
-        Query::Transfer(cmd) => crate::transfers_cli::run(&c, conn.json, cmd).await?,
+        Query::Transfer(cmd) => crate::query::transfers::run(&c, conn.json, cmd).await?,
         Query::Receipts(a) => {
             let page = c.receipts(&a.subject).await?;
             if conn.json {
