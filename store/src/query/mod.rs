@@ -12,7 +12,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+pub mod output;
 pub mod transfers;
+
+pub use output::{QueryError, exit_code};
+use output::{print_table, text};
 
 use crate::client::{ClientConfig, ClientError, StoreClient};
 
@@ -143,50 +147,6 @@ pub enum Query {
     Transfer(crate::query::transfers::TransferCommand),
 }
 
-/// Exit code of a failed query.
-pub fn exit_code(e: &ClientError) -> i32 {
-    match e {
-        ClientError::NotFound { .. } => 3,
-        ClientError::BadQuery { .. } | ClientError::BadUrl(_) => 2,
-        _ => 1,
-    }
-}
-
-/// Why a query command did not run.
-#[derive(Debug, thiserror::Error)]
-pub enum QueryError {
-    /// The store (or the way to it) failed.
-    #[error(transparent)]
-    Client(#[from] ClientError),
-    /// The key file could not be read.
-    #[error("--api-key-file {path}: {source}")]
-    KeyFile {
-        /// The file.
-        path: String,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// Writing to stdout failed (e.g. its reader went away).
-    #[error(transparent)]
-    Output(#[from] std::io::Error),
-}
-
-impl QueryError {
-    /// Stdout's reader went away (`| head`): not an error worth a word.
-    pub fn is_broken_pipe(&self) -> bool {
-        matches!(self, QueryError::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
-    }
-
-    /// The process exit code.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            QueryError::Client(e) => exit_code(e),
-            QueryError::KeyFile { .. } => 2,
-            QueryError::Output(_) => 1,
-        }
-    }
-}
-
 pub(crate) fn client(c: &Connection) -> Result<StoreClient, QueryError> {
     let api_key = match (&c.api_key, &c.api_key_file) {
         (Some(k), _) => Some(k.trim().to_string()),
@@ -229,14 +189,6 @@ fn selector(s: &SubjectSelector) -> Vec<(String, String)> {
     }
 }
 
-pub(crate) fn text(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
 /// `kind k=v k=v` of a flattened identity.
 fn identity_line(kind: &Value, identity: &Value) -> String {
     let mut parts = vec![text(kind)];
@@ -248,37 +200,6 @@ fn identity_line(kind: &Value, identity: &Value) -> String {
         }
     }
     parts.join(" ")
-}
-
-/// Print rows with column widths; the last column takes what is left of
-/// the terminal (and everything off a terminal).
-pub(crate) fn print_table(
-    header: &[&str],
-    widths: &[usize],
-    rows: &[Vec<String>],
-) -> std::io::Result<()> {
-    use pstack_cli::output::{cell, fit_line, terminal_columns};
-    let columns = terminal_columns();
-    let line = |cells: &[String]| {
-        let mut out = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            match widths.get(i) {
-                Some(w) => {
-                    out.push_str(&cell(c, *w));
-                    out.push_str("  ");
-                }
-                None => out.push_str(c),
-            }
-        }
-        fit_line(out.trim_end(), columns).into_owned()
-    };
-    let mut out = line(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>());
-    out.push('\n');
-    for r in rows {
-        out.push_str(&line(r));
-        out.push('\n');
-    }
-    pstack_cli::out!("{out}")
 }
 
 /// Run one query; `Ok(())` printed its answer.

@@ -9,7 +9,7 @@
 use serde_json::Value;
 
 use crate::client::{ClientError, StoreClient};
-use crate::query::{QueryError, print_table, text};
+use crate::query::output::{QueryError, print_table, text};
 
 /// `pstack-store transfer ...`.
 #[derive(Debug, Clone, clap::Subcommand)]
