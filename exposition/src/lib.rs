@@ -32,6 +32,33 @@
 //!   `<name>_count`, then `<name>_sum` and `<name>_count`; `le` follows the
 //!   caller's labels.
 //!
+//! ```
+//! use pstack_exposition::{Exposition, Family};
+//!
+//! const REQUESTS: Family = Family::counter("app_requests_total", "Requests, by route.");
+//!
+//! let mut e = Exposition::new();
+//! e.sample(REQUESTS, &[("route", "/v1/\"x\"")], 3u64);
+//! let text = e.render();
+//! let lines: Vec<&str> = text.lines().collect();
+//! assert_eq!(
+//!     lines,
+//!     [
+//!         "# HELP app_requests_total Requests, by route.",
+//!         "# TYPE app_requests_total counter",
+//!         r#"app_requests_total{route="/v1/\"x\""} 3"#,
+//!     ]
+//! );
+//! ```
+//!
+//! A bad name does not build:
+//!
+//! ```compile_fail
+//! const REQUESTS: pstack_exposition::Family =
+//!     pstack_exposition::Family::counter("app_requests", "A counter without _total.");
+//! let _ = REQUESTS;
+//! ```
+//!
 //! Why written here rather than taken from a crate: `prometheus-client` encodes
 //! OpenMetrics (the family name without its `_total` on HELP and TYPE, a closing
 //! `# EOF`) from a registry of metric objects that it owns, and the `prometheus`
