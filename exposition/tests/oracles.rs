@@ -168,7 +168,8 @@ fn prometheus_reads_back_every_hostile_label_value() {
     )
     .expect("write the config");
     let web_port = free_loopback_port();
-    let _server = Server(
+    let log = dir.path().join("prometheus.log");
+    let mut server = Server(
         Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(
@@ -177,7 +178,7 @@ fn prometheus_reads_back_every_hostile_label_value() {
             ))
             .arg(format!("--web.listen-address=127.0.0.1:{web_port}"))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("create the server log"))
             .spawn()
             .expect("start prometheus"),
     );
@@ -187,6 +188,12 @@ fn prometheus_reads_back_every_hostile_label_value() {
     let (mut got, mut last) = (Vec::<String>::new(), String::new());
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(500));
+        if let Ok(Some(exit)) = server.0.try_wait() {
+            panic!(
+                "prometheus exited ({exit}):\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
         let Ok(body) = http_get(web_port, "/api/v1/series?match%5B%5D=t_hostile_total") else {
             continue;
         };
