@@ -41,10 +41,11 @@
 //! # cfg.watch_all = true;
 //! let status = match EbpfSession::start(cfg) {
 //!     Ok(mut session) => {
-//!         // /v1/status (serde JSON) and /metrics (`to_prometheus()`): programs,
+//!         // /v1/status (serde JSON) and /metrics (`write_metrics`): programs,
 //!         // events and drops, cumulative since load.
 //!         let status: EbpfStatus = session.status().expect("counters readable");
-//!         let _metrics_text = status.to_prometheus();
+//!         let mut metrics = pstack_exposition::Exposition::new();
+//!         status.write_metrics(&mut metrics);
 //!         // Subjects come and go: session.watch(pid) / session.unwatch(pid).
 //!         // One capture window; surfaces for the envelope. `run_window_until`
 //!         // also ends early on a shutdown future. The future is Send.

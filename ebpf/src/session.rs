@@ -33,6 +33,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::TracePoint;
 use aya::{Btf, Ebpf, EbpfLoader, Endianness};
 use pstack_envelope::Surface;
+use pstack_exposition::{Exposition, Family};
 use serde::Serialize;
 use tokio::io::unix::AsyncFd;
 
@@ -339,105 +340,77 @@ pub struct OffCpuStatus {
     pub watched: usize,
 }
 
+const EBPF_UP: Family = Family::gauge(
+    "pstackd_ebpf_up",
+    "Whether pstack's eBPF programs are loaded (state label: running, disabled, unsupported, permission_denied, error).",
+);
+const PROGRAM_ATTACHED: Family = Family::gauge(
+    "pstackd_ebpf_program_attached",
+    "Whether each eBPF program is attached to its tracepoint (1 attached, 0 not).",
+);
+const TCP_EVENTS: Family = Family::counter(
+    "pstackd_ebpf_tcp_events_total",
+    "TCP events the programs delivered, by kind (after the kernel-side port filter).",
+);
+const TCP_LOST: Family = Family::counter(
+    "pstackd_ebpf_tcp_lost_events_total",
+    "TCP events dropped because the ring buffer was full, by kind.",
+);
+const OFFCPU_SWITCHES: Family = Family::counter(
+    "pstackd_ebpf_offcpu_switches_total",
+    "Context switches away from CPU of watched tasks.",
+);
+const OFFCPU_EPISODES: Family = Family::counter(
+    "pstackd_ebpf_offcpu_uninterruptible_episodes_total",
+    "Uninterruptible (D-state) off-CPU episodes of watched tasks that ended.",
+);
+const OFFCPU_LOST: Family = Family::counter(
+    "pstackd_ebpf_offcpu_lost_total",
+    "Off-CPU records lost, by reason (ring buffer full, a map full).",
+);
+const OFFCPU_WATCHED: Family = Family::gauge(
+    "pstackd_ebpf_offcpu_watched_processes",
+    "Processes whose off-CPU time is being recorded now.",
+);
+
 impl EbpfStatus {
-    /// Prometheus text exposition (for pstackd's `/metrics`, so every family carries
-    /// pstackd's one prefix, `pstackd_ebpf_`): `pstackd_ebpf_up` (1 running, 0 not) with
-    /// the state as a label, per-program `pstackd_ebpf_program_attached`, per-kind
-    /// `pstackd_ebpf_tcp_events_total` and `pstackd_ebpf_tcp_lost_events_total`, and
-    /// the off-CPU counters. Every family has HELP and TYPE; counters end in `_total`
-    /// and no name part reads as an abbreviated unit (`promtool check metrics` clean).
-    pub fn to_prometheus(&self) -> String {
-        use std::fmt::Write as _;
-        let mut o = String::new();
-        let family = |o: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(o, "# HELP {name} {help}");
-            let _ = writeln!(o, "# TYPE {name} {kind}");
-        };
-        let up = u8::from(self.state == "running");
-        family(
-            &mut o,
-            "pstackd_ebpf_up",
-            "gauge",
-            "Whether pstack's eBPF programs are loaded (state label: running, disabled, unsupported, permission_denied, error).",
-        );
-        let _ = writeln!(o, "pstackd_ebpf_up{{state=\"{}\"}} {up}", self.state);
-        family(
-            &mut o,
-            "pstackd_ebpf_program_attached",
-            "gauge",
-            "Whether each eBPF program is attached to its tracepoint (1 attached, 0 not).",
-        );
+    /// Add the eBPF families to pstackd's `/metrics` (so every family carries
+    /// pstackd's one prefix, `pstackd_ebpf_`): `pstackd_ebpf_up` (1 running, 0 not)
+    /// with the state as a label, per-program `pstackd_ebpf_program_attached`,
+    /// per-kind `pstackd_ebpf_tcp_events_total` and
+    /// `pstackd_ebpf_tcp_lost_events_total`, and the off-CPU counters (only while
+    /// off-CPU recording is on). No name part reads as an abbreviated unit
+    /// (`promtool check metrics` clean).
+    pub fn write_metrics(&self, e: &mut Exposition) {
+        e.sample(EBPF_UP, &[("state", &self.state)], self.state == "running");
+        e.declare(PROGRAM_ATTACHED);
         for p in &self.programs {
-            let _ = writeln!(
-                o,
-                "pstackd_ebpf_program_attached{{program=\"{}\",tracepoint=\"{}\"}} {}",
-                p.program,
-                p.tracepoint,
-                u8::from(p.attached)
+            e.sample(
+                PROGRAM_ATTACHED,
+                &[("program", p.program), ("tracepoint", p.tracepoint)],
+                p.attached,
             );
         }
-        family(
-            &mut o,
-            "pstackd_ebpf_tcp_events_total",
-            "counter",
-            "TCP events the programs delivered, by kind (after the kernel-side port filter).",
-        );
+        e.declare(TCP_EVENTS);
         for (k, v) in &self.tcp_events {
-            let _ = writeln!(o, "pstackd_ebpf_tcp_events_total{{kind=\"{k}\"}} {v}");
+            e.sample(TCP_EVENTS, &[("kind", k)], *v);
         }
-        family(
-            &mut o,
-            "pstackd_ebpf_tcp_lost_events_total",
-            "counter",
-            "TCP events dropped because the ring buffer was full, by kind.",
-        );
+        e.declare(TCP_LOST);
         for (k, v) in &self.tcp_lost {
-            let _ = writeln!(o, "pstackd_ebpf_tcp_lost_events_total{{kind=\"{k}\"}} {v}");
+            e.sample(TCP_LOST, &[("kind", k)], *v);
         }
         if let Some(c) = &self.offcpu {
-            family(
-                &mut o,
-                "pstackd_ebpf_offcpu_switches_total",
-                "counter",
-                "Context switches away from CPU of watched tasks.",
-            );
-            let _ = writeln!(o, "pstackd_ebpf_offcpu_switches_total {}", c.switches);
-            family(
-                &mut o,
-                "pstackd_ebpf_offcpu_uninterruptible_episodes_total",
-                "counter",
-                "Uninterruptible (D-state) off-CPU episodes of watched tasks that ended.",
-            );
-            let _ = writeln!(
-                o,
-                "pstackd_ebpf_offcpu_uninterruptible_episodes_total {}",
-                c.episodes
-            );
-            family(
-                &mut o,
-                "pstackd_ebpf_offcpu_lost_total",
-                "counter",
-                "Off-CPU records lost, by reason (ring buffer full, a map full).",
-            );
+            e.sample(OFFCPU_SWITCHES, &[], c.switches);
+            e.sample(OFFCPU_EPISODES, &[], c.episodes);
             for (reason, v) in [
                 ("ring_buffer", c.lost_ring),
                 ("start_map_full", c.lost_start),
                 ("totals_map_full", c.lost_totals),
             ] {
-                let _ = writeln!(
-                    o,
-                    "pstackd_ebpf_offcpu_lost_total{{reason=\"{reason}\"}} {v}"
-                );
+                e.sample(OFFCPU_LOST, &[("reason", reason)], v);
             }
-            family(
-                &mut o,
-                "pstackd_ebpf_offcpu_watched_processes",
-                "gauge",
-                "Processes whose off-CPU time is being recorded now.",
-            );
-            let _ = writeln!(o, "pstackd_ebpf_offcpu_watched_processes {}", c.watched);
+            e.sample(OFFCPU_WATCHED, &[], c.watched);
         }
-        o
     }
 
     /// The status of a session that could not start.
@@ -1266,7 +1239,9 @@ mod tests {
     fn failed_status_renders_for_metrics() {
         let st = EbpfStatus::failed(&EbpfError::NoBtf { path: "/x".into() });
         assert_eq!(st.state, "unsupported");
-        let text = st.to_prometheus();
+        let mut e = Exposition::new();
+        st.write_metrics(&mut e);
+        let text = e.render();
         assert!(
             text.contains("pstackd_ebpf_up{state=\"unsupported\"} 0"),
             "{text}"

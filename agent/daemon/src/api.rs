@@ -55,6 +55,7 @@ use super::state::DaemonState;
 use pstack_capture::process::CaptureError;
 use pstack_capture::request::ValidRequest;
 use pstack_capture::transport::TransportError;
+use pstack_exposition::{Exposition, Family};
 use pstackd_api::status::{
     CaptureCounts, DaemonStatus, HelperBinary, HelperStatus, ShippingStatus,
 };
@@ -885,165 +886,116 @@ async fn get_metrics(State(state): State<Arc<DaemonState>>) -> Response {
     let mut resp = Response::new(Body::from(metrics_text(&state)));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        HeaderValue::from_static(pstack_exposition::CONTENT_TYPE),
     );
     resp
 }
 
-/// Prometheus text exposition.
+const CAPTURES: Family = Family::counter("pstackd_captures_total", "Capture requests by outcome.");
+const CAPTURES_IN_FLIGHT: Family = Family::gauge(
+    "pstackd_captures_in_flight",
+    "Captures running now (each holds one helper).",
+);
+const REQUESTS_REFUSED: Family =
+    Family::counter("pstackd_requests_refused_total", "Requests refused.");
+const CONNECTIONS_OPEN: Family = Family::gauge("pstackd_connections_open", "Connections open.");
+const CONNECTIONS_REFUSED: Family = Family::counter(
+    "pstackd_connections_refused_total",
+    "Connections closed at accept (over max_connections).",
+);
+const RELOADS: Family = Family::counter("pstackd_reloads_total", "Configuration reloads.");
+const SPOOL_FILES: Family = Family::gauge("pstackd_spool_files", "Envelopes in the spool.");
+const SPOOL_BYTES: Family = Family::gauge("pstackd_spool_bytes", "Bytes in the spool.");
+const SPOOL_WRITTEN: Family = Family::counter("pstackd_spool_written_total", "Envelopes spooled.");
+const SPOOL_DROPPED: Family = Family::counter(
+    "pstackd_spool_dropped_total",
+    "Envelopes dropped by the drop_oldest overflow policy.",
+);
+const SPOOL_REFUSED: Family = Family::counter(
+    "pstackd_spool_refused_total",
+    "Envelopes the spool refused.",
+);
+const SPOOL_QUARANTINED: Family = Family::counter(
+    "pstackd_spool_quarantined_total",
+    "Spool files quarantined (corrupt, stray, rejected).",
+);
+const SHIP_ITEMS: Family = Family::counter(
+    "pstackd_ship_items_total",
+    "Items acknowledged by the collector.",
+);
+const SHIP_BATCHES: Family = Family::counter("pstackd_ship_batches_total", "Batches sent.");
+const SHIP_FAILURES: Family = Family::counter(
+    "pstackd_ship_failures_total",
+    "Failed batch attempts by class.",
+);
+const SHIP_LAG: Family = Family::gauge(
+    "pstackd_ship_lag_seconds",
+    "Age of the oldest unshipped envelope.",
+);
+const HELPERS_LEAKED: Family =
+    Family::gauge("pstackd_helpers_leaked", "Helpers killed but not reaped.");
+const LEAK_BUDGET: Family = Family::gauge("pstackd_leak_budget", "Leak budget capacity.");
+
+/// Prometheus text exposition: the daemon's families, then the eBPF
+/// session's, then the watch rules' and the flight recorder's.
 pub fn metrics_text(state: &DaemonState) -> String {
-    use std::fmt::Write;
-    let mut out = String::with_capacity(4096);
-    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (labels, v) in samples {
-            if labels.is_empty() {
-                let _ = writeln!(out, "{name} {v}");
-            } else {
-                let _ = writeln!(out, "{name}{{{labels}}} {v}");
-            }
-        }
-    };
+    let mut e = Exposition::new();
     let c = &state.counters;
     let r = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    metric(
-        "pstackd_captures_total",
-        "counter",
-        "Capture requests by outcome.",
-        &[
-            ("outcome=\"ok\"", r(&c.captures_ok)),
-            ("outcome=\"failed\"", r(&c.captures_failed)),
-            ("outcome=\"busy\"", r(&c.captures_busy)),
-            ("outcome=\"spool_full\"", r(&c.captures_spool_full)),
-            ("outcome=\"overran\"", r(&c.captures_overran)),
-        ],
-    );
-    metric(
-        "pstackd_captures_in_flight",
-        "gauge",
-        "Captures running now (each holds one helper).",
-        &[("", state.in_flight.load(Ordering::SeqCst) as u64)],
-    );
-    metric(
-        "pstackd_requests_refused_total",
-        "counter",
-        "Requests refused.",
-        &[
-            ("reason=\"unauthorized\"", r(&c.unauthorized)),
-            ("reason=\"bad_request\"", r(&c.bad_requests)),
-        ],
-    );
-    metric(
-        "pstackd_connections_open",
-        "gauge",
-        "Connections open.",
-        &[("", r(&c.connections_open))],
-    );
-    metric(
-        "pstackd_connections_refused_total",
-        "counter",
-        "Connections closed at accept (over max_connections).",
-        &[("", r(&c.connections_refused))],
-    );
-    metric(
-        "pstackd_reloads_total",
-        "counter",
-        "Configuration reloads.",
-        &[
-            ("result=\"applied\"", r(&c.reloads_ok)),
-            ("result=\"rejected\"", r(&c.reloads_rejected)),
-        ],
-    );
-    let sp = state.spool.snapshot();
-    metric(
-        "pstackd_spool_files",
-        "gauge",
-        "Envelopes in the spool.",
-        &[("", sp.files)],
-    );
-    metric(
-        "pstackd_spool_bytes",
-        "gauge",
-        "Bytes in the spool.",
-        &[("", sp.bytes)],
-    );
-    metric(
-        "pstackd_spool_written_total",
-        "counter",
-        "Envelopes spooled.",
-        &[("", sp.written_total)],
-    );
-    metric(
-        "pstackd_spool_dropped_total",
-        "counter",
-        "Envelopes dropped by the drop_oldest overflow policy.",
-        &[("", sp.dropped_total)],
-    );
-    metric(
-        "pstackd_spool_refused_total",
-        "counter",
-        "Envelopes the spool refused.",
-        &[("", sp.refused_total)],
-    );
-    metric(
-        "pstackd_spool_quarantined_total",
-        "counter",
-        "Spool files quarantined (corrupt, stray, rejected).",
-        &[("", sp.quarantined_total)],
-    );
-    let s = &state.shipper_stats;
-    metric(
-        "pstackd_ship_items_total",
-        "counter",
-        "Items acknowledged by the collector.",
-        &[
-            ("status=\"accepted\"", r(&s.accepted)),
-            ("status=\"duplicate\"", r(&s.duplicate)),
-            ("status=\"rejected\"", r(&s.rejected)),
-        ],
-    );
-    metric(
-        "pstackd_ship_batches_total",
-        "counter",
-        "Batches sent.",
-        &[("", r(&s.batches))],
-    );
-    let failures: Vec<(String, u64)> = s
-        .failures
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .map(|(k, v)| (format!("class=\"{k}\""), *v))
-        .collect();
-    let failures: Vec<(&str, u64)> = failures.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-    metric(
-        "pstackd_ship_failures_total",
-        "counter",
-        "Failed batch attempts by class.",
-        &failures,
-    );
-    metric(
-        "pstackd_ship_lag_seconds",
-        "gauge",
-        "Age of the oldest unshipped envelope.",
-        &[("", lag_seconds(state))],
-    );
-    if let Some(b) = &state.engine.budget {
-        metric(
-            "pstackd_helpers_leaked",
-            "gauge",
-            "Helpers killed but not reaped.",
-            &[("", b.in_use())],
-        );
-        metric(
-            "pstackd_leak_budget",
-            "gauge",
-            "Leak budget capacity.",
-            &[("", b.capacity())],
-        );
+    for (outcome, v) in [
+        ("ok", &c.captures_ok),
+        ("failed", &c.captures_failed),
+        ("busy", &c.captures_busy),
+        ("spool_full", &c.captures_spool_full),
+        ("overran", &c.captures_overran),
+    ] {
+        e.sample(CAPTURES, &[("outcome", outcome)], r(v));
     }
-    out.push_str(&state.engine.ebpf.prometheus());
-    out.push_str(&state.watch.prometheus());
-    out
+    e.sample(
+        CAPTURES_IN_FLIGHT,
+        &[],
+        state.in_flight.load(Ordering::SeqCst),
+    );
+    e.sample(
+        REQUESTS_REFUSED,
+        &[("reason", "unauthorized")],
+        r(&c.unauthorized),
+    );
+    e.sample(
+        REQUESTS_REFUSED,
+        &[("reason", "bad_request")],
+        r(&c.bad_requests),
+    );
+    e.sample(CONNECTIONS_OPEN, &[], r(&c.connections_open));
+    e.sample(CONNECTIONS_REFUSED, &[], r(&c.connections_refused));
+    e.sample(RELOADS, &[("result", "applied")], r(&c.reloads_ok));
+    e.sample(RELOADS, &[("result", "rejected")], r(&c.reloads_rejected));
+    let sp = state.spool.snapshot();
+    e.sample(SPOOL_FILES, &[], sp.files);
+    e.sample(SPOOL_BYTES, &[], sp.bytes);
+    e.sample(SPOOL_WRITTEN, &[], sp.written_total);
+    e.sample(SPOOL_DROPPED, &[], sp.dropped_total);
+    e.sample(SPOOL_REFUSED, &[], sp.refused_total);
+    e.sample(SPOOL_QUARANTINED, &[], sp.quarantined_total);
+    let s = &state.shipper_stats;
+    for (status, v) in [
+        ("accepted", &s.accepted),
+        ("duplicate", &s.duplicate),
+        ("rejected", &s.rejected),
+    ] {
+        e.sample(SHIP_ITEMS, &[("status", status)], r(v));
+    }
+    e.sample(SHIP_BATCHES, &[], r(&s.batches));
+    e.declare(SHIP_FAILURES);
+    for (class, v) in s.failures.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        e.sample(SHIP_FAILURES, &[("class", class)], *v);
+    }
+    e.sample(SHIP_LAG, &[], lag_seconds(state));
+    if let Some(b) = &state.engine.budget {
+        e.sample(HELPERS_LEAKED, &[], b.in_use());
+        e.sample(LEAK_BUDGET, &[], b.capacity());
+    }
+    state.engine.ebpf.write_metrics(&mut e);
+    state.watch.write_metrics(&mut e);
+    e.render()
 }

@@ -28,10 +28,16 @@ use std::time::{Duration, SystemTime};
 
 use pstack_ebpf::{EbpfConfig, EbpfSession, EbpfStatus, OFFCPU_SURFACE};
 use pstack_envelope::Surface;
+use pstack_exposition::{Exposition, Family};
 use tokio::sync::{Mutex, watch};
 
 use super::config::EbpfDaemonConfig;
 use pstack_capture::process::OffCpuSource;
+
+const WINDOWS: Family = Family::counter(
+    "pstackd_ebpf_windows_total",
+    "Capture windows by where they ran (the daemon's session, or a one-shot load when it was busy or not loaded).",
+);
 
 /// How long a windowed capture waits for the shared session before loading
 /// its own.
@@ -208,26 +214,19 @@ impl DaemonEbpf {
         }
     }
 
-    /// The eBPF part of `/metrics`.
-    pub fn prometheus(&self) -> String {
-        use std::fmt::Write as _;
-        let mut o = self.status().0.to_prometheus();
-        let _ = writeln!(
-            o,
-            "# HELP pstackd_ebpf_windows_total Capture windows by where they ran (the daemon's session, or a one-shot load when it was busy or not loaded)."
+    /// Add the eBPF part of `/metrics`.
+    pub fn write_metrics(&self, e: &mut Exposition) {
+        self.status().0.write_metrics(e);
+        e.sample(
+            WINDOWS,
+            &[("session", "shared")],
+            self.windows_shared.load(Ordering::Relaxed),
         );
-        let _ = writeln!(o, "# TYPE pstackd_ebpf_windows_total counter");
-        let _ = writeln!(
-            o,
-            "pstackd_ebpf_windows_total{{session=\"shared\"}} {}",
-            self.windows_shared.load(Ordering::Relaxed)
+        e.sample(
+            WINDOWS,
+            &[("session", "one_shot")],
+            self.windows_one_shot.load(Ordering::Relaxed),
         );
-        let _ = writeln!(
-            o,
-            "pstackd_ebpf_windows_total{{session=\"one_shot\"}} {}",
-            self.windows_one_shot.load(Ordering::Relaxed)
-        );
-        o
     }
 
     /// Drain the TCP ring and refresh the status every [`DRAIN_EVERY`] until

@@ -46,6 +46,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use pstack_exposition::{Exposition, Family, HistogramSample};
 use serde::Serialize;
 
 use super::supervisor::{EventKind, RunState};
@@ -229,103 +230,85 @@ impl AcceptanceMetrics {
             .fetch_add(narration_tokens, Ordering::Relaxed);
     }
 
-    /// Append the Prometheus text exposition.
-    pub fn render(&self, out: &mut String) {
-        use std::fmt::Write;
-        let head = |o: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        };
+    /// Add the AC1 families to the store's `/metrics`.
+    pub fn write_metrics(&self, e: &mut Exposition) {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let name = "pstack_store_run_first_discriminating_observation_seconds";
-        head(
-            out,
-            name,
-            "histogram",
-            "Seconds from a supervised run's start to the first envelope that moved a standing hypothesis (AC1).",
-        );
         {
             let h = self
                 .first_discriminating
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            for (i, le) in FIRST_DISCRIMINATING_BUCKETS_S.iter().enumerate() {
-                let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {}", h.counts[i]);
-            }
-            let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
-            let _ = writeln!(out, "{name}_sum {}", h.sum);
-            let _ = writeln!(out, "{name}_count {}", h.count);
+            e.histogram(
+                FIRST_DISCRIMINATING,
+                &[],
+                HistogramSample {
+                    bounds: &FIRST_DISCRIMINATING_BUCKETS_S,
+                    cumulative: &h.counts,
+                    count: h.count,
+                    sum: h.sum,
+                },
+            );
         }
-        for (name, help, v) in [
-            (
-                "pstack_store_hypothesis_retractions_total",
-                "Hypothesis judgements (confirmed, falsified) later withdrawn by evidence (AC1).",
-                n(&self.retractions),
-            ),
-            (
-                "pstack_store_repeated_investigations_total",
-                "Runs that bound a subject another run of the same graph settled within 24 h (AC1).",
-                n(&self.repeated),
-            ),
-        ] {
-            head(out, name, "counter", help);
-            let _ = writeln!(out, "{name} {v}");
-        }
-        let name = "pstack_store_unknowns_without_owner_or_probe_total";
-        head(
-            out,
-            name,
-            "counter",
-            "Unknowns offered to ingest without an owner or a probe, by missing field (AC1).",
+        e.sample(RETRACTIONS, &[], n(&self.retractions));
+        e.sample(REPEATED, &[], n(&self.repeated));
+        e.sample(
+            UNKNOWNS_WITHOUT_OWNER_OR_PROBE,
+            &[("missing", "owner")],
+            n(&self.missing_owner),
         );
-        let _ = writeln!(
-            out,
-            "{name}{{missing=\"owner\"}} {}",
-            n(&self.missing_owner)
+        e.sample(
+            UNKNOWNS_WITHOUT_OWNER_OR_PROBE,
+            &[("missing", "probe")],
+            n(&self.missing_probe),
         );
-        let _ = writeln!(
-            out,
-            "{name}{{missing=\"probe\"}} {}",
-            n(&self.missing_probe)
+        e.sample(
+            STALE_HANDOFFS,
+            &[("reason", "expired")],
+            n(&self.stale_expired),
         );
-        let name = "pstack_store_stale_handoffs_total";
-        head(
-            out,
-            name,
-            "counter",
-            "Run advances citing an expired or unknown handoff, by reason (AC1).",
+        e.sample(
+            STALE_HANDOFFS,
+            &[("reason", "unbound")],
+            n(&self.stale_unbound),
         );
-        let _ = writeln!(
-            out,
-            "{name}{{reason=\"expired\"}} {}",
-            n(&self.stale_expired)
-        );
-        let _ = writeln!(
-            out,
-            "{name}{{reason=\"unbound\"}} {}",
-            n(&self.stale_unbound)
-        );
-        for (name, help, v) in [
-            (
-                "pstack_store_run_transitions_total",
-                "Steps entered by supervised runs (AC1 transitions per agent-hour, numerator).",
-                n(&self.transitions).to_string(),
-            ),
-            (
-                "pstack_store_run_agent_seconds_total",
-                "Seconds supervised runs spent from one step to the next (AC1 transitions per agent-hour, denominator).",
-                format!("{}", n(&self.agent_ns) as f64 / 1e9),
-            ),
-            (
-                "pstack_store_run_narration_tokens_total",
-                "Estimated tokens of free text (command, stdout) in run steps, 4 bytes per token (AC1).",
-                n(&self.narration_tokens).to_string(),
-            ),
-        ] {
-            head(out, name, "counter", help);
-            let _ = writeln!(out, "{name} {v}");
-        }
+        e.sample(TRANSITIONS, &[], n(&self.transitions));
+        e.sample(AGENT_SECONDS, &[], n(&self.agent_ns) as f64 / 1e9);
+        e.sample(NARRATION_TOKENS, &[], n(&self.narration_tokens));
     }
 }
+
+const FIRST_DISCRIMINATING: Family = Family::histogram(
+    "pstack_store_run_first_discriminating_observation_seconds",
+    "Seconds from a supervised run's start to the first envelope that moved a standing hypothesis (AC1).",
+);
+const RETRACTIONS: Family = Family::counter(
+    "pstack_store_hypothesis_retractions_total",
+    "Hypothesis judgements (confirmed, falsified) later withdrawn by evidence (AC1).",
+);
+const REPEATED: Family = Family::counter(
+    "pstack_store_repeated_investigations_total",
+    "Runs that bound a subject another run of the same graph settled within 24 h (AC1).",
+);
+const UNKNOWNS_WITHOUT_OWNER_OR_PROBE: Family = Family::counter(
+    "pstack_store_unknowns_without_owner_or_probe_total",
+    "Unknowns offered to ingest without an owner or a probe, by missing field (AC1).",
+);
+const STALE_HANDOFFS: Family = Family::counter(
+    "pstack_store_stale_handoffs_total",
+    "Run advances citing an expired or unknown handoff, by reason (AC1).",
+);
+const TRANSITIONS: Family = Family::counter(
+    "pstack_store_run_transitions_total",
+    "Steps entered by supervised runs (AC1 transitions per agent-hour, numerator).",
+);
+const AGENT_SECONDS: Family = Family::counter(
+    "pstack_store_run_agent_seconds_total",
+    "Seconds supervised runs spent from one step to the next (AC1 transitions per agent-hour, denominator).",
+);
+const NARRATION_TOKENS: Family = Family::counter(
+    "pstack_store_run_narration_tokens_total",
+    "Estimated tokens of free text (command, stdout) in run steps, 4 bytes per token (AC1).",
+);
 
 #[cfg(test)]
 mod tests {
@@ -366,8 +349,9 @@ mod tests {
         let m = AcceptanceMetrics::default();
         m.observe_first_discriminating(5.0);
         m.observe_first_discriminating(61.0);
-        let mut out = String::new();
-        m.render(&mut out);
+        let mut e = Exposition::new();
+        m.write_metrics(&mut e);
+        let out = e.render();
         for line in [
             "pstack_store_run_first_discriminating_observation_seconds_bucket{le=\"5\"} 1",
             "pstack_store_run_first_discriminating_observation_seconds_bucket{le=\"60\"} 1",

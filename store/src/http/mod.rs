@@ -48,6 +48,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use pstack_exposition::{Exposition, Family, HistogramSample};
 use serde::Serialize;
 use serde_json::json;
 
@@ -123,8 +124,8 @@ impl AppState {
     }
 }
 
-/// Prometheus counters (text exposition rendered by hand: a handful of
-/// counters does not justify a metrics framework).
+/// Prometheus counters, read at scrape time into one text exposition
+/// (`pstack_exposition`).
 #[derive(Debug, Default)]
 pub struct Metrics {
     items_accepted: AtomicU64,
@@ -156,124 +157,89 @@ impl Metrics {
         self.retention_deleted.fetch_add(n, Ordering::Relaxed);
     }
 
-    fn render(&self) -> String {
-        use std::fmt::Write;
-        let mut out = String::new();
-        let c = |o: &mut String, name: &str, help: &str| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
-        };
-        c(
-            &mut out,
-            "pstack_store_ingest_items_total",
-            "Envelopes received, by outcome.",
-        );
+    fn write_metrics(&self, e: &mut Exposition) {
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
         for (status, v) in [
             ("accepted", &self.items_accepted),
             ("duplicate", &self.items_duplicate),
             ("rejected", &self.items_rejected),
         ] {
-            let _ = writeln!(
-                out,
-                "pstack_store_ingest_items_total{{status=\"{status}\"}} {}",
-                v.load(Ordering::Relaxed)
-            );
+            e.sample(INGEST_ITEMS, &[("status", status)], n(v));
         }
-        c(
-            &mut out,
-            "pstack_store_ingest_rejections_total",
-            "Rule violations in rejected envelopes, by rule.",
-        );
+        e.declare(INGEST_REJECTIONS);
         for (rule, v) in lock(&self.rejected_by_rule).iter() {
-            let _ = writeln!(
-                out,
-                "pstack_store_ingest_rejections_total{{rule=\"{rule}\"}} {v}"
-            );
+            e.sample(INGEST_REJECTIONS, &[("rule", rule)], *v);
         }
-        c(
-            &mut out,
-            "pstack_store_ingest_bytes_total",
-            "Decoded ingest body bytes.",
-        );
-        let _ = writeln!(
-            out,
-            "pstack_store_ingest_bytes_total {}",
-            self.ingest_bytes.load(Ordering::Relaxed)
-        );
-        c(
-            &mut out,
-            "pstack_store_ingest_batches_total",
-            "Ingest requests that reached the database.",
-        );
-        let _ = writeln!(
-            out,
-            "pstack_store_ingest_batches_total {}",
-            self.ingest_batches.load(Ordering::Relaxed)
-        );
-        c(
-            &mut out,
-            "pstack_store_auth_failures_total",
-            "Refused API keys, by reason.",
-        );
+        e.sample(INGEST_BYTES, &[], n(&self.ingest_bytes));
+        e.sample(INGEST_BATCHES, &[], n(&self.ingest_batches));
+        e.declare(AUTH_FAILURES);
         for (reason, v) in lock(&self.auth_failures).iter() {
-            let _ = writeln!(
-                out,
-                "pstack_store_auth_failures_total{{reason=\"{reason}\"}} {v}"
-            );
+            e.sample(AUTH_FAILURES, &[("reason", reason)], *v);
         }
-        c(
-            &mut out,
-            "pstack_store_retention_deleted_total",
-            "Envelopes deleted by retention.",
-        );
-        let _ = writeln!(
-            out,
-            "pstack_store_retention_deleted_total {}",
-            self.retention_deleted.load(Ordering::Relaxed)
-        );
-        c(
-            &mut out,
-            "pstack_store_http_responses_total",
-            "HTTP responses, by route and status.",
-        );
+        e.sample(RETENTION_DELETED, &[], n(&self.retention_deleted));
+        e.declare(HTTP_RESPONSES);
         for ((route, status), v) in lock(&self.responses).iter() {
-            let _ = writeln!(
-                out,
-                "pstack_store_http_responses_total{{route=\"{route}\",status=\"{status}\"}} {v}"
+            e.sample(
+                HTTP_RESPONSES,
+                &[("route", route), ("status", &status.to_string())],
+                *v,
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP pstack_store_http_request_duration_seconds Request latency, by route.\n# TYPE pstack_store_http_request_duration_seconds histogram"
-        );
+        e.declare(HTTP_DURATION);
         for (route, h) in lock(&self.latency).iter() {
-            let mut cumulative = 0;
-            for (i, le) in BUCKETS_S.iter().enumerate() {
-                cumulative += h.counts[i];
-                let _ = writeln!(
-                    out,
-                    "pstack_store_http_request_duration_seconds_bucket{{route=\"{route}\",le=\"{le}\"}} {cumulative}"
-                );
+            let mut cumulative = [0; BUCKETS_S.len()];
+            let mut below = 0;
+            for (c, n) in cumulative.iter_mut().zip(h.counts) {
+                below += n;
+                *c = below;
             }
-            let _ = writeln!(
-                out,
-                "pstack_store_http_request_duration_seconds_bucket{{route=\"{route}\",le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                out,
-                "pstack_store_http_request_duration_seconds_sum{{route=\"{route}\"}} {}",
-                h.sum
-            );
-            let _ = writeln!(
-                out,
-                "pstack_store_http_request_duration_seconds_count{{route=\"{route}\"}} {}",
-                h.count
+            e.histogram(
+                HTTP_DURATION,
+                &[("route", route)],
+                HistogramSample {
+                    bounds: &BUCKETS_S,
+                    cumulative: &cumulative,
+                    count: h.count,
+                    sum: h.sum,
+                },
             );
         }
-        self.acceptance.render(&mut out);
-        out
+        self.acceptance.write_metrics(e);
     }
 }
+
+const INGEST_ITEMS: Family = Family::counter(
+    "pstack_store_ingest_items_total",
+    "Envelopes received, by outcome.",
+);
+const INGEST_REJECTIONS: Family = Family::counter(
+    "pstack_store_ingest_rejections_total",
+    "Rule violations in rejected envelopes, by rule.",
+);
+const INGEST_BYTES: Family = Family::counter(
+    "pstack_store_ingest_bytes_total",
+    "Decoded ingest body bytes.",
+);
+const INGEST_BATCHES: Family = Family::counter(
+    "pstack_store_ingest_batches_total",
+    "Ingest requests that reached the database.",
+);
+const AUTH_FAILURES: Family = Family::counter(
+    "pstack_store_auth_failures_total",
+    "Refused API keys, by reason.",
+);
+const RETENTION_DELETED: Family = Family::counter(
+    "pstack_store_retention_deleted_total",
+    "Envelopes deleted by retention.",
+);
+const HTTP_RESPONSES: Family = Family::counter(
+    "pstack_store_http_responses_total",
+    "HTTP responses, by route and status.",
+);
+const HTTP_DURATION: Family = Family::histogram(
+    "pstack_store_http_request_duration_seconds",
+    "Request latency, by route.",
+);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -424,55 +390,49 @@ async fn healthz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    use std::fmt::Write;
-    let mut text = state.metrics.render();
+    let mut e = Exposition::new();
+    state.metrics.write_metrics(&mut e);
     let g = &state.guards;
-    for (name, kind, help, v) in [
+    for (family, v) in [
         (
-            "pstack_store_login_verifier_busy_total",
-            "counter",
-            "Operator logins answered 429 because every password verifier slot, or this address's share, was taken.",
+            LOGIN_VERIFIER_BUSY,
             state.login.verifier.refused_busy.load(Ordering::Relaxed),
         ),
+        (CONNECTIONS_OPEN, g.connections_open.load(Ordering::Relaxed)),
         (
-            "pstack_store_connections_open",
-            "gauge",
-            "Connections served now.",
-            g.connections_open.load(Ordering::Relaxed),
-        ),
-        (
-            "pstack_store_connections_refused_total",
-            "counter",
-            "Connections closed at accept over the connection cap.",
+            CONNECTIONS_REFUSED,
             g.connections_refused.load(Ordering::Relaxed),
         ),
-        (
-            "pstack_store_budget_refused_total",
-            "counter",
-            "Ingest requests answered 503 because the in-flight byte budget was held.",
-            g.budget_refused.load(Ordering::Relaxed),
-        ),
-        (
-            "pstack_store_key_limited_total",
-            "counter",
-            "Ingest requests answered 429 because their key had its limit in flight.",
-            g.key_limited.load(Ordering::Relaxed),
-        ),
+        (BUDGET_REFUSED, g.budget_refused.load(Ordering::Relaxed)),
+        (KEY_LIMITED, g.key_limited.load(Ordering::Relaxed)),
     ] {
-        let _ = writeln!(
-            text,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
+        e.sample(family, &[], v);
     }
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        text,
+        [(header::CONTENT_TYPE, pstack_exposition::CONTENT_TYPE)],
+        e.render(),
     )
         .into_response()
 }
+
+const LOGIN_VERIFIER_BUSY: Family = Family::counter(
+    "pstack_store_login_verifier_busy_total",
+    "Operator logins answered 429 because every password verifier slot, or this address's share, was taken.",
+);
+const CONNECTIONS_OPEN: Family =
+    Family::gauge("pstack_store_connections_open", "Connections served now.");
+const CONNECTIONS_REFUSED: Family = Family::counter(
+    "pstack_store_connections_refused_total",
+    "Connections closed at accept over the connection cap.",
+);
+const BUDGET_REFUSED: Family = Family::counter(
+    "pstack_store_budget_refused_total",
+    "Ingest requests answered 503 because the in-flight byte budget was held.",
+);
+const KEY_LIMITED: Family = Family::counter(
+    "pstack_store_key_limited_total",
+    "Ingest requests answered 429 because their key had its limit in flight.",
+);
 
 /// The authenticated caller of a route.
 #[derive(Debug, Clone, PartialEq, Eq)]

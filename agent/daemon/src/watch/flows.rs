@@ -28,6 +28,7 @@ use pstack_capture::transport::recorded::{self, RecordedFlow};
 use pstack_collectors::net::netns::{self, NetnsTarget};
 use pstack_collectors::net::sockdiag::FlowFilter;
 use pstack_ebpf::{FlightConfig, FlightRecorder, FlightStats, FlowIncident};
+use pstack_exposition::{Exposition, Family};
 use serde_json::{Value, json};
 
 use super::rules::{Condition, RuleKind};
@@ -305,31 +306,37 @@ impl FlowWatch {
         })
     }
 
-    /// Prometheus lines of the recorder.
-    pub fn prometheus(&self) -> String {
+    /// Add the recorder's families to `/metrics`.
+    pub fn write_metrics(&self, e: &mut Exposition) {
         let s = self.last_stats.clone().unwrap_or_default();
-        format!(
-            "# HELP pstackd_flight_recorder_flows Flows the flight recorder holds.\n\
-             # TYPE pstackd_flight_recorder_flows gauge\n\
-             pstackd_flight_recorder_flows {}\n\
-             # HELP pstackd_flight_recorder_flows_evicted_total Flows evicted at flight_recorder.max_flows.\n\
-             # TYPE pstackd_flight_recorder_flows_evicted_total counter\n\
-             pstackd_flight_recorder_flows_evicted_total {}\n\
-             # HELP pstackd_flight_recorder_records_total TCP records of the watched ports, by outcome.\n\
-             # TYPE pstackd_flight_recorder_records_total counter\n\
-             pstackd_flight_recorder_records_total{{outcome=\"folded\"}} {}\n\
-             pstackd_flight_recorder_records_total{{outcome=\"lost\"}} {}\n\
-             # HELP pstackd_flight_recorder_incidents_dropped_total Resets/RTOs not handed to the rules (queue full).\n\
-             # TYPE pstackd_flight_recorder_incidents_dropped_total counter\n\
-             pstackd_flight_recorder_incidents_dropped_total {}\n",
-            s.flows,
-            s.flows_evicted,
-            s.events_folded,
-            s.events_lost,
-            self.pending_dropped + s.incidents_dropped
-        )
+        e.sample(RECORDER_FLOWS, &[], s.flows);
+        e.sample(RECORDER_EVICTED, &[], s.flows_evicted);
+        e.sample(RECORDER_RECORDS, &[("outcome", "folded")], s.events_folded);
+        e.sample(RECORDER_RECORDS, &[("outcome", "lost")], s.events_lost);
+        e.sample(
+            RECORDER_INCIDENTS_DROPPED,
+            &[],
+            self.pending_dropped + s.incidents_dropped,
+        );
     }
 }
+
+const RECORDER_FLOWS: Family = Family::gauge(
+    "pstackd_flight_recorder_flows",
+    "Flows the flight recorder holds.",
+);
+const RECORDER_EVICTED: Family = Family::counter(
+    "pstackd_flight_recorder_flows_evicted_total",
+    "Flows evicted at flight_recorder.max_flows.",
+);
+const RECORDER_RECORDS: Family = Family::counter(
+    "pstackd_flight_recorder_records_total",
+    "TCP records of the watched ports, by outcome.",
+);
+const RECORDER_INCIDENTS_DROPPED: Family = Family::counter(
+    "pstackd_flight_recorder_incidents_dropped_total",
+    "Resets/RTOs not handed to the rules (queue full).",
+);
 
 /// Inode of a `/proc/.../ns/net` file.
 fn netns_inode(path: &str) -> Option<u64> {

@@ -46,6 +46,7 @@ use pstack_capture::request::{
     ProcessLimits, RequestedCaps, RequestedDeadlines, ValidRequest, process_plan,
 };
 use pstack_envelope::Trigger;
+use pstack_exposition::{Exposition, Family};
 use pstackd_api::status::{DStateScan, RuleState as WireRuleState, RuleStatus, WatchStatus};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
@@ -589,73 +590,54 @@ impl WatchEngine {
         }
     }
 
-    /// Prometheus lines for the rules.
-    pub fn prometheus(&self) -> String {
-        use std::fmt::Write;
-        let recorder = lock(&self.flows).prometheus();
-        let inner = lock(&self.inner);
-        let mut out = String::new();
-        let mut family = |name: &str, kind: &str, help: &str, lines: Vec<(String, u64)>| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            for (labels, v) in lines {
-                let _ = writeln!(out, "{name}{{{labels}}} {v}");
+    /// Add the rules' families, then the flight recorder's, to `/metrics`.
+    pub fn write_metrics(&self, e: &mut Exposition) {
+        {
+            let inner = lock(&self.inner);
+            for f in [RULE_ARMED, RULE_FIRED, RULE_CAPTURES, RULE_SUPPRESSED] {
+                e.declare(f);
             }
-        };
-        let label =
-            |s: &RuleState| format!("rule=\"{}\",kind=\"{}\"", s.rule.name, s.rule.kind.as_str());
-        family(
-            "pstackd_watch_rule_armed",
-            "gauge",
-            "1 when the watch rule's source is up and it can fire, 0 when unavailable (see /v1/status for the reason).",
-            inner
-                .rules
-                .iter()
-                .map(|s| (label(s), u64::from(s.availability == Availability::Armed)))
-                .collect(),
-        );
-        family(
-            "pstackd_watch_fired_total",
-            "counter",
-            "Times the watch rule's condition became true.",
-            inner.rules.iter().map(|s| (label(s), s.fired)).collect(),
-        );
-        family(
-            "pstackd_watch_captures_total",
-            "counter",
-            "Captures started by the watch rule, by outcome.",
-            inner
-                .rules
-                .iter()
-                .flat_map(|s| {
-                    [
-                        (format!("{},outcome=\"sealed\"", label(s)), s.captured),
-                        (format!("{},outcome=\"failed\"", label(s)), s.failed),
-                    ]
-                })
-                .collect(),
-        );
-        family(
-            "pstackd_watch_suppressed_total",
-            "counter",
-            "Firings of the watch rule that started no capture, by reason.",
-            inner
-                .rules
-                .iter()
-                .flat_map(|s| {
-                    SUPPRESS_REASONS.iter().map(move |r| {
-                        (
-                            format!("{},reason=\"{r}\"", label(s)),
-                            s.suppressed.get(r).copied().unwrap_or(0),
-                        )
-                    })
-                })
-                .collect(),
-        );
-        out.push_str(&recorder);
-        out
+            for s in &inner.rules {
+                let (rule, kind) = (s.rule.name.as_str(), s.rule.kind.as_str());
+                let armed = s.availability == Availability::Armed;
+                e.sample(RULE_ARMED, &[("rule", rule), ("kind", kind)], armed);
+                e.sample(RULE_FIRED, &[("rule", rule), ("kind", kind)], s.fired);
+                for (outcome, v) in [("sealed", s.captured), ("failed", s.failed)] {
+                    e.sample(
+                        RULE_CAPTURES,
+                        &[("rule", rule), ("kind", kind), ("outcome", outcome)],
+                        v,
+                    );
+                }
+                for &r in SUPPRESS_REASONS {
+                    e.sample(
+                        RULE_SUPPRESSED,
+                        &[("rule", rule), ("kind", kind), ("reason", r)],
+                        s.suppressed.get(r).copied().unwrap_or(0),
+                    );
+                }
+            }
+        }
+        lock(&self.flows).write_metrics(e);
     }
 }
+
+const RULE_ARMED: Family = Family::gauge(
+    "pstackd_watch_rule_armed",
+    "1 when the watch rule's source is up and it can fire, 0 when unavailable (see /v1/status for the reason).",
+);
+const RULE_FIRED: Family = Family::counter(
+    "pstackd_watch_fired_total",
+    "Times the watch rule's condition became true.",
+);
+const RULE_CAPTURES: Family = Family::counter(
+    "pstackd_watch_captures_total",
+    "Captures started by the watch rule, by outcome.",
+);
+const RULE_SUPPRESSED: Family = Family::counter(
+    "pstackd_watch_suppressed_total",
+    "Firings of the watch rule that started no capture, by reason.",
+);
 
 impl Default for WatchEngine {
     fn default() -> Self {
