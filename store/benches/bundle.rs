@@ -13,7 +13,8 @@
 
 use std::time::{Duration, Instant};
 
-use pstack_store::http::{AppState, serve};
+use pstack_store::http::AppState;
+use pstack_store::service::serve;
 use pstack_store_core::db::analysis::FindingRow;
 use pstack_store_core::ingest::IngestLimits;
 use pstack_store_core::keys::ScopeSet;

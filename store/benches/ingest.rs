@@ -37,7 +37,8 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pstack_store::http::{AppState, serve};
+use pstack_store::http::AppState;
+use pstack_store::service::serve;
 use pstack_store_core::db::Store;
 use pstack_store_core::ingest::IngestLimits;
 use pstack_store_core::keys::{Scope, ScopeSet};

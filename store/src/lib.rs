@@ -33,5 +33,6 @@ pub mod http;
 pub mod mcp;
 pub mod query;
 pub mod query_params;
+pub mod service;
 pub mod ssrf;
 pub mod webhook;

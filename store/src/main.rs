@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{CommandFactory, Parser, Subcommand};
-use pstack_store::http::{AppState, serve};
+use pstack_store::http::AppState;
 use pstack_store::query::{
     Connection, EnvelopesCommand, Query, ReceiptsArgs, SubjectsCommand, UnknownsArgs,
 };
+use pstack_store::service::serve;
 use pstack_store_core::db::{OpenOptions, RetentionPolicy, Store};
 use pstack_store_core::ingest::IngestLimits;
 use pstack_store_core::keys::{Scope, ScopeSet};

@@ -79,7 +79,7 @@ fn time_param(params: &BTreeMap<String, String>, name: &str) -> Result<Option<i6
     }
 }
 
-/// The analysis routes (merged into [`crate::http::router`]).
+/// The analysis routes (merged into [`crate::http::api_router`]).
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/openapi.json", get(openapi))

@@ -53,7 +53,7 @@ const DEFAULT_LEASE_NS: i64 = 60_000_000_000;
 /// Longest lease a runner may ask for.
 const MAX_LEASE_NS: i64 = 3_600_000_000_000;
 
-/// The gate routes (merged into [`crate::http::router`]).
+/// The gate routes (merged into [`crate::http::api_router`]).
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route(

@@ -62,7 +62,7 @@ use pstack_store_core::runs::supervisor::{
     self, Capture, Decided, EventKind, Observation, RunState, RunStatus, StartOptions,
 };
 
-/// The routes (merged into [`crate::http::router`]).
+/// The routes (merged into [`crate::http::api_router`]).
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/internal/graphs", post(post_graph))

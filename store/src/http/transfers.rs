@@ -24,7 +24,7 @@ use pstack_store_core::db::transfers::TransferRow;
 use pstack_store_core::ident::format_ns;
 use pstack_store_core::transfers::{self, SideView, TransferView, end_view, is_transfer_id};
 
-/// The routes (merged into [`crate::http::router`]).
+/// The routes (merged into [`crate::http::api_router`]).
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/transfers/{id}", get(get_transfer))

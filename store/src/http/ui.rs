@@ -49,7 +49,7 @@ const PAGE: &str = include_str!("../ui/index.html");
 const SCRIPT: &str = include_str!("../ui/app.js");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-/// The page's routes (merged into [`crate::http::router`]).
+/// The page's routes (merged into [`crate::http::api_router`]).
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/ui/", get(page))

@@ -12,7 +12,8 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use pstack_store::http::{AppState, serve};
+use pstack_store::http::AppState;
+use pstack_store::service::serve;
 use pstack_store_core::clock::Clock;
 use pstack_store_core::db::{OpenOptions, Store};
 use pstack_store_core::ingest::IngestLimits;

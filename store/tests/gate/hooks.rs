@@ -487,7 +487,7 @@ async fn stored_callback_sealed_under_another_key_is_a_failed_delivery(db: Db) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let other = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(pstack_store::http::serve(listener, state, async move {
+    let server = tokio::spawn(pstack_store::service::serve(listener, state, async move {
         let _ = stopped.await;
     }));
     let (cookie, csrf) = h.human_session().await;

@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use pstack_store::http::{AppState, serve};
+use pstack_store::http::AppState;
+use pstack_store::service::serve;
 use pstack_store_core::db::{KeyCheck, OpenOptions, Store};
 use pstack_store_core::ingest::IngestLimits;
 use pstack_store_core::keys::{Scope, ScopeSet};

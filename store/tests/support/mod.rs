@@ -7,7 +7,8 @@
 
 use std::io::Write;
 
-use pstack_store::http::{AppState, IngestResponse, serve};
+use pstack_store::http::{AppState, IngestResponse};
+use pstack_store::service::serve;
 use pstack_store_core::db::{OpenOptions, Store};
 use pstack_store_core::ingest::IngestLimits;
 use pstack_store_core::keys::{Scope, ScopeSet};
