@@ -1051,16 +1051,16 @@ impl Store {
         }
     }
 
-    /// A human approves a parked proposal: a grant (hash) is stored and the
-    /// stored callback cleared.
+    /// A human approves a parked proposal: a grant (hash, claimable until
+    /// `grant_expires_ns`) is stored and the stored callback cleared.
     pub async fn approve_proposal(
         &self,
         id: &str,
         grant_hash: &str,
         decided_by: &str,
         now_ns: i64,
+        grant_expires_ns: i64,
     ) -> Result<Transition, StoreError> {
-        use crate::gate::policy::GRANT_CLAIM_WINDOW_NS;
         self.transition(
             id,
             "status = 'grant_issued', grant_hash = $2, grant_issued_ns = $3, grant_expires_ns = $4,
@@ -1069,7 +1069,7 @@ impl Store {
             &[
                 Bind::Text(grant_hash),
                 Bind::I64(now_ns),
-                Bind::I64(now_ns + GRANT_CLAIM_WINDOW_NS),
+                Bind::I64(grant_expires_ns),
                 Bind::Text(decided_by),
             ],
         )
@@ -1113,16 +1113,17 @@ impl Store {
     }
 
     /// Claim a grant: the CAS of `expectedCurrentState` against the target's
-    /// current state and the move to `claimed_executing`, atomically. The
-    /// caller has checked the token against `grant_hash`.
+    /// current state and the move to `claimed_executing` (to be finished
+    /// before `execution_deadline_ns`), atomically. The caller has checked
+    /// the token against `grant_hash`.
     pub async fn claim_grant(
         &self,
         id: &str,
         grant_hash: &str,
         runner_id: &str,
         now_ns: i64,
+        execution_deadline_ns: i64,
     ) -> Result<ClaimOutcome, StoreError> {
-        use crate::gate::policy::EXECUTION_WINDOW_NS;
         let Some(p) = self.proposal(id).await? else {
             return Ok(ClaimOutcome::NotFound);
         };
@@ -1190,7 +1191,7 @@ impl Store {
                 .bind(grant_hash)
                 .bind(runner_id)
                 .bind(now_ns)
-                .bind(now_ns + EXECUTION_WINDOW_NS)
+                .bind(execution_deadline_ns)
                 .fetch_optional(&mut *tx)
                 .await?;
                 let claimed = match row {

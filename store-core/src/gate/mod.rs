@@ -4,7 +4,8 @@
 //! to do it.
 //!
 //! Pure rule modules — [`admission`] (a proposal → a plan or a typed
-//! refusal), [`policy`] (matrix, lowering, statuses, windows),
+//! refusal), [`grant`] (approving, claiming, completing or failing a
+//! grant → a plan or a typed refusal), [`policy`] (matrix, lowering, statuses, windows),
 //! [`provenance`] (no tier resting on the acting key's own evidence),
 //! [`keys`] (grant tokens, sealed callbacks), [`watchdog`] (checkpoint
 //! verdicts), [`alertmanager`] (webhook payload v4) — plus [`shared_key`],
@@ -17,6 +18,7 @@
 
 pub mod admission;
 pub mod alertmanager;
+pub mod grant;
 pub mod keys;
 pub mod policy;
 pub mod provenance;
