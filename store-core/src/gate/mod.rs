@@ -5,8 +5,8 @@
 //!
 //! Pure rule modules — [`admission`] (a proposal → a plan or a typed
 //! refusal), [`grant`] (approving, claiming, completing or failing a
-//! grant → a plan or a typed refusal), [`policy`] (matrix, lowering, statuses, windows),
-//! [`provenance`] (no tier resting on the acting key's own evidence),
+//! grant → a plan or a typed refusal), [`policy`] (matrix, lowering,
+//! statuses, windows), [`provenance`] (no tier resting on the acting key's own evidence),
 //! [`keys`] (grant tokens, sealed callbacks), [`watchdog`] (checkpoint
 //! verdicts), [`alertmanager`] (webhook payload v4) — plus [`shared_key`],
 //! the start-up check that every replica holds the one gate key. Storage is

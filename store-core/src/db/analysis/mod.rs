@@ -1,7 +1,7 @@
-//! Storage of the analysis half, one concern a file: [`ledger`] (the
-//! change ledger), [`otlp_write`] and [`otlp_read`] (OTLP aggregates:
-//! requests, calls, cohorts), [`fleet`] (the envelope reads the fleet
-//! verdicts need), [`eval_runs`] and [`findings`]. Each opens with its
+//! Storage of the analysis half, one concern a file: `ledger` (the
+//! change ledger), `otlp_write` and `otlp_read` (OTLP aggregates:
+//! requests, calls, cohorts), `fleet` (the envelope reads the fleet
+//! verdicts need), `eval_runs` and `findings`. Each opens with its
 //! invariants; the types are re-exported here, where their callers name
 //! them.
 //!

@@ -1,9 +1,9 @@
-//! Storage of the remediation gate, one concern a file: [`incidents`]
-//! (incidents and runner leases), [`ontology`] (the current state of
-//! targets and the CAS against it), [`proposals`] (the proposal row, its
-//! reads, the insert under the fence and the breaker), [`grants`] (the
+//! Storage of the remediation gate, one concern a file: `incidents`
+//! (incidents and runner leases), `ontology` (the current state of
+//! targets and the CAS against it), `proposals` (the proposal row, its
+//! reads, the insert under the fence and the breaker), `grants` (the
 //! guarded transitions: approve, reject, claim, complete, fail, expire) and
-//! [`watchdog`] (checkpoints and receipts). Each opens with its invariants;
+//! `watchdog` (checkpoints and receipts). Each opens with its invariants;
 //! the types are re-exported here, where their callers name them.
 //!
 //! Invariant shared by all: every write that races another is one
