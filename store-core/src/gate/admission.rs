@@ -347,8 +347,28 @@ pub fn check_expected_state(v: &Value, subject: bool) -> Result<(), Refusal> {
 /// freshness — the store's one rule ([`crate::runs::freshness`]), shared
 /// with supervised runs.
 fn check_envelope<C>(r: &ProposeReadings<'_, C>, subject: &str) -> Result<(), Refusal> {
+    pre_mutation_envelope(
+        r.pre_mutation_envelope,
+        r.envelope,
+        subject,
+        r.freshness,
+        r.now_ns,
+    )
+}
+
+/// The pre-mutation envelope rule on its readings: `digest` as cited,
+/// `facts` of the envelope stored under it. Also judged when a grant is
+/// approved or claimed ([`crate::gate::grant`]): an envelope past its
+/// freshness never authorizes.
+pub fn pre_mutation_envelope(
+    digest: Option<&str>,
+    facts: Option<&EnvelopeFacts>,
+    subject: &str,
+    freshness: &Freshness,
+    now_ns: i64,
+) -> Result<(), Refusal> {
     let field = "preMutationEnvelope";
-    let Some(d) = r.pre_mutation_envelope else {
+    let Some(d) = digest else {
         return Err(refuse(
             "pre_mutation_envelope_required",
             format!(
@@ -357,15 +377,15 @@ fn check_envelope<C>(r: &ProposeReadings<'_, C>, subject: &str) -> Result<(), Re
             field,
         ));
     };
-    let Some(facts) = r.envelope else {
+    let Some(facts) = facts else {
         return Err(refuse(
             "pre_mutation_envelope_unknown",
             format!("no stored envelope {d}"),
             field,
         ));
     };
-    r.freshness
-        .judge_pre_mutation(facts, subject, r.now_ns)
+    freshness
+        .judge_pre_mutation(facts, subject, now_ns)
         .map_err(|e| refuse(e.code(), e.to_string(), field))
 }
 

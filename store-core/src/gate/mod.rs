@@ -4,8 +4,9 @@
 //! to do it.
 //!
 //! Pure rule modules — [`admission`] (a proposal → a plan or a typed
-//! refusal), [`policy`] (matrix, lowering, statuses, windows),
-//! [`provenance`] (no tier resting on the acting key's own evidence),
+//! refusal), [`grant`] (approving, claiming, completing or failing a
+//! grant → a plan or a typed refusal), [`policy`] (matrix, lowering,
+//! statuses, windows), [`provenance`] (no tier resting on the acting key's own evidence),
 //! [`keys`] (grant tokens, sealed callbacks), [`watchdog`] (checkpoint
 //! verdicts), [`alertmanager`] (webhook payload v4) — plus [`shared_key`],
 //! the start-up check that every replica holds the one gate key. Storage is
@@ -17,6 +18,7 @@
 
 pub mod admission;
 pub mod alertmanager;
+pub mod grant;
 pub mod keys;
 pub mod policy;
 pub mod provenance;

@@ -40,12 +40,12 @@ use crate::webhook::{self, Callback, Delivery};
 use pstack_store_core::analysis::ledger::rfc3339;
 use pstack_store_core::db::analysis::new_id;
 use pstack_store_core::db::gate::{
-    ClaimOutcome, Fence, FenceRefusal, Finish, IncidentRow, LeaseOutcome, NewIncident,
-    ProposalFilter, ProposalRow, ProposeOutcome, Transition,
+    Fence, FenceRefusal, Finish, IncidentRow, LeaseOutcome, NewIncident, ProposalFilter,
+    ProposalRow, ProposeOutcome, Transition,
 };
-use pstack_store_core::gate::admission;
-use pstack_store_core::gate::policy::{self, Action, Autonomy, Status};
+use pstack_store_core::gate::policy::{self, Status};
 use pstack_store_core::gate::provenance;
+use pstack_store_core::gate::{admission, grant};
 use pstack_store_core::gate::{alertmanager, watchdog};
 
 /// Default lease length.
@@ -533,39 +533,6 @@ pub(crate) struct ProposeRequest {
     fencing_token: Option<i64>,
 }
 
-/// The pre-mutation envelope rule: a stored envelope of the same subject,
-/// `complete` or `bounded`, captured before now and within its kind's
-/// freshness — the store's one rule (`pstack_store_core::runs::freshness`), shared with
-/// supervised runs.
-async fn check_envelope(
-    state: &AppState,
-    digest: Option<&str>,
-    subject: &str,
-    now: i64,
-) -> Result<(), Response> {
-    let field = "preMutationEnvelope";
-    let Some(d) = digest else {
-        return Err(unprocessable(
-            "pre_mutation_envelope_required",
-            format!(
-                "an action on host subject {subject:?} cites the digest of a sealed envelope of that subject captured before it (preMutationEnvelope)"
-            ),
-            field,
-        ));
-    };
-    let Some(facts) = state.store.envelope_facts(d).await.map_err(store_err)? else {
-        return Err(unprocessable(
-            "pre_mutation_envelope_unknown",
-            format!("no stored envelope {d}"),
-            field,
-        ));
-    };
-    state
-        .freshness
-        .judge_pre_mutation(&facts, subject, now)
-        .map_err(|r| unprocessable(r.code(), r.to_string(), field))
-}
-
 /// `secret_field`: the secret's name in the request (`webhookSecret` at
 /// propose, `secret` at approve), for the error.
 fn validate_callback(
@@ -972,210 +939,122 @@ async fn post_grant(
 ) -> Reply {
     let key_id = auth(&state, &headers, Scope::Runner).await?;
     let req: GrantRequest = json_body(body, "invalid_grant_request").await?;
-    text_field("runnerId", &req.runner_id)?;
-    let Some(p) = state.store.proposal(&id).await.map_err(store_err)? else {
-        return Err(proposal_not_found(&id));
-    };
-    let Some(hash) = p.grant_hash.clone() else {
-        return Err(status_conflict(&p, "no grant was issued for it"));
-    };
-    if !state.gate.keys.token_matches(&req.grant_token, &hash) {
-        tracing::warn!(proposal = %p.id, "grant token refused");
-        return Err(err(
-            StatusCode::FORBIDDEN,
-            "invalid_grant_token",
-            "this is not the proposal's grant token",
-            Some("grantToken"),
-        ));
+    // Load what the rule reads (a claim also reads who proposed the grant,
+    // the evidence its tier rests on and the cited envelope) ...
+    let p = state.store.proposal(&id).await.map_err(store_err)?;
+    let (mut proposer, mut tier_evidence, mut envelope) = (None, None, None);
+    if let Some(p) = p.as_ref().filter(|_| req.operation == grant::CLAIM) {
+        proposer = state
+            .store
+            .proposal_writer(&p.id)
+            .await
+            .map_err(store_err)?;
+        if let Some(f) = state
+            .store
+            .finding(&p.finding_id)
+            .await
+            .map_err(store_err)?
+        {
+            tier_evidence = Some(
+                provenance::evidence(&state.store, &f)
+                    .await
+                    .map_err(store_err)?,
+            );
+        }
+        if let Some(d) = p.pre_mutation_envelope.as_deref() {
+            envelope = state.store.envelope_facts(d).await.map_err(store_err)?;
+        }
     }
     let now = state.clock.now_ns();
-    match req.operation.as_str() {
-        "claim" => {
-            check_claimer(&state, &p, &key_id).await?;
-            if let Some(subject) = p.target_key.strip_prefix("subject:")
-                && p.status == "grant_issued"
-            {
-                // An envelope past its freshness never authorizes.
-                check_envelope(&state, p.pre_mutation_envelope.as_deref(), subject, now).await?;
+    // ... decide ...
+    let plan = grant::grant(grant::GrantReadings {
+        id: &id,
+        operation: &req.operation,
+        grant_token: &req.grant_token,
+        runner_id: &req.runner_id,
+        key_id: &key_id,
+        proposal: p.as_ref(),
+        proposer: proposer.as_deref(),
+        tier_evidence: tier_evidence.as_ref(),
+        envelope: envelope.as_ref(),
+        keys: &state.gate.keys,
+        freshness: &state.freshness,
+        now_ns: now,
+    })
+    .map_err(|r| {
+        match r.code {
+            "invalid_grant_token" => {
+                tracing::warn!(proposal = %id, "grant token refused");
             }
-            match state
-                .store
-                .claim_grant(&id, &hash, &req.runner_id, now)
-                .await
-                .map_err(store_err)?
-            {
-                ClaimOutcome::Claimed(p) => {
-                    tracing::info!(proposal = %p.id, runner = %pstack_store_core::logsafe::text(&req.runner_id), "grant claimed");
-                    Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
-                }
-                ClaimOutcome::Expired(p) => Err(err(
-                    StatusCode::GONE,
-                    "grant_expired",
-                    format!("the grant expired at {}", opt_time(p.grant_expires_ns)),
-                    None,
-                )),
-                ClaimOutcome::Conflict(p) => Err(
-                    if p.status == "claimed_executing"
-                        || p.status == "completed"
-                        || p.status == "failed_execution"
-                    {
-                        err(
-                            StatusCode::CONFLICT,
-                            "grant_already_claimed",
-                            format!(
-                                "the grant was claimed (proposal is {}); a grant is single-use",
-                                p.status
-                            ),
-                            None,
-                        )
-                    } else {
-                        status_conflict(&p, "only a grant_issued proposal can be claimed")
-                    },
-                ),
-                ClaimOutcome::Mismatch(m) => {
-                    let detail: Vec<Value> = m
-                        .iter()
-                        .map(|(f, e, a)| json!({"field": f, "expected": e, "actual": a}))
-                        .collect();
-                    let first = m.first().map(|x| x.0.clone()).unwrap_or_default();
-                    let mut resp = err(
-                        StatusCode::CONFLICT,
-                        "expected_state_mismatch",
-                        format!(
-                            "the target's current state is not expectedCurrentState ({}); propose again against what is live",
-                            m.iter()
-                                .map(|(f, e, a)| format!("{f}: expected {e}, live {a}"))
-                                .collect::<Vec<_>>()
-                                .join("; ")
-                        ),
-                        Some(&format!("expectedCurrentState.{first}")),
-                    );
-                    if let Ok(b) = serde_json::to_vec(&json!({"error": {
-                        "code": "expected_state_mismatch",
-                        "message": "the target's current state is not expectedCurrentState; propose again against what is live",
-                        "field": format!("expectedCurrentState.{first}"),
-                        "detail": detail,
-                    }})) {
-                        resp = (
-                            StatusCode::CONFLICT,
-                            [(axum::http::header::CONTENT_TYPE, "application/json")],
-                            b,
-                        )
-                            .into_response();
-                    }
-                    Err(resp)
-                }
-                ClaimOutcome::NotFound => Err(proposal_not_found(&id)),
+            "claimer_is_proposer" => {
+                tracing::warn!(proposal = %id, key_id = %key_id, "grant claim refused: the proposing key");
             }
+            "self_attested_evidence" => {
+                tracing::warn!(proposal = %id, key_id = %key_id, "grant claim refused: self-attested evidence");
+            }
+            _ => {}
         }
-        op @ ("complete" | "fail") => {
-            if p.status == "claimed_executing" && p.runner_id.as_deref() != Some(&req.runner_id) {
-                return Err(err(
-                    StatusCode::FORBIDDEN,
-                    "not_claiming_runner",
-                    "only the runner that claimed the grant completes or fails it",
-                    Some("runnerId"),
-                ));
-            }
+        denied(r)
+    })?;
+    // ... persist and answer.
+    match plan {
+        grant::GrantPlan::Claim {
+            grant_hash,
+            runner_id,
+            execution_deadline_ns,
+        } => {
+            let outcome = state
+                .store
+                .claim_grant(&id, grant_hash, runner_id, now, execution_deadline_ns)
+                .await
+                .map_err(store_err)?;
+            let p = grant::claim_answer(&id, outcome).map_err(denied)?;
+            tracing::info!(proposal = %p.id, runner = %pstack_store_core::logsafe::text(runner_id), "grant claimed");
+            Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
+        }
+        grant::GrantPlan::Finish {
+            success,
+            runner_id,
+            checkpoints,
+        } => {
             let outcome = req.result.clone().unwrap_or(Value::Null);
             let f = Finish {
-                runner_id: &req.runner_id,
-                success: op == "complete",
+                runner_id,
+                success,
                 outcome: &outcome,
-                checkpoints: &watchdog::CHECKPOINTS_NS,
+                checkpoints,
             };
-            match state
+            let outcome = state
                 .store
                 .finish_grant(&id, &f, now)
                 .await
-                .map_err(store_err)?
-            {
-                Transition::Done(p) => {
-                    tracing::info!(proposal = %p.id, status = %p.status, "grant finished");
-                    Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
-                }
-                Transition::Refused(p) if p.status == "execution_timed_out" => Err(err(
-                    StatusCode::GONE,
-                    "execution_timed_out",
-                    "the 5-minute execution window after the claim passed",
-                    None,
-                )),
-                Transition::Refused(p) if p.status == "claimed_executing" => Err(err(
-                    StatusCode::FORBIDDEN,
-                    "not_claiming_runner",
-                    "only the runner that claimed the grant completes or fails it",
-                    Some("runnerId"),
-                )),
-                Transition::Refused(p) => Err(status_conflict(
-                    &p,
-                    "only a claimed grant can be completed or failed",
-                )),
-                Transition::NotFound => Err(proposal_not_found(&id)),
-            }
+                .map_err(store_err)?;
+            let p = grant::finish_answer(&id, outcome).map_err(denied)?;
+            tracing::info!(proposal = %p.id, status = %p.status, "grant finished");
+            Ok(Json(json!({"proposal": proposal_json(&p)})).into_response())
         }
-        other => Err(unprocessable(
-            "invalid_grant_request",
-            format!("operation {other:?} is claim, complete or fail"),
-            "operation",
-        )),
     }
 }
 
-/// An autonomous grant (no operator decided it) is claimed only by a key
-/// that neither proposed it nor wrote the evidence its tier rests on
-/// (`pstack_store_core::gate::provenance`); an approved grant had its second party in
-/// the operator, and any runner key holding the token may claim it.
-async fn check_claimer(state: &AppState, p: &ProposalRow, key_id: &str) -> Result<(), Response> {
-    if p.decided_by.is_some() {
-        return Ok(());
-    }
-    let proposer = state
-        .store
-        .proposal_writer(&p.id)
-        .await
-        .map_err(store_err)?;
-    if proposer.as_deref() == Some(key_id) {
-        tracing::warn!(proposal = %p.id, key_id = %key_id, "grant claim refused: the proposing key");
-        return Err(err(
-            StatusCode::FORBIDDEN,
-            "claimer_is_proposer",
-            format!(
-                "key {key_id} proposed this autonomous grant; another key (scope runner) executes it, or an operator approves the proposal first"
-            ),
-            None,
-        ));
-    }
-    let Some(finding) = state
-        .store
-        .finding(&p.finding_id)
-        .await
-        .map_err(store_err)?
-    else {
-        return Ok(());
+/// A grant or approval refusal as the route answers it.
+fn denied(r: grant::Refusal) -> Response {
+    use grant::RefusalKind;
+    let status = match r.kind {
+        RefusalKind::Precondition => StatusCode::UNPROCESSABLE_ENTITY,
+        RefusalKind::Forbidden => StatusCode::FORBIDDEN,
+        RefusalKind::NotFound => StatusCode::NOT_FOUND,
+        RefusalKind::Conflict => StatusCode::CONFLICT,
+        RefusalKind::Gone => StatusCode::GONE,
     };
-    let gated = provenance::gate_tier(
-        &provenance::evidence(&state.store, &finding)
-            .await
-            .map_err(store_err)?,
-        provenance::Actor::Claimer(key_id),
-    );
-    let (Some(action), Some(d)) = (Action::parse(&p.action), &gated.demotion) else {
-        return Ok(());
+    let Some(detail) = r.detail else {
+        return err(status, r.code, r.message, r.field.as_deref());
     };
-    let requested = p.requested_autonomy.as_deref().and_then(Autonomy::parse);
-    if policy::effective_autonomy(action, gated.tier, requested) == Autonomy::AutonomousWrite {
-        return Ok(());
+    let mut e = json!({"error": {"code": r.code, "message": r.message}});
+    if let Some(f) = r.field {
+        e["error"]["field"] = json!(f);
     }
-    tracing::warn!(proposal = %p.id, key_id = %key_id, "grant claim refused: self-attested evidence");
-    let message = format!(
-        "this grant was issued autonomously; for the claiming key it is not: {} (claim with a key that wrote none of that evidence, or have an operator approve)",
-        d.reason
-    );
-    Err((
-        StatusCode::FORBIDDEN,
-        Json(json!({"error": {"code": "self_attested_evidence", "message": message, "detail": d}})),
-    )
-        .into_response())
+    e["error"]["detail"] = detail;
+    (status, Json(e)).into_response()
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1215,31 +1094,32 @@ async fn post_approve(
     let (user, _) = crate::http::ui::human(&state, &headers, true).await?;
     let key_id = format!("user:{user}");
     let req: ApproveRequest = optional_body(body, "invalid_approval").await?;
-    let callback = validate_callback(req.webhook_url.as_ref(), req.secret.as_ref(), "secret")
-        .map_err(refused)?;
-    let Some(before) = state.store.proposal(&id).await.map_err(store_err)? else {
-        return Err(proposal_not_found(&id));
+    // Load what the rule reads ...
+    let callback = validate_callback(req.webhook_url.as_ref(), req.secret.as_ref(), "secret");
+    let before = match &callback {
+        // A refused callback is answered before anything is read.
+        Err(_) => None,
+        Ok(_) => state.store.proposal(&id).await.map_err(store_err)?,
+    };
+    let envelope = match before
+        .as_ref()
+        .and_then(|p| p.pre_mutation_envelope.as_deref())
+    {
+        Some(d) => state.store.envelope_facts(d).await.map_err(store_err)?,
+        None => None,
     };
     let now = state.clock.now_ns();
-    if before.status == "grant_issued" {
-        return Err(err(
-            StatusCode::CONFLICT,
-            "already_granted",
-            "the proposal already has a grant; reject it and propose again if the token was lost",
-            None,
-        ));
-    }
-    if before.status == "pending_human_approval"
-        && let Some(subject) = before.target_key.strip_prefix("subject:")
-    {
-        check_envelope(
-            &state,
-            before.pre_mutation_envelope.as_deref(),
-            subject,
-            now,
-        )
-        .await?;
-    }
+    // ... decide ...
+    let plan = grant::approve(grant::ApproveReadings {
+        id: &id,
+        callback,
+        proposal: before.as_ref(),
+        envelope: envelope.as_ref(),
+        freshness: &state.freshness,
+        now_ns: now,
+    })
+    .map_err(denied)?;
+    // ... persist ...
     let (token, hash) = state.gate.keys.mint_token().map_err(|e| {
         err(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -1248,44 +1128,30 @@ async fn post_approve(
             None,
         )
     })?;
-    let p = match state
+    let outcome = state
         .store
-        .approve_proposal(&id, &hash, &key_id, now)
+        .approve_proposal(&id, &hash, &key_id, now, plan.grant_expires_ns)
         .await
-        .map_err(store_err)?
-    {
-        Transition::Done(p) => p,
-        Transition::Refused(p) if p.status == "grant_issued" => {
-            return Err(err(
-                StatusCode::CONFLICT,
-                "already_granted",
-                "the proposal already has a grant; reject it and propose again if the token was lost",
-                None,
-            ));
-        }
-        Transition::Refused(p) => {
-            return Err(status_conflict(
-                &p,
-                "only a pending_human_approval proposal can be approved",
-            ));
-        }
-        Transition::NotFound => return Err(proposal_not_found(&id)),
-    };
+        .map_err(store_err)?;
+    let p = grant::approve_answer(&id, outcome).map_err(denied)?;
     tracing::info!(proposal = %p.id, by = %pstack_store_core::logsafe::text(&key_id), "remediation approved");
     // The request's callback wins over the one stored at propose time. A
     // stored one that does not open (sealed under another gate key, or an
     // edited row) is a failed delivery with its reason, never a silent none.
-    let delivery = match (callback, before.callback_sealed.as_deref()) {
-        (Some((cb, _)), _) => Some(deliver_grant(&state, &p, &token, &cb).await?),
-        (None, Some(sealed)) => match open_callback(&state, sealed) {
+    let delivery = match plan.delivery {
+        grant::GrantDelivery::Requested((cb, _)) => {
+            Some(deliver_grant(&state, &p, &token, &cb).await?)
+        }
+        grant::GrantDelivery::Stored(sealed) => match open_callback(&state, sealed) {
             Ok(cb) => Some(deliver_grant(&state, &p, &token, &cb).await?),
             Err(why) => {
-                tracing::warn!(proposal = %p.id, host = ?before.callback_host, reason = why, "grant webhook not delivered: the stored callback does not open");
+                let host = before.as_ref().and_then(|b| b.callback_host.clone());
+                tracing::warn!(proposal = %p.id, host = ?host, reason = why, "grant webhook not delivered: the stored callback does not open");
                 let failed = Delivery {
                     attempted: true,
                     delivered: false,
                     attempts: 0,
-                    host: before.callback_host.clone().unwrap_or_default(),
+                    host: host.unwrap_or_default(),
                     error: Some(format!(
                         "{why}; nothing was sent: hand the grant token to the runner, or approve with webhookUrl"
                     )),
@@ -1293,8 +1159,9 @@ async fn post_approve(
                 Some(record_delivery(&state, &p, failed).await?)
             }
         },
-        (None, None) => None,
+        grant::GrantDelivery::None => None,
     };
+    // ... and answer.
     let p = state
         .store
         .proposal(&id)
