@@ -5,7 +5,7 @@
 //! Invariants:
 //! - Every route but `/openapi.json` authenticates with an API key holding
 //!   the route's scope before it reads a body.
-//! - Errors are `{"error": {"code", "message", "field"?}}`; a refusal of
+//! - Errors are [`ApiError`](crate::http::ApiError)s, `{"error": {"code", "message", "field"?}}`; a refusal of
 //!   input names the field (camelCase path) that caused it.
 //! - A request is validated whole before anything is stored: a finding
 //!   citing an unknown digest, change or eval run stores nothing.

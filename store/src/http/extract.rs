@@ -1,5 +1,6 @@
 //! What every route does with its request before it decides: authenticate
-//! with the route's scope, read a bounded JSON body, and refuse unknown or
+//! with the route's scope (or, for an operator's action, the session and
+//! its CSRF token), read a bounded JSON body, and refuse unknown or
 //! malformed query parameters naming the parameter.
 //!
 //! Invariants:
@@ -18,12 +19,13 @@
 use std::collections::BTreeMap;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use serde::de::DeserializeOwned;
 
-use crate::http::error::{api, err};
+use crate::http::error::{api, err, store_err};
 use crate::http::{AppState, Scope, authenticate};
+use pstack_store_core::operators;
 
 /// Authenticate and require `need` (see [`crate::http::authenticate`]);
 /// the caller's key id.
@@ -101,4 +103,54 @@ pub(crate) fn limit_param(
                 )
             }),
     }
+}
+
+/// The operator behind this request's session; with `state_changing`, the
+/// request must also carry the session's CSRF token.
+pub async fn human(
+    state: &AppState,
+    headers: &HeaderMap,
+    state_changing: bool,
+) -> Result<(String, String), Response> {
+    let none = || {
+        err(
+            StatusCode::UNAUTHORIZED,
+            "human_session_required",
+            "log in on the approval page (/ui/): this action takes an operator session, not an API key",
+            None,
+        )
+    };
+    let Some(id) = headers
+        .get(header::COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(operators::cookie_value)
+    else {
+        return Err(none());
+    };
+    let hash = operators::session_hash(id);
+    let Some((user, csrf_hash)) = state
+        .store
+        .session(&hash, state.clock.now_ns())
+        .await
+        .map_err(store_err)?
+    else {
+        return Err(none());
+    };
+    if state_changing {
+        let sent = headers
+            .get("x-csrf-token")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        // Compare digests: equal-length, no early exit on the secret.
+        if operators::csrf_hash(sent) != csrf_hash {
+            tracing::warn!(user = %pstack_store_core::logsafe::text(&user), "request without the session's CSRF token");
+            return Err(err(
+                StatusCode::FORBIDDEN,
+                "csrf_token_invalid",
+                "send the session's CSRF token in X-CSRF-Token",
+                None,
+            ));
+        }
+    }
+    Ok((user, hash))
 }

@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 use crate::http::analysis::finding_json;
 use crate::http::error::{Reply, err, store_err, unprocessable};
 use crate::http::extract::{auth, bad_query, json_body, limit_param, only_params};
-use crate::http::{AppState, Scope};
+use crate::http::{ApiError, AppState, Scope};
 use crate::webhook::{self, Callback, Delivery};
 use pstack_store_core::analysis::ledger::rfc3339;
 use pstack_store_core::db::analysis::new_id;
@@ -822,12 +822,7 @@ fn replay(p: &ProposalRow) -> Response {
 }
 
 fn proposal_not_found(id: &str) -> Response {
-    err(
-        StatusCode::NOT_FOUND,
-        "proposal_not_found",
-        format!("no remediation proposal {id}"),
-        None,
-    )
+    denied(grant::not_found(id))
 }
 
 async fn get_proposal(
@@ -923,12 +918,7 @@ struct GrantRequest {
 }
 
 fn status_conflict(p: &ProposalRow, wanted: &str) -> Response {
-    err(
-        StatusCode::CONFLICT,
-        "invalid_status",
-        format!("proposal {} is {}; {wanted}", p.id, p.status),
-        None,
-    )
+    denied(grant::status_conflict(p, wanted))
 }
 
 async fn post_grant(
@@ -1046,15 +1036,14 @@ fn denied(r: grant::Refusal) -> Response {
         RefusalKind::Conflict => StatusCode::CONFLICT,
         RefusalKind::Gone => StatusCode::GONE,
     };
-    let Some(detail) = r.detail else {
-        return err(status, r.code, r.message, r.field.as_deref());
-    };
-    let mut e = json!({"error": {"code": r.code, "message": r.message}});
+    let mut e = ApiError::new(status, r.code, r.message);
     if let Some(f) = r.field {
-        e["error"]["field"] = json!(f);
+        e = e.field(f);
     }
-    e["error"]["detail"] = detail;
-    (status, Json(e)).into_response()
+    if let Some(d) = r.detail {
+        e = e.detail(d);
+    }
+    e.into_response()
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1091,7 +1080,7 @@ async fn post_approve(
     body: Body,
 ) -> Reply {
     // A human decision: an operator session with its CSRF token, never an API key.
-    let (user, _) = crate::http::ui::human(&state, &headers, true).await?;
+    let (user, _) = crate::http::extract::human(&state, &headers, true).await?;
     let key_id = format!("user:{user}");
     let req: ApproveRequest = optional_body(body, "invalid_approval").await?;
     // Load what the rule reads ...
@@ -1190,7 +1179,7 @@ async fn post_reject(
     Path(id): Path<String>,
     body: Body,
 ) -> Reply {
-    let (user, _) = crate::http::ui::human(&state, &headers, true).await?;
+    let (user, _) = crate::http::extract::human(&state, &headers, true).await?;
     let key_id = format!("user:{user}");
     let _: ApproveRequestEmpty = optional_body(body, "invalid_rejection").await?;
     match state

@@ -39,7 +39,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::http::error::{Reply, err, store_err};
-use crate::http::extract::json_body;
+use crate::http::extract::{human, json_body};
 use crate::http::{ApiError, AppState};
 use pstack_store_core::db::gate::ProposalFilter;
 use pstack_store_core::login::{ClientSource, ThrottleRefusal, VerifierBusy};
@@ -90,56 +90,6 @@ async fn script() -> Response {
         )
             .into_response(),
     )
-}
-
-/// The operator behind this request's session; with `state_changing`, the
-/// request must also carry the session's CSRF token.
-pub async fn human(
-    state: &AppState,
-    headers: &HeaderMap,
-    state_changing: bool,
-) -> Result<(String, String), Response> {
-    let none = || {
-        err(
-            StatusCode::UNAUTHORIZED,
-            "human_session_required",
-            "log in on the approval page (/ui/): this action takes an operator session, not an API key",
-            None,
-        )
-    };
-    let Some(id) = headers
-        .get(header::COOKIE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(operators::cookie_value)
-    else {
-        return Err(none());
-    };
-    let hash = operators::session_hash(id);
-    let Some((user, csrf_hash)) = state
-        .store
-        .session(&hash, state.clock.now_ns())
-        .await
-        .map_err(store_err)?
-    else {
-        return Err(none());
-    };
-    if state_changing {
-        let sent = headers
-            .get("x-csrf-token")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        // Compare digests: equal-length, no early exit on the secret.
-        if operators::csrf_hash(sent) != csrf_hash {
-            tracing::warn!(user = %pstack_store_core::logsafe::text(&user), "request without the session's CSRF token");
-            return Err(err(
-                StatusCode::FORBIDDEN,
-                "csrf_token_invalid",
-                "send the session's CSRF token in X-CSRF-Token",
-                None,
-            ));
-        }
-    }
-    Ok((user, hash))
 }
 
 #[derive(Debug, Deserialize)]
