@@ -26,13 +26,13 @@
 //!   it; every status change of a proposal is one conditional update; time
 //!   windows read `pstack_store_core::clock::Clock` only (docs/gate.md).
 
+pub mod api;
 pub mod changes_cli;
 pub mod client;
 pub mod conn;
 pub mod http;
 pub mod mcp;
 pub mod query;
-pub mod query_params;
 pub mod service;
 pub mod ssrf;
 pub mod webhook;

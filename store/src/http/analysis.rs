@@ -22,7 +22,7 @@
     reason = "the error is the HTTP response itself, built once on the way out"
 )]
 
-use crate::query_params::{BlastQuery, ChangesQuery, FindingsQuery, QueryParams};
+use crate::api::query::{BlastQuery, ChangesQuery, FindingsQuery, QueryParams};
 use std::collections::BTreeMap;
 
 use axum::body::Body;

@@ -19,7 +19,7 @@
     reason = "the error is the HTTP response itself, built once on the way out"
 )]
 
-use crate::query_params::{BundleQuery, QueryParams};
+use crate::api::query::{BundleQuery, QueryParams};
 use std::collections::{BTreeMap, BTreeSet};
 
 use axum::body::Body;

@@ -20,7 +20,7 @@
     reason = "the error is the HTTP response itself, built once on the way out"
 )]
 
-use crate::query_params::{IncidentsQuery, QueryParams};
+use crate::api::query::{IncidentsQuery, QueryParams};
 use std::collections::BTreeMap;
 
 use axum::body::Body;

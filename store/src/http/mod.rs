@@ -34,7 +34,7 @@ pub mod ui;
 
 pub use error::ApiError;
 
-use crate::query_params::{DiffQuery, QueryParams, UnknownsQuery};
+use crate::api::query::{DiffQuery, QueryParams, UnknownsQuery};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::Mutex;
