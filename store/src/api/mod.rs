@@ -5,4 +5,5 @@
 //! (`crate::http`) and tools (`crate::mcp`) both import from here and not
 //! from each other.
 
+pub mod bodies;
 pub mod query;

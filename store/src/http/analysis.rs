@@ -22,6 +22,7 @@
     reason = "the error is the HTTP response itself, built once on the way out"
 )]
 
+use crate::api::bodies::{CounterfactualRequest, FindingRequest};
 use crate::api::query::{BlastQuery, ChangesQuery, FindingsQuery, QueryParams};
 use std::collections::BTreeMap;
 
@@ -516,48 +517,6 @@ async fn get_eval_run(
 }
 
 // ---- findings ----
-
-#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(crate) struct Link {
-    subject: String,
-    relation: String,
-    object: String,
-    #[serde(default)]
-    relationship_certainty: Option<RelationshipCertainty>,
-}
-
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(crate) struct CounterfactualRequest {
-    failing_run_id: String,
-    passing_run_ids: Vec<String>,
-    required_trials: usize,
-}
-
-/// The body of `POST /internal/findings` (also the input of the MCP tool
-/// `record_investigation_finding`, whose schema is generated from it).
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(crate) struct FindingRequest {
-    environment: String,
-    #[serde(default)]
-    incident_id: Option<String>,
-    fault_locus_entity_id: String,
-    causal_chain: Vec<Link>,
-    #[serde(default)]
-    cited_evidence_ids: Vec<String>,
-    #[serde(default)]
-    contributing_change_id: Option<String>,
-    #[serde(default)]
-    counterfactual: Option<CounterfactualRequest>,
-    #[serde(default)]
-    fingerprint_input: Option<FingerprintInput>,
-    idempotency_key: String,
-    /// Accepted and ignored: the server derives the tier.
-    #[serde(default)]
-    causal_proof_tier: Option<Value>,
-}
 
 pub(crate) fn finding_json(f: &FindingRow) -> Value {
     json!({

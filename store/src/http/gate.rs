@@ -20,6 +20,7 @@
     reason = "the error is the HTTP response itself, built once on the way out"
 )]
 
+use crate::api::bodies::{IncidentRequest, ProposeRequest};
 use crate::api::query::{IncidentsQuery, QueryParams};
 use std::collections::BTreeMap;
 
@@ -107,23 +108,6 @@ fn incident_json(i: &IncidentRow) -> Value {
         "createdAt": rfc3339(i.created_ns),
         "updatedAt": rfc3339(i.updated_ns),
     })
-}
-
-/// `POST /internal/incidents` body (also the MCP `open_incident` input).
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct IncidentRequest {
-    /// Project.
-    pub project: String,
-    /// Environment.
-    pub environment: String,
-    /// One active incident per (project, environment, dedupKey).
-    pub dedup_key: String,
-    /// Title.
-    pub title: String,
-    /// The entity at fault, if known.
-    #[serde(default)]
-    pub fault_locus_entity_id: Option<String>,
 }
 
 async fn post_incident(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Reply {
@@ -504,33 +488,6 @@ pub fn proposal_json(p: &ProposalRow) -> Value {
         "createdAt": rfc3339(p.created_ns),
         "updatedAt": rfc3339(p.updated_ns),
     })
-}
-
-/// The body of `POST /internal/remediations/propose` (also the input of the
-/// MCP tool `propose_remediation_action`, whose schema is generated from it).
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(crate) struct ProposeRequest {
-    incident_id: String,
-    finding_id: String,
-    action: String,
-    target: Value,
-    expected_current_state: Value,
-    #[serde(default)]
-    requested_autonomy: Option<String>,
-    idempotency_key: String,
-    #[serde(default)]
-    pre_mutation_envelope: Option<String>,
-    #[serde(default)]
-    webhook_url: Option<String>,
-    /// HMAC secret of the grant delivery (seed 000: `webhookSecret`;
-    /// `secret`, the HTTP body's older name, is accepted as an alias).
-    #[serde(default, alias = "secret")]
-    webhook_secret: Option<String>,
-    #[serde(default)]
-    runner_id: Option<String>,
-    #[serde(default)]
-    fencing_token: Option<i64>,
 }
 
 /// `secret_field`: the secret's name in the request (`webhookSecret` at

@@ -19,8 +19,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::http::analysis::FindingRequest;
-use crate::http::gate::{IncidentRequest, ProposeRequest};
+use crate::api::bodies::{FindingRequest, IncidentRequest, ProposeRequest};
 use crate::api::query::{
     BlastQuery, BundleQuery, ChangesQuery, DiffQuery, FindingsQuery, IncidentsQuery, QueryParams,
     UnknownsQuery,
