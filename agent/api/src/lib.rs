@@ -17,6 +17,7 @@ pub mod events;
 pub mod limits;
 pub mod request;
 pub mod status;
+pub mod watch_events;
 
 pub use error::{ErrorBody, ErrorDetail};
 pub use events::{
@@ -25,6 +26,7 @@ pub use events::{
 };
 pub use request::CaptureRequest;
 pub use status::DaemonStatus;
+pub use watch_events::{WatchEvent, WatchEventKind};
 
 /// Read an `Option` field that must be present (as a value or `null`):
 /// serde otherwise reads a missing `Option` as `None`, silently.

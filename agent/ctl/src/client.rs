@@ -38,7 +38,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use pstackd_api::CaptureRequest;
 use pstackd_api::status::WatchStatus;
-use pstackd_api::{CaptureStarted, DaemonStatus, ErrorBody};
+use pstackd_api::{CaptureStarted, DaemonStatus, ErrorBody, WatchEvent};
 
 pub use pstackd_api::CaptureEvent;
 pub use pstackd_api::limits::{DEFAULT_SOCKET, MAX_RESPONSE_BYTES};
@@ -666,12 +666,13 @@ pub fn watch(socket: &Path, timeout: Duration) -> Result<WatchStatus, ClientErro
 }
 
 /// Follow `GET /v1/watch/events` (the recent events, then live ones),
-/// handing each to `on_event`, for `follow` (or until the daemon closes the
-/// stream). `on_event` returning false stops early.
+/// handing each to `on_event` as its line and its typed reading, for
+/// `follow` (or until the daemon closes the stream). `on_event` returning
+/// false stops early.
 pub fn follow_watch_events(
     socket: &Path,
     follow: Duration,
-    on_event: &mut dyn FnMut(&serde_json::Value) -> bool,
+    on_event: &mut dyn FnMut(&str, &WatchEvent) -> bool,
 ) -> Result<(), ClientError> {
     let rt = runtime()?;
     let deadline = tokio::time::Instant::now() + follow;
@@ -685,9 +686,10 @@ pub fn follow_watch_events(
             Ok(None) | Err(ClientError::Timeout(_)) => return Ok(()),
             Err(e) => return Err(e),
         };
-        let event: serde_json::Value = serde_json::from_slice(&line)
+        let event: WatchEvent = serde_json::from_slice(&line)
             .map_err(|e| ClientError::Protocol(format!("bad watch event: {e}")))?;
-        if !on_event(&event) {
+        let text = String::from_utf8_lossy(&line);
+        if !on_event(text.trim_end(), &event) {
             return Ok(());
         }
     }

@@ -834,7 +834,7 @@ async fn get_watch(State(state): State<Arc<DaemonState>>) -> Response {
 async fn get_watch_events(State(state): State<Arc<DaemonState>>) -> Response {
     let (recent, mut live, mut closing) = state.watch.subscribe();
     let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let line = |v: &serde_json::Value| {
+    let line = |v: &pstackd_api::WatchEvent| {
         let mut b = serde_json::to_vec(v).unwrap_or_default();
         b.push(b'\n');
         bytes::Bytes::from(b)
@@ -861,7 +861,7 @@ async fn get_watch_events(State(state): State<Arc<DaemonState>>) -> Response {
             let v = match received {
                 Ok(v) => v,
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    json!({"event": "lagged", "missed": n})
+                    pstackd_api::WatchEvent::new(pstackd_api::WatchEventKind::Lagged { missed: n })
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             };

@@ -327,8 +327,10 @@ impl Daemon {
     /// The watch events pstackd still holds (the recent ones).
     pub fn watch_events(&self) -> Vec<serde_json::Value> {
         let mut out = Vec::new();
-        client::follow_watch_events(&self.socket, Duration::from_millis(300), &mut |e| {
-            out.push(e.clone());
+        // Each line is read as the typed event by the client (a line that
+        // does not fit pstackd-api's WatchEvent fails here) and kept as sent.
+        client::follow_watch_events(&self.socket, Duration::from_millis(300), &mut |line, _| {
+            out.push(serde_json::from_str(line).expect("a JSON line"));
             true
         })
         .expect("watch events");

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pstackd_api::status::WatchStatus;
-use serde_json::Value;
+use pstackd_api::{WatchEvent, WatchEventKind};
 
 use crate::client::{self, ClientError};
 
@@ -77,9 +77,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         .follow_for
         .unwrap_or(Duration::from_secs(100 * 365 * 86_400));
     let mut failed = None;
-    let result = client::follow_watch_events(&args.socket, follow, &mut |event| {
+    let result = client::follow_watch_events(&args.socket, follow, &mut |line, event| {
+        // --json prints the line as pstackd sent it (members this build
+        // does not know included).
         let text = if args.json {
-            event.to_string()
+            line.to_string()
         } else {
             event_line(event)
         };
@@ -98,14 +100,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
 }
 
-fn s(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
 /// The rule list.
 pub fn render(doc: &WatchStatus) -> String {
     let rules = &doc.rules;
@@ -119,67 +113,80 @@ pub fn render(doc: &WatchStatus) -> String {
     out
 }
 
-/// One firing event as a line.
-pub fn event_line(e: &Value) -> String {
+/// One watch event as a line.
+pub fn event_line(e: &WatchEvent) -> String {
+    use WatchEventKind as K;
+    let (rule, subject) = match &e.what {
+        K::Fired { rule, subject, .. }
+        | K::Suppressed { rule, subject, .. }
+        | K::Started { rule, subject, .. }
+        | K::Captured { rule, subject, .. }
+        | K::Failed { rule, subject, .. } => (rule.as_str(), subject.as_str()),
+        K::Degraded { rule, .. }
+        | K::EventsWatchDegraded { rule, .. }
+        | K::EngineEvent { rule, .. }
+        | K::RebuildStarted { rule, .. }
+        | K::RebuildEnded { rule, .. } => (rule.as_str(), "-"),
+        K::Lagged { .. } | K::Unknown => ("-", "-"),
+    };
     let head = format!(
-        "{} {:<10} {} ({})",
-        s(&e["at"]),
-        s(&e["event"]),
-        s(&e["rule"]),
-        s(&e["subject"])
+        "{} {:<10} {rule} ({subject})",
+        e.at.as_deref().unwrap_or("-"),
+        e.name(),
     );
-    match e["event"].as_str() {
-        Some("fired") => {
-            let cond: Vec<String> = e["condition"]
-                .as_object()
-                .map(|m| m.iter().map(|(k, v)| format!("{k}={}", s(v))).collect())
-                .unwrap_or_default();
-            format!("{head}: {}", cond.join(" "))
-        }
-        Some("suppressed") => match e["detail"].as_str() {
-            Some(d) => format!("{head}: {} ({d})", s(&e["reason"])),
-            None => format!("{head}: {}", s(&e["reason"])),
+    let pairs = |m: &std::collections::BTreeMap<String, String>| {
+        m.iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    match &e.what {
+        K::Fired { condition, .. } => format!("{head}: {}", pairs(condition)),
+        K::Suppressed { reason, detail, .. } => match detail {
+            Some(d) => format!("{head}: {reason} ({d})"),
+            None => format!("{head}: {reason}"),
         },
-        Some("captured") => format!(
-            "{head}: sealed {} in {} ms from the fault",
-            e["envelopes"]
-                .as_array()
-                .map(|a| a.iter().map(s).collect::<Vec<_>>().join(", "))
-                .unwrap_or_default(),
-            s(&e["fault_to_sealed_ms"])
+        K::Captured {
+            envelopes,
+            fault_to_sealed_ms,
+            ..
+        } => format!(
+            "{head}: sealed {} in {fault_to_sealed_ms} ms from the fault",
+            envelopes.join(", ")
         ),
-        Some("failed") => format!("{head}: {}", s(&e["error"])),
-        Some("degraded") => format!("{head}: {}", s(&e["reason"])),
-        Some("rebuild_started") => format!(
-            "{head}: {}/{} from {}, this node {}",
-            s(&e["volume"]),
-            s(&e["replica"]),
-            e["from"]
-                .as_array()
-                .map(|a| a.iter().map(s).collect::<Vec<_>>().join("+"))
-                .unwrap_or_default(),
-            e["role"]
-                .as_str()
+        K::Failed { error, .. } => format!("{head}: {error}"),
+        K::Degraded { reason, .. } | K::EventsWatchDegraded { reason, .. } => {
+            format!("{head}: {reason}")
+        }
+        K::EngineEvent {
+            engine,
+            reason,
+            volume,
+            ..
+        } => format!("{head}: {volume} {engine} {reason}"),
+        K::RebuildStarted {
+            volume,
+            replica,
+            from,
+            role,
+            ..
+        } => format!(
+            "{head}: {volume}/{replica} from {}, this node {}",
+            from.join("+"),
+            role.as_deref()
                 .map(|r| format!("is the {r}"))
                 .unwrap_or_else(|| "takes no part".into())
         ),
-        Some("rebuild_ended") => {
-            let how: Vec<String> = e["outcome"]
-                .as_object()
-                .map(|m| m.iter().map(|(k, v)| format!("{k}={}", s(v))).collect())
-                .unwrap_or_default();
-            format!(
-                "{head}: {}/{} {}",
-                s(&e["volume"]),
-                s(&e["replica"]),
-                how.join(" ")
-            )
+        K::RebuildEnded {
+            volume,
+            replica,
+            outcome,
+            ..
+        } => format!("{head}: {volume}/{replica} {}", pairs(outcome)),
+        K::Lagged { missed } => {
+            format!("(missed {missed} events: the reader was too slow)")
         }
-        Some("lagged") => format!(
-            "(missed {} events: the reader was too slow)",
-            s(&e["missed"])
-        ),
-        _ => head,
+        K::Started { .. } | K::Unknown => head,
     }
 }
 
@@ -188,24 +195,28 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn line(v: serde_json::Value) -> String {
+        event_line(&serde_json::from_value(v).expect("a watch event"))
+    }
+
     #[test]
     fn longhorn_rebuild_events_read_as_lines() {
-        let started = json!({"at": "T", "event": "rebuild_started", "rule": "rebuilds",
+        let started = json!({"at": "T", "event": "rebuild_started", "rule": "rebuilds", "kind": "longhorn_rebuild",
+            "opened_by": "poll", "node": "n1",
             "volume": "pvc-7", "replica": "pvc-7-r-t", "from": ["pvc-7-r-s"], "role": "target"});
         assert!(
-            event_line(&started)
+            line(started.clone())
                 .ends_with("pvc-7/pvc-7-r-t from pvc-7-r-s, this node is the target")
         );
-        let ended = json!({"at": "T", "event": "rebuild_ended", "rule": "rebuilds", "volume": "pvc-7",
+        let ended = json!({"at": "T", "event": "rebuild_ended", "rule": "rebuilds", "kind": "longhorn_rebuild", "volume": "pvc-7",
             "replica": "pvc-7-r-t", "outcome": {"outcome": "failed", "failure": "state_error"}});
         assert!(
-            event_line(&ended).ends_with("pvc-7/pvc-7-r-t failure=state_error outcome=failed"),
+            line(ended.clone()).ends_with("pvc-7/pvc-7-r-t failure=state_error outcome=failed"),
             "{}",
-            event_line(&ended)
+            line(ended.clone())
         );
-        let degraded =
-            json!({"at": "T", "event": "degraded", "rule": "rebuilds", "reason": "down"});
-        assert!(event_line(&degraded).ends_with(": down"));
+        let degraded = json!({"at": "T", "event": "degraded", "rule": "rebuilds", "kind": "longhorn_rebuild", "reason": "down"});
+        assert!(line(degraded.clone()).ends_with(": down"));
         let rule = serde_json::from_value(json!({"name": "rebuilds", "kind": "longhorn_rebuild",
             "state": "degraded", "reason": "the manager did not answer", "condition": {},
             "window_ms": 0, "max_per_subject_per_hour": 2, "max_per_hour": 12,
@@ -220,22 +231,22 @@ mod tests {
 
     #[test]
     fn events_read_as_lines() {
-        let fired = json!({"at": "T", "event": "fired", "rule": "stuck", "subject": "process:42:7",
+        let fired = json!({"at": "T", "event": "fired", "rule": "stuck", "kind": "d_state", "subject": "process:42:7",
             "condition": {"d_state_ms": "3000", "tid": "42"}});
         assert_eq!(
-            event_line(&fired),
+            line(fired.clone()),
             "T fired      stuck (process:42:7): d_state_ms=3000 tid=42"
         );
-        let sup = json!({"at": "T", "event": "suppressed", "rule": "stuck", "subject": "host",
+        let sup = json!({"at": "T", "event": "suppressed", "rule": "stuck", "kind": "d_state", "subject": "host",
             "reason": "rate_limit_rule", "detail": null});
         assert_eq!(
-            event_line(&sup),
+            line(sup.clone()),
             "T suppressed stuck (host): rate_limit_rule"
         );
-        let cap = json!({"at": "T", "event": "captured", "rule": "r", "subject": "host",
+        let cap = json!({"at": "T", "event": "captured", "rule": "r", "kind": "d_state", "subject": "host",
             "envelopes": ["sha256:ab"], "fault_to_sealed_ms": 812});
         assert_eq!(
-            event_line(&cap),
+            line(cap.clone()),
             "T captured   r (host): sealed sha256:ab in 812 ms from the fault"
         );
     }

@@ -39,6 +39,7 @@ use pstack_capture::longhorn::model::{Volume, parse_error_addrs, parse_volume_li
 use pstack_capture::longhorn::topology::{NodeSeen, PartyRole, Topology, node_roles, resolve};
 use pstack_capture::longhorn::{LonghornPlan, Verdict, Watcher};
 use pstack_capture::request::{DEFAULT_MAX_FLOWS, LonghornRequest, PlanLonghorn};
+use pstackd_api::{WatchEvent, WatchEventKind};
 use serde_json::{Value, json};
 
 use super::rebuild::{Change, Outcome, RebuildBook, RebuildEvent, volume_of_event};
@@ -128,7 +129,7 @@ pub struct LonghornWatch {
     terminal: u64,
     started: u64,
     ended: BTreeMap<String, u64>,
-    recent: VecDeque<Value>,
+    recent: VecDeque<WatchEvent>,
     /// The last poll's documents by volume (the terminal read of a rebuild
     /// an Event ends).
     last_docs: BTreeMap<String, Vec<u8>>,
@@ -284,7 +285,7 @@ impl LonghornWatch {
         &self.health
     }
 
-    fn remember(&mut self, v: Value) {
+    fn remember(&mut self, v: WatchEvent) {
         if self.recent.len() == RECENT_CHANGES {
             self.recent.pop_front();
         }
@@ -297,7 +298,7 @@ impl LonghornWatch {
         rule: &WatchRule,
         lh: &LonghornRule,
         read: ApiRead,
-    ) -> (Vec<Firing>, Vec<Value>) {
+    ) -> (Vec<Firing>, Vec<WatchEvent>) {
         self.in_flight = false;
         self.polls += 1;
         self.last_poll_at = Some(read.at.clone());
@@ -323,9 +324,11 @@ impl LonghornWatch {
                 let events = if matches!(was, Health::Degraded(_)) {
                     Vec::new()
                 } else {
-                    vec![
-                        json!({"event": "degraded", "rule": rule.name, "kind": rule.kind.as_str(), "reason": reason}),
-                    ]
+                    vec![WatchEvent::new(WatchEventKind::Degraded {
+                        rule: rule.name.clone(),
+                        kind: rule.kind.as_str().into(),
+                        reason,
+                    })]
                 };
                 return (Vec::new(), events);
             }
@@ -405,7 +408,7 @@ impl LonghornWatch {
         rule: &WatchRule,
         lh: &LonghornRule,
         report: WatchReport,
-    ) -> (Vec<Firing>, Vec<Value>) {
+    ) -> (Vec<Firing>, Vec<WatchEvent>) {
         match report {
             WatchReport::Healthy { rv } => {
                 self.events.state = Some(Ok(rv));
@@ -415,8 +418,11 @@ impl LonghornWatch {
                 self.events.failures += 1;
                 let was_ok = !matches!(self.events.state, Some(Err(_)));
                 self.events.state = Some(Err(f.message.clone()));
-                let e = json!({"event": "events_watch_degraded", "rule": rule.name,
-                    "kind": rule.kind.as_str(), "reason": f.message});
+                let e = WatchEvent::new(WatchEventKind::EventsWatchDegraded {
+                    rule: rule.name.clone(),
+                    kind: rule.kind.as_str().into(),
+                    reason: f.message,
+                });
                 (Vec::new(), if was_ok { vec![e] } else { Vec::new() })
             }
             WatchReport::Event(ev) => {
@@ -447,11 +453,15 @@ impl LonghornWatch {
                         );
                     }
                 }
-                let mut note = json!({"event": "engine_event", "rule": rule.name, "kind": rule.kind.as_str(),
-                    "engine": ev.name, "reason": ev.reason, "volume": volume, "at": ev.last});
-                if ev.message.len() <= 2048 {
-                    note["message"] = json!(ev.message);
-                }
+                let note = WatchEvent::new(WatchEventKind::EngineEvent {
+                    rule: rule.name.clone(),
+                    kind: rule.kind.as_str().into(),
+                    engine: ev.name.clone(),
+                    reason: ev.reason.clone(),
+                    volume: volume.clone(),
+                    message: (ev.message.len() <= 2048).then(|| ev.message.clone()),
+                })
+                .at(ev.last.clone());
                 e.insert(0, note);
                 (f, e)
             }
@@ -464,7 +474,7 @@ impl LonghornWatch {
         rule: &WatchRule,
         lh: &LonghornRule,
         changes: Vec<RebuildEvent>,
-    ) -> (Vec<Firing>, Vec<Value>) {
+    ) -> (Vec<Firing>, Vec<WatchEvent>) {
         let node = node_name(lh);
         let mut firings = Vec::new();
         let mut events = Vec::new();
@@ -482,16 +492,24 @@ impl LonghornWatch {
             match &ev.change {
                 Change::Started => {
                     self.started += 1;
-                    let e = json!({"event": "rebuild_started", "rule": rule.name, "kind": rule.kind.as_str(),
-                        "volume": ev.volume, "replica": ev.replica, "from": ev.seen.from,
-                        "opened_by": ev.seen.opened_by, "node": node});
+                    let started = |role: Option<String>, why_no_window: Option<String>| {
+                        WatchEvent::new(WatchEventKind::RebuildStarted {
+                            rule: rule.name.clone(),
+                            kind: rule.kind.as_str().into(),
+                            volume: ev.volume.clone(),
+                            replica: ev.replica.clone(),
+                            from: ev.seen.from.clone(),
+                            opened_by: ev.seen.opened_by.clone(),
+                            node: node.clone(),
+                            role,
+                            why_no_window,
+                        })
+                    };
                     let Some(v) = vol else {
                         // An Event before any reading of its volume: followed,
                         // but no party to capture on is known.
                         self.not_a_party += 1;
-                        let mut e = e;
-                        e["role"] = Value::Null;
-                        e["why_no_window"] = json!("no manager reading of the volume yet");
+                        let e = started(None, Some("no manager reading of the volume yet".into()));
                         self.remember(e.clone());
                         events.push(e);
                         continue;
@@ -499,8 +517,7 @@ impl LonghornWatch {
                     let want = (!ev.replica.is_empty()).then_some(ev.replica.as_str());
                     let topo = resolve(v, want);
                     let role = local_role(&topo, &node);
-                    let mut e = e;
-                    e["role"] = json!(role.map(|r| r.0.as_str()));
+                    let e = started(role.map(|r| r.0.as_str().to_string()), None);
                     self.remember(e.clone());
                     events.push(e);
                     let Some((role, peer)) = role else {
@@ -512,9 +529,12 @@ impl LonghornWatch {
                             self.windows.insert(key, w);
                             firings.push(f);
                         }
-                        Err(reason) => events.push(json!({"event": "failed", "rule": rule.name,
-                            "kind": rule.kind.as_str(), "subject": subject(&ev.volume, &ev.replica),
-                            "error": reason})),
+                        Err(reason) => events.push(WatchEvent::new(WatchEventKind::Failed {
+                            rule: rule.name.clone(),
+                            kind: rule.kind.as_str().into(),
+                            subject: subject(&ev.volume, &ev.replica),
+                            error: reason,
+                        })),
                     }
                 }
                 Change::Continuing => {}
@@ -911,12 +931,17 @@ fn outcome_into(o: &Outcome, c: &mut BTreeMap<String, String>) {
     }
 }
 
-fn ended_event(rule: &WatchRule, ev: &RebuildEvent, o: &Outcome) -> Value {
+fn ended_event(rule: &WatchRule, ev: &RebuildEvent, o: &Outcome) -> WatchEvent {
     let mut c = BTreeMap::new();
     outcome_into(o, &mut c);
     c.insert("retries".into(), ev.seen.retries.to_string());
-    json!({"event": "rebuild_ended", "rule": rule.name, "kind": rule.kind.as_str(),
-        "volume": ev.volume, "replica": ev.replica, "outcome": c})
+    WatchEvent::new(WatchEventKind::RebuildEnded {
+        rule: rule.name.clone(),
+        kind: rule.kind.as_str().into(),
+        volume: ev.volume.clone(),
+        replica: ev.replica.clone(),
+        outcome: c,
+    })
 }
 
 /// Read the manager's volume list (blocking; run it off the runtime).
@@ -929,6 +954,16 @@ mod tests {
     //! The rule's orchestration over synthetic manager reads (the capture
     //! itself is exercised on the testbed, `tests/transport/watch_longhorn.rs`).
     use super::*;
+
+    /// A rule's events as the JSON lines pstackd streams.
+    fn as_json<F>((f, ev): (F, Vec<WatchEvent>)) -> (F, Vec<Value>) {
+        (
+            f,
+            ev.iter()
+                .map(|e| serde_json::to_value(e).unwrap())
+                .collect(),
+        )
+    }
     use crate::watch::rules::WatchRuleConfig;
 
     fn rule(node: &str) -> (WatchRule, LonghornRule) {
@@ -981,10 +1016,10 @@ mod tests {
         let mut w = LonghornWatch::default();
         assert!(w.take_poll(&lh, Instant::now()));
         assert!(!w.take_poll(&lh, Instant::now()), "one poll in flight");
-        let (f, ev) = w.on_poll(&r, &lh, list(json!([]), "RW"));
+        let (f, ev) = as_json(w.on_poll(&r, &lh, list(json!([]), "RW")));
         assert!(f.is_empty() && ev.is_empty());
         // Started: a window on the target towards the source.
-        let (f, ev) = w.on_poll(&r, &lh, list(running("in_progress", ""), "WO"));
+        let (f, ev) = as_json(w.on_poll(&r, &lh, list(running("in_progress", ""), "WO")));
         assert_eq!(ev[0]["event"], "rebuild_started");
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].subject, "longhorn:pvc-7/r-t");
@@ -1010,7 +1045,7 @@ mod tests {
         let b = action(&f3[0]);
         b.life.started();
         let text = "read tcp 10.0.0.3:43126->10.0.0.2:10002: read: connection reset by peer";
-        let (f4, ev) = w.on_poll(&r, &lh, list(running("error", text), "WO"));
+        let (f4, ev) = as_json(w.on_poll(&r, &lh, list(running("error", text), "WO")));
         assert!(f4.is_empty(), "the running window takes the end");
         assert!(b.watcher.stop.is_stopped());
         let handed = b.watcher.terminal.lock().unwrap().clone().unwrap();
@@ -1049,16 +1084,16 @@ mod tests {
         read.result = Ok(body
             .replace("\"dataEngine\":\"v1\"", "\"dataEngine\":\"v2\"")
             .into_bytes());
-        let (f, ev) = w.on_poll(&r, &lh, read);
+        let (f, ev) = as_json(w.on_poll(&r, &lh, read));
         assert!(f.is_empty() && ev.is_empty(), "{ev:?}");
-        let (f, ev) = w.on_events(
+        let (f, ev) = as_json(w.on_events(
             &r,
             &lh,
             engine_event(
                 "Rebuilding",
                 "Start rebuilding replica r-t with Address 10.0.0.3:20001",
             ),
-        );
+        ));
         assert!(f.is_empty() && ev.is_empty(), "{ev:?}");
         let st = w.status_json(&lh);
         assert_eq!(st["skipped"]["v2_volumes"], 1, "{st:#}");
@@ -1119,7 +1154,7 @@ mod tests {
     fn a_node_that_takes_no_part_captures_nothing_and_a_bad_read_degrades() {
         let (r, lh) = rule("node-x");
         let mut w = LonghornWatch::default();
-        let (f, ev) = w.on_poll(&r, &lh, list(running("in_progress", ""), "WO"));
+        let (f, ev) = as_json(w.on_poll(&r, &lh, list(running("in_progress", ""), "WO")));
         assert!(f.is_empty());
         assert_eq!(ev[0]["role"], serde_json::Value::Null);
         assert_eq!(w.not_a_party, 1);
@@ -1132,12 +1167,12 @@ mod tests {
         // A bad read: degraded, the rebuild still followed, nothing ends.
         let mut bad = list(json!([]), "WO");
         bad.result = Ok(b"<html><body>UI</body></html>".to_vec());
-        let (f, ev) = w.on_poll(&r, &lh, bad.clone());
+        let (f, ev) = as_json(w.on_poll(&r, &lh, bad.clone()));
         assert!(f.is_empty());
         assert_eq!(ev[0]["event"], "degraded");
         assert!(matches!(w.health(), Health::Degraded(m) if m.contains("HTML")));
         assert_eq!(w.book.followed().count(), 1);
-        let (_, ev) = w.on_poll(&r, &lh, bad);
+        let (_, ev) = as_json(w.on_poll(&r, &lh, bad));
         assert!(ev.is_empty(), "degraded is said once");
     }
 
@@ -1162,8 +1197,8 @@ mod tests {
         // T's replica exists, not yet in the engine (mode "").
         let (f, _) = w.on_poll(&r, &lh, list(json!([]), ""));
         assert!(f.is_empty());
-        let (f, ev) = w.on_events(&r, &lh, engine_event("Rebuilding",
-            "Start rebuilding replica r-t with Address 10.0.0.3:10000 for normal engine pvc-7-e-0 and volume pvc-7"));
+        let (f, ev) = as_json(w.on_events(&r, &lh, engine_event("Rebuilding",
+            "Start rebuilding replica r-t with Address 10.0.0.3:10000 for normal engine pvc-7-e-0 and volume pvc-7")));
         assert_eq!(ev[0]["event"], "engine_event");
         assert_eq!(ev[1]["event"], "rebuild_started");
         assert_eq!(ev[1]["opened_by"], "Rebuilding Event");
@@ -1173,10 +1208,10 @@ mod tests {
         assert_eq!(a.request.peer, "10.0.0.3");
         a.life.started();
         // Polls before the Event: mode "" is not an end.
-        let (f, ev) = w.on_poll(&r, &lh, list(json!([]), ""));
+        let (f, ev) = as_json(w.on_poll(&r, &lh, list(json!([]), "")));
         assert!(f.is_empty() && ev.is_empty(), "{ev:?}");
         let text = "Failed rebuilding replica with Address 10.0.0.3:10000: proxyServer=10.0.0.1:8501 destination=10.0.0.1:10000: failed to add replica tcp://10.0.0.3:10000 for volume: rpc error: code = Unavailable desc = failed to get replica 10.0.0.3:10000: rpc error: code = Unavailable desc = connection error: desc = \"transport: Error while dialing: dial tcp 10.0.0.3:10000: i/o timeout\"";
-        let (f, ev) = w.on_events(&r, &lh, engine_event("FailedRebuilding", text));
+        let (f, ev) = as_json(w.on_events(&r, &lh, engine_event("FailedRebuilding", text)));
         assert!(f.is_empty(), "the running window takes the end");
         let ended = ev.iter().find(|e| e["event"] == "rebuild_ended").unwrap();
         assert_eq!(ended["outcome"]["failure"], "failed_rebuilding");
@@ -1193,14 +1228,14 @@ mod tests {
         let (r2, mut lh2) = rule("node-e");
         lh2.volumes = vec!["other".into()];
         let mut w2 = LonghornWatch::default();
-        let (f, ev) = w2.on_events(
+        let (f, ev) = as_json(w2.on_events(
             &r2,
             &lh2,
             engine_event(
                 "Rebuilding",
                 "Start rebuilding replica r-t with Address 10.0.0.3:10000",
             ),
-        );
+        ));
         assert!(f.is_empty() && ev.is_empty());
     }
 }

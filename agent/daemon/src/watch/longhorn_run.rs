@@ -29,7 +29,6 @@ use pstack_capture::longhorn::kube::{KubeApi, WatchReport, run_engine_event_watc
 use pstack_capture::clock::wall_time_now;
 use pstack_capture::request::ValidRequest;
 use pstack_envelope::Trigger;
-use serde_json::json;
 
 use super::rules::{self, Condition};
 use super::runner::consider;
@@ -128,8 +127,11 @@ pub(super) fn polls(state: &Arc<DaemonState>) {
                 out
             };
             for mut e in events {
-                e["at"] = json!(wall_time_now());
-                tracing::info!(event = %e, "longhorn rebuild watch");
+                e.at = Some(wall_time_now());
+                tracing::info!(
+                    event = %serde_json::to_string(&e).unwrap_or_default(),
+                    "longhorn rebuild watch"
+                );
                 engine.emit(e);
             }
             for f in firings {
@@ -202,8 +204,11 @@ fn events_watch(
                 s.longhorn.on_events(&rule, &lh, report)
             };
             for mut e in events {
-                e["at_seen"] = json!(wall_time_now());
-                tracing::info!(event = %e, "longhorn rebuild watch");
+                e.at_seen = Some(wall_time_now());
+                tracing::info!(
+                    event = %serde_json::to_string(&e).unwrap_or_default(),
+                    "longhorn rebuild watch"
+                );
                 engine.emit(e);
             }
             for f in firings {

@@ -48,6 +48,7 @@ use pstack_capture::request::{
 use pstack_envelope::Trigger;
 use pstack_exposition::{Exposition, Family};
 use pstackd_api::status::{DStateScan, RuleState as WireRuleState, RuleStatus, WatchStatus};
+use pstackd_api::{WatchEvent, WatchEventKind};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
@@ -186,8 +187,8 @@ pub struct WatchEngine {
     inner: Mutex<Inner>,
     /// Locked after `inner` when both are held, never before.
     flows: Mutex<flows::FlowWatch>,
-    events: broadcast::Sender<Value>,
-    recent: Mutex<VecDeque<Value>>,
+    events: broadcast::Sender<WatchEvent>,
+    recent: Mutex<VecDeque<WatchEvent>>,
     /// Set when pstackd starts draining: event streams end, so an open
     /// `pstackctl watch --follow` never holds the drain.
     closing: tokio::sync::watch::Sender<bool>,
@@ -225,7 +226,7 @@ impl WatchEngine {
         }
     }
 
-    fn emit(&self, event: Value) {
+    fn emit(&self, event: WatchEvent) {
         {
             let mut recent = lock(&self.recent);
             if recent.len() == RECENT_EVENTS {
@@ -241,8 +242,8 @@ impl WatchEngine {
     pub fn subscribe(
         &self,
     ) -> (
-        Vec<Value>,
-        broadcast::Receiver<Value>,
+        Vec<WatchEvent>,
+        broadcast::Receiver<WatchEvent>,
         tokio::sync::watch::Receiver<bool>,
     ) {
         let rx = self.events.subscribe();
@@ -479,15 +480,16 @@ impl WatchEngine {
             }
         }
         tracing::info!(rule = %f.rule, subject = %f.subject, reason, "watch firing suppressed");
-        self.emit(json!({
-            "at": wall_time_now(),
-            "event": "suppressed",
-            "rule": f.rule,
-            "kind": f.kind.as_str(),
-            "subject": f.subject,
-            "reason": reason,
-            "detail": detail,
-        }));
+        self.emit(
+            WatchEvent::new(WatchEventKind::Suppressed {
+                rule: f.rule.clone(),
+                kind: f.kind.as_str().into(),
+                subject: f.subject.clone(),
+                reason: reason.into(),
+                detail,
+            })
+            .at(wall_time_now()),
+        );
     }
 
     fn finish(&self, f: &Firing, outcome: Result<Vec<String>, String>) {
@@ -511,26 +513,28 @@ impl WatchEngine {
         match outcome {
             Ok(digests) => {
                 tracing::info!(rule = %f.rule, subject = %f.subject, ?digests, fault_to_sealed_ms = sealed_ms, "watch capture sealed");
-                self.emit(json!({
-                    "at": wall_time_now(),
-                    "event": "captured",
-                    "rule": f.rule,
-                    "kind": f.kind.as_str(),
-                    "subject": f.subject,
-                    "envelopes": digests,
-                    "fault_to_sealed_ms": sealed_ms,
-                }));
+                self.emit(
+                    WatchEvent::new(WatchEventKind::Captured {
+                        rule: f.rule.clone(),
+                        kind: f.kind.as_str().into(),
+                        subject: f.subject.clone(),
+                        envelopes: digests,
+                        fault_to_sealed_ms: sealed_ms,
+                    })
+                    .at(wall_time_now()),
+                );
             }
             Err(e) => {
                 tracing::warn!(rule = %f.rule, subject = %f.subject, error = %e, "watch capture failed");
-                self.emit(json!({
-                    "at": wall_time_now(),
-                    "event": "failed",
-                    "rule": f.rule,
-                    "kind": f.kind.as_str(),
-                    "subject": f.subject,
-                    "error": e,
-                }));
+                self.emit(
+                    WatchEvent::new(WatchEventKind::Failed {
+                        rule: f.rule.clone(),
+                        kind: f.kind.as_str().into(),
+                        subject: f.subject.clone(),
+                        error: e,
+                    })
+                    .at(wall_time_now()),
+                );
             }
         }
     }

@@ -99,14 +99,15 @@ pub(super) fn consider(state: &Arc<DaemonState>, f: Firing) {
         }
     }
     tracing::info!(rule = %f.rule, subject = %f.subject, condition = ?f.condition, "watch rule fired");
-    engine.emit(json!({
-        "at": wall_time_now(),
-        "event": "fired",
-        "rule": f.rule,
-        "kind": f.kind.as_str(),
-        "subject": f.subject,
-        "condition": f.condition,
-    }));
+    engine.emit(
+        WatchEvent::new(WatchEventKind::Fired {
+            rule: f.rule.clone(),
+            kind: f.kind.as_str().into(),
+            subject: f.subject.clone(),
+            condition: f.condition.clone(),
+        })
+        .at(wall_time_now()),
+    );
     if lock(&engine.inner).running.contains(&f.subject) {
         return engine.suppress(&f, SUPPRESS_RUNNING, None);
     }
@@ -179,13 +180,14 @@ pub(super) fn consider(state: &Arc<DaemonState>, f: Firing) {
         }
         inner.running.insert(f.subject.clone());
     }
-    engine.emit(json!({
-        "at": wall_time_now(),
-        "event": "started",
-        "rule": f.rule,
-        "kind": f.kind.as_str(),
-        "subject": f.subject,
-    }));
+    engine.emit(
+        WatchEvent::new(WatchEventKind::Started {
+            rule: f.rule.clone(),
+            kind: f.kind.as_str().into(),
+            subject: f.subject.clone(),
+        })
+        .at(wall_time_now()),
+    );
     let state = state.clone();
     tokio::spawn(async move {
         let outcome = run_capture(&state, &f, slot, budget).await;
