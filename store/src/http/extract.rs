@@ -40,17 +40,37 @@ pub(crate) async fn auth(
         .map_err(api)
 }
 
-/// Read a JSON body (≤ 1 MiB) into `T`, naming the field on failure.
-pub(crate) async fn json_body<T: DeserializeOwned>(body: Body, code: &str) -> Result<T, Response> {
-    let bytes = axum::body::to_bytes(body, 1 << 20).await.map_err(|_| {
+/// A request body of at most 1 MiB, or 413.
+async fn bounded(body: Body) -> Result<axum::body::Bytes, Response> {
+    axum::body::to_bytes(body, 1 << 20).await.map_err(|_| {
         err(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body_too_large",
             "JSON bodies are at most 1 MiB",
             None,
         )
-    })?;
-    let de = &mut serde_json::Deserializer::from_slice(&bytes);
+    })
+}
+
+/// Read a JSON body (≤ 1 MiB) into `T`, naming the field on failure.
+pub(crate) async fn json_body<T: DeserializeOwned>(body: Body, code: &str) -> Result<T, Response> {
+    decode(&bounded(body).await?, code)
+}
+
+/// [`json_body`], where an empty (or all-whitespace) body means `T::default()`.
+pub(crate) async fn optional_body<T: Default + DeserializeOwned>(
+    body: Body,
+    code: &str,
+) -> Result<T, Response> {
+    let bytes = bounded(body).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    decode(&bytes, code)
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8], code: &str) -> Result<T, Response> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let field = (path != "." && !path.is_empty()).then_some(path);

@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 
 use crate::http::analysis::finding_json;
 use crate::http::error::{Reply, err, store_err, unprocessable};
-use crate::http::extract::{auth, bad_query, json_body, limit_param, only_params};
+use crate::http::extract::{auth, bad_query, json_body, limit_param, only_params, optional_body};
 use crate::http::{ApiError, AppState, Scope};
 use crate::webhook::{self, Callback, Delivery};
 use pstack_store_core::analysis::ledger::rfc3339;
@@ -1010,24 +1010,6 @@ struct ApproveRequest {
     webhook_url: Option<String>,
     #[serde(default)]
     secret: Option<String>,
-}
-
-async fn optional_body<T: Default + serde::de::DeserializeOwned>(
-    body: Body,
-    code: &str,
-) -> Result<T, Response> {
-    let bytes = axum::body::to_bytes(body, 1 << 20).await.map_err(|_| {
-        err(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            "JSON bodies are at most 1 MiB",
-            None,
-        )
-    })?;
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    json_body(Body::from(bytes), code).await
 }
 
 async fn post_approve(
