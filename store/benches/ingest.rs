@@ -251,13 +251,45 @@ async fn bench_ingest(backend: &str, run: u64, clients: usize, stored: u64) -> a
     Ok(())
 }
 
+/// A fresh, empty schema at `PSTACK_BENCH_PG_URL` for a store in another
+/// process: (url, schema). Drop it with [`drop_pg_schema`].
+pub async fn pg_schema() -> anyhow::Result<(String, String)> {
+    use sqlx::Connection;
+    let url = common::pg_url();
+    let schema = common::random_schema()?;
+    let mut c = sqlx::PgConnection::connect(&url).await?;
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&mut c)
+        .await?;
+    Ok((url, schema))
+}
+
+/// CPU time of every `postgres` process on the host (the PostgreSQL
+/// server's backends, checkpointer, WAL writer): what a PostgreSQL-backed
+/// ingest costs beside the store's own process. Other clients of the same
+/// server are counted too.
+pub fn postgres_cpu_time() -> Duration {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Duration::ZERO;
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim_end() == "postgres")
+        })
+        .map(|pid| cpu_time_of(&pid))
+        .sum()
+}
+
 /// Ingest into the `pstack-store serve` binary in its own process (SQLite, or
 /// PostgreSQL in a fresh schema), so the server's CPU per envelope is
 /// measured apart from the clients'.
 async fn bench_ingest_external(run: u64, bin: &str, backend: &str) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let pg = if backend == "postgres" {
-        Some(common::pg_schema().await?)
+        Some(pg_schema().await?)
     } else {
         None
     };
@@ -310,7 +342,7 @@ async fn bench_ingest_external(run: u64, bin: &str, backend: &str) -> anyhow::Re
     eprintln!("[{backend}, separate server process] preparing...");
     let batches = make_batches(run, DEFAULT_CLIENTS);
     let server0 = cpu_time_of(&pid);
-    let postgres0 = common::postgres_cpu_time();
+    let postgres0 = postgres_cpu_time();
     let client0 = cpu_time();
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -342,7 +374,7 @@ async fn bench_ingest_external(run: u64, bin: &str, backend: &str) -> anyhow::Re
     }
     let elapsed = started.elapsed().as_secs_f64();
     let server_cpu = (cpu_time_of(&pid) - server0).as_secs_f64();
-    let postgres_cpu = (common::postgres_cpu_time().saturating_sub(postgres0)).as_secs_f64();
+    let postgres_cpu = (postgres_cpu_time().saturating_sub(postgres0)).as_secs_f64();
     let client_cpu = (cpu_time() - client0).as_secs_f64();
     anyhow::ensure!(
         accepted as usize == batches.envelopes,

@@ -46,28 +46,15 @@ pub async fn open(backend: &str) -> anyhow::Result<Target> {
     }
 }
 
-fn pg_url() -> String {
+pub fn pg_url() -> String {
     std::env::var("PSTACK_BENCH_PG_URL")
         .unwrap_or_else(|_| "postgres://pstack:pstack@127.0.0.1:5432/pstack_bench".into())
 }
 
-fn random_schema() -> anyhow::Result<String> {
+pub fn random_schema() -> anyhow::Result<String> {
     let mut b = [0u8; 4];
     getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("random: {e}"))?;
     Ok(format!("bench_{}", hex::encode(b)))
-}
-
-/// A fresh, empty schema at `PSTACK_BENCH_PG_URL` for a store in another
-/// process: (url, schema). Drop it with [`drop_pg_schema`].
-pub async fn pg_schema() -> anyhow::Result<(String, String)> {
-    use sqlx::Connection;
-    let url = pg_url();
-    let schema = random_schema()?;
-    let mut c = sqlx::PgConnection::connect(&url).await?;
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&mut c)
-        .await?;
-    Ok((url, schema))
 }
 
 /// Drops a bench schema (best effort: a bench that cannot drop its schema
@@ -87,25 +74,6 @@ pub async fn close(t: Target) {
     if let Some((url, schema)) = t.pg {
         drop_pg_schema(&url, &schema).await;
     }
-}
-
-/// CPU time of every `postgres` process on the host (the PostgreSQL
-/// server's backends, checkpointer, WAL writer): what a PostgreSQL-backed
-/// ingest costs beside the store's own process. Other clients of the same
-/// server are counted too.
-pub fn postgres_cpu_time() -> Duration {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Duration::ZERO;
-    };
-    dir.filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str().map(str::to_string))
-        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .is_ok_and(|c| c.trim_end() == "postgres")
-        })
-        .map(|pid| cpu_time_of(&pid))
-        .sum()
 }
 
 /// CPU time (user + system) this process has used, from /proc/self/stat.
