@@ -54,6 +54,25 @@ const HASH_BLOCK: usize = 32 * 1024;
 /// SHA-256 of the digest input of canonical, valid bytes whose declared
 /// digest matches it; `None` where the full verify must decide.
 pub(crate) fn check(bytes: &[u8]) -> R<[u8; 32]> {
+    check_picks(bytes).map(|(digest, _)| digest)
+}
+
+/// Where the members a store indexes lie in bytes [`check_picks`] accepted:
+/// each a byte range of the input holding one whole JSON value, and the
+/// completeness already read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Picks {
+    /// `clock`'s object.
+    pub clock: (usize, usize),
+    /// `subject`'s object.
+    pub subject: (usize, usize),
+    /// `unknowns`' array.
+    pub unknowns: (usize, usize),
+    pub completeness: Completeness,
+}
+
+/// [`check`], and where the indexed members lie ([`Picks`]).
+pub(crate) fn check_picks(bytes: &[u8]) -> R<([u8; 32], Picks)> {
     let start = bytes.iter().position(|b| !is_ws(*b))?;
     let end = bytes.len() - bytes.iter().rev().position(|b| !is_ws(*b))?;
     let body = &bytes[..end];
@@ -64,7 +83,7 @@ pub(crate) fn check(bytes: &[u8]) -> R<[u8; 32]> {
     })
 }
 
-fn check_with(body: &[u8], start: usize, scratch: &mut Scratch) -> R<[u8; 32]> {
+fn check_with(body: &[u8], start: usize, scratch: &mut Scratch) -> R<([u8; 32], Picks)> {
     scratch.clear();
     let mut c = Checker {
         at: Cursor {
@@ -75,6 +94,12 @@ fn check_with(body: &[u8], start: usize, scratch: &mut Scratch) -> R<[u8; 32]> {
         hashed: start,
         s: scratch,
         completeness: Completeness::Partial,
+        picks: Picks {
+            clock: (0, 0),
+            subject: (0, 0),
+            unknowns: (0, 0),
+            completeness: Completeness::Partial,
+        },
     };
     c.eat(b'{')?;
     c.head()?;
@@ -87,7 +112,11 @@ fn check_with(body: &[u8], start: usize, scratch: &mut Scratch) -> R<[u8; 32]> {
     c.feed_to(body.len());
     let computed = c.hasher.finalize();
     let computed: [u8; 32] = computed.into();
-    written_as(&body[declared.start..declared.end], &computed).then_some(computed)
+    let picks = Picks {
+        completeness: c.completeness,
+        ..c.picks
+    };
+    written_as(&body[declared.start..declared.end], &computed).then_some((computed, picks))
 }
 
 /// Whether `declared` is `sha256:` + the lowercase hex of `digest`.
@@ -239,6 +268,7 @@ struct Checker<'a, 's> {
     hashed: usize,
     s: &'s mut Scratch,
     completeness: Completeness,
+    picks: Picks,
 }
 
 impl<'a> std::ops::Deref for Checker<'a, '_> {
@@ -468,7 +498,9 @@ impl<'a> Checker<'a, '_> {
         self.next_key(b"\"claims\":")?;
         self.array(Self::claim)?;
         self.next_key(b"\"clock\":")?;
+        let at = self.pos;
         self.clock()?;
+        self.picks.clock = (at, self.pos);
         self.next_key(b"\"collector\":")?;
         self.collector()?;
         self.next_key(b"\"completeness\":")?;
@@ -491,7 +523,9 @@ impl<'a> Checker<'a, '_> {
             return None;
         }
         self.next_key(b"\"subject\":")?;
+        let at = self.pos;
         self.subject()?;
+        self.picks.subject = (at, self.pos);
         self.next_key(b"\"surfaces\":")?;
         self.array(|c| {
             c.surface()?;
@@ -501,7 +535,9 @@ impl<'a> Checker<'a, '_> {
         self.next_key(b"\"universe\":")?;
         self.universe()?;
         self.next_key(b"\"unknowns\":")?;
+        let at = self.pos;
         self.array(Self::unknown)?;
+        self.picks.unknowns = (at, self.pos);
         self.eat(b'}')?;
         if self.pos != self.b.len() {
             return None;

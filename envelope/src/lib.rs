@@ -53,8 +53,9 @@ pub use model::*;
 pub use redact::{RedactedCommand, RedactedEnviron, redact_argv, redact_cmdline, redact_environ};
 pub use rules::{check_rules, from_value};
 pub use seal::{
-    Rejection, VerifiedDigest, canonical_without_digest, compute_digest, parse, sha256_digest,
-    verify, verify_canonical, verify_digest, verify_digest_fast, verify_general,
+    Rejection, VerifiedDigest, VerifiedSummary, canonical_without_digest, compute_digest, parse,
+    sha256_digest, verify, verify_canonical, verify_digest, verify_digest_fast, verify_general,
+    verify_summary, verify_summary_fast,
 };
 pub use secrets::{REDACTED, looks_secret, redact_text};
 pub use strict::{MAX_DEPTH, MAX_SAFE_INTEGER, parse_strict};

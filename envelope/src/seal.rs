@@ -20,6 +20,9 @@
 //!   verdict and, on success, only the digest: canonical bytes of a valid
 //!   envelope are checked and hashed in one pass that builds nothing
 //!   (`canonical_check.rs`); everything else goes through [`verify`].
+//!   [`verify_summary`] is the same pass plus the few members a store
+//!   indexes (clock, subject, completeness, unknowns), parsed from the byte
+//!   ranges the pass noted.
 //! - **No `Value` tree on the way to a seal.** The canonical form of the typed
 //!   model is written straight to bytes (`canonical_write.rs`); only an
 //!   envelope the writer refuses (a float, an unsafe integer) is rendered as a
@@ -31,7 +34,7 @@ use sha2::{Digest, Sha256};
 use crate::canonical::write_canonical;
 use crate::error::EnvelopeError;
 use crate::form::DIGEST_PREFIX;
-use crate::model::{Envelope, SCHEMA_ID};
+use crate::model::{Clock, Completeness, Envelope, SCHEMA_ID, Subject, Unknown};
 use crate::rules::check_rules;
 use crate::strict::parse_strict;
 
@@ -245,6 +248,11 @@ pub fn verify_digest(bytes: &[u8]) -> Result<VerifiedDigest, Rejection> {
         return Ok(digest);
     }
     let envelope = verify(bytes)?;
+    Ok(digest_of(&envelope)?)
+}
+
+/// The digest of an envelope [`verify`] accepted, as bytes.
+fn digest_of(envelope: &Envelope) -> Result<VerifiedDigest, EnvelopeError> {
     // `verify` compared the declared digest to the one it computed, so it is
     // `sha256:` + 64 lowercase hex digits.
     let mut digest = [0u8; 32];
@@ -257,6 +265,71 @@ pub fn verify_digest(bytes: &[u8]) -> Result<VerifiedDigest, Rejection> {
             computed: envelope.digest.clone(),
         })?;
     Ok(VerifiedDigest(digest))
+}
+
+/// What a store that keeps an envelope as bytes reads out of it to index it:
+/// the digest, the clock, the subject, the completeness and the unknowns.
+/// [`verify_summary`] returns it; [`VerifiedSummary::of`] takes it from a
+/// verified model, and the two agree (tested on every mutation the verify
+/// tests make).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedSummary {
+    /// The digest, checked against the bytes.
+    pub digest: VerifiedDigest,
+    /// When the capture happened.
+    pub clock: Clock,
+    /// What it is about.
+    pub subject: Subject,
+    /// How complete it says it is.
+    pub completeness: Completeness,
+    /// Its unknowns, in order.
+    pub unknowns: Vec<Unknown>,
+}
+
+impl VerifiedSummary {
+    /// The summary of an envelope [`verify`] accepted.
+    pub fn of(envelope: Envelope) -> Result<VerifiedSummary, Rejection> {
+        Ok(VerifiedSummary {
+            digest: digest_of(&envelope)?,
+            clock: envelope.clock,
+            subject: envelope.subject,
+            completeness: envelope.completeness,
+            unknowns: envelope.unknowns,
+        })
+    }
+}
+
+/// [`verify`]'s verdict (every rule, the digest) with only what a store
+/// indexes ([`VerifiedSummary`]) read out, not the typed model.
+///
+/// Canonical bytes are checked and hashed by [`verify_digest`]'s single pass,
+/// which also notes where `clock`, `subject` and `unknowns` lie; only those
+/// few small members are then parsed. Anything the pass does not accept goes
+/// through [`verify`], whose verdict (and error list) this returns unchanged.
+pub fn verify_summary(bytes: &[u8]) -> Result<VerifiedSummary, Rejection> {
+    if let Some(summary) = verify_summary_fast(bytes) {
+        return Ok(summary);
+    }
+    VerifiedSummary::of(verify(bytes)?)
+}
+
+/// [`verify_summary`]'s single pass alone: `Some` only where [`verify`] says
+/// `Ok`, with what [`VerifiedSummary::of`] would read from its model; `None`
+/// where [`verify`] must decide. Exposed for the equivalence tests.
+#[doc(hidden)]
+pub fn verify_summary_fast(bytes: &[u8]) -> Option<VerifiedSummary> {
+    let (digest, picks) = crate::canonical_check::check_picks(bytes)?;
+    // The pass checked each member against the model's rules already; a
+    // member serde would still refuse (never expected) falls back to
+    // `verify`, which then judges the whole envelope.
+    let member = |(a, b): (usize, usize)| bytes.get(a..b);
+    Some(VerifiedSummary {
+        digest: VerifiedDigest(digest),
+        clock: serde_json::from_slice(member(picks.clock)?).ok()?,
+        subject: serde_json::from_slice(member(picks.subject)?).ok()?,
+        completeness: picks.completeness,
+        unknowns: serde_json::from_slice(member(picks.unknowns)?).ok()?,
+    })
 }
 
 /// [`verify_digest`]'s single pass alone: `Some` only for canonical bytes of

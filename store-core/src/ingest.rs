@@ -17,7 +17,7 @@
 use std::io::Read;
 
 use bytes::Bytes;
-use pstack_envelope::{Completeness, Unknown, is_sha256_digest, verify};
+use pstack_envelope::{Completeness, Unknown, is_sha256_digest, verify_summary};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -294,11 +294,14 @@ pub fn verify_item(bytes: Bytes, limits: &IngestLimits) -> ItemVerdict {
             }],
         });
     }
-    match verify(&bytes) {
+    // Only what the store indexes is read out; no typed model is built for
+    // canonical bytes (`verify_summary`), with `verify`'s verdict.
+    match verify_summary(&bytes) {
         Ok(env) => {
+            let digest = env.digest.to_string();
             let Some(wall_ns) = wall_time_ns(&env.clock.wall_time) else {
                 return ItemVerdict::Rejected(RejectedItem {
-                    declared_digest: Some(env.digest.clone()),
+                    declared_digest: Some(digest),
                     reasons: vec![Reason {
                         rule: "invalid_wall_time".into(),
                         message: format!(
@@ -309,12 +312,12 @@ pub fn verify_item(bytes: Bytes, limits: &IngestLimits) -> ItemVerdict {
                 });
             };
             ItemVerdict::Verified(Box::new(VerifiedItem {
-                join: crate::transfers::candidate(&env, wall_ns),
+                join: crate::transfers::candidate(&env.subject, &env.clock, wall_ns),
                 subject: SubjectIndex::of(&env.subject),
                 wall_ns,
                 completeness: completeness_name(env.completeness),
                 unknowns: env.unknowns,
-                digest: env.digest,
+                digest,
                 bytes,
             }))
         }

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use pstack_envelope::facts::{ebpf_tcp, flight_recorder, socket, streams};
 use pstack_envelope::{
-    ClaimCode, ClaimKind, Envelope, Subject, SurfaceStatus, facts::StreamLink, sha256_digest,
+    ClaimCode, ClaimKind, Clock, Envelope, Subject, SurfaceStatus, facts::StreamLink, sha256_digest,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -105,9 +105,9 @@ impl JoinCandidate {
 
 /// The join index of an envelope, if its kind can be joined. `wall_ns` is its
 /// capture start (already validated at ingest).
-pub fn candidate(env: &Envelope, wall_ns: i64) -> Option<JoinCandidate> {
-    let span = window_ns(env);
-    match &env.subject {
+pub fn candidate(subject: &Subject, clock: &Clock, wall_ns: i64) -> Option<JoinCandidate> {
+    let span = window_ns(clock);
+    match subject {
         Subject::NetworkStream(s) => Some(JoinCandidate {
             basis: Basis::Mirrored4tuple,
             near: format!("{} {} {}", s.protocol, endpoint(&s.src), endpoint(&s.dst)),
@@ -143,9 +143,9 @@ fn endpoint(s: &str) -> String {
 }
 
 /// Length of the capture window (monotonic end − start), 0 when unreadable.
-fn window_ns(env: &Envelope) -> i64 {
-    let a = env.clock.monotonic_start_ns.parse::<u64>().ok();
-    let b = env.clock.monotonic_end_ns.parse::<u64>().ok();
+fn window_ns(clock: &Clock) -> i64 {
+    let a = clock.monotonic_start_ns.parse::<u64>().ok();
+    let b = clock.monotonic_end_ns.parse::<u64>().ok();
     match (a, b) {
         (Some(a), Some(b)) if b >= a => i64::try_from(b - a).unwrap_or(i64::MAX),
         _ => 0,

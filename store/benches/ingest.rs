@@ -17,12 +17,14 @@
 //! - **scale**: the ingest run at 1, 4 and 16 clients into an empty store, then
 //!   at 16 clients into a store already holding 1,000,000 and 10,000,000
 //!   envelopes (about 12 GB of disk per backend at the largest).
-//! - **external** (SQLite): the same load against `pstack-store serve` run as
-//!   its own process, to measure the server's CPU per envelope apart from the
-//!   clients'. `--store-bin A,B` runs it against other builds of the binary
-//!   too, interleaved A, B, A, B (`--rounds`, default 1): how a change to the
-//!   server (e.g. scope checks on every request) costs, in one run. A binary
-//!   older than key scopes is given its key without `--scope`.
+//! - **external**: the same load against `pstack-store serve` run as its own
+//!   process (SQLite in a tempdir, or PostgreSQL in a fresh schema passed as
+//!   the URL's `options[search_path]`), to measure the server's CPU per
+//!   envelope apart from the clients'. `--store-bin A,B` runs it against
+//!   other builds of the binary too, interleaved A, B, A, B (`--rounds`,
+//!   default 1): how a change to the server costs, in one run. A binary
+//!   older than key scopes is given its key without `--scope`. With
+//!   `--mode all` it runs on SQLite only.
 //! - **history**: bulk-inserts 1,000,000 synthetic rows directly via SQL
 //!   (multi-row INSERTs, bypassing verification; 1,000 subjects x 1,000
 //!   captures, small bodies because the history query never reads bodies),
@@ -250,12 +252,59 @@ async fn bench_ingest(backend: &str, run: u64, clients: usize, stored: u64) -> a
     Ok(())
 }
 
-/// Ingest into the `pstack-store serve` binary in its own process (SQLite), so
-/// the server's CPU per envelope is measured apart from the clients'.
-async fn bench_ingest_external(run: u64, bin: &str) -> anyhow::Result<()> {
+/// A fresh, empty schema at `PSTACK_BENCH_PG_URL` for a store in another
+/// process: (url, schema). Drop it with [`drop_pg_schema`].
+pub async fn pg_schema() -> anyhow::Result<(String, String)> {
+    use sqlx::Connection;
+    let url = common::pg_url();
+    let schema = common::random_schema()?;
+    let mut c = sqlx::PgConnection::connect(&url).await?;
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&mut c)
+        .await?;
+    Ok((url, schema))
+}
+
+/// CPU time of every `postgres` process on the host (the PostgreSQL
+/// server's backends, checkpointer, WAL writer): what a PostgreSQL-backed
+/// ingest costs beside the store's own process. Other clients of the same
+/// server are counted too.
+pub fn postgres_cpu_time() -> Duration {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Duration::ZERO;
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim_end() == "postgres")
+        })
+        .map(|pid| cpu_time_of(&pid))
+        .sum()
+}
+
+/// Ingest into the `pstack-store serve` binary in its own process (SQLite, or
+/// PostgreSQL in a fresh schema), so the server's CPU per envelope is
+/// measured apart from the clients'.
+async fn bench_ingest_external(run: u64, bin: &str, backend: &str) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let db = dir.path().join("external.db");
-    let db = db.to_str().unwrap_or_default().to_string();
+    let pg = if backend == "postgres" {
+        Some(pg_schema().await?)
+    } else {
+        None
+    };
+    let db = match &pg {
+        // The binary takes the schema as the connection's search path.
+        Some((url, schema)) => {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            format!("{url}{sep}options[search_path]={schema}")
+        }
+        None => {
+            let db = dir.path().join("external.db");
+            db.to_str().unwrap_or_default().to_string()
+        }
+    };
     let create = |scoped: bool| {
         let mut args = vec!["--db", &db, "keys", "create", "--name", "bench"];
         if scoped {
@@ -291,9 +340,10 @@ async fn bench_ingest_external(run: u64, bin: &str) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    eprintln!("[sqlite, separate server process] preparing...");
+    eprintln!("[{backend}, separate server process] preparing...");
     let batches = make_batches(run, DEFAULT_CLIENTS);
     let server0 = cpu_time_of(&pid);
+    let postgres0 = postgres_cpu_time();
     let client0 = cpu_time();
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -325,14 +375,25 @@ async fn bench_ingest_external(run: u64, bin: &str) -> anyhow::Result<()> {
     }
     let elapsed = started.elapsed().as_secs_f64();
     let server_cpu = (cpu_time_of(&pid) - server0).as_secs_f64();
+    let postgres_cpu = (postgres_cpu_time().saturating_sub(postgres0)).as_secs_f64();
     let client_cpu = (cpu_time() - client0).as_secs_f64();
     anyhow::ensure!(
         accepted as usize == batches.envelopes,
         "accepted {accepted}"
     );
     let n = batches.envelopes as f64;
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = load.split_whitespace().next().unwrap_or("?");
+    let postgres = if pg.is_some() {
+        format!(
+            ", PostgreSQL processes CPU {:.0} us/envelope",
+            postgres_cpu * 1e6 / n
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "ingest sqlite   ({bin} serve in its own process) {:.0} envelopes/s, {:.1} MB/s; server CPU {:.0} us/envelope, clients CPU {:.0} us/envelope",
+        "ingest {backend:<8} ({bin} serve in its own process) {:.0} envelopes/s, {:.1} MB/s; server CPU {:.0} us/envelope{postgres}, clients CPU {:.0} us/envelope; load average {load}",
         n / elapsed,
         batches.raw_bytes as f64 / elapsed / 1e6,
         server_cpu * 1e6 / n,
@@ -342,6 +403,9 @@ async fn bench_ingest_external(run: u64, bin: &str) -> anyhow::Result<()> {
         .args(["-TERM", &pid])
         .status();
     let _ = child.wait();
+    if let Some((url, schema)) = pg {
+        common::drop_pg_schema(&url, &schema).await;
+    }
     Ok(())
 }
 
@@ -446,7 +510,7 @@ fn main() -> anyhow::Result<()> {
                     bench_ingest(b, 20 * (i as u64 + 1) + k as u64, DEFAULT_CLIENTS, n).await?;
                 }
             }
-            if *b == "sqlite" && (mode == "external" || mode == "all") {
+            if mode == "external" || (*b == "sqlite" && mode == "all") {
                 let own = env!("CARGO_BIN_EXE_pstack-store").to_string();
                 let bins: Vec<String> = match arg("--store-bin", "").as_str() {
                     "" => vec![own],
@@ -455,7 +519,7 @@ fn main() -> anyhow::Result<()> {
                 let rounds: usize = arg("--rounds", "1").parse()?;
                 for round in 0..rounds {
                     for bin in &bins {
-                        bench_ingest_external(7 + round as u64, bin).await?;
+                        bench_ingest_external(7 + round as u64, bin, b).await?;
                     }
                 }
             }

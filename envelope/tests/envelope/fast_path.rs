@@ -5,8 +5,8 @@
 
 use proptest::prelude::*;
 use pstack_envelope::{
-    Envelope, Rejection, example::example_sealed, verify_canonical, verify_digest,
-    verify_digest_fast, verify_general,
+    Envelope, Rejection, VerifiedSummary, example::example_sealed, verify_canonical, verify_digest,
+    verify_digest_fast, verify_general, verify_summary, verify_summary_fast,
 };
 use serde_json::{Value, json};
 
@@ -40,6 +40,31 @@ pub fn check_same_verdict(bytes: &[u8]) -> bool {
             Ok(d.to_string()),
             general_digest.clone(),
             "the digest-only pass and the general path disagree on {}",
+            String::from_utf8_lossy(bytes)
+        );
+    }
+    // The summary path (what the store indexes, issue 31 item 5): the same
+    // verdict and the same extracted members as the general path's model;
+    // its single pass decides exactly where the digest-only pass does.
+    let general_summary = general.clone().and_then(VerifiedSummary::of);
+    assert_eq!(
+        verify_summary(bytes),
+        general_summary,
+        "verify_summary and the general path disagree on {}",
+        String::from_utf8_lossy(bytes)
+    );
+    let fast_summary = verify_summary_fast(bytes);
+    assert_eq!(
+        fast_summary.as_ref().map(|s| s.digest),
+        verify_digest_fast(bytes),
+        "the summary pass and the digest-only pass decide different inputs: {}",
+        String::from_utf8_lossy(bytes)
+    );
+    if let Some(s) = fast_summary {
+        assert_eq!(
+            Ok(s),
+            general_summary,
+            "the summary pass and the general path disagree on {}",
             String::from_utf8_lossy(bytes)
         );
     }

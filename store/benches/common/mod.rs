@@ -29,11 +29,8 @@ pub async fn open(backend: &str) -> anyhow::Result<Target> {
             pg: None,
         })
     } else {
-        let url = std::env::var("PSTACK_BENCH_PG_URL")
-            .unwrap_or_else(|_| "postgres://pstack:pstack@127.0.0.1:5432/pstack_bench".into());
-        let mut b = [0u8; 4];
-        getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("random: {e}"))?;
-        let schema = format!("bench_{}", hex::encode(b));
+        let url = pg_url();
+        let schema = random_schema()?;
         let opts = OpenOptions {
             pg_schema: Some(schema.clone()),
             pg_max_connections: 16,
@@ -49,17 +46,33 @@ pub async fn open(backend: &str) -> anyhow::Result<Target> {
     }
 }
 
-/// Closes the store and drops the PostgreSQL schema (best effort: a bench
-/// that cannot drop its schema still reports its numbers).
+pub fn pg_url() -> String {
+    std::env::var("PSTACK_BENCH_PG_URL")
+        .unwrap_or_else(|_| "postgres://pstack:pstack@127.0.0.1:5432/pstack_bench".into())
+}
+
+pub fn random_schema() -> anyhow::Result<String> {
+    let mut b = [0u8; 4];
+    getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("random: {e}"))?;
+    Ok(format!("bench_{}", hex::encode(b)))
+}
+
+/// Drops a bench schema (best effort: a bench that cannot drop its schema
+/// still reports its numbers).
+pub async fn drop_pg_schema(url: &str, schema: &str) {
+    use sqlx::Connection;
+    if let Ok(mut c) = sqlx::PgConnection::connect(url).await {
+        let _ = sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+            .execute(&mut c)
+            .await;
+    }
+}
+
+/// Closes the store and drops the PostgreSQL schema.
 pub async fn close(t: Target) {
     t.store.close().await;
     if let Some((url, schema)) = t.pg {
-        use sqlx::Connection;
-        if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
-            let _ = sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
-                .execute(&mut c)
-                .await;
-        }
+        drop_pg_schema(&url, &schema).await;
     }
 }
 
