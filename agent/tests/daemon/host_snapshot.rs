@@ -100,6 +100,22 @@ fn not_ok(env: &Envelope) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The surfaces of `env` that are not `ok`, after asserting each is a
+/// `vanished` surface of a process other than `crowd_pid` (another test's
+/// process that exited mid-read).
+fn vanished_elsewhere(env: &Envelope, crowd_pid: u32) -> Vec<(String, String)> {
+    let not_ok = not_ok(env);
+    let crowd_prefix = format!("proc/{crowd_pid}/");
+    assert!(
+        not_ok
+            .iter()
+            .all(|(id, status)| status == "vanished" && !id.starts_with(&crowd_prefix)),
+        "bounds {:?}; surfaces not ok: {not_ok:?}",
+        env.bounds
+    );
+    not_ok
+}
+
 #[test]
 fn a_5000_thread_host_snapshot_through_pstackd_reads_complete() {
     let crowd = Crowd::spawn(5_000);
@@ -112,15 +128,7 @@ fn a_5000_thread_host_snapshot_through_pstackd_reads_complete() {
     // read to its end. The snapshot is `complete` unless a process of the
     // host exited while it was read (other tests run beside this one), and
     // then only `vanished` surfaces of other processes may make it `partial`.
-    let not_ok = not_ok(&env);
-    let crowd_prefix = format!("proc/{}/", crowd.child.id());
-    assert!(
-        not_ok
-            .iter()
-            .all(|(id, status)| status == "vanished" && !id.starts_with(&crowd_prefix)),
-        "bounds {:?}; surfaces not ok: {not_ok:?}",
-        env.bounds
-    );
+    let not_ok = vanished_elsewhere(&env, crowd.child.id());
     let want = if not_ok.is_empty() {
         "complete"
     } else {
@@ -162,15 +170,7 @@ fn a_host_snapshot_with_a_cap_below_the_host_is_bounded() {
     // exited while it was read (other tests run beside this one) — then its
     // `vanished` surfaces make the envelope `partial`, which outranks
     // `bounded`, and the cut is still the universe's termination.
-    let not_ok = not_ok(&env);
-    let crowd_prefix = format!("proc/{}/", crowd.child.id());
-    assert!(
-        not_ok
-            .iter()
-            .all(|(id, status)| status == "vanished" && !id.starts_with(&crowd_prefix)),
-        "bounds {:?}; surfaces not ok: {not_ok:?}",
-        env.bounds
-    );
+    let not_ok = vanished_elsewhere(&env, crowd.child.id());
     let want = if not_ok.is_empty() {
         "bounded"
     } else {
