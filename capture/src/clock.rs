@@ -60,11 +60,16 @@ mod tests {
         let direct = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
         assert!(direct.abs_diff(monotonic_ns()) < 1_000_000_000);
         assert!(wall_time_now().ends_with('Z'));
-        // A stamp one hour ago is an hour before now on the wall.
-        let hour_ago = wall_time_of(monotonic_ns() - 3_600_000_000_000);
+        // A stamp an hour ago (or half the uptime, on a machine up for less:
+        // the monotonic clock starts at boot) is that long before now on the wall.
+        let back_ns = (monotonic_ns() / 2).min(3_600_000_000_000);
+        let then = wall_time_of(monotonic_ns() - back_ns);
         let now = wall_time_now();
         let parse = |s: &str| pstack_envelope::wall_time::parse(s).unwrap();
-        let d = parse(&now).duration_since(parse(&hour_ago)).unwrap();
-        assert!(d.as_secs().abs_diff(3600) <= 1, "{hour_ago} -> {now}");
+        let d = parse(&now).duration_since(parse(&then)).unwrap();
+        assert!(
+            d.as_secs().abs_diff(back_ns / 1_000_000_000) <= 1,
+            "{then} -> {now} ({back_ns} ns back)"
+        );
     }
 }

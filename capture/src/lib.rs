@@ -6,7 +6,12 @@
 //! CLI turns arguments into a request, the daemon turns an HTTP body into the
 //! same request and runs the engine on its blocking pool. Both validate
 //! through [`request::CaptureRequest::validate`], the one place a field is
-//! checked, and both get sealed envelopes back.
+//! checked, and both get sealed envelopes back. What validation returns
+//! ([`request::ValidRequest`]: a `process::ProcessPlan`, `transport::Plan`,
+//! `longhorn::LonghornPlan` or `tcp_trace::TracePlan`) is the only thing an
+//! engine accepts, and none of those can be built outside this crate: their
+//! fields are crate-private and they have no `Default`, so no caller can
+//! hand an engine a request that skipped the validator.
 //!
 //! Long engines report what they are doing through a [`Progress`] callback
 //! instead of writing to a terminal: the CLI draws it, the daemon logs it.

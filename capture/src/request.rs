@@ -44,7 +44,7 @@ pub use pstackd_api::request::{
 #[derive(Debug, Clone)]
 pub enum ValidRequest {
     /// process, thread or host.
-    Process(process::CaptureRequest),
+    Process(process::ProcessPlan),
     /// transport.
     Transport(transport::Plan),
     /// longhorn.
@@ -70,7 +70,7 @@ impl ValidRequest {
     /// API and Hubble reads, each under its own deadline).
     pub fn run_deadline(&self) -> Duration {
         match self {
-            ValidRequest::Process(r) => r.deadlines.map(|d| d.bundle).unwrap_or_default(),
+            ValidRequest::Process(r) => r.deadlines().bundle,
             ValidRequest::Transport(p) => p.window + transport::RUN_OVERHEAD,
             ValidRequest::Longhorn(p) => longhorn::run_deadline(p),
             ValidRequest::TcpTrace(p) => p.window + tcp_trace::RUN_OVERHEAD,
@@ -166,9 +166,11 @@ pub fn parse(body: &[u8]) -> Result<CaptureRequest, RequestError> {
     }
 }
 
-/// Validate a process/thread/host capture against `limits` into the
-/// supervisor's request (what [`CaptureRequest::validate`] does for those
-/// kinds; the CLI calls it with its own flags as the limits).
+/// Validate a process/thread/host capture against `limits` into the plan the
+/// process engine runs (what [`CaptureRequest::validate`] does for those
+/// kinds; the CLI calls it with its own flags as the limits). The only
+/// place a [`process::ProcessPlan`] is built: every guarantee its type
+/// documents is checked here, once.
 pub fn process_plan(
     target: Target,
     deadlines: &RequestedDeadlines,
@@ -176,7 +178,7 @@ pub fn process_plan(
     window_ms: Option<u64>,
     surfaces: &Option<Vec<String>>,
     limits: &ProcessLimits,
-) -> Result<process::CaptureRequest, RequestError> {
+) -> Result<process::ProcessPlan, RequestError> {
     match target {
         Target::Process { pid: 0 } => {
             return Err(RequestError::BadSelector("pid 0 is not a process".into()));
@@ -185,6 +187,14 @@ pub fn process_plan(
             return Err(RequestError::BadSelector("tid 0 is not a thread".into()));
         }
         _ => {}
+    }
+    if window_ms.is_some() && target == Target::Host {
+        return Err(RequestError::OutOfRange {
+            param: "window_ms",
+            reason:
+                "an off-CPU window needs a process or thread subject (--pid or --tid), not --host"
+                    .into(),
+        });
     }
     if let Some(w) = window_ms {
         let max = u64::try_from(PROCESS_WINDOW.1.as_millis()).unwrap_or(u64::MAX);
@@ -233,10 +243,14 @@ pub fn process_plan(
     let max_bytes = caps
         .max_bytes_per_surface
         .unwrap_or(limits.max_bytes_per_surface);
-    if max_bytes == 0 || max_bytes > limits.max_bytes_per_surface {
+    // What one helper frame can carry bounds every caller's limit too.
+    let max_bytes_limit = limits
+        .max_bytes_per_surface
+        .min(pstack_helper::protocol::MAX_SURFACE_BYTES);
+    if max_bytes == 0 || max_bytes > max_bytes_limit {
         return Err(RequestError::OutOfRange {
             param: "caps.max_bytes_per_surface",
-            reason: format!("must be between 1 and {}", limits.max_bytes_per_surface),
+            reason: format!("must be between 1 and {max_bytes_limit}"),
         });
     }
     let surfaces = match surfaces {
@@ -245,17 +259,18 @@ pub fn process_plan(
             SurfaceSelection::parse(names).map_err(|e| RequestError::BadSurfaces(e.to_string()))?
         }
     };
-    // Checked here too so a misfit is refused before any work starts.
-    surfaces
+    // Resolved against the target and window here, so a misfit is refused
+    // before any work starts and the engine reads the selection as given.
+    let surfaces = surfaces
         .resolve(&target, window_ms.is_some())
         .map_err(|e| RequestError::BadSurfaces(e.to_string()))?;
-    Ok(process::CaptureRequest {
+    Ok(process::ProcessPlan {
         target,
         surfaces,
-        deadlines: Some(process::Deadlines {
+        deadlines: process::Deadlines {
             surface: Duration::from_millis(surface),
             bundle: Duration::from_millis(bundle),
-        }),
+        },
         max_threads,
         max_bytes_per_surface: max_bytes,
         max_fds: limits.max_fds,
@@ -515,6 +530,35 @@ mod tests {
         assert_eq!(e.code(), "bad_selector");
         let e = check(r#"{"subject":{"host":true},"window_ms":5}"#).unwrap_err();
         assert_eq!(e.field().as_deref(), Some("window_ms"));
+    }
+
+    /// A caller's limit above what one helper frame carries does not widen
+    /// the plan: at the protocol's cap it passes, one byte above it is
+    /// refused naming the cap.
+    #[test]
+    fn bytes_per_surface_never_exceed_what_the_helper_carries() {
+        let wide = ProcessLimits {
+            max_bytes_per_surface: u64::MAX,
+            ..limits()
+        };
+        let cap = pstack_helper::protocol::MAX_SURFACE_BYTES;
+        let ask = |bytes: u64| {
+            parse(
+                format!(
+                    r#"{{"kind":"process","pid":7,"caps":{{"max_bytes_per_surface":{bytes}}}}}"#
+                )
+                .as_bytes(),
+            )
+            .unwrap()
+            .validate(&wide)
+        };
+        match ask(cap).unwrap() {
+            ValidRequest::Process(p) => assert_eq!(p.max_bytes_per_surface(), cap),
+            other => panic!("{other:?}"),
+        }
+        let e = ask(cap + 1).unwrap_err();
+        assert_eq!(e.field().as_deref(), Some("caps.max_bytes_per_surface"));
+        assert!(e.to_string().contains(&cap.to_string()), "{e}");
     }
 
     /// A network window longer than `max_bundle_deadline_ms` is refused for

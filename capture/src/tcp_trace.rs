@@ -29,20 +29,26 @@ use crate::process::SOURCE_COMMIT;
 /// Most a trace spends around its window (loading and detaching programs).
 pub const RUN_OVERHEAD: Duration = Duration::from_secs(10);
 
-/// A validated trace request.
+/// A validated trace request. Outside this crate it comes only from
+/// `crate::request` (`PlanTrace::plan`): the fields are crate-private.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TracePlan {
     /// How long to watch.
-    pub window: Duration,
+    pub(crate) window: Duration,
     /// Only flows with this port at either end (kernel filter).
-    pub port: Option<u16>,
+    pub(crate) port: Option<u16>,
     /// Only flows with this address at either end.
-    pub addr: Option<IpAddr>,
+    pub(crate) addr: Option<IpAddr>,
     /// Ring buffer bytes.
-    pub ring_bytes: u32,
+    pub(crate) ring_bytes: u32,
 }
 
 impl TracePlan {
+    /// How long to watch.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
     /// The eBPF session configuration of this plan. `live` wakes the reader
     /// every 100 ms (for printing events as they come).
     pub fn ebpf_config(&self, live: bool) -> EbpfConfig {

@@ -199,13 +199,13 @@ fn endpoints_allowed(request: &ValidRequest, capture: &CaptureConfig) -> Result<
         (
             "longhorn_api",
             "capture.longhorn_apis",
-            plan.request.longhorn_api.as_deref(),
+            plan.request().longhorn_api.as_deref(),
             &capture.longhorn_apis,
         ),
         (
             "hubble_server",
             "capture.hubble_servers",
-            plan.request.hubble_server.as_deref(),
+            plan.request().hubble_server.as_deref(),
             &capture.hubble_servers,
         ),
     ];

@@ -27,7 +27,7 @@ pub fn limits(config: &Config) -> ProcessLimits {
         max_bundle_deadline_ms: config.max_bundle_deadline_ms,
         max_threads: c.max_threads,
         max_bytes_per_surface: c.max_bytes_per_surface,
-        max_fds: pstack_capture::process::CaptureRequest::default().max_fds,
+        max_fds: pstack_capture::process::DEFAULT_MAX_FDS,
     }
 }
 
@@ -60,7 +60,7 @@ mod tests {
     use pstack_capture::process;
     use std::time::Duration;
 
-    fn parse(text: &str) -> Result<process::CaptureRequest, RequestError> {
+    fn parse(text: &str) -> Result<process::ProcessPlan, RequestError> {
         match parse_request(text.as_bytes(), &Config::default())? {
             ValidRequest::Process(r) => Ok(r),
             other => panic!("not a process request: {other:?}"),
@@ -70,11 +70,11 @@ mod tests {
     #[test]
     fn selectors_are_closed_and_exclusive() {
         assert!(matches!(
-            parse(r#"{"subject":{"pid":1}}"#).unwrap().target,
+            parse(r#"{"subject":{"pid":1}}"#).unwrap().target(),
             process::Target::Process { pid: 1 }
         ));
         assert!(matches!(
-            parse(r#"{"subject":{"host":true}}"#).unwrap().target,
+            parse(r#"{"subject":{"host":true}}"#).unwrap().target(),
             process::Target::Host
         ));
         for bad in [
@@ -109,7 +109,7 @@ mod tests {
         let e = parse(r#"{"subject":{"pid":1},"caps":{"max_threads":0}}"#).unwrap_err();
         assert_eq!(e.code(), "out_of_range");
         let ok = parse(r#"{"subject":{"pid":1},"deadlines":{"bundle_ms":100}}"#).unwrap();
-        let d = ok.deadlines.unwrap();
+        let d = ok.deadlines();
         assert_eq!(d.bundle, Duration::from_millis(100));
         assert!(d.surface <= d.bundle);
     }

@@ -5,15 +5,23 @@
 use pstack_capture::process::Target;
 use pstack_envelope::{Completeness, Scope, SurfaceStatus, Termination};
 
-use crate::fixtures::{Proc, budget, config, request, surface, wait_state};
+use crate::fixtures::{Ask, Proc, budget, config, plan, surface, wait_state};
 
 #[test]
 fn byte_cap_truncates_surfaces_and_says_so() {
     let p = Proc::spawn("sleep", &["1000"]);
     assert!(wait_state(p.pid(), 'S'));
     let dir = tempfile::tempdir().unwrap();
-    let mut req = request(Target::Process { pid: p.pid() }, 2000, 10_000);
-    req.max_bytes_per_surface = 64;
+    let req = plan(
+        Target::Process { pid: p.pid() },
+        2000,
+        10_000,
+        Ask {
+            max_bytes_per_surface: Some(64),
+            ..Ask::default()
+        },
+    )
+    .unwrap();
     let env = crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 1)).unwrap();
     let status = surface(&env, "proc/status");
     assert_eq!(status.status, SurfaceStatus::Truncated, "{status:?}");
@@ -32,8 +40,16 @@ fn thread_cap_cuts_the_universe_and_says_so() {
     let t = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_secs(3)));
     let me = std::process::id();
     let dir = tempfile::tempdir().unwrap();
-    let mut req = request(Target::Process { pid: me }, 2000, 10_000);
-    req.max_threads = 1;
+    let req = plan(
+        Target::Process { pid: me },
+        2000,
+        10_000,
+        Ask {
+            max_threads: Some(1),
+            ..Ask::default()
+        },
+    )
+    .unwrap();
     let env = crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 1)).unwrap();
     assert_eq!(env.universe.termination, Termination::Cap);
     assert!(env.universe.expected_count >= 2, "{:?}", env.universe);

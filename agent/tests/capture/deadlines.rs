@@ -1,33 +1,64 @@
-//! Missing deadline: every risky surface is issued with a deadline; a request
-//! or a risky read without one is refused before any helper is spawned.
+//! Missing deadline: every risky surface is issued with a deadline. A plan
+//! always has both (the validator fills the caller's defaults and refuses a
+//! zero or inverted pair, so the engine cannot be handed a plan without);
+//! a risky read without one is refused before any helper is spawned.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use pstack_capture::process::{CaptureError, CaptureRequest, RiskyRead, Target, run_risky};
+use pstack_capture::process::{CaptureError, Deadlines, RiskyRead, Target, run_risky};
+use pstack_capture::request::{RequestError, RequestedCaps, RequestedDeadlines, process_plan};
 use pstack_helper::protocol::SurfaceKind;
 
 use crate::fixtures::{Proc, budget, config, request};
 
 #[test]
-fn capture_request_without_deadlines_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let req = CaptureRequest {
-        target: Target::Process {
-            pid: std::process::id(),
-        },
-        deadlines: None,
-        ..CaptureRequest::default()
+fn a_plan_always_has_positive_deadlines() {
+    let me = Target::Process {
+        pid: std::process::id(),
     };
-    let err = crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 1)).unwrap_err();
-    assert!(matches!(err, CaptureError::MissingDeadline { .. }), "{err}");
-    let mut zero = request(Target::Host, 0, 1000);
-    let err =
-        crate::fixtures::sealed_capture(&zero, &config(), &budget(dir.path(), 1)).unwrap_err();
-    assert!(matches!(err, CaptureError::MissingDeadline { .. }), "{err}");
-    zero.deadlines = None;
-    assert!(crate::fixtures::sealed_capture(&zero, &config(), &budget(dir.path(), 1)).is_err());
+    let refused = |surface_ms, bundle_ms| match crate::fixtures::plan(
+        me,
+        surface_ms,
+        bundle_ms,
+        crate::fixtures::Ask::default(),
+    ) {
+        Err(RequestError::OutOfRange { param, .. }) => param,
+        other => panic!("({surface_ms}, {bundle_ms}): expected a refusal, got {other:?}"),
+    };
+    assert_eq!(refused(0, 1000), "deadlines.surface_ms");
+    assert_eq!(refused(1, 0), "deadlines.bundle_ms");
+    // The surface deadline may equal the bundle's, not exceed it.
+    assert_eq!(refused(1001, 1000), "deadlines.surface_ms");
+    let at = crate::fixtures::plan(me, 1000, 1000, crate::fixtures::Ask::default()).unwrap();
+    assert_eq!(
+        at.deadlines(),
+        Deadlines {
+            surface: Duration::from_millis(1000),
+            bundle: Duration::from_millis(1000),
+        }
+    );
+    // No deadline asked: the caller's defaults, never none.
+    let defaults = process_plan(
+        me,
+        &RequestedDeadlines::default(),
+        &RequestedCaps::default(),
+        None,
+        &None,
+        &crate::fixtures::LIMITS,
+    )
+    .unwrap();
+    assert_eq!(
+        defaults.deadlines(),
+        Deadlines {
+            surface: Duration::from_millis(crate::fixtures::LIMITS.surface_deadline_ms),
+            bundle: Duration::from_millis(crate::fixtures::LIMITS.bundle_deadline_ms),
+        }
+    );
+    let dir = tempfile::tempdir().unwrap();
+    crate::fixtures::sealed_capture(&at, &config(), &budget(dir.path(), 1))
+        .expect("a plan the validator built runs");
 }
 
 #[test]

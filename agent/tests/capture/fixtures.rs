@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use pstack_capture::process::{
-    self, CaptureRequest, Deadlines, LeakBudget, LeakJournal, SupervisorConfig, Target,
+    self, DEFAULT_MAX_FDS, LeakBudget, LeakJournal, ProcessPlan, SupervisorConfig, Target,
+};
+use pstack_capture::request::{
+    ProcessLimits, RequestError, RequestedCaps, RequestedDeadlines, process_plan,
 };
 use pstack_envelope::{Envelope, Surface};
 
@@ -36,21 +39,84 @@ pub fn budget(dir: &Path, capacity: u64) -> LeakBudget {
     )
 }
 
-pub fn request(target: Target, surface_ms: u64, bundle_ms: u64) -> CaptureRequest {
-    CaptureRequest {
+/// The tests' limits: wide enough for every test, which narrows through
+/// what it asks ([`Ask`]), as a caller of pstackd does.
+pub const LIMITS: ProcessLimits = ProcessLimits {
+    surface_deadline_ms: 2_000,
+    bundle_deadline_ms: 10_000,
+    max_bundle_deadline_ms: 600_000,
+    max_threads: 16_384,
+    max_bytes_per_surface: 64 * 1024,
+    max_fds: DEFAULT_MAX_FDS,
+};
+
+/// What a test asks beyond the target and deadlines: the optional parts of
+/// a wire request.
+#[derive(Debug, Default)]
+pub struct Ask {
+    pub max_threads: Option<u64>,
+    pub max_bytes_per_surface: Option<u64>,
+    pub window_ms: Option<u64>,
+    pub surfaces: Option<Vec<String>>,
+}
+
+/// A plan through the one validator (`pstack_capture::request`), the only
+/// way to a plan the engine runs.
+pub fn plan(
+    target: Target,
+    surface_ms: u64,
+    bundle_ms: u64,
+    ask: Ask,
+) -> Result<ProcessPlan, RequestError> {
+    process_plan(
         target,
-        deadlines: Some(Deadlines {
-            surface: Duration::from_millis(surface_ms),
-            bundle: Duration::from_millis(bundle_ms),
-        }),
-        ..CaptureRequest::default()
-    }
+        &RequestedDeadlines {
+            surface_ms: Some(surface_ms),
+            bundle_ms: Some(bundle_ms),
+        },
+        &RequestedCaps {
+            max_threads: ask.max_threads,
+            max_bytes_per_surface: ask.max_bytes_per_surface,
+        },
+        ask.window_ms,
+        &ask.surfaces,
+        &LIMITS,
+    )
+}
+
+/// A plan with the default caps and every surface.
+pub fn request(target: Target, surface_ms: u64, bundle_ms: u64) -> ProcessPlan {
+    plan(target, surface_ms, bundle_ms, Ask::default())
+        .unwrap_or_else(|e| panic!("a test plan was refused: {e}"))
+}
+
+/// A plan with an off-CPU window of `window_ms`.
+pub fn windowed(
+    target: Target,
+    surface_ms: u64,
+    bundle_ms: u64,
+    window_ms: u64,
+) -> Result<ProcessPlan, RequestError> {
+    plan(
+        target,
+        surface_ms,
+        bundle_ms,
+        Ask {
+            window_ms: Some(window_ms),
+            ..Ask::default()
+        },
+    )
+}
+
+/// The names of surfaces, as a request carries them.
+pub fn names(surfaces: &[&str]) -> Option<Vec<String>> {
+    Some(surfaces.iter().map(|s| s.to_string()).collect())
 }
 
 /// `process::capture`, plus the independent-canonicalizer check on every envelope
 /// it seals (pstack-testkit): the capture tests all go through here.
 pub fn sealed_capture(
-    request: &CaptureRequest,
+    request: &ProcessPlan,
     config: &SupervisorConfig,
     budget: &LeakBudget,
 ) -> Result<Envelope, pstack_capture::process::CaptureError> {

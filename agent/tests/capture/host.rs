@@ -4,7 +4,7 @@
 use pstack_capture::process::Target;
 use pstack_envelope::{Completeness, SurfaceStatus, Termination};
 
-use crate::fixtures::{Proc, budget, config, request};
+use crate::fixtures::{Ask, Proc, budget, config, plan, request};
 
 #[test]
 fn host_capture_covers_this_process_and_verifies() {
@@ -32,8 +32,16 @@ fn host_capture_covers_this_process_and_verifies() {
 #[test]
 fn host_capture_universe_cap_is_reported() {
     let dir = tempfile::tempdir().unwrap();
-    let mut req = request(Target::Host, 2000, 20_000);
-    req.max_threads = 3;
+    let req = plan(
+        Target::Host,
+        2000,
+        20_000,
+        Ask {
+            max_threads: Some(3),
+            ..Ask::default()
+        },
+    )
+    .unwrap();
     let env = crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 2)).unwrap();
     assert_eq!(env.universe.termination, Termination::Cap);
     assert!(env.universe.expected_count > 3);

@@ -11,12 +11,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pstack_capture::process::{CaptureError, OffCpuSource, Target};
+use pstack_capture::process::{OffCpuSource, Target};
+use pstack_capture::request::RequestError;
 use pstack_envelope::{ClaimKind, Completeness, Envelope, Scope, Surface, SurfaceStatus};
 use serde_json::Value;
 
 use crate::bad_input::{as_nobody, no_panic, pstackctl};
-use crate::fixtures::{Freezer, Proc, budget, config, is_root, request, surface, wait_state};
+use crate::fixtures::{Freezer, Proc, budget, config, is_root, surface, wait_state, windowed};
 
 const OFFCPU: &str = "ebpf:offcpu";
 
@@ -140,8 +141,7 @@ fn window_without_kernel_btf_is_unsupported_with_an_unknown_and_no_facts() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config();
     cfg.offcpu = Some(Arc::new(NoBtf));
-    let mut req = request(Target::Process { pid: p.pid() }, 2000, 10_000);
-    req.window = Some(Duration::from_millis(200));
+    let req = windowed(Target::Process { pid: p.pid() }, 2000, 10_000, 200).unwrap();
     let env = crate::fixtures::sealed_capture(&req, &cfg, &budget(dir.path(), 4)).unwrap();
     let env = pstack_testkit::verify(&serde_json::to_vec(&env).unwrap()).unwrap();
     let s = surface(&env, OFFCPU);
@@ -185,30 +185,25 @@ fn nonsense_windows_are_refused_with_clear_errors() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
     }
-    // The library refuses a window that does not fit in the bundle deadline,
-    // and a window on a host capture.
-    let cfg = config();
-    let b = budget(dir.path(), 4);
-    let mut req = request(Target::Process { pid: p.pid() }, 500, 1_000);
-    req.window = Some(Duration::from_secs(1));
-    match crate::fixtures::sealed_capture(&req, &cfg, &b) {
-        Err(CaptureError::InvalidParameter {
-            param: "window",
+    // The library's validator refuses a window that does not fit in the
+    // bundle deadline (at it, and just below it passes), and a window on a
+    // host capture: the engine cannot be handed either.
+    let pid = Target::Process { pid: p.pid() };
+    match windowed(pid, 500, 1_000, 1_000) {
+        Err(RequestError::OutOfRange {
+            param: "window_ms",
             reason,
-        }) => {
-            assert!(reason.contains("bundle deadline"), "{reason}")
-        }
+        }) => assert!(reason.contains("bundle deadline"), "{reason}"),
         other => panic!("{other:?}"),
     }
-    let mut req = request(Target::Host, 500, 10_000);
-    req.window = Some(Duration::from_millis(100));
-    assert!(matches!(
-        crate::fixtures::sealed_capture(&req, &cfg, &b),
-        Err(CaptureError::InvalidParameter {
-            param: "window",
-            ..
-        })
-    ));
+    windowed(pid, 500, 1_000, 999).expect("a window just inside the bundle deadline");
+    match windowed(Target::Host, 500, 10_000, 100) {
+        Err(RequestError::OutOfRange {
+            param: "window_ms",
+            reason,
+        }) => assert!(reason.contains("not --host"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
@@ -356,8 +351,7 @@ fn root_window_on_one_thread_claims_only_that_thread() {
     };
     let tid = rx.recv().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut req = request(Target::Thread { tid }, 2000, 10_000);
-    req.window = Some(Duration::from_millis(800));
+    let req = windowed(Target::Thread { tid }, 2000, 10_000, 800).unwrap();
     let env = crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 4)).unwrap();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     napper.join().unwrap();

@@ -1,14 +1,34 @@
 //! A caller's surface selection: only the selected families are read and
 //! appear, thread states are always read, the universe selector records the
-//! selection, and a misfit selection is refused before any read.
+//! selection, and a misfit selection is refused by the validator (which
+//! reads nothing), so the engine never sees one.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use pstack_capture::process::{CaptureError, SurfaceSelection, Target};
+use pstack_capture::process::{SurfaceSelection, Target};
+use pstack_capture::request::RequestError;
 use pstack_envelope::Envelope;
 
-use crate::fixtures::{Proc, budget, config, request};
+use crate::fixtures::{Ask, Proc, budget, config, names, plan, request};
+
+/// A process plan reading only `surfaces`.
+fn selecting(
+    target: Target,
+    bundle_ms: u64,
+    surfaces: &[&str],
+) -> pstack_capture::process::ProcessPlan {
+    plan(
+        target,
+        2000,
+        bundle_ms,
+        Ask {
+            surfaces: names(surfaces),
+            ..Ask::default()
+        },
+    )
+    .unwrap()
+}
 
 /// The families present: ids with the thread or process id replaced by `*`.
 fn families(env: &Envelope) -> BTreeSet<String> {
@@ -47,8 +67,11 @@ fn a_process_capture_reads_only_the_selected_surfaces_plus_thread_states() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut req = request(Target::Process { pid: p.pid() }, 2000, 10_000);
-    req.surfaces = SurfaceSelection::parse(&["task/*/stack", "proc/fd"]).unwrap();
+    let req = selecting(
+        Target::Process { pid: p.pid() },
+        10_000,
+        &["task/*/stack", "proc/fd"],
+    );
     let env = crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 2)).unwrap();
     pstack_testkit::verify(&env.to_json_pretty()).unwrap();
     assert_eq!(
@@ -92,8 +115,11 @@ fn a_selection_without_risky_surfaces_spawns_no_helper() {
     // A helper path that cannot be executed: any risky read would fail.
     let mut cfg = config();
     cfg.helper_path = PathBuf::from("/nonexistent/pstack-helper");
-    let mut req = request(Target::Process { pid: p.pid() }, 2000, 10_000);
-    req.surfaces = SurfaceSelection::parse(&["proc/status", "task/*/schedstat"]).unwrap();
+    let req = selecting(
+        Target::Process { pid: p.pid() },
+        10_000,
+        &["proc/status", "task/*/schedstat"],
+    );
     let env = crate::fixtures::sealed_capture(&req, &cfg, &budget(dir.path(), 2)).unwrap();
     assert_eq!(
         families(&env),
@@ -112,7 +138,7 @@ fn a_selection_without_risky_surfaces_spawns_no_helper() {
     assert!(env.claims.iter().any(|c| c.code == "no_thread_in_d_state"));
 
     // The same with a risky family selected does need the helper.
-    req.surfaces = SurfaceSelection::parse(&["task/*/wchan"]).unwrap();
+    let req = selecting(Target::Process { pid: p.pid() }, 10_000, &["task/*/wchan"]);
     let env = crate::fixtures::sealed_capture(&req, &cfg, &budget(dir.path(), 2)).unwrap();
     assert_ne!(env.completeness, pstack_envelope::Completeness::Complete);
 }
@@ -120,8 +146,7 @@ fn a_selection_without_risky_surfaces_spawns_no_helper() {
 #[test]
 fn a_host_capture_without_wchan_reads_thread_states_only() {
     let dir = tempfile::tempdir().unwrap();
-    let mut req = request(Target::Host, 2000, 20_000);
-    req.surfaces = SurfaceSelection::parse(&["proc/*/tasks"]).unwrap();
+    let req = selecting(Target::Host, 20_000, &["proc/*/tasks"]);
     let env = crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 2)).unwrap();
     pstack_testkit::verify(&env.to_json_pretty()).unwrap();
     assert_eq!(families(&env), ["proc/*/tasks".to_string()].into());
@@ -131,19 +156,18 @@ fn a_host_capture_without_wchan_reads_thread_states_only() {
 
 #[test]
 fn misfit_selections_are_refused_before_any_read() {
-    let dir = tempfile::tempdir().unwrap();
-    let refused = |target: Target, names: &[&str], window: bool| {
-        let mut req = request(target, 2000, 10_000);
-        req.surfaces = SurfaceSelection::parse(names).unwrap();
-        if window {
-            req.window = Some(std::time::Duration::from_millis(100));
-        }
-        match crate::fixtures::sealed_capture(&req, &config(), &budget(dir.path(), 2)) {
-            Err(CaptureError::InvalidParameter { param, reason }) => {
-                assert_eq!(param, "surfaces");
-                reason
+    let refused = |target: Target, surfaces: &[&str], window: bool| {
+        let ask = Ask {
+            surfaces: names(surfaces),
+            window_ms: window.then_some(100),
+            ..Ask::default()
+        };
+        match plan(target, 2000, 10_000, ask) {
+            Err(e @ RequestError::BadSurfaces(_)) => {
+                assert_eq!(e.field().as_deref(), Some("surfaces"), "{e}");
+                e.to_string()
             }
-            other => panic!("{names:?}: expected a refusal, got {other:?}"),
+            other => panic!("{surfaces:?}: expected a refusal, got {other:?}"),
         }
     };
     let me = Target::Process {

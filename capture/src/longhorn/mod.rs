@@ -56,13 +56,32 @@ pub use envelope::{Excluded, Readings, transfer_envelope};
 pub use hubble::{HUBBLE_DEADLINE, HubbleRead, read_hubble};
 
 /// A validated Longhorn request: the transport plan of its streams and the
-/// transfer's identity and sources.
+/// transfer's identity and sources. Outside this crate it comes only from
+/// [`plan`]: the fields are crate-private.
 #[derive(Debug, Clone)]
 pub struct LonghornPlan {
     /// The stream flows and the window.
-    pub transport: Plan,
+    pub(crate) transport: Plan,
     /// The request it came from (names, API, Hubble).
-    pub request: LonghornRequest,
+    pub(crate) request: LonghornRequest,
+}
+
+impl LonghornPlan {
+    /// The transport plan of the stream flows.
+    pub fn transport(&self) -> &Plan {
+        &self.transport
+    }
+
+    /// The request it was validated from (names, API, Hubble).
+    pub fn request(&self) -> &LonghornRequest {
+        &self.request
+    }
+
+    /// The same plan, started by a watch rule (see [`Plan::with_trigger`]).
+    pub fn with_trigger(mut self, trigger: pstack_envelope::Trigger) -> Self {
+        self.transport = self.transport.with_trigger(trigger);
+        self
+    }
 }
 
 /// One Longhorn capture: the stream envelopes and the transfer envelope

@@ -24,7 +24,7 @@ use serde_json::Map;
 
 use super::assemble_claims::{self as rules};
 use super::assemble_readings::{Readings, SurfaceId};
-use super::{CaptureRequest, Deadlines, SupervisorConfig, SurfaceFamily, SurfaceSelection};
+use super::{Deadlines, ProcessPlan, SupervisorConfig, SurfaceFamily, SurfaceSelection};
 use pstack_envelope::ClaimCode;
 
 /// Which flow produced the surfaces.
@@ -73,7 +73,7 @@ impl Assembly {
         mode: Mode,
         subject: Subject,
         config: &SupervisorConfig,
-        request: &CaptureRequest,
+        request: &ProcessPlan,
         selection: &SurfaceSelection,
         deadlines: Deadlines,
         leak_budget: u64,
@@ -286,7 +286,7 @@ impl Assembly {
 fn bounds(
     mode: Mode,
     config: &SupervisorConfig,
-    request: &CaptureRequest,
+    request: &ProcessPlan,
     selection: &SurfaceSelection,
     deadlines: Deadlines,
     leak_budget: u64,
@@ -483,12 +483,12 @@ pub(in crate::process) mod tests {
             kubelet_url: Some("http://127.0.0.1:10255".into()),
             ..SupervisorConfig::new("test", "/nonexistent/pstack-helper".into()).unwrap()
         };
-        let request = CaptureRequest {
+        let request = ProcessPlan {
             target: super::super::Target::Process { pid: 4242 },
-            deadlines: Some(Deadlines {
+            deadlines: Deadlines {
                 surface: Duration::from_millis(250),
                 bundle: Duration::from_millis(5000),
-            }),
+            },
             max_threads: 11,
             max_bytes_per_surface: 12,
             max_fds: 13,
@@ -497,7 +497,7 @@ pub(in crate::process) mod tests {
             trigger: None,
         };
         // `trigger` is not a bound: it names the rule, not a limit.
-        let CaptureRequest {
+        let ProcessPlan {
             target: _,
             deadlines,
             max_threads,
@@ -508,7 +508,7 @@ pub(in crate::process) mod tests {
             trigger: _,
         } = &request;
         let selection = surfaces.resolve(&request.target, window.is_some()).unwrap();
-        let d = deadlines.unwrap();
+        let d = *deadlines;
         let b = bounds(Mode::Process, &config, &request, &selection, d, 4);
         assert_eq!(
             (
@@ -582,7 +582,7 @@ pub(in crate::process) mod tests {
         let b = bounds(
             Mode::Process,
             &config,
-            &CaptureRequest {
+            &ProcessPlan {
                 window: None,
                 ..request.clone()
             },

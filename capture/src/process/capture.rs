@@ -24,7 +24,7 @@ use super::assemble_readings::{
     ClaimInput, OffCpuReading, ProcFile, Readings, SurfaceId, TaskFile, Typed,
 };
 use super::{
-    CaptureError, CaptureRequest, Deadlines, OffCpuSource, SupervisorConfig, SurfaceFamily,
+    CaptureError, Deadlines, OffCpuSource, ProcessPlan, SupervisorConfig, SurfaceFamily,
     SurfaceSelection, Target,
 };
 use crate::clock::{monotonic_ns, wall_time_now};
@@ -161,71 +161,19 @@ fn with_status(
     Surface::unread(id, authority, deadline_ms, 0, status, cause)
 }
 
-/// Capture `request.target` and return the sealed envelope.
+/// Capture `plan.target` and return the sealed envelope.
+///
+/// The plan was validated where it was built (`crate::request`; see
+/// [`ProcessPlan`] for what that guarantees): nothing here checks a field
+/// again, and every refusal from here on is about the host (no such
+/// process, unreadable identity, a pid that names a thread).
 pub fn capture(
-    request: &CaptureRequest,
+    request: &ProcessPlan,
     config: &SupervisorConfig,
     budget: &LeakBudget,
 ) -> Result<Envelope, CaptureError> {
-    let Some(deadlines) = request.deadlines else {
-        return Err(CaptureError::MissingDeadline {
-            surface: "*".into(),
-        });
-    };
-    if deadlines.surface.is_zero() || deadlines.bundle.is_zero() {
-        return Err(CaptureError::MissingDeadline {
-            surface: "*".into(),
-        });
-    }
-    let positive = |param: &'static str, v: u64| {
-        if v == 0 {
-            Err(CaptureError::InvalidParameter {
-                param,
-                reason: "must be at least 1".into(),
-            })
-        } else {
-            Ok(())
-        }
-    };
-    positive("max_threads", request.max_threads)?;
-    positive("max_bytes_per_surface", request.max_bytes_per_surface)?;
-    if request.max_bytes_per_surface > pstack_helper::protocol::MAX_SURFACE_BYTES {
-        return Err(CaptureError::InvalidParameter {
-            param: "max_bytes_per_surface",
-            reason: format!("at most {}", pstack_helper::protocol::MAX_SURFACE_BYTES),
-        });
-    }
-    if let Some(w) = request.window {
-        if matches!(request.target, Target::Host) {
-            return Err(CaptureError::InvalidParameter {
-                param: "window",
-                reason: "an off-CPU window needs a process or thread subject (--pid or --tid), not --host".into(),
-            });
-        }
-        if w < crate::validation::PROCESS_WINDOW.0 || w > MAX_WINDOW {
-            return Err(CaptureError::InvalidParameter {
-                param: "window",
-                reason: format!("must be between 1 ms and {} s", MAX_WINDOW.as_secs()),
-            });
-        }
-        if w >= deadlines.bundle {
-            return Err(CaptureError::InvalidParameter {
-                param: "window",
-                reason: format!(
-                    "{} ms is not shorter than the bundle deadline ({} ms): the window runs inside it",
-                    w.as_millis(),
-                    deadlines.bundle.as_millis()
-                ),
-            });
-        }
-    }
-    let selection = request
-        .surfaces
-        .resolve(&request.target, request.window.is_some())
-        .map_err(|e| CaptureError::InvalidParameter {
-            param: "surfaces",
-            reason: e.to_string(),
-        })?;
+    let deadlines = request.deadlines;
+    let selection = request.surfaces.clone();
     let started = Instant::now();
     let host = read_host_facts().map_err(CaptureError::HostFacts)?;
     let ctx = Ctx {
@@ -249,7 +197,7 @@ pub fn capture(
 }
 
 struct Ctx<'a> {
-    request: &'a CaptureRequest,
+    request: &'a ProcessPlan,
     /// The request's surface selection, checked against its target.
     selection: SurfaceSelection,
     deadlines: Deadlines,
@@ -316,12 +264,6 @@ fn identity_error(what: &'static str, id: u32, e: ReadError) -> CaptureError {
 
 fn capture_task(ctx: &Ctx<'_>, task: u32, thread_only: bool) -> Result<Assembly, CaptureError> {
     let what = if thread_only { "tid" } else { "pid" };
-    if task == 0 {
-        return Err(CaptureError::InvalidParameter {
-            param: what,
-            reason: "0 is not a process: it names the kernel's idle task (or, to kill(2), the caller's process group)".into(),
-        });
-    }
     let before = read_identity(&ctx.host, task).map_err(|e| identity_error(what, task, e))?;
     let pid = before.identity.pid;
     if !thread_only && pid != task {

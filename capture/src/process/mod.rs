@@ -6,16 +6,23 @@
 //! # API
 //!
 //! ```no_run
-//! use std::time::Duration;
-//! use pstack_capture::process::{capture, CaptureRequest, Deadlines, LeakBudget, LeakJournal, SupervisorConfig, Target};
+//! use pstack_capture::process::{capture, LeakBudget, LeakJournal, SupervisorConfig};
+//! use pstack_capture::request::{parse, ProcessLimits, ValidRequest, Validate};
 //! let config = SupervisorConfig::locate("pstackd").unwrap();
 //! let budget = LeakBudget::new(4, LeakJournal::new("/run/pstack/helper-leaks.jsonl"), &config.boot_id);
-//! let request = CaptureRequest {
-//!     target: Target::Process { pid: 4242 },
-//!     deadlines: Some(Deadlines { surface: Duration::from_secs(2), bundle: Duration::from_secs(10) }),
-//!     ..CaptureRequest::default()
+//! let limits = ProcessLimits {
+//!     surface_deadline_ms: 2_000,
+//!     bundle_deadline_ms: 10_000,
+//!     max_bundle_deadline_ms: 60_000,
+//!     max_threads: 16_384,
+//!     max_bytes_per_surface: 64 * 1024,
+//!     max_fds: 1024,
 //! };
-//! let envelope = capture(&request, &config, &budget).unwrap(); // sealed
+//! // The one way to a plan: a request, validated against the caller's limits.
+//! let ValidRequest::Process(plan) = parse(br#"{"kind":"process","pid":4242}"#).unwrap().validate(&limits).unwrap() else {
+//!     unreachable!()
+//! };
+//! let envelope = capture(&plan, &config, &budget).unwrap(); // sealed
 //! ```
 //!
 //! One [`LeakBudget`] is meant to live as long as the process (pstackd shares
@@ -57,7 +64,7 @@
 //! reads it — a [`assemble_readings::Typed`] variant; the rules themselves
 //! are pure functions in [`assemble_claims`] with a table row per code.
 //!
-//! # Off-CPU window (`CaptureRequest::window`)
+//! # Off-CPU window (`ProcessPlan::window`)
 //!
 //! With a window, a process/thread capture also observes the subject's
 //! threads with eBPF (`sched_switch` + `sched_wakeup`) for that long, between
@@ -120,40 +127,75 @@ pub struct Deadlines {
     pub bundle: Duration,
 }
 
-/// A capture request. `deadlines` must be set: there is no implicit default.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaptureRequest {
-    /// What to capture.
-    pub target: Target,
-    /// Deadlines; `None` is refused.
-    pub deadlines: Option<Deadlines>,
-    /// Universe cap: most threads read.
-    pub max_threads: u64,
-    /// Most raw bytes kept per surface.
-    pub max_bytes_per_surface: u64,
-    /// Most file descriptors read.
-    pub max_fds: u64,
-    /// Off-CPU observation window (eBPF) for a process/thread capture; `None`
-    /// observes nothing. Must be shorter than the bundle deadline.
-    pub window: Option<Duration>,
-    /// Which surfaces to read (default: every surface of the target's kind).
-    pub surfaces: SurfaceSelection,
-    /// The watch rule that started this capture (none for an operator's).
-    pub trigger: Option<pstack_envelope::Trigger>,
+/// The most file descriptors a capture reads unless its caller says less.
+pub const DEFAULT_MAX_FDS: u64 = 1024;
+
+/// A validated process, thread or host capture: what [`capture`] runs.
+///
+/// Outside this crate a plan can only come from the one validator,
+/// `pstack_capture::request` (`Validate::validate` on a wire request, or
+/// `process_plan` for the CLI's flags): the fields are crate-private and
+/// there is no `Default`, so the engine never receives deadlines, caps, a
+/// window or a surface selection that were not checked. Inside the crate
+/// only `request.rs` builds one. The engine reads the fields as given and
+/// checks none of them again.
+///
+/// What a plan guarantees: both deadlines are positive and the surface
+/// deadline is at most the bundle's; the caps are positive and within the
+/// caller's limits (bytes per surface also within what the helper protocol
+/// carries); a window is within [`MAX_WINDOW`], shorter than the bundle
+/// deadline, and only on a process or thread; `surfaces` is resolved
+/// against the target and window; a pid or tid is not 0.
+#[derive(Debug, Clone)]
+pub struct ProcessPlan {
+    pub(crate) target: Target,
+    pub(crate) deadlines: Deadlines,
+    pub(crate) max_threads: u64,
+    pub(crate) max_bytes_per_surface: u64,
+    pub(crate) max_fds: u64,
+    pub(crate) window: Option<Duration>,
+    pub(crate) surfaces: SurfaceSelection,
+    pub(crate) trigger: Option<pstack_envelope::Trigger>,
 }
 
-impl Default for CaptureRequest {
-    fn default() -> Self {
-        CaptureRequest {
-            target: Target::Host,
-            deadlines: None,
-            max_threads: 16_384,
-            max_bytes_per_surface: 64 * 1024,
-            max_fds: 1024,
-            window: None,
-            surfaces: SurfaceSelection::all(),
-            trigger: None,
-        }
+impl ProcessPlan {
+    /// What is captured.
+    pub fn target(&self) -> Target {
+        self.target
+    }
+    /// The deadlines it runs under.
+    pub fn deadlines(&self) -> Deadlines {
+        self.deadlines
+    }
+    /// Universe cap: most threads read.
+    pub fn max_threads(&self) -> u64 {
+        self.max_threads
+    }
+    /// Most raw bytes kept per surface.
+    pub fn max_bytes_per_surface(&self) -> u64 {
+        self.max_bytes_per_surface
+    }
+    /// Most file descriptors read.
+    pub fn max_fds(&self) -> u64 {
+        self.max_fds
+    }
+    /// The off-CPU observation window (eBPF), if any.
+    pub fn window(&self) -> Option<Duration> {
+        self.window
+    }
+    /// The surfaces read, resolved against the target and window.
+    pub fn surfaces(&self) -> &SurfaceSelection {
+        &self.surfaces
+    }
+    /// The watch rule that started this capture (none for an operator's).
+    pub fn trigger(&self) -> Option<&pstack_envelope::Trigger> {
+        self.trigger.as_ref()
+    }
+    /// The same plan, started by a watch rule: the trigger is recorded in
+    /// the envelope and changes nothing that was validated.
+    pub fn with_trigger(mut self, trigger: pstack_envelope::Trigger) -> Self {
+        self.trigger = Some(trigger);
+        self
     }
 }
 

@@ -92,26 +92,48 @@ pub fn parse_port_range(s: &str) -> Result<PortRange, RequestError> {
     Ok(PortRange { lo, hi })
 }
 
-/// What one capture covers.
+/// What one capture covers: a validated transport request.
+///
+/// Outside this crate a plan comes only from [`Plan::from_selection`] (which
+/// `crate::request` calls for a wire request): the fields are
+/// crate-private, so the engine never receives an unchecked peer, port
+/// range, netns or window.
 #[derive(Debug, Clone)]
 pub struct Plan {
     /// Which flows.
-    pub filter: FlowFilter,
+    pub(crate) filter: FlowFilter,
     /// Which network namespace.
-    pub target: NetnsTarget,
+    pub(crate) target: NetnsTarget,
     /// Sampling window.
-    pub window: Duration,
+    pub(crate) window: Duration,
     /// Most flows enveloped.
-    pub max_flows: usize,
+    pub(crate) max_flows: usize,
     /// Whether to run the eBPF TCP window.
-    pub ebpf: bool,
+    pub(crate) ebpf: bool,
     /// Watch the whole window even when nothing matches at the first sample.
-    pub wait: bool,
+    pub(crate) wait: bool,
     /// The watch rule that started this capture (none for an operator's).
-    pub trigger: Option<pstack_envelope::Trigger>,
+    pub(crate) trigger: Option<pstack_envelope::Trigger>,
 }
 
 impl Plan {
+    /// The sampling window.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// Most flows enveloped.
+    pub fn max_flows(&self) -> usize {
+        self.max_flows
+    }
+
+    /// The same plan, started by a watch rule: the trigger is recorded in
+    /// every envelope and changes nothing that was validated.
+    pub fn with_trigger(mut self, trigger: pstack_envelope::Trigger) -> Self {
+        self.trigger = Some(trigger);
+        self
+    }
+
     /// What is being captured, for how long, where (the operator's line).
     pub fn describe(&self, what: &str) -> String {
         format!(

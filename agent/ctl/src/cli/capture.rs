@@ -207,9 +207,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             return Ok(2);
         }
     };
-    let deadlines = request
-        .deadlines
-        .expect("the validator always sets deadlines");
+    let deadlines = request.deadlines();
     let bundle_ms = ms(deadlines.bundle);
     let progress = args
         .window

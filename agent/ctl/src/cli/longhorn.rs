@@ -90,10 +90,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     };
     if !args.json {
-        eprintln!("{}", plan.transport.describe("rebuild transport "));
+        eprintln!("{}", plan.transport().describe("rebuild transport "));
     }
     let run_deadline = pstack_capture::longhorn::run_deadline(&plan);
-    let request = CaptureRequest::Longhorn(plan.request.clone());
+    let request = CaptureRequest::Longhorn(plan.request().clone());
     let output = (args.json, args.out_dir.as_deref());
     if let Some(code) = args.via.capture_through_daemon(
         request,

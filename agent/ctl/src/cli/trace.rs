@@ -279,7 +279,7 @@ fn run_tcp(a: TcpArgs) -> anyhow::Result<i32> {
         }
     };
     let mut printer = Printer::new(a.json, a.window);
-    let run_deadline = plan.window + tcp_trace::RUN_OVERHEAD;
+    let run_deadline = plan.window() + tcp_trace::RUN_OVERHEAD;
     let envelope = match trace_via_daemon(&a.via, a.request(), run_deadline, &mut printer)? {
         Some(env) => env,
         None => {

@@ -23,10 +23,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use pstack_capture::transport::Plan;
 use pstack_capture::transport::recorded::{self, RecordedFlow};
+use pstack_capture::transport::{FlowSelection, Plan};
 use pstack_collectors::net::netns::{self, NetnsTarget};
-use pstack_collectors::net::sockdiag::FlowFilter;
 use pstack_ebpf::{FlightConfig, FlightRecorder, FlightStats, FlowIncident};
 use pstack_exposition::{Exposition, Family};
 use serde_json::{Value, json};
@@ -368,28 +367,34 @@ pub fn netns_target(ino: Option<u32>) -> Option<NetnsTarget> {
         .map(NetnsTarget::Pid)
 }
 
-/// A live transport window on exactly this flow.
+/// A live transport window on exactly this flow, validated like an
+/// operator's request (`Plan::from_selection`): both ends pinned, so no
+/// port range applies. `None` when nobody is left in the flow's namespace
+/// to enter, or (logged) when the selection is refused.
 fn live_plan(
     netns: Option<u32>,
     local: SocketAddr,
     remote: SocketAddr,
     window: Duration,
 ) -> Option<Plan> {
-    Some(Plan {
-        filter: FlowFilter {
-            peer: remote.ip(),
-            peer_port: Some(remote.port()),
-            local: Some(local.ip()),
-            local_port: Some(local.port()),
-            either_port_in: None,
-        },
-        target: netns_target(netns)?,
-        window,
+    let (netns_pid, netns) = match netns_target(netns)? {
+        NetnsTarget::Current => (None, None),
+        NetnsTarget::Named(name) => (None, Some(name)),
+        NetnsTarget::Pid(pid) => (Some(pid), None),
+    };
+    let selection = FlowSelection {
+        peer: remote.to_string(),
+        local: Some(local.to_string()),
+        netns_pid,
+        netns,
+        window_ms: u64::try_from(window.as_millis()).unwrap_or(u64::MAX),
+        ports: None,
         max_flows: 4,
-        ebpf: true,
         wait: false,
-        trigger: None,
-    })
+    };
+    Plan::from_selection(&selection, true)
+        .inspect_err(|e| tracing::warn!(error = %e, "no live window on the flow: refused"))
+        .ok()
 }
 
 /// Seal a recorded flow with its trigger and spool it; its digest.

@@ -230,8 +230,7 @@ pub(super) async fn capture(
 ) -> Result<Vec<String>, String> {
     let life = a.life.clone();
     let result = async {
-        let mut plan = a.plan()?;
-        plan.transport.trigger = Some(trigger);
+        let plan = a.plan()?.with_trigger(trigger);
         let supervisor = state
             .engine
             .supervisor

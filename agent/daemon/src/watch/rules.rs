@@ -362,6 +362,14 @@ impl WatchRuleConfig {
                 "a tcp_rto rule needs a live window (e.g. \"5s\")".into()
             ));
         }
+        // Its live window is a transport capture, validated like an operator's.
+        let shortest = pstack_capture::validation::TRANSPORT_WINDOW.0;
+        if kind == RuleKind::TcpRto && window < shortest {
+            return Err(err(format!(
+                "a tcp_rto rule's window must be at least {} ms (the shortest transport window)",
+                shortest.as_millis()
+            )));
+        }
         let per_subject = self
             .max_per_subject_per_hour
             .unwrap_or(DEFAULT_PER_SUBJECT_PER_HOUR);
@@ -537,6 +545,8 @@ mod tests {
         let ok = [
             "name = \"a\"\nkind = \"d_state\"\nmin_seconds = 3\nwindow = \"0\"",
             "name = \"a\"\nkind = \"tcp_rto\"\nports = \"9500\"\nwindow = \"3s\"",
+            // At the shortest transport window.
+            "name = \"a\"\nkind = \"tcp_rto\"\nwindow = \"100ms\"",
             "name = \"a\"\nkind = \"listen_overflow\"\nthreshold_per_second = 5",
             "name = \"a\"\nkind = \"retransmit_rate\"\nthreshold_per_second = 100\nmax_per_hour = 3\nmax_per_subject_per_hour = 1",
             "name = \"a\"\nkind = \"longhorn_rebuild\"\nmanager_url = \"http://10.43.0.20:9500/v1\"",
@@ -575,6 +585,10 @@ mod tests {
             (
                 "name = \"x\"\nkind = \"tcp_rto\"\nwindow = \"0\"",
                 "live window",
+            ),
+            (
+                "name = \"x\"\nkind = \"tcp_rto\"\nwindow = \"99ms\"",
+                "at least 100 ms",
             ),
             (
                 "name = \"x\"\nkind = \"listen_overflow\"",

@@ -230,7 +230,7 @@ async fn run_capture(
             // a D-state capture must not wait on loading BTF.
             let window_ms = (!window.is_zero() && state.engine.ebpf.loaded())
                 .then_some(window.as_millis() as u64);
-            let mut r = process_plan(
+            let r = process_plan(
                 Target::Process { pid: *tgid },
                 &RequestedDeadlines::default(),
                 &RequestedCaps::default(),
@@ -239,11 +239,10 @@ async fn run_capture(
                 &limits,
             )
             .map_err(|e| format!("building the capture: {e}"))?;
-            r.trigger = Some(trigger);
-            ValidRequest::Process(r)
+            ValidRequest::Process(r.with_trigger(trigger))
         }
         Action::Host => {
-            let mut r = process_plan(
+            let r = process_plan(
                 Target::Host,
                 &RequestedDeadlines::default(),
                 &RequestedCaps::default(),
@@ -252,8 +251,7 @@ async fn run_capture(
                 &crate::capture::host_limits(&config),
             )
             .map_err(|e| format!("building the capture: {e}"))?;
-            r.trigger = Some(trigger);
-            ValidRequest::Process(r)
+            ValidRequest::Process(r.with_trigger(trigger))
         }
         Action::Flow(flows::FlowAction::Recorded(rec)) => {
             let spool = state.spool.clone();
@@ -266,9 +264,7 @@ async fn run_capture(
             .map_err(|e| format!("the capture task failed: {e}"))?;
         }
         Action::Flow(flows::FlowAction::Live(plan)) => {
-            let mut plan = (**plan).clone();
-            plan.trigger = Some(trigger);
-            ValidRequest::Transport(plan)
+            ValidRequest::Transport((**plan).clone().with_trigger(trigger))
         }
         Action::Longhorn(a) => return longhorn_run::capture(state, a, trigger, slot, budget).await,
     };
