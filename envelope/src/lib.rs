@@ -28,6 +28,7 @@ mod canonical_write;
 mod diff;
 mod error;
 pub mod example;
+pub mod facts;
 mod form;
 mod handoff;
 mod keyed;
@@ -59,7 +60,7 @@ pub use seal::{
 };
 pub use secrets::{REDACTED, looks_secret, redact_text};
 pub use strict::{MAX_DEPTH, MAX_SAFE_INTEGER, parse_strict};
-pub use vocab::{ClaimCode, facts, surface_id};
+pub use vocab::{ClaimCode, surface_id};
 
 /// The JSON Schema of `pstack.envelope/v1`, published with the crate.
 pub const JSON_SCHEMA: &str = include_str!("../schema/pstack.envelope.v1.schema.json");

@@ -1,6 +1,6 @@
 //! The evidence vocabulary shared by the engines that write envelopes and
-//! the store that reads them: claim codes, surface ids per subject kind and
-//! the keys and shapes of the facts the store reads.
+//! the store that reads them: claim codes and surface ids per subject kind
+//! (the facts the store reads are typed in [`crate::facts`]).
 //!
 //! Invariants:
 //! - **One spelling.** A claim code, surface id or fact key the store reads
@@ -13,10 +13,7 @@
 //! - **Same bytes.** Every string here is the one engines wrote before this
 //!   module existed; [`ClaimCode::as_str`] equals its serde name (tested).
 
-use serde::{Deserialize, Deserializer, Serialize};
-use serde_json::Value;
-
-use crate::ClaimKind;
+use serde::{Deserialize, Serialize};
 
 macro_rules! claim_codes {
     ($( $(#[$doc:meta])* $variant:ident = $wire:literal, )+) => {
@@ -265,131 +262,10 @@ pub mod surface_id {
     }
 }
 
-/// Keys and shapes of the facts the store reads.
-pub mod facts {
-    use super::*;
-
-    /// Facts of a socket surface (`tcp/start`, `tcp/end`).
-    pub mod socket {
-        /// `tcp_info` counter deltas end − start (`tcp/end` only).
-        pub const DELTA: &str = "delta";
-        /// The socket's `tcp_info` (null when the kernel gave none).
-        pub const TCP_INFO: &str = "tcp_info";
-        /// Bytes in the receive queue.
-        pub const RQUEUE: &str = "rqueue";
-        /// Bytes in the send queue.
-        pub const WQUEUE: &str = "wqueue";
-        /// The socket's pending timer.
-        pub const TIMER: &str = "timer";
-    }
-
-    /// Facts of the `ebpf/tcp` surface.
-    pub mod ebpf_tcp {
-        /// Retransmits of the cookie in the window.
-        pub const RETRANSMITS: &str = "retransmits";
-        /// RSTs this side sent.
-        pub const RESETS_SENT: &str = "resets_sent";
-        /// RSTs received from the peer.
-        pub const RESETS_RECEIVED: &str = "resets_received";
-    }
-
-    /// Facts of the `ebpf/flight_recorder` surface.
-    pub mod flight_recorder {
-        /// The flow's counters over what the recorder holds.
-        pub const TOTALS: &str = "totals";
-        /// How far before the last event the record reaches, ns.
-        pub const REACHED_BACK_BEFORE_LAST_NS: &str = "reached_back_before_last_ns";
-    }
-
-    /// Facts of the `streams` surface of a storage transfer.
-    pub mod streams {
-        /// The linked stream envelopes ([`StreamLink`](super::StreamLink)).
-        pub const LINKS: &str = "links";
-        /// The network namespace the streams were read in.
-        pub const NET_NS: &str = "net_ns";
-    }
-
-    /// One stream envelope a storage transfer links (an item of `links`).
-    ///
-    /// Read leniently: an optional member of the wrong type reads as absent,
-    /// so one odd member does not hide the rest of the link.
-    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-    pub struct StreamLink {
-        /// The stream envelope's digest.
-        pub digest: String,
-        /// Its subject kind.
-        #[serde(default, deserialize_with = "lenient_string")]
-        pub kind: Option<String>,
-        /// Its socket cookie (flow id).
-        #[serde(default, deserialize_with = "lenient_string")]
-        pub flow_id: Option<String>,
-        /// Its local endpoint.
-        #[serde(default, deserialize_with = "lenient_string")]
-        pub src: Option<String>,
-        /// Its remote endpoint.
-        #[serde(default, deserialize_with = "lenient_string")]
-        pub dst: Option<String>,
-        /// The flow's role in the transfer.
-        #[serde(default, deserialize_with = "lenient_string")]
-        pub role: Option<String>,
-        /// The replica it was read from, when known.
-        #[serde(default, deserialize_with = "lenient_string")]
-        pub source_replica: Option<String>,
-        /// Its completeness.
-        #[serde(default, deserialize_with = "lenient_string")]
-        pub completeness: Option<String>,
-        /// Its claims as `kind:code` ([`StreamLink::claim`]).
-        #[serde(default, deserialize_with = "lenient_strings")]
-        pub claims: Vec<String>,
-    }
-
-    impl StreamLink {
-        /// One claim of a linked stream as the link lists it.
-        pub fn claim(kind: ClaimKind, code: &str) -> String {
-            format!("{}:{code}", kind.as_str())
-        }
-
-        /// The listed claims split into kind and code (unparseable items
-        /// skipped).
-        pub fn claims(&self) -> impl Iterator<Item = (ClaimKind, &str)> {
-            self.claims.iter().filter_map(|c| {
-                let (kind, code) = c.split_once(':')?;
-                let kind = match kind {
-                    "fact" => ClaimKind::Fact,
-                    "inference" => ClaimKind::Inference,
-                    "hypothesis" => ClaimKind::Hypothesis,
-                    _ => return None,
-                };
-                Some((kind, code))
-            })
-        }
-    }
-
-    fn lenient_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-        Ok(match Value::deserialize(d)? {
-            Value::String(s) => Some(s),
-            _ => None,
-        })
-    }
-
-    fn lenient_strings<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-        Ok(match Value::deserialize(d)? {
-            Value::Array(items) => items
-                .into_iter()
-                .filter_map(|v| match v {
-                    Value::String(s) => Some(s),
-                    _ => None,
-                })
-                .collect(),
-            _ => Vec::new(),
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::facts::StreamLink;
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn every_code_serializes_as_its_wire_string_and_parses_back() {
@@ -404,41 +280,5 @@ mod tests {
         }
         assert_eq!(ClaimCode::parse("flow_rto_timeout"), None);
         assert_eq!(ClaimCode::parse(""), None);
-    }
-
-    #[test]
-    fn a_stream_link_reads_leniently_and_writes_nulls() {
-        let link: StreamLink = serde_json::from_value(serde_json::json!({
-            "digest": "sha256:ab", "src": 7, "dst": "10.0.0.2:1",
-            "claims": ["fact:rst_sent_by_local", 3, "nokind", "guess:x", "inference:reset_by_peer_inferred"],
-        }))
-        .unwrap();
-        assert_eq!(link.src, None);
-        assert_eq!(link.dst.as_deref(), Some("10.0.0.2:1"));
-        let got: Vec<_> = link.claims().collect();
-        assert_eq!(
-            got,
-            [
-                (ClaimKind::Fact, "rst_sent_by_local"),
-                (ClaimKind::Inference, "reset_by_peer_inferred")
-            ]
-        );
-        // A link without a string digest is no link.
-        assert!(serde_json::from_value::<StreamLink>(serde_json::json!({"digest": 1})).is_err());
-        // Absent optionals are written as null, as the engine always did.
-        let v = serde_json::to_value(StreamLink {
-            digest: "d".into(),
-            kind: None,
-            flow_id: None,
-            src: None,
-            dst: None,
-            role: None,
-            source_replica: None,
-            completeness: Some("complete".into()),
-            claims: vec![],
-        })
-        .unwrap();
-        assert_eq!(v["flow_id"], Value::Null);
-        assert_eq!(v.as_object().unwrap().len(), 9);
     }
 }

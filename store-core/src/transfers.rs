@@ -26,11 +26,14 @@
 
 use std::time::Duration;
 
-use pstack_envelope::facts::{ebpf_tcp, flight_recorder, socket, streams};
-use pstack_envelope::{
-    ClaimCode, ClaimKind, Clock, Envelope, Subject, SurfaceStatus, facts::StreamLink, sha256_digest,
+use pstack_envelope::facts::{
+    EbpfTcpCounts, Facts as _, FlightRecorderFacts, SocketFacts, StreamsFacts, TcpInfoView,
+    flight_recorder, socket,
 };
-use serde::{Deserialize, Serialize};
+use pstack_envelope::{
+    ClaimCode, ClaimKind, Clock, Envelope, Subject, SurfaceStatus, sha256_digest,
+};
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 /// How far apart two capture windows may lie and still be joined, by default.
@@ -254,13 +257,6 @@ fn surface<'a>(env: &'a Envelope, id: &str) -> Option<&'a Map<String, Value>> {
         .map(|s| &s.facts)
 }
 
-fn pick(from: &Map<String, Value>, keys: &[&str]) -> Map<String, Value> {
-    keys.iter()
-        .filter_map(|k| from.get(*k).map(|v| (k.to_string(), v.clone())))
-        .filter(|(_, v)| !v.is_null())
-        .collect()
-}
-
 fn push_unique(v: &mut Vec<String>, s: &str) {
     if !v.iter().any(|x| x == s) {
         v.push(s.to_string());
@@ -308,96 +304,55 @@ pub fn end_view(env: &Envelope, wall_time: String) -> EndView {
             view.local.push(s.src.clone());
             view.remote.push(s.dst.clone());
             view.flow_ids.push(s.flow_id.clone());
+            // Each surface read through the type its engine writes
+            // (`pstack_envelope::facts`); the view shows the members present.
             if let Some(end) = surface(env, sid::TCP_END) {
-                if let Some(Value::Object(d)) = end.get(socket::DELTA) {
-                    let d = pick(
-                        d,
-                        &[
-                            "total_retrans",
-                            "total_rto",
-                            "bytes_acked",
-                            "bytes_received",
-                            "bytes_retrans",
-                            "segs_out",
-                            "segs_in",
-                        ],
-                    );
-                    if !d.is_empty() {
-                        view.counters.insert("tcp_delta".into(), Value::Object(d));
-                    }
+                let end = SocketFacts::read(end);
+                if let Some(d) = end.delta.map(|d| d.present())
+                    && !d.is_empty()
+                {
+                    view.counters.insert("tcp_delta".into(), Value::Object(d));
                 }
-                if let Some(Value::Object(i)) = end.get(socket::TCP_INFO) {
-                    let mut i = pick(
-                        i,
-                        &[
-                            "state_name",
-                            "rto_us",
-                            "snd_wnd",
-                            "rcv_wnd",
-                            "total_retrans",
-                            "bytes_acked",
-                            "bytes_received",
-                        ],
-                    );
-                    for k in [socket::RQUEUE, socket::WQUEUE, socket::TIMER] {
-                        if let Some(v) = end.get(k) {
-                            i.insert(k.into(), v.clone());
+                if let Some(info) = end.tcp_info {
+                    let mut i = info.present();
+                    for (k, v) in [
+                        (socket::RQUEUE, end.rqueue),
+                        (socket::WQUEUE, end.wqueue),
+                        (socket::TIMER, end.timer),
+                    ] {
+                        if let Some(v) = v.and_then(|v| serde_json::to_value(v).ok()) {
+                            i.insert(k.into(), v);
                         }
                     }
                     view.counters
                         .insert("tcp_info_end".into(), Value::Object(i));
                 }
             } else if let Some(start) = surface(env, sid::TCP_START)
-                && let Some(Value::Object(i)) = start.get(socket::TCP_INFO)
+                && let Some(info) = SocketFacts::read(start).tcp_info
             {
-                view.counters.insert(
-                    "tcp_info_start".into(),
-                    Value::Object(pick(
-                        i,
-                        &[
-                            "state_name",
-                            "rto_us",
-                            "snd_wnd",
-                            "rcv_wnd",
-                            "total_retrans",
-                        ],
-                    )),
-                );
+                // At the start the byte counters say nothing yet.
+                let info = TcpInfoView {
+                    bytes_acked: None,
+                    bytes_received: None,
+                    ..info
+                };
+                view.counters
+                    .insert("tcp_info_start".into(), Value::Object(info.present()));
             }
             if let Some(r) = surface(env, sid::FLIGHT_RECORDER) {
-                let mut f = match r.get(flight_recorder::TOTALS) {
-                    Some(Value::Object(t)) => pick(
-                        t,
-                        &[
-                            "retransmits",
-                            "rto_retransmits",
-                            "resets_sent",
-                            "resets_received",
-                            "zero_window_events",
-                            "state_changes",
-                            "last_state",
-                        ],
-                    ),
-                    _ => Map::new(),
-                };
-                if let Some(v) = r.get(flight_recorder::REACHED_BACK_BEFORE_LAST_NS) {
+                let r = FlightRecorderFacts::read(r);
+                let mut f = r.totals.map(|t| t.present()).unwrap_or_default();
+                if let Some(ns) = r.reached_back_before_last_ns {
                     f.insert(
                         flight_recorder::REACHED_BACK_BEFORE_LAST_NS.into(),
-                        v.clone(),
+                        ns.into(),
                     );
                 }
                 view.counters
                     .insert("flight_recorder".into(), Value::Object(f));
             }
             if let Some(e) = surface(env, sid::EBPF_TCP) {
-                let e = pick(
-                    e,
-                    &[
-                        ebpf_tcp::RETRANSMITS,
-                        ebpf_tcp::RESETS_SENT,
-                        ebpf_tcp::RESETS_RECEIVED,
-                    ],
-                );
+                let e = EbpfTcpCounts::read(e).present();
                 if !e.is_empty() {
                     view.counters.insert("ebpf".into(), Value::Object(e));
                 }
@@ -406,18 +361,11 @@ pub fn end_view(env: &Envelope, wall_time: String) -> EndView {
         Subject::StorageTransfer(_) => {
             view.role = role_of(env);
             if let Some(s) = surface(env, sid::STREAMS) {
-                if let Some(ns) = s.get(streams::NET_NS).and_then(Value::as_str) {
-                    view.netns = Some(ns.to_string());
+                let s = StreamsFacts::read(s);
+                if let Some(ns) = s.net_ns {
+                    view.netns = Some(ns);
                 }
-                for link in s
-                    .get(streams::LINKS)
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    let Ok(link) = StreamLink::deserialize(link) else {
-                        continue;
-                    };
+                for link in &s.links {
                     let d = link.digest.as_str();
                     push_unique(&mut view.linked_streams, d);
                     for (v, into) in [(&link.src, &mut view.local), (&link.dst, &mut view.remote)] {

@@ -280,3 +280,70 @@ pub(super) fn caps(max_flows: usize) -> std::collections::BTreeMap<String, u64> 
     .map(|(k, v)| (k.to_string(), v))
     .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pstack_collectors::net::sockdiag::SocketTimer;
+    use pstack_envelope::facts::{Facts as _, SocketFacts, TcpDelta, TcpInfoView};
+
+    /// A `tcp_info` carrying every field this build parses (a long struct
+    /// of ones: every optional field present).
+    fn full_info() -> TcpInfo {
+        TcpInfo::parse(&[1u8; 512]).unwrap()
+    }
+
+    fn socket(info: TcpInfo) -> TcpSocket {
+        TcpSocket {
+            local: "10.77.0.1:40000".parse().unwrap(),
+            remote: "10.77.0.2:10001".parse().unwrap(),
+            state: 1,
+            cookie: 7,
+            inode: 1234,
+            uid: 0,
+            bound_if: 0,
+            timer: SocketTimer::Retransmit,
+            timer_expires_ms: 200,
+            timer_retrans: 0,
+            rqueue: 0,
+            wqueue: 12,
+            info: Some(info),
+            mem: None,
+            congestion: None,
+            shutdown: None,
+        }
+    }
+
+    /// The store reads a socket surface through `SocketFacts`; what this
+    /// engine writes must carry every member it names, in a form it reads
+    /// (renaming a kernel field in the collector, or a member in the view,
+    /// fails here rather than emptying the store's transfer view).
+    #[test]
+    fn the_store_finds_every_socket_fact_it_reads() {
+        let info = full_info();
+        let written = tcp_info_facts(&info);
+        for k in TcpInfoView::FIELDS {
+            assert!(
+                written.get(k).is_some_and(|v| !v.is_null()),
+                "the engine's tcp_info lacks {k}, which the store reads"
+            );
+        }
+        let deltas = tcp_deltas(&info, &info);
+        for k in TcpDelta::FIELDS {
+            assert!(
+                deltas.contains_key(k),
+                "the engine's deltas lack {k}, which the store reads"
+            );
+        }
+        let read = SocketFacts::read(&socket_facts(&socket(info)));
+        let tcp = read
+            .tcp_info
+            .clone()
+            .expect("tcp_info reads as the store's view");
+        assert_eq!(tcp.present().len(), TcpInfoView::FIELDS.len(), "{tcp:?}");
+        assert!(
+            read.rqueue.is_some() && read.wqueue.is_some() && read.timer.is_some(),
+            "{read:?}"
+        );
+    }
+}

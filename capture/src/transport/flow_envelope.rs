@@ -151,16 +151,8 @@ impl Ctx<'_> {
                         cookie,
                         ..EbpfFlow::default()
                     });
-                let mut sf = surface(
-                    sid::EBPF_TCP,
-                    "ebpf:tracepoint/tcp/{tcp_retransmit_skb,tcp_receive_reset,tcp_send_reset},sock/inet_sock_set_state",
-                    self.plan.window.as_micros() as u64,
-                    digest.clone().map(|d| (d, *bytes)),
-                    obj(json!({
+                let mut facts = obj(json!({
                         "cookie": cookie.to_string(),
-                        (ebpf_tcp::RETRANSMITS): f.retransmits,
-                        (ebpf_tcp::RESETS_SENT): f.resets_sent,
-                        (ebpf_tcp::RESETS_RECEIVED): f.resets_received,
                         "last_reset_reason": f.last_reset_reason,
                         "transitions": f.transitions,
                         "resets": f.resets.iter().map(|(dir, ts, from)| json!({
@@ -171,7 +163,20 @@ impl Ctx<'_> {
                         })).collect::<Vec<_>>(),
                         "first_event_ns": f.first_ns.to_string(),
                         "last_event_ns": f.last_ns.to_string(),
-                    })),
+                }));
+                // What the store reads, written through its type.
+                EbpfTcpCounts {
+                    retransmits: Some(f.retransmits),
+                    resets_sent: Some(f.resets_sent),
+                    resets_received: Some(f.resets_received),
+                }
+                .write_into(&mut facts);
+                let mut sf = surface(
+                    sid::EBPF_TCP,
+                    "ebpf:tracepoint/tcp/{tcp_retransmit_skb,tcp_receive_reset,tcp_send_reset},sock/inet_sock_set_state",
+                    self.plan.window.as_micros() as u64,
+                    digest.clone().map(|d| (d, *bytes)),
+                    facts,
                 );
                 if *truncated {
                     sf.status = SurfaceStatus::Truncated;

@@ -73,7 +73,7 @@ pub use self::plan::*;
 pub use self::readings::*;
 use self::surface_id as sid;
 pub use self::window::*;
-use pstack_envelope::facts::{ebpf_tcp, socket as socket_facts};
+use pstack_envelope::facts::{EbpfTcpCounts, Facts as _, socket as socket_facts};
 
 use crate::Progress;
 use crate::clock::monotonic_ns;

@@ -199,6 +199,22 @@ pub struct FlowTotals {
     pub last_state: Option<String>,
 }
 
+impl FlowTotals {
+    /// These counts as the facts the store reads (`ebpf/flight_recorder`'s
+    /// `totals`): the recorder writes them through that type.
+    pub fn facts(&self) -> pstack_envelope::facts::FlightTotals {
+        pstack_envelope::facts::FlightTotals {
+            retransmits: Some(self.retransmits),
+            rto_retransmits: Some(self.rto_retransmits),
+            resets_received: Some(self.resets_received),
+            resets_sent: Some(self.resets_sent),
+            state_changes: Some(self.state_changes),
+            zero_window_events: Some(self.zero_window_events),
+            last_state: self.last_state.clone(),
+        }
+    }
+}
+
 /// One second of a flow that had records.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FlowBucket {
@@ -294,7 +310,7 @@ impl Serialize for FlowHistory {
             reached_back_ns: u64,
             reached_back_before_last_ns: u64,
             recorder_started_ns: u64,
-            totals: &'a FlowTotals,
+            totals: pstack_envelope::facts::FlightTotals,
             buckets: Vec<Bucket<'a>>,
             transitions: Vec<Transition<'a>>,
             truncated: bool,
@@ -308,7 +324,7 @@ impl Serialize for FlowHistory {
             reached_back_ns: self.reached_back_ns,
             reached_back_before_last_ns: last.saturating_sub(self.reached_back_ns),
             recorder_started_ns: self.recorder_started_ns,
-            totals: &self.totals,
+            totals: self.totals.facts(),
             buckets: self
                 .buckets
                 .iter()

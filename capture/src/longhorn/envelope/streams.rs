@@ -2,7 +2,7 @@
 //! (links, short-lived streams, data connection groups) and its claims.
 //! Sections of [`super::transfer_envelope`].
 
-use pstack_envelope::facts::{StreamLink, streams as streams_facts};
+use pstack_envelope::facts::{Facts as _, StreamLink, StreamsFacts};
 use pstack_envelope::surface_id::storage_transfer::STREAMS;
 use pstack_envelope::{
     ClaimCode, ClaimKind, Envelope, Subject, Surface, SurfaceStatus, Termination, sha256_digest,
@@ -54,7 +54,7 @@ pub(super) fn streams_surface<'a>(
         let (x, y) = endpoints(e)?;
         crate::longhorn::flows::classify_source(t, x, y, r.by_ip).1
     };
-    let links: Vec<Value> = linked
+    let links: Vec<StreamLink> = linked
         .iter()
         .map(|e| {
             let (flow, src, dst) = match &e.subject {
@@ -65,7 +65,7 @@ pub(super) fn streams_surface<'a>(
                 ),
                 _ => (None, None, None),
             };
-            let link = StreamLink {
+            StreamLink {
                 digest: e.digest.clone(),
                 kind: Some(e.subject.kind().into()),
                 flow_id: flow,
@@ -79,8 +79,7 @@ pub(super) fn streams_surface<'a>(
                     .iter()
                     .map(|c| StreamLink::claim(c.kind, &c.code))
                     .collect(),
-            };
-            serde_json::to_value(link).unwrap_or(Value::Null)
+            }
         })
         .collect();
     let incomplete: Vec<&str> = linked
@@ -97,12 +96,13 @@ pub(super) fn streams_surface<'a>(
         .collect::<Vec<_>>()
         .join("\n");
     let mut sfacts = Map::new();
-    sfacts.insert(streams_facts::LINKS.into(), Value::Array(links));
+    // What the store reads, written through its type.
+    StreamsFacts {
+        links,
+        net_ns: Some(streams.net_ns.to_string()),
+    }
+    .write_into(&mut sfacts);
     sfacts.insert("stream_count".into(), json!(streams.flows.len()));
-    sfacts.insert(
-        streams_facts::NET_NS.into(),
-        json!(streams.net_ns.to_string()),
-    );
     sfacts.insert("incomplete_links".into(), json!(incomplete));
     sfacts.insert("excluded_count".into(), json!(r.excluded.len()));
     sfacts.insert(
