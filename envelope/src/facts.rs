@@ -109,33 +109,43 @@ pub trait Facts: Serialize + DeserializeOwned + Default {
     }
 }
 
-/// The eBPF TCP counters of one flow in a capture window (`ebpf/tcp`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EbpfTcpCounts {
-    /// Retransmits of the cookie in the window.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub retransmits: Option<u64>,
-    /// RSTs this side sent.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub resets_sent: Option<u64>,
-    /// RSTs received from the peer.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub resets_received: Option<u64>,
+/// A view whose every member is optional and read leniently: the struct,
+/// its [`Facts`] impl and `FIELDS`, the members as written in facts (the
+/// engines' tests check their output against it).
+macro_rules! fact_view {
+    ($(#[doc = $doc:literal])* pub struct $name:ident {
+        $($(#[doc = $fdoc:literal])* $field:ident: $ty:ty,)+
+    }) => {
+        $(#[doc = $doc])*
+        #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct $name {
+            $(
+                $(#[doc = $fdoc])*
+                #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+                pub $field: Option<$ty>,
+            )+
+        }
+
+        impl Facts for $name {}
+
+        impl $name {
+            /// Every member, as written in facts.
+            pub const FIELDS: &'static [&'static str] = &[$(stringify!($field)),+];
+        }
+    };
 }
 
-impl Facts for EbpfTcpCounts {}
+fact_view! {
+    /// The eBPF TCP counters of one flow in a capture window (`ebpf/tcp`).
+    pub struct EbpfTcpCounts {
+        /// Retransmits of the cookie in the window.
+        retransmits: u64,
+        /// RSTs this side sent.
+        resets_sent: u64,
+        /// RSTs received from the peer.
+        resets_received: u64,
+    }
+}
 
 /// A flow's counts over what pstackd's flight recorder holds (the `totals`
 /// of `ebpf/flight_recorder`). Members in the order the recorder always
@@ -212,144 +222,46 @@ pub struct FlightRecorderFacts {
 
 impl Facts for FlightRecorderFacts {}
 
-/// The store's view of a socket's `tcp_info` (the engine writes the whole
-/// kernel struct, u64 counters as decimal strings, plus `state_name`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TcpInfoView {
-    /// The TCP state's name (`ESTABLISHED`, …).
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub state_name: Option<Scalar>,
-    /// Retransmission timeout, µs.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub rto_us: Option<Scalar>,
-    /// Peer's advertised window.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub snd_wnd: Option<Scalar>,
-    /// Our advertised window.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub rcv_wnd: Option<Scalar>,
-    /// Retransmitted segments over the socket's life.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub total_retrans: Option<Scalar>,
-    /// Bytes acknowledged by the peer.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub bytes_acked: Option<Scalar>,
-    /// Bytes received.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub bytes_received: Option<Scalar>,
+fact_view! {
+    /// The store's view of a socket's `tcp_info` (the engine writes the whole
+    /// kernel struct, u64 counters as decimal strings, plus `state_name`).
+    pub struct TcpInfoView {
+        /// The TCP state's name (`ESTABLISHED`, …).
+        state_name: Scalar,
+        /// Retransmission timeout, µs.
+        rto_us: Scalar,
+        /// Peer's advertised window.
+        snd_wnd: Scalar,
+        /// Our advertised window.
+        rcv_wnd: Scalar,
+        /// Retransmitted segments over the socket's life.
+        total_retrans: Scalar,
+        /// Bytes acknowledged by the peer.
+        bytes_acked: Scalar,
+        /// Bytes received.
+        bytes_received: Scalar,
+    }
 }
 
-impl Facts for TcpInfoView {}
-
-impl TcpInfoView {
-    /// Every member, as written in facts.
-    pub const FIELDS: [&'static str; 7] = [
-        "state_name",
-        "rto_us",
-        "snd_wnd",
-        "rcv_wnd",
-        "total_retrans",
-        "bytes_acked",
-        "bytes_received",
-    ];
-}
-
-/// The store's view of a flow's `tcp_info` deltas end − start (the engine
-/// writes more counters than these).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TcpDelta {
-    /// Retransmitted segments.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub total_retrans: Option<Scalar>,
-    /// RTO expirations.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub total_rto: Option<Scalar>,
-    /// Bytes acknowledged.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub bytes_acked: Option<Scalar>,
-    /// Bytes received.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub bytes_received: Option<Scalar>,
-    /// Bytes retransmitted.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub bytes_retrans: Option<Scalar>,
-    /// Segments sent.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub segs_out: Option<Scalar>,
-    /// Segments received.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub segs_in: Option<Scalar>,
-}
-
-impl Facts for TcpDelta {}
-
-impl TcpDelta {
-    /// Every member, as written in facts.
-    pub const FIELDS: [&'static str; 7] = [
-        "total_retrans",
-        "total_rto",
-        "bytes_acked",
-        "bytes_received",
-        "bytes_retrans",
-        "segs_out",
-        "segs_in",
-    ];
+fact_view! {
+    /// The store's view of a flow's `tcp_info` deltas end − start (the engine
+    /// writes more counters than these).
+    pub struct TcpDelta {
+        /// Retransmitted segments.
+        total_retrans: Scalar,
+        /// RTO expirations.
+        total_rto: Scalar,
+        /// Bytes acknowledged.
+        bytes_acked: Scalar,
+        /// Bytes received.
+        bytes_received: Scalar,
+        /// Bytes retransmitted.
+        bytes_retrans: Scalar,
+        /// Segments sent.
+        segs_out: Scalar,
+        /// Segments received.
+        segs_in: Scalar,
+    }
 }
 
 /// What the store reads of a socket surface (`tcp/start`, `tcp/end`).
@@ -533,7 +445,7 @@ mod tests {
             bytes_received: s(6),
         };
         let keys: Vec<String> = info.present().keys().cloned().collect();
-        let mut want: Vec<String> = TcpInfoView::FIELDS.map(String::from).to_vec();
+        let mut want: Vec<String> = TcpInfoView::FIELDS.iter().map(|f| f.to_string()).collect();
         want.sort();
         assert_eq!(keys, want);
         let delta = TcpDelta {
@@ -546,7 +458,7 @@ mod tests {
             segs_in: s(7),
         };
         let keys: Vec<String> = delta.present().keys().cloned().collect();
-        let mut want: Vec<String> = TcpDelta::FIELDS.map(String::from).to_vec();
+        let mut want: Vec<String> = TcpDelta::FIELDS.iter().map(|f| f.to_string()).collect();
         want.sort();
         assert_eq!(keys, want);
     }

@@ -324,14 +324,14 @@ mod tests {
         let written = tcp_info_facts(&info);
         for k in TcpInfoView::FIELDS {
             assert!(
-                written.get(k).is_some_and(|v| !v.is_null()),
+                written.get(*k).is_some_and(|v| !v.is_null()),
                 "the engine's tcp_info lacks {k}, which the store reads"
             );
         }
         let deltas = tcp_deltas(&info, &info);
         for k in TcpDelta::FIELDS {
             assert!(
-                deltas.contains_key(k),
+                deltas.contains_key(*k),
                 "the engine's deltas lack {k}, which the store reads"
             );
         }
