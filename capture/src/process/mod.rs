@@ -40,8 +40,10 @@
 //!   transport capture's reads go to `pstack-helper --net` through
 //!   [`NetHelper`] (same deadline/kill/reap/leak-budget rules),
 //!   and no thread of the agent enters another netns.
-//! - **No deadline, no capture**: a request without deadlines, or a risky read
-//!   without one, is refused with [`CaptureError::MissingDeadline`].
+//! - **No deadline, no capture**: a [`ProcessPlan`] always carries both
+//!   deadlines (only the validator builds one, and it refuses zero or
+//!   inverted ones); a risky read without one is refused with
+//!   [`CaptureError::MissingDeadline`] before any helper is spawned.
 //! - **Identity twice**: read before the slow surfaces and again before emit.
 //!   Any change (or the subject vanishing) makes the envelope
 //!   `identity_race`: surfaces keep their status and digest but their facts

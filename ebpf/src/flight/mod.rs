@@ -177,8 +177,9 @@ impl FlowIncident {
     }
 }
 
-/// Counts over the buckets a history holds.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+/// Counts over the buckets a history holds (written into envelopes as
+/// [`pstack_envelope::facts::FlightTotals`], through [`FlowTotals::facts`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FlowTotals {
     /// Retransmits sent by this end (RTO and fast retransmits alike).
     pub retransmits: u64,
