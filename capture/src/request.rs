@@ -240,13 +240,12 @@ pub fn process_plan(
             reason: format!("must be between 1 and {}", limits.max_threads),
         });
     }
-    let max_bytes = caps
-        .max_bytes_per_surface
-        .unwrap_or(limits.max_bytes_per_surface);
-    // What one helper frame can carry bounds every caller's limit too.
+    // What one helper frame can carry bounds every caller's limit (and so
+    // the default) too.
     let max_bytes_limit = limits
         .max_bytes_per_surface
         .min(pstack_helper::protocol::MAX_SURFACE_BYTES);
+    let max_bytes = caps.max_bytes_per_surface.unwrap_or(max_bytes_limit);
     if max_bytes == 0 || max_bytes > max_bytes_limit {
         return Err(RequestError::OutOfRange {
             param: "caps.max_bytes_per_surface",
@@ -559,6 +558,15 @@ mod tests {
         let e = ask(cap + 1).unwrap_err();
         assert_eq!(e.field().as_deref(), Some("caps.max_bytes_per_surface"));
         assert!(e.to_string().contains(&cap.to_string()), "{e}");
+        // Nothing asked: the default is the cap, not the wider limit.
+        match parse(br#"{"kind":"process","pid":7}"#)
+            .unwrap()
+            .validate(&wide)
+            .unwrap()
+        {
+            ValidRequest::Process(p) => assert_eq!(p.max_bytes_per_surface(), cap),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// A network window longer than `max_bundle_deadline_ms` is refused for

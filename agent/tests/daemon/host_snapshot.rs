@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use pstack_capture::request::{CaptureRequest, HostRequest, RequestedDeadlines};
-use pstack_envelope::Envelope;
+use pstack_envelope::{Envelope, Termination};
 use pstackctl::client;
 
 use super::common::*;
@@ -183,8 +183,8 @@ fn a_host_snapshot_with_a_cap_below_the_host_is_bounded() {
         env.bounds
     );
     assert_eq!(
-        format!("{:?}", env.universe.termination),
-        "Cap",
+        env.universe.termination,
+        Termination::Cap,
         "{:?}",
         env.universe
     );

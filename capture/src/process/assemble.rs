@@ -24,7 +24,7 @@ use serde_json::Map;
 
 use super::assemble_claims::{self as rules};
 use super::assemble_readings::{Readings, SurfaceId};
-use super::{Deadlines, ProcessPlan, SupervisorConfig, SurfaceFamily, SurfaceSelection};
+use super::{ProcessPlan, SupervisorConfig, SurfaceFamily};
 use pstack_envelope::ClaimCode;
 
 /// Which flow produced the surfaces.
@@ -65,17 +65,11 @@ fn ms(d: Duration) -> u64 {
 
 impl Assembly {
     /// Start an assembly.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one call site; each argument is a distinct envelope part"
-    )]
     pub fn new(
         mode: Mode,
         subject: Subject,
         config: &SupervisorConfig,
         request: &ProcessPlan,
-        selection: &SurfaceSelection,
-        deadlines: Deadlines,
         leak_budget: u64,
         wall_time: String,
         monotonic_start_ns: u64,
@@ -93,7 +87,7 @@ impl Assembly {
                 wall_time,
                 monotonic_start_ns: monotonic_start_ns.to_string(),
                 monotonic_end_ns: monotonic_start_ns.to_string(),
-                bundle_deadline_ms: ms(deadlines.bundle),
+                bundle_deadline_ms: ms(request.deadlines.bundle),
             },
             universe: Universe {
                 selector: String::new(),
@@ -102,7 +96,7 @@ impl Assembly {
                 observed_count: 0,
                 termination: Termination::Exhausted,
             },
-            bounds: bounds(mode, config, request, selection, deadlines, leak_budget),
+            bounds: bounds(mode, config, request, leak_budget),
             surfaces: Vec::new(),
             readings: Readings::default(),
             identity_race: None,
@@ -287,10 +281,9 @@ fn bounds(
     mode: Mode,
     config: &SupervisorConfig,
     request: &ProcessPlan,
-    selection: &SurfaceSelection,
-    deadlines: Deadlines,
     leak_budget: u64,
 ) -> Bounds {
+    let (selection, deadlines) = (&request.surfaces, request.deadlines);
     let mut caps = std::collections::BTreeMap::new();
     let mut cap = |name: &str, v: u64| {
         caps.insert(name.to_string(), v);
@@ -347,6 +340,7 @@ const LIMIT_CONSTS: [(&str, &str); 4] = [
 #[cfg(test)]
 pub(in crate::process) mod tests {
     use super::*;
+    use crate::process::{Deadlines, SurfaceSelection};
     use pstack_collectors::procfs::parse::{TaskStat, TaskState};
     use pstack_collectors::procfs::read::WchanFacts;
 
@@ -499,17 +493,15 @@ pub(in crate::process) mod tests {
         // `trigger` is not a bound: it names the rule, not a limit.
         let ProcessPlan {
             target: _,
-            deadlines,
+            deadlines: _,
             max_threads,
             max_bytes_per_surface,
             max_fds,
-            window,
-            surfaces,
+            window: _,
+            surfaces: _,
             trigger: _,
         } = &request;
-        let selection = surfaces.resolve(&request.target, window.is_some()).unwrap();
-        let d = *deadlines;
-        let b = bounds(Mode::Process, &config, &request, &selection, d, 4);
+        let b = bounds(Mode::Process, &config, &request, 4);
         assert_eq!(
             (
                 b.surface_deadline_ms,
@@ -584,10 +576,9 @@ pub(in crate::process) mod tests {
             &config,
             &ProcessPlan {
                 window: None,
+                surfaces: only_stat,
                 ..request.clone()
             },
-            &only_stat,
-            d,
             4,
         );
         assert!(

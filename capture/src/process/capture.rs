@@ -23,10 +23,7 @@ use super::assemble::{Assembly, Mode};
 use super::assemble_readings::{
     ClaimInput, OffCpuReading, ProcFile, Readings, SurfaceId, TaskFile, Typed,
 };
-use super::{
-    CaptureError, Deadlines, OffCpuSource, ProcessPlan, SupervisorConfig, SurfaceFamily,
-    SurfaceSelection, Target,
-};
+use super::{CaptureError, OffCpuSource, ProcessPlan, SupervisorConfig, SurfaceFamily, Target};
 use crate::clock::{monotonic_ns, wall_time_now};
 use crate::helpers::leak::LeakBudget;
 use crate::helpers::risky::{EarlyHelper, RiskyOutcome, RiskyRead, RiskyRun, cause_of, status_of};
@@ -172,18 +169,14 @@ pub fn capture(
     config: &SupervisorConfig,
     budget: &LeakBudget,
 ) -> Result<Envelope, CaptureError> {
-    let deadlines = request.deadlines;
-    let selection = request.surfaces.clone();
     let started = Instant::now();
     let host = read_host_facts().map_err(CaptureError::HostFacts)?;
     let ctx = Ctx {
         request,
-        selection,
-        deadlines,
         config,
         budget,
         host,
-        bundle_deadline: started + deadlines.bundle,
+        bundle_deadline: started + request.deadlines.bundle,
         wall_time: wall_time_now(),
         monotonic_start_ns: monotonic_ns(),
         readings: RefCell::new(Readings::default()),
@@ -197,10 +190,9 @@ pub fn capture(
 }
 
 struct Ctx<'a> {
+    /// The plan: its surface selection is resolved against its target, its
+    /// deadlines set.
     request: &'a ProcessPlan,
-    /// The request's surface selection, checked against its target.
-    selection: SurfaceSelection,
-    deadlines: Deadlines,
     config: &'a SupervisorConfig,
     budget: &'a LeakBudget,
     host: HostFacts,
@@ -218,8 +210,6 @@ impl Ctx<'_> {
             subject,
             self.config,
             self.request,
-            &self.selection,
-            self.deadlines,
             self.budget.capacity(),
             self.wall_time.clone(),
             self.monotonic_start_ns,
@@ -227,12 +217,12 @@ impl Ctx<'_> {
     }
 
     fn wants(&self, family: SurfaceFamily) -> bool {
-        self.selection.wants(family)
+        self.request.surfaces.wants(family)
     }
 
     fn safe(&self) -> SafeReader<'_> {
         SafeReader {
-            deadline_ms: ms(self.deadlines.surface),
+            deadline_ms: ms(self.request.deadlines.surface),
             bundle_deadline: self.bundle_deadline,
             readings: &self.readings,
         }
@@ -243,7 +233,7 @@ impl Ctx<'_> {
             id: id.to_string(),
             pid,
             kind,
-            deadline: Some(self.deadlines.surface),
+            deadline: Some(self.request.deadlines.surface),
             max_bytes: self.request.max_bytes_per_surface,
         }
     }
@@ -711,7 +701,7 @@ fn finish_task(
         format!("/proc/{pid}/task/{task}")
     } else {
         format!("/proc/{pid}/task/*")
-    } + &ctx.selection.selector_suffix();
+    } + &ctx.request.surfaces.selector_suffix();
     let deadline_cut = surfaces.iter().any(|s| {
         s.status == SurfaceStatus::Skipped
             && s.cause
@@ -954,7 +944,7 @@ fn capture_host(ctx: &Ctx<'_>) -> Result<Assembly, CaptureError> {
         .map(|t| t.threads.len() as u64)
         .sum();
     a.set_universe(
-        format!("/proc/*/task/*{}", ctx.selection.selector_suffix()),
+        format!("/proc/*/task/*{}", ctx.request.surfaces.selector_suffix()),
         expected,
         observed,
         termination,
