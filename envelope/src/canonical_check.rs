@@ -68,6 +68,8 @@ pub(crate) struct Picks {
     pub subject: (usize, usize),
     /// `unknowns`' array.
     pub unknowns: (usize, usize),
+    /// `claims`' array.
+    pub claims: (usize, usize),
     pub completeness: Completeness,
 }
 
@@ -98,6 +100,7 @@ fn check_with(body: &[u8], start: usize, scratch: &mut Scratch) -> R<([u8; 32], 
             clock: (0, 0),
             subject: (0, 0),
             unknowns: (0, 0),
+            claims: (0, 0),
             completeness: Completeness::Partial,
         },
     };
@@ -496,7 +499,9 @@ impl<'a> Checker<'a, '_> {
         self.key(b"\"bounds\":")?;
         self.bounds()?;
         self.next_key(b"\"claims\":")?;
+        let at = self.pos;
         self.array(Self::claim)?;
+        self.picks.claims = (at, self.pos);
         self.next_key(b"\"clock\":")?;
         let at = self.pos;
         self.clock()?;

@@ -268,7 +268,8 @@ fn digest_of(envelope: &Envelope) -> Result<VerifiedDigest, EnvelopeError> {
 }
 
 /// What a store that keeps an envelope as bytes reads out of it to index it:
-/// the digest, the clock, the subject, the completeness and the unknowns.
+/// the digest, the clock, the subject, the completeness, the unknowns and
+/// the claims' codes.
 /// [`verify_summary`] returns it; [`VerifiedSummary::of`] takes it from a
 /// verified model, and the two agree (tested on every mutation the verify
 /// tests make).
@@ -284,6 +285,9 @@ pub struct VerifiedSummary {
     pub completeness: Completeness,
     /// Its unknowns, in order.
     pub unknowns: Vec<Unknown>,
+    /// Its claims' codes, in claim order (a store finds envelopes by claim
+    /// without reading their bodies).
+    pub claim_codes: Vec<String>,
 }
 
 impl VerifiedSummary {
@@ -295,6 +299,7 @@ impl VerifiedSummary {
             subject: envelope.subject,
             completeness: envelope.completeness,
             unknowns: envelope.unknowns,
+            claim_codes: envelope.claims.into_iter().map(|c| c.code).collect(),
         })
     }
 }
@@ -303,8 +308,8 @@ impl VerifiedSummary {
 /// indexes ([`VerifiedSummary`]) read out, not the typed model.
 ///
 /// Canonical bytes are checked and hashed by [`verify_digest`]'s single pass,
-/// which also notes where `clock`, `subject` and `unknowns` lie; only those
-/// few small members are then parsed. Anything the pass does not accept goes
+/// which also notes where `clock`, `subject`, `unknowns` and `claims` lie;
+/// those few small members (of the claims only their codes) are then parsed. Anything the pass does not accept goes
 /// through [`verify`], whose verdict (and error list) this returns unchanged.
 pub fn verify_summary(bytes: &[u8]) -> Result<VerifiedSummary, Rejection> {
     if let Some(summary) = verify_summary_fast(bytes) {
@@ -323,12 +328,18 @@ pub fn verify_summary_fast(bytes: &[u8]) -> Option<VerifiedSummary> {
     // member serde would still refuse (never expected) falls back to
     // `verify`, which then judges the whole envelope.
     let member = |(a, b): (usize, usize)| bytes.get(a..b);
+    #[derive(serde::Deserialize)]
+    struct CodeOnly {
+        code: String,
+    }
+    let claims: Vec<CodeOnly> = serde_json::from_slice(member(picks.claims)?).ok()?;
     Some(VerifiedSummary {
         digest: VerifiedDigest(digest),
         clock: serde_json::from_slice(member(picks.clock)?).ok()?,
         subject: serde_json::from_slice(member(picks.subject)?).ok()?,
         completeness: picks.completeness,
         unknowns: serde_json::from_slice(member(picks.unknowns)?).ok()?,
+        claim_codes: claims.into_iter().map(|c| c.code).collect(),
     })
 }
 

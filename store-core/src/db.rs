@@ -9,8 +9,9 @@
 //! hand-made blocking-thread bridge for SQLite and every query written twice.
 //!
 //! Invariants:
-//! - **Exact bytes.** `envelopes.body` holds the bytes exactly as received;
-//!   nothing re-serializes an envelope. The digest is the primary identity
+//! - **Exact bytes.** `envelopes.body` holds the bytes exactly as received,
+//!   or an LZ4 block of them ([`body`]); every read returns the received
+//!   bytes, and nothing re-serializes an envelope. The digest is the primary identity
 //!   (`UNIQUE`), so a replay or a concurrent duplicate inserts nothing
 //!   (`ON CONFLICT (digest) DO NOTHING`) and answers with the stored record.
 //! - **Batch atomicity.** The verified items of one request are written in one
@@ -38,7 +39,7 @@
 //!
 //! One file per concern, each opening with the invariants it keeps:
 //! [`pools`] (opening, the SQLite writer/reader/checkpointer, closing),
-//! [`migrations`], [`reads`] (envelopes, histories, unknowns), [`keys`] (API
+//! [`migrations`], [`body`] (how bodies are kept), [`reads`] (envelopes, histories, unknowns), [`keys`] (API
 //! keys), [`receipts`], [`retention`], and per area [`ingest`], [`analysis`],
 //! [`gate`], [`runs`], [`transfers`], [`operators`], [`login_throttle`].
 //! This file holds what they share: the [`Store`] handle, [`StoreError`],
@@ -248,6 +249,7 @@ fn parse_identity(text: &str) -> serde_json::Value {
 pub mod analysis;
 #[cfg(feature = "testing")]
 mod bench_fill;
+pub mod body;
 pub mod gate;
 pub mod gate_key;
 mod ingest;

@@ -245,6 +245,11 @@ pub struct VerifiedItem {
     pub digest: String,
     /// The exact bytes received (a zero-copy slice of the request body).
     pub bytes: Bytes,
+    /// What `envelopes.body` keeps of them (`crate::db::body`), made here,
+    /// on the verifying threads, not under the database's writer.
+    pub stored: crate::db::body::StoredBody,
+    /// Its claims' codes in `envelopes.claim_codes`' form.
+    pub claim_codes: String,
     /// Its subject, flattened.
     pub subject: SubjectIndex,
     /// Capture wall time, ns since the epoch.
@@ -317,6 +322,8 @@ pub fn verify_item(bytes: Bytes, limits: &IngestLimits) -> ItemVerdict {
                 wall_ns,
                 completeness: completeness_name(env.completeness),
                 unknowns: env.unknowns,
+                claim_codes: crate::db::body::claim_codes_column(&env.claim_codes),
+                stored: crate::db::body::encode(&bytes),
                 digest,
                 bytes,
             }))

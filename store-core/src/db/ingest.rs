@@ -195,8 +195,10 @@ trait BatchRows {
     ) -> Result<BTreeMap<String, (i64, String)>, StoreError>;
 }
 
-/// SQLite: envelope rows per statement (12 parameters each).
+/// SQLite: envelope rows per statement ([`ENVELOPE_COLUMNS`] parameters each).
 const SQLITE_ENVELOPE_ROWS: usize = 100;
+/// Columns of an `envelopes` row as ingest writes it.
+const ENVELOPE_COLUMNS: usize = 14;
 /// SQLite: rows per statement for the narrow tables.
 const SQLITE_SMALL_ROWS: usize = 400;
 
@@ -230,11 +232,12 @@ impl BatchRows for SqliteConnection {
         for chunk in rows.chunks(SQLITE_ENVELOPE_ROWS) {
             let sql = format!(
                 "INSERT INTO envelopes (digest, subject_key, kind, locator, pid, identity, wall_ns,
-                    received_ns, completeness, key_id, size, body) VALUES {}
+                    received_ns, completeness, key_id, size, body, body_codec, claim_codes)
+                 VALUES {}
                  ON CONFLICT (digest) DO NOTHING RETURNING digest",
-                sqlite_rows(chunk.len(), 12)
+                sqlite_rows(chunk.len(), ENVELOPE_COLUMNS)
             );
-            let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * 12);
+            let mut binds: Vec<Bind<'_>> = Vec::with_capacity(chunk.len() * ENVELOPE_COLUMNS);
             for item in chunk {
                 binds.extend([
                     Bind::Text(&item.digest),
@@ -248,7 +251,9 @@ impl BatchRows for SqliteConnection {
                     Bind::Text(item.completeness),
                     Bind::Text(key_id),
                     Bind::I64(size_of(item)),
-                    Bind::Bytes(item.bytes.as_ref()),
+                    Bind::Bytes(&item.stored.bytes),
+                    Bind::I64(item.stored.codec),
+                    Bind::Text(&item.claim_codes),
                 ]);
             }
             let digests: Vec<String> = bind_all!(sqlx::query_scalar(&sql), &binds)
@@ -341,11 +346,12 @@ impl BatchRows for PgConnection {
         // unnest happens to return.
         let digests: Vec<String> = sqlx::query_scalar(
             "INSERT INTO envelopes (digest, subject_key, kind, locator, pid, identity, wall_ns,
-                received_ns, completeness, key_id, size, body)
-             SELECT d, s, k, l, p, i, w, $8, c, $10, z, b
+                received_ns, completeness, key_id, size, body, body_codec, claim_codes)
+             SELECT d, s, k, l, p, i, w, $8, c, $10, z, b, bc, cc
                FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[],
-                           $6::text[], $7::int8[], $9::text[], $11::int8[], $12::bytea[])
-                    WITH ORDINALITY AS r(d, s, k, l, p, i, w, c, z, b, n)
+                           $6::text[], $7::int8[], $9::text[], $11::int8[], $12::bytea[],
+                           $13::int8[], $14::text[])
+                    WITH ORDINALITY AS r(d, s, k, l, p, i, w, c, z, b, bc, cc, n)
               ORDER BY n
              ON CONFLICT (digest) DO NOTHING RETURNING digest",
         )
@@ -360,7 +366,9 @@ impl BatchRows for PgConnection {
         .bind(column(rows, |r| r.completeness))
         .bind(key_id)
         .bind(column(rows, |r| size_of(r)))
-        .bind(column(rows, |r| r.bytes.as_ref()))
+        .bind(column(rows, |r| r.stored.bytes.as_slice()))
+        .bind(column(rows, |r| r.stored.codec))
+        .bind(column(rows, |r| r.claim_codes.as_str()))
         .fetch_all(&mut *self)
         .await?;
         Ok(digests)

@@ -73,6 +73,12 @@ const MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../../migrations/sqlite/0010_cohorts.sql"),
         include_str!("../../migrations/postgres/0010_cohorts.sql"),
     ),
+    (
+        11,
+        "body_codec",
+        include_str!("../../migrations/sqlite/0011_body_codec.sql"),
+        include_str!("../../migrations/postgres/0011_body_codec.sql"),
+    ),
 ];
 
 /// The schema version a store opened by this build is at: its newest

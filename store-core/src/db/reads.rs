@@ -151,14 +151,14 @@ pub fn history_query(
 impl Store {
     /// The exact stored bytes of an envelope.
     pub async fn envelope_bytes(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        with_pool!(self, read, |pool, pg| {
-            Ok(
-                sqlx::query_scalar::<_, Vec<u8>>("SELECT body FROM envelopes WHERE digest = $1")
-                    .bind(digest)
-                    .fetch_optional(pool)
-                    .await?,
-            )
-        })
+        let row: Option<(Vec<u8>, i64)> = with_pool!(self, read, |pool, pg| {
+            sqlx::query_as("SELECT body, body_codec FROM envelopes WHERE digest = $1")
+                .bind(digest)
+                .fetch_optional(pool)
+                .await?
+        });
+        row.map(|(body, codec)| super::body::decode(digest, codec, body))
+            .transpose()
     }
 
     /// A stored envelope, parsed.

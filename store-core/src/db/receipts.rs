@@ -174,13 +174,13 @@ impl Store {
                     if bodies.contains_key(d) {
                         continue;
                     }
-                    let b: Option<Vec<u8>> =
-                        sqlx::query_scalar("SELECT body FROM envelopes WHERE digest = $1")
+                    let b: Option<(Vec<u8>, i64)> =
+                        sqlx::query_as("SELECT body, body_codec FROM envelopes WHERE digest = $1")
                             .bind(d.as_str())
                             .fetch_optional(&mut *tx)
                             .await?;
-                    if let Some(b) = b {
-                        bodies.insert(d.clone(), b);
+                    if let Some((b, codec)) = b {
+                        bodies.insert(d.clone(), super::body::decode(d, codec, b)?);
                     }
                 }
                 ctx.unchanged_against_problem = unchanged_pairs(&req.evidence, &problem, &bodies)?;

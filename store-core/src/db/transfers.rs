@@ -251,9 +251,9 @@ impl Store {
         let mut after = 0i64;
         let mut offered = 0u64;
         loop {
-            let page: Vec<(i64, String, Vec<u8>)> = with_pool!(self, read, |pool, pg| {
+            let page: Vec<(i64, String, Vec<u8>, i64)> = with_pool!(self, read, |pool, pg| {
                 sqlx::query_as(
-                    "SELECT e.id, e.digest, e.body FROM envelopes e
+                    "SELECT e.id, e.digest, e.body, e.body_codec FROM envelopes e
                      WHERE e.id > $1 AND e.kind IN ('network_stream', 'storage_transfer')
                        AND NOT EXISTS (SELECT 1 FROM transfer_candidates c WHERE c.digest = e.digest)
                      ORDER BY e.id LIMIT 200",
@@ -268,7 +268,14 @@ impl Store {
             after = last.0;
             let items: Vec<VerifiedItem> = page
                 .into_iter()
-                .filter_map(|(_, digest, body)| {
+                .filter_map(|(_, digest, body, codec)| {
+                    let body = match super::body::decode(&digest, codec, body) {
+                        Ok(body) => body,
+                        Err(e) => {
+                            tracing::warn!(%digest, error = %e, "stored envelope does not decode; not offered to the transfer join");
+                            return None;
+                        }
+                    };
                     match crate::ingest::verify_item(body.into(), &limits) {
                         crate::ingest::ItemVerdict::Verified(v) => Some(*v),
                         crate::ingest::ItemVerdict::Rejected(r) => {
@@ -325,12 +332,13 @@ impl Store {
                     continue;
                 }
                 let digest: String = r.try_get(0)?;
-                let body: Option<Vec<u8>> =
-                    sqlx::query_scalar("SELECT body FROM envelopes WHERE digest = $1")
+                let body: Option<(Vec<u8>, i64)> =
+                    sqlx::query_as("SELECT body, body_codec FROM envelopes WHERE digest = $1")
                         .bind(digest.as_str())
                         .fetch_optional(pool)
                         .await?;
-                let Some(body) = body else { continue };
+                let Some((body, codec)) = body else { continue };
+                let body = super::body::decode(&digest, codec, body)?;
                 ends.push(EndRow {
                     digest,
                     side_key,

@@ -12,6 +12,8 @@ use serde_json::Value;
 use crate::on_both_backends;
 use crate::support::{Db, Harness, array, code, gzip, sealed};
 
+mod stored_bodies;
+
 on_both_backends!(
     tampered_envelope_is_rejected_with_bad_digest,
     unknown_field_is_rejected,

@@ -4,7 +4,9 @@
 //!
 //! Invariants:
 //! - Reads only, capped: a list cut by its cap says so.
-//! - Claim codes come from the stored bytes, verified at ingest.
+//! - Claim codes come from what ingest read out of bytes it verified: the
+//!   `claim_codes` column, or for rows stored before it (schema v11) their
+//!   raw body. No compressed body is read here.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,10 +15,37 @@ use serde_json::Value;
 use crate::analysis::fleet::NodeEnvelope;
 use crate::db::{Bind, Pools, Store, StoreError, placeholders};
 
-/// (digest, wall_ns, kind, identity, key name, body).
-type NodeRow = (String, i64, String, String, Option<String>, Vec<u8>);
-/// (digest, wall_ns, identity, key name, body).
-type ClaimRow = (String, i64, String, Option<String>, Vec<u8>);
+/// (digest, wall_ns, kind, identity, key name, claim codes column, body of
+/// a row without that column).
+type NodeRow = (
+    String,
+    i64,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<Vec<u8>>,
+);
+/// (digest, wall_ns, identity, key name, claim codes column, body of a row
+/// without that column).
+type ClaimRow = (
+    String,
+    i64,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<Vec<u8>>,
+);
+
+/// A row's claim codes: from `claim_codes`, or for a row stored before that
+/// column (its body raw, schema v11) from the body.
+fn row_codes(column: Option<&str>, legacy_body: Option<&[u8]>) -> Vec<String> {
+    match (column, legacy_body) {
+        (Some(c), _) => crate::db::body::parse_claim_codes(c),
+        (None, Some(body)) => claim_codes(body),
+        (None, None) => Vec::new(),
+    }
+}
 
 impl Store {
     /// Who shipped the envelopes captured in `[start, end)`: key id →
@@ -50,7 +79,8 @@ impl Store {
     ) -> Result<(Vec<NodeEnvelope>, bool), StoreError> {
         let rows: Vec<NodeRow> = with_pool!(self, read, |pool, pg| {
             sqlx::query_as(
-                "SELECT e.digest, e.wall_ns, e.kind, e.identity, k.name, e.body
+                "SELECT e.digest, e.wall_ns, e.kind, e.identity, k.name, e.claim_codes,
+                        CASE WHEN e.claim_codes IS NULL THEN e.body END
                  FROM envelopes e LEFT JOIN api_keys k ON k.id = e.key_id
                  WHERE e.wall_ns >= $1 AND e.wall_ns < $2
                  ORDER BY e.wall_ns, e.digest LIMIT $3",
@@ -66,9 +96,9 @@ impl Store {
             .into_iter()
             .take(usize::try_from(cap).unwrap_or(0))
             .map(
-                |(digest, wall_ns, kind, identity, key_name, body)| NodeEnvelope {
+                |(digest, wall_ns, kind, identity, key_name, column, body)| NodeEnvelope {
                     node: node_of(&identity, key_name.as_deref()),
-                    codes: claim_codes(&body),
+                    codes: row_codes(column.as_deref(), body.as_deref()),
                     digest,
                     wall_ns,
                     kind,
@@ -85,19 +115,28 @@ impl Store {
         since_ns: i64,
         cap: i64,
     ) -> Result<(Vec<(String, String, i64)>, bool), StoreError> {
-        // A cheap byte prefilter in SQL; the parsed claims decide.
-        // The quoted code alone: envelopes need not be compact JSON.
-        let needle = format!("\"{code}\"");
+        // A cheap byte prefilter in SQL; the parsed claims decide. The
+        // code as a JSON string: it is how both the `claim_codes` column
+        // and a (legacy, raw) body hold it, compact or not. Bodies are read
+        // only for rows stored before that column.
+        let needle = serde_json::to_string(code).unwrap_or_default();
         let rows: Vec<ClaimRow> = with_pool!(self, read, |pool, pg| {
             let sql = if pg {
-                "SELECT e.digest, e.wall_ns, e.identity, k.name, e.body
+                "SELECT e.digest, e.wall_ns, e.identity, k.name, e.claim_codes,
+                        CASE WHEN e.claim_codes IS NULL THEN e.body END
                  FROM envelopes e LEFT JOIN api_keys k ON k.id = e.key_id
-                 WHERE e.wall_ns >= $1 AND position(convert_to($2, 'UTF8') in e.body) > 0
+                 WHERE e.wall_ns >= $1
+                   AND (position($2 in e.claim_codes) > 0
+                        OR (e.claim_codes IS NULL
+                            AND position(convert_to($2, 'UTF8') in e.body) > 0))
                  ORDER BY e.wall_ns, e.digest LIMIT $3"
             } else {
-                "SELECT e.digest, e.wall_ns, e.identity, k.name, e.body
+                "SELECT e.digest, e.wall_ns, e.identity, k.name, e.claim_codes,
+                        CASE WHEN e.claim_codes IS NULL THEN e.body END
                  FROM envelopes e LEFT JOIN api_keys k ON k.id = e.key_id
-                 WHERE e.wall_ns >= $1 AND instr(e.body, CAST($2 AS BLOB)) > 0
+                 WHERE e.wall_ns >= $1
+                   AND (instr(e.claim_codes, $2) > 0
+                        OR (e.claim_codes IS NULL AND instr(e.body, CAST($2 AS BLOB)) > 0))
                  ORDER BY e.wall_ns, e.digest LIMIT $3"
             };
             sqlx::query_as(sql)
@@ -111,8 +150,12 @@ impl Store {
         Ok((
             rows.into_iter()
                 .take(usize::try_from(cap).unwrap_or(0))
-                .filter(|r| claim_codes(&r.4).iter().any(|c| c == code))
-                .map(|(digest, wall_ns, identity, key_name, _)| {
+                .filter(|r| {
+                    row_codes(r.4.as_deref(), r.5.as_deref())
+                        .iter()
+                        .any(|c| c == code)
+                })
+                .map(|(digest, wall_ns, identity, key_name, _, _)| {
                     (node_of(&identity, key_name.as_deref()), digest, wall_ns)
                 })
                 .collect(),
@@ -158,7 +201,7 @@ fn node_of(identity: &str, key_name: Option<&str>) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// Claim codes of a stored envelope (its bytes verified at ingest).
+/// Claim codes of a raw stored envelope (its bytes verified at ingest).
 fn claim_codes(body: &[u8]) -> Vec<String> {
     #[derive(serde::Deserialize)]
     struct Claims {
