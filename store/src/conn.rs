@@ -18,9 +18,14 @@
 //!   `http::observe`); a slow body cannot hold memory or a slot longer.
 //! - Per-key concurrency and the in-flight byte budget are enforced in
 //!   `http` ([`Guards`]), where the key and the body size are known.
+//! - **Freed heap goes back to the OS once ingest is quiet.** When the last
+//!   request holding the budget ends and none is admitted for
+//!   [`TRIM_QUIET`], `malloc_trim` runs once. Not after every request: each
+//!   trim unmaps pages every core then refaults, and under a steady load
+//!   that was ~5 % of the store's CPU (BENCHMARKS.md, issue 31 item 5).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -67,6 +72,7 @@ const UNIT: u64 = 1024;
 pub struct Guards {
     limits: ConnLimits,
     budget: Arc<Semaphore>,
+    trimmer: Arc<Trimmer>,
     per_key: Mutex<HashMap<String, Arc<Semaphore>>>,
     /// Connections closed at accept over the cap.
     pub connections_refused: AtomicU64,
@@ -78,6 +84,60 @@ pub struct Guards {
     pub key_limited: AtomicU64,
 }
 
+/// How long ingest must be quiet (no request admitted, the budget all
+/// free) before freed heap is given back to the OS.
+pub const TRIM_QUIET: Duration = Duration::from_millis(200);
+
+/// Gives freed heap back to the OS after a burst, once (see the module's
+/// invariants).
+#[derive(Debug, Default)]
+struct Trimmer {
+    /// Requests admitted so far: unchanged over a wait means none came.
+    admitted: AtomicU64,
+    /// A wait for quiet is running.
+    waiting: AtomicBool,
+    /// Trims done.
+    trims: AtomicU64,
+}
+
+impl Trimmer {
+    /// The budget just became all free: trim once ingest stays quiet.
+    fn quiet_now(self: &Arc<Self>, budget: &Arc<Semaphore>, total: u32) {
+        if self.waiting.swap(true, Ordering::AcqRel) {
+            return; // the running wait covers this one
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            trim();
+            self.trims.fetch_add(1, Ordering::Relaxed);
+            self.waiting.store(false, Ordering::Release);
+            return;
+        };
+        let (me, budget) = (self.clone(), budget.clone());
+        runtime.spawn(async move {
+            loop {
+                let seen = me.admitted.load(Ordering::Acquire);
+                tokio::time::sleep(TRIM_QUIET).await;
+                let idle = budget.available_permits() >= total as usize;
+                if idle && me.admitted.load(Ordering::Acquire) == seen {
+                    break;
+                }
+            }
+            // Off the runtime's workers: a trim walks the whole heap.
+            let _ = tokio::task::spawn_blocking(trim).await;
+            me.trims.fetch_add(1, Ordering::Relaxed);
+            me.waiting.store(false, Ordering::Release);
+        });
+    }
+}
+
+fn trim() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks glibc's own arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// What a request holds while it runs: dropping it returns the budget.
 #[derive(Debug)]
 pub struct Held {
@@ -85,20 +145,18 @@ pub struct Held {
     _bytes: Option<OwnedSemaphorePermit>,
     budget: Arc<Semaphore>,
     total: u32,
+    trimmer: Arc<Trimmer>,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        // Last big request done: give freed heap back to the OS, so RSS comes
-        // down after a burst instead of staying at its peak.
+        // Last big request done: give freed heap back to the OS once ingest
+        // is quiet, so RSS comes down after a burst instead of staying at
+        // its peak.
         if self._bytes.is_some()
             && self.budget.available_permits() + self.held() >= self.total as usize
         {
-            #[cfg(target_env = "gnu")]
-            // SAFETY: malloc_trim only walks glibc's own arenas.
-            unsafe {
-                libc::malloc_trim(0);
-            }
+            self.trimmer.quiet_now(&self.budget, self.total);
         }
     }
 }
@@ -162,6 +220,7 @@ impl Guards {
         Guards {
             limits,
             budget: Arc::new(Semaphore::new(total)),
+            trimmer: Arc::default(),
             per_key: Mutex::new(HashMap::new()),
             connections_refused: AtomicU64::new(0),
             connections_open: AtomicU64::new(0),
@@ -173,6 +232,11 @@ impl Guards {
     /// The limits in force.
     pub fn limits(&self) -> ConnLimits {
         self.limits
+    }
+
+    /// Times freed heap was given back to the OS after ingest went quiet.
+    pub fn heap_trims(&self) -> u64 {
+        self.trimmer.trims.load(Ordering::Relaxed)
     }
 
     /// Admit one request of `key_id` that may hold up to `bytes` bytes.
@@ -203,11 +267,13 @@ impl Guards {
                     budget: self.limits.inflight_budget_bytes,
                 }
             })?;
+        self.trimmer.admitted.fetch_add(1, Ordering::AcqRel);
         Ok(Held {
             _key: key,
             _bytes: Some(bytes_permit),
             budget: self.budget.clone(),
             total,
+            trimmer: self.trimmer.clone(),
         })
     }
 }

@@ -100,7 +100,8 @@ enum Command {
         /// Delete envelopes received longer ago than this (e.g. 30d, 12h); off by default.
         #[arg(long, value_parser = parse_duration)]
         retention_max_age: Option<Duration>,
-        /// Delete the oldest envelopes while stored bytes exceed this (e.g. 50G); off by default.
+        /// Delete the oldest envelopes while their bytes as received exceed this (e.g. 50G; the
+        /// database keeps most bodies compressed, so its files are smaller); off by default.
         #[arg(long, value_parser = parse_bytes)]
         retention_max_bytes: Option<u64>,
         /// How often retention runs.
@@ -201,7 +202,8 @@ enum Command {
         /// Delete envelopes received longer ago than this.
         #[arg(long, value_parser = parse_duration)]
         max_age: Option<Duration>,
-        /// Delete the oldest envelopes while stored bytes exceed this.
+        /// Delete the oldest envelopes while their bytes as received exceed this (the
+        /// database keeps most bodies compressed, so its files are smaller).
         #[arg(long, value_parser = parse_bytes)]
         max_bytes: Option<u64>,
     },

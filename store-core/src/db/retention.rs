@@ -1,5 +1,9 @@
 //! Retention: dropping old envelopes by age and by stored bytes.
 //!
+//! "Bytes" are envelope bytes as received (`envelopes.size`), not the
+//! compressed length a body may have on disk (`super::body`): a limit means
+//! the same whatever the codec, and across stores written before v11.
+//!
 //! Invariants:
 //! - No envelope a receipt cites is ever deleted (the query never selects
 //!   one, and the foreign key would refuse it anyway).

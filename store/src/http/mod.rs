@@ -379,6 +379,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         ),
         (BUDGET_REFUSED, g.budget_refused.load(Ordering::Relaxed)),
         (KEY_LIMITED, g.key_limited.load(Ordering::Relaxed)),
+        (HEAP_TRIMS, g.heap_trims()),
     ] {
         e.sample(family, &[], v);
     }
@@ -402,6 +403,10 @@ const CONNECTIONS_REFUSED: Family = Family::counter(
 const BUDGET_REFUSED: Family = Family::counter(
     "pstack_store_budget_refused_total",
     "Ingest requests answered 503 because the in-flight byte budget was held.",
+);
+const HEAP_TRIMS: Family = Family::counter(
+    "pstack_store_heap_trims_total",
+    "Times freed heap was given back to the OS, once ingest had been quiet for 200 ms.",
 );
 const KEY_LIMITED: Family = Family::counter(
     "pstack_store_key_limited_total",

@@ -9,6 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod heap_trim;
 mod login_flood;
 mod otlp;
 
