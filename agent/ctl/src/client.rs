@@ -418,18 +418,43 @@ fn api_error(resp: &HttpResponse) -> ClientError {
     }
 }
 
+/// A sealed envelope as the daemon sent it: verified, with the bytes it
+/// came in (what the daemon spooled; written out as they are, never
+/// serialized a second time).
+#[derive(Debug, Clone)]
+pub struct ReceivedEnvelope {
+    /// The envelope, verified.
+    pub envelope: Envelope,
+    /// The bytes verified.
+    pub bytes: Vec<u8>,
+}
+
+/// Ask the daemon for a capture; returns the verified sealed envelope and
+/// its bytes.
+pub fn receive_via_socket(
+    socket: &Path,
+    request: &CaptureRequest,
+    timeout: Duration,
+) -> Result<ReceivedEnvelope, ClientError> {
+    let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    let resp = self::request(socket, "POST", "/v1/captures", Some(&body), timeout)?;
+    if resp.status != 200 {
+        return Err(api_error(&resp));
+    }
+    let envelope = pstack_envelope::verify(&resp.body).map_err(ClientError::InvalidEnvelope)?;
+    Ok(ReceivedEnvelope {
+        envelope,
+        bytes: resp.body,
+    })
+}
+
 /// Ask the daemon for a capture; returns the verified sealed envelope.
 pub fn capture_via_socket(
     socket: &Path,
     request: &CaptureRequest,
     timeout: Duration,
 ) -> Result<Envelope, ClientError> {
-    let body = serde_json::to_vec(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
-    let resp = self::request(socket, "POST", "/v1/captures", Some(&body), timeout)?;
-    if resp.status != 200 {
-        return Err(api_error(&resp));
-    }
-    pstack_envelope::verify(&resp.body).map_err(ClientError::InvalidEnvelope)
+    receive_via_socket(socket, request, timeout).map(|r| r.envelope)
 }
 
 /// Try the daemon first: `Ok(None)` when no daemon listens at `socket` (the
@@ -439,8 +464,8 @@ pub fn try_capture_via_daemon(
     socket: &Path,
     request: &CaptureRequest,
     timeout: Duration,
-) -> Result<Option<Envelope>, ClientError> {
-    match capture_via_socket(socket, request, timeout) {
+) -> Result<Option<ReceivedEnvelope>, ClientError> {
+    match receive_via_socket(socket, request, timeout) {
         Ok(e) => Ok(Some(e)),
         Err(ClientError::NoDaemon { .. }) => Ok(None),
         Err(e) => Err(e),

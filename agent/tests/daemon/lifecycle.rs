@@ -351,6 +351,19 @@ fn pstackctl_capture_goes_through_the_socket_when_pstackd_runs_and_one_shot_othe
     let via_daemon = run(&d.socket, &dir.path().join("a.json"));
     assert_eq!(via_daemon.collector.name, "pstackd");
     assert_eq!(d.status()["spool"]["files"], 1, "the daemon spooled it");
+    // The file holds the bytes pstackd sealed and spooled, not pstackctl's
+    // own serialization of them.
+    let spooled = std::fs::read(dir.path().join("spool").join(format!(
+        "{}.json",
+        via_daemon.digest.strip_prefix("sha256:").unwrap()
+    )))
+    .unwrap();
+    let written = std::fs::read(dir.path().join("a.json")).unwrap();
+    assert_eq!(
+        written.trim_ascii_end(),
+        spooled.trim_ascii_end(),
+        "pstackctl -o writes the daemon's bytes"
+    );
     let one_shot = run(&dir.path().join("absent.sock"), &dir.path().join("b.json"));
     assert_eq!(one_shot.collector.name, "pstackctl");
     assert_eq!(d.status()["spool"]["files"], 1);

@@ -224,10 +224,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             surfaces,
         );
         let timeout = Duration::from_millis(bundle_ms.saturating_add(5_000));
-        if let Some(envelope) = crate::client::try_capture_via_daemon(&args.socket, &body, timeout)?
+        if let Some(received) = crate::client::try_capture_via_daemon(&args.socket, &body, timeout)?
         {
             drop(progress);
-            return emit(&args, &envelope, &[], Some(&args.socket));
+            return emit(
+                &args,
+                &received.envelope,
+                Some(&received.bytes),
+                &[],
+                Some(&args.socket),
+            );
         }
     }
     let mut config = match &args.helper {
@@ -263,7 +269,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             budget.journal().path().display()
         ));
     }
-    emit(&args, &envelope, &notes, None)
+    emit(&args, &envelope, None, &notes, None)
 }
 
 /// Where the envelope goes, from `-o` and `--out-dir`.
@@ -290,18 +296,25 @@ impl Destination {
 }
 
 /// Write and print an envelope: to its destination, then the summary or the
-/// JSON on stdout. `notes` follow the summary; `via` names pstackd's socket
-/// when the daemon captured it (and spooled it for shipping).
+/// JSON on stdout. `received` holds the bytes the daemon sent (verified into
+/// `envelope`), written as they are; `notes` follow the summary; `via` names
+/// pstackd's socket when the daemon captured it (and spooled it for
+/// shipping).
 fn emit(
     args: &Args,
     envelope: &Envelope,
+    received: Option<&[u8]>,
     notes: &[String],
     via: Option<&Path>,
 ) -> anyhow::Result<i32> {
     let destination =
         Destination::resolve(args.output.as_deref(), args.out_dir.as_deref(), envelope);
-    // Compact on disk (any formatting verifies: the digest is over the canonical form).
-    let mut compact = serde_json::to_vec(envelope)?;
+    // Compact on disk (any formatting verifies: the digest is over the
+    // canonical form): the daemon's bytes when it sent them, else ours.
+    let mut compact = match received {
+        Some(bytes) => bytes.trim_ascii_end().to_vec(),
+        None => serde_json::to_vec(envelope)?,
+    };
     compact.push(b'\n');
     match &destination {
         Destination::Stdout => {
