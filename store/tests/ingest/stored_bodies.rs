@@ -2,13 +2,13 @@
 //! received, claim codes beside them, rows stored before v11 read and found
 //! as before, and a damaged block refused as corrupt.
 
-use pstack_store_core::db::{OpenOptions, Store, StoreError};
+use pstack_store_core::db::{Store, StoreError};
 use pstack_store_core::ingest::{IngestLimits, ItemVerdict, VerifiedItem, verify_item};
 use pstack_store_core::synthetic::Capture;
 use sqlx::Connection;
 
 use crate::on_both_backends;
-use crate::support::{Db, drop_schema, fresh_store};
+use crate::support::{Db, drop_schema, fresh_store, reopen, run_sql as raw};
 
 on_both_backends!(
     bodies_are_kept_compressed_and_read_back_exactly,
@@ -42,27 +42,13 @@ fn plain(pid: u32, seq: u64) -> Capture {
     }
 }
 
-/// Run `sql` on the store's database, outside the store.
-async fn raw(dir: &Option<tempfile::TempDir>, pg: &PgAt, sql: &str) {
-    match (dir, pg) {
-        (Some(d), _) => {
-            let path = d.path().join("store.db");
-            let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
-                .await
-                .unwrap();
-            sqlx::raw_sql(sql).execute(&mut c).await.unwrap();
-            c.close().await.unwrap();
-        }
-        (_, Some((url, schema))) => {
-            let mut c = sqlx::PgConnection::connect(url).await.unwrap();
-            sqlx::raw_sql(&format!("SET search_path TO {schema}; {sql}"))
-                .execute(&mut c)
-                .await
-                .unwrap();
-            c.close().await.unwrap();
-        }
-        _ => unreachable!("a fresh store has a file or a schema"),
-    }
+/// Digests of the envelopes carrying claim `code`, sorted (the list not cut).
+async fn with_claim(store: &Store, code: &str) -> Vec<String> {
+    let (found, cut) = store.envelopes_with_claim(code, 0, 10).await.unwrap();
+    assert!(!cut);
+    let mut digests: Vec<String> = found.into_iter().map(|f| f.1).collect();
+    digests.sort();
+    digests
 }
 
 /// (size, stored length, codec, claim_codes) of a row, read outside the store.
@@ -105,19 +91,6 @@ async fn row(
     }
 }
 
-async fn reopen(dir: &Option<tempfile::TempDir>, pg: &PgAt) -> Store {
-    let url = match (dir, pg) {
-        (Some(d), _) => d.path().join("store.db").to_str().unwrap().to_string(),
-        (_, Some((url, _))) => url.clone(),
-        _ => unreachable!(),
-    };
-    let opts = OpenOptions {
-        pg_schema: pg.as_ref().map(|(_, s)| s.clone()),
-        ..Default::default()
-    };
-    Store::open(&url, &opts).await.unwrap()
-}
-
 async fn bodies_are_kept_compressed_and_read_back_exactly(db: Db) {
     let Some((store, dir, pg)) = fresh_store(db).await else {
         return;
@@ -147,30 +120,17 @@ async fn bodies_are_kept_compressed_and_read_back_exactly(db: Db) {
         row(&dir, &pg, &with_claims.digest).await.3.as_deref(),
         Some(r#"["thread_in_d_state","blocked_on_fuse_server"]"#)
     );
-    let (found, cut) = store
-        .envelopes_with_claim("blocked_on_fuse_server", 0, 10)
-        .await
-        .unwrap();
-    assert!(!cut);
     assert_eq!(
-        found.iter().map(|f| f.1.as_str()).collect::<Vec<_>>(),
-        [with_claims.digest.as_str()]
+        with_claim(&store, "blocked_on_fuse_server").await,
+        vec![with_claims.digest.clone()]
     );
     // `no_thread_in_d_state` holds this code's name; only the real one counts.
-    let (found, _) = store
-        .envelopes_with_claim("thread_in_d_state", 0, 10)
-        .await
-        .unwrap();
     assert_eq!(
-        found.iter().map(|f| f.1.as_str()).collect::<Vec<_>>(),
-        [with_claims.digest.as_str()]
+        with_claim(&store, "thread_in_d_state").await,
+        vec![with_claims.digest.clone()]
     );
     // A code that is a substring of a stored one is not a match.
-    let (none, _) = store
-        .envelopes_with_claim("blocked_on_fuse", 0, 10)
-        .await
-        .unwrap();
-    assert!(none.is_empty(), "{none:?}");
+    assert!(with_claim(&store, "blocked_on_fuse").await.is_empty());
     store.close().await;
     drop_schema(pg).await;
 }
@@ -223,14 +183,8 @@ async fn rows_stored_before_the_codec_read_and_are_found_by_claim_as_before(db: 
             item.bytes.as_ref()
         );
     }
-    let (found, cut) = again
-        .envelopes_with_claim("thread_in_d_state", 0, 10)
-        .await
-        .unwrap();
-    assert!(!cut);
-    let mut digests: Vec<&str> = found.iter().map(|f| f.1.as_str()).collect();
-    digests.sort();
-    let mut want = vec![old.digest.as_str(), new.digest.as_str()];
+    let digests = with_claim(&again, "thread_in_d_state").await;
+    let mut want = vec![old.digest.clone(), new.digest.clone()];
     want.sort();
     assert_eq!(digests, want, "the v10 row and the v11 row");
     // Both kinds of row give their codes to the fleet read.

@@ -27,18 +27,7 @@ async fn reopening_keeps_data_and_applies_no_migration_twice(db: Db) {
     let item = verified(&Capture::new("node-a", 1, 1));
     store.ingest(&[&item], "k", 1).await.unwrap();
     store.close().await;
-    let url = match (&dir, &pg) {
-        (Some(d), _) => d.path().join("store.db").to_str().unwrap().to_string(),
-        (_, Some((url, _))) => url.clone(),
-        _ => unreachable!(),
-    };
-    let opts = pstack_store_core::db::OpenOptions {
-        pg_schema: pg.as_ref().map(|(_, s)| s.clone()),
-        ..Default::default()
-    };
-    let again = pstack_store_core::db::Store::open(&url, &opts)
-        .await
-        .unwrap();
+    let again = crate::support::reopen(&dir, &pg).await;
     assert_eq!(
         again.schema_version().await.unwrap(),
         pstack_store_core::db::SCHEMA_VERSION

@@ -146,6 +146,45 @@ pub async fn drop_schema(pg: Option<(String, String)>) {
     }
 }
 
+/// Run `sql` on the database of a store made by [`fresh_store`], outside
+/// the store (to age a store back to an older schema, or damage it).
+pub async fn run_sql(dir: &Option<tempfile::TempDir>, pg: &Option<(String, String)>, sql: &str) {
+    use sqlx::Connection;
+    match (dir, pg) {
+        (Some(d), _) => {
+            let path = d.path().join("store.db");
+            let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+                .await
+                .unwrap();
+            sqlx::raw_sql(sql).execute(&mut c).await.unwrap();
+            c.close().await.unwrap();
+        }
+        (_, Some((url, schema))) => {
+            let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+            sqlx::raw_sql(&format!("SET search_path TO {schema}; {sql}"))
+                .execute(&mut c)
+                .await
+                .unwrap();
+            c.close().await.unwrap();
+        }
+        _ => unreachable!("a fresh store has a file or a schema"),
+    }
+}
+
+/// Open again the store [`fresh_store`] made (its migrations run again).
+pub async fn reopen(dir: &Option<tempfile::TempDir>, pg: &Option<(String, String)>) -> Store {
+    let url = match (dir, pg) {
+        (Some(d), _) => d.path().join("store.db").to_str().unwrap().to_string(),
+        (_, Some((url, _))) => url.clone(),
+        _ => unreachable!("a fresh store has a file or a schema"),
+    };
+    let opts = OpenOptions {
+        pg_schema: pg.as_ref().map(|(_, s)| s.clone()),
+        ..Default::default()
+    };
+    Store::open(&url, &opts).await.unwrap()
+}
+
 fn rand_bytes() -> [u8; 6] {
     let mut b = [0u8; 6];
     getrandom::fill(&mut b).expect("random");

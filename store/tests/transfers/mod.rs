@@ -480,29 +480,13 @@ async fn ends_arriving_at_once_are_joined(db: Db) {
 /// applied; the store runs every unrecorded step, so reopening runs v5
 /// alone, over the envelopes already stored.
 async fn downgrade_to_v4(dir: &Option<tempfile::TempDir>, pg: &Option<(String, String)>) {
-    use sqlx::Connection;
-    const SQL: &str =
+    crate::support::run_sql(
+        dir,
+        pg,
         "DROP TABLE transfer_ends; DROP TABLE transfers; DROP TABLE transfer_candidates;
-         DELETE FROM pstack_schema_migrations WHERE version = 5;";
-    match (dir, pg) {
-        (Some(d), _) => {
-            let path = d.path().join("store.db");
-            let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
-                .await
-                .unwrap();
-            sqlx::raw_sql(SQL).execute(&mut c).await.unwrap();
-            c.close().await.unwrap();
-        }
-        (_, Some((url, schema))) => {
-            let mut c = sqlx::PgConnection::connect(url).await.unwrap();
-            sqlx::raw_sql(&format!("SET search_path TO {schema}; {SQL}"))
-                .execute(&mut c)
-                .await
-                .unwrap();
-            c.close().await.unwrap();
-        }
-        _ => unreachable!("a fresh store has a file or a schema"),
-    }
+         DELETE FROM pstack_schema_migrations WHERE version = 5;",
+    )
+    .await;
 }
 
 async fn envelopes_stored_before_the_migration_are_joined_by_it(db: Db) {
@@ -531,18 +515,7 @@ async fn envelopes_stored_before_the_migration_are_joined_by_it(db: Db) {
     store.ingest(&[&b], &kb.id, T0).await.unwrap();
     store.close().await;
     downgrade_to_v4(&dir, &pg).await;
-    let url = match (&dir, &pg) {
-        (Some(d), _) => d.path().join("store.db").to_str().unwrap().to_string(),
-        (_, Some((url, _))) => url.clone(),
-        _ => unreachable!(),
-    };
-    let opts = pstack_store_core::db::OpenOptions {
-        pg_schema: pg.as_ref().map(|(_, s)| s.clone()),
-        ..Default::default()
-    };
-    let again = pstack_store_core::db::Store::open(&url, &opts)
-        .await
-        .unwrap();
+    let again = crate::support::reopen(&dir, &pg).await;
     assert_eq!(
         again.schema_version().await.unwrap(),
         pstack_store_core::db::SCHEMA_VERSION
