@@ -5,10 +5,9 @@
 use pstack_store_core::db::{Store, StoreError};
 use pstack_store_core::ingest::{IngestLimits, ItemVerdict, VerifiedItem, verify_item};
 use pstack_store_core::synthetic::Capture;
-use sqlx::Connection;
 
 use crate::on_both_backends;
-use crate::support::{Db, drop_schema, fresh_store, reopen, run_sql as raw};
+use crate::support::{Db, RawDb, drop_schema, fresh_store, reopen, run_sql as raw};
 
 on_both_backends!(
     bodies_are_kept_compressed_and_read_back_exactly,
@@ -59,36 +58,14 @@ async fn row(
 ) -> (i64, i64, i64, Option<String>) {
     const SQL: &str = "SELECT size, CAST(length(body) AS BIGINT), body_codec, claim_codes
                        FROM envelopes WHERE digest = $1";
-    match (dir, pg) {
-        (Some(d), _) => {
-            let path = d.path().join("store.db");
-            let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
-                .await
-                .unwrap();
-            let r = sqlx::query_as(SQL)
-                .bind(digest)
-                .fetch_one(&mut c)
-                .await
-                .unwrap();
-            c.close().await.unwrap();
-            r
-        }
-        (_, Some((url, schema))) => {
-            let mut c = sqlx::PgConnection::connect(url).await.unwrap();
-            sqlx::raw_sql(&format!("SET search_path TO {schema}"))
-                .execute(&mut c)
-                .await
-                .unwrap();
-            let r = sqlx::query_as(SQL)
-                .bind(digest)
-                .fetch_one(&mut c)
-                .await
-                .unwrap();
-            c.close().await.unwrap();
-            r
-        }
-        _ => unreachable!(),
+    let mut db = RawDb::connect(dir, pg).await;
+    let row = match &mut db {
+        RawDb::Sqlite(c) => sqlx::query_as(SQL).bind(digest).fetch_one(c).await,
+        RawDb::Postgres(c) => sqlx::query_as(SQL).bind(digest).fetch_one(c).await,
     }
+    .unwrap();
+    db.close().await;
+    row
 }
 
 async fn bodies_are_kept_compressed_and_read_back_exactly(db: Db) {

@@ -146,29 +146,52 @@ pub async fn drop_schema(pg: Option<(String, String)>) {
     }
 }
 
-/// Run `sql` on the database of a store made by [`fresh_store`], outside
-/// the store (to age a store back to an older schema, or damage it).
-pub async fn run_sql(dir: &Option<tempfile::TempDir>, pg: &Option<(String, String)>, sql: &str) {
-    use sqlx::Connection;
-    match (dir, pg) {
-        (Some(d), _) => {
-            let path = d.path().join("store.db");
-            let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
-                .await
-                .unwrap();
-            sqlx::raw_sql(sql).execute(&mut c).await.unwrap();
-            c.close().await.unwrap();
+/// A connection of its own to the database of a store made by
+/// [`fresh_store`], outside the store (to age a store back to an older
+/// schema, damage it, or read what it wrote).
+pub enum RawDb {
+    Sqlite(sqlx::SqliteConnection),
+    Postgres(sqlx::PgConnection),
+}
+
+impl RawDb {
+    pub async fn connect(dir: &Option<tempfile::TempDir>, pg: &Option<(String, String)>) -> RawDb {
+        use sqlx::Connection;
+        match (dir, pg) {
+            (Some(d), _) => {
+                let url = format!("sqlite://{}", d.path().join("store.db").display());
+                RawDb::Sqlite(sqlx::SqliteConnection::connect(&url).await.unwrap())
+            }
+            (_, Some((url, schema))) => {
+                let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+                sqlx::raw_sql(&format!("SET search_path TO {schema}"))
+                    .execute(&mut c)
+                    .await
+                    .unwrap();
+                RawDb::Postgres(c)
+            }
+            _ => unreachable!("a fresh store has a file or a schema"),
         }
-        (_, Some((url, schema))) => {
-            let mut c = sqlx::PgConnection::connect(url).await.unwrap();
-            sqlx::raw_sql(&format!("SET search_path TO {schema}; {sql}"))
-                .execute(&mut c)
-                .await
-                .unwrap();
-            c.close().await.unwrap();
-        }
-        _ => unreachable!("a fresh store has a file or a schema"),
     }
+
+    pub async fn close(self) {
+        use sqlx::Connection;
+        match self {
+            RawDb::Sqlite(c) => c.close().await.unwrap(),
+            RawDb::Postgres(c) => c.close().await.unwrap(),
+        }
+    }
+}
+
+/// Run `sql` on a store's database through a [`RawDb`].
+pub async fn run_sql(dir: &Option<tempfile::TempDir>, pg: &Option<(String, String)>, sql: &str) {
+    let mut db = RawDb::connect(dir, pg).await;
+    match &mut db {
+        RawDb::Sqlite(c) => sqlx::raw_sql(sql).execute(c).await.map(drop),
+        RawDb::Postgres(c) => sqlx::raw_sql(sql).execute(c).await.map(drop),
+    }
+    .unwrap();
+    db.close().await;
 }
 
 /// Open again the store [`fresh_store`] made (its migrations run again).
