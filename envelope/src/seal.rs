@@ -309,8 +309,9 @@ impl VerifiedSummary {
 ///
 /// Canonical bytes are checked and hashed by [`verify_digest`]'s single pass,
 /// which also notes where `clock`, `subject`, `unknowns` and `claims` lie;
-/// those few small members (of the claims only their codes) are then parsed. Anything the pass does not accept goes
-/// through [`verify`], whose verdict (and error list) this returns unchanged.
+/// those few small members (of the claims only their codes) are then
+/// parsed. Anything the pass does not accept goes through [`verify`], whose
+/// verdict (and error list) this returns unchanged.
 pub fn verify_summary(bytes: &[u8]) -> Result<VerifiedSummary, Rejection> {
     if let Some(summary) = verify_summary_fast(bytes) {
         return Ok(summary);

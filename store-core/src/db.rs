@@ -11,9 +11,10 @@
 //! Invariants:
 //! - **Exact bytes.** `envelopes.body` holds the bytes exactly as received,
 //!   or an LZ4 block of them ([`body`]); every read returns the received
-//!   bytes, and nothing re-serializes an envelope. The digest is the primary identity
-//!   (`UNIQUE`), so a replay or a concurrent duplicate inserts nothing
-//!   (`ON CONFLICT (digest) DO NOTHING`) and answers with the stored record.
+//!   bytes, and nothing re-serializes an envelope. The digest is the
+//!   primary identity (`UNIQUE`), so a replay or a concurrent duplicate
+//!   inserts nothing (`ON CONFLICT (digest) DO NOTHING`) and answers with
+//!   the stored record.
 //! - **Batch atomicity.** The verified items of one request are written in one
 //!   transaction (envelope, its unknowns, its subject's newest pointer). Either
 //!   all of them are stored or none is and the request fails with 503; a
@@ -39,9 +40,10 @@
 //!
 //! One file per concern, each opening with the invariants it keeps:
 //! [`pools`] (opening, the SQLite writer/reader/checkpointer, closing),
-//! [`migrations`], [`body`] (how bodies are kept), [`reads`] (envelopes, histories, unknowns), [`keys`] (API
-//! keys), [`receipts`], [`retention`], and per area [`ingest`], [`analysis`],
-//! [`gate`], [`runs`], [`transfers`], [`operators`], [`login_throttle`].
+//! [`migrations`], [`body`] (how bodies are kept), [`reads`] (envelopes,
+//! histories, unknowns), [`keys`] (API keys), [`receipts`], [`retention`],
+//! and per area [`ingest`], [`analysis`], [`gate`], [`runs`], [`transfers`],
+//! [`operators`], [`login_throttle`].
 //! This file holds what they share: the [`Store`] handle, [`StoreError`],
 //! the pool and bind macros and the placeholder builders.
 

@@ -20,9 +20,11 @@
 //!   `http` ([`Guards`]), where the key and the body size are known.
 //! - **Freed heap goes back to the OS once ingest is quiet.** When the last
 //!   request holding the budget ends and none is admitted for
-//!   [`TRIM_QUIET`], `malloc_trim` runs once. Not after every request: each
-//!   trim unmaps pages every core then refaults, and under a steady load
-//!   that was ~5 % of the store's CPU (BENCHMARKS.md, issue 31 item 5).
+//!   [`TRIM_QUIET`], `malloc_trim` runs once. Not after every request: a
+//!   trim returns pages with `madvise`, which interrupts every core to flush
+//!   its TLB, and the next request faults them back in; under a steady load
+//!   that cost ~35 of ~190 µs of CPU per envelope (BENCHMARKS.md, issue 31
+//!   item 5).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
