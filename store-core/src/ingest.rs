@@ -245,9 +245,9 @@ pub struct VerifiedItem {
     pub digest: String,
     /// The exact bytes received (a zero-copy slice of the request body).
     pub bytes: Bytes,
-    /// What `envelopes.body` keeps of them (`crate::db::body`), made here,
+    /// Their LZ4 block when it is smaller (`crate::db::body`), made here,
     /// on the verifying threads, not under the database's writer.
-    pub stored: crate::db::body::StoredBody,
+    pub lz4_block: Option<Vec<u8>>,
     /// Its claims' codes in `envelopes.claim_codes`' form.
     pub claim_codes: String,
     /// Its subject, flattened.
@@ -261,6 +261,13 @@ pub struct VerifiedItem {
     /// What finds the other end of its transfer (stream and storage
     /// transfer envelopes only; `crate::transfers`).
     pub join: Option<crate::transfers::JoinCandidate>,
+}
+
+impl VerifiedItem {
+    /// What `envelopes.body` and `envelopes.body_codec` get for it.
+    pub fn stored_body(&self) -> (&[u8], i64) {
+        crate::db::body::stored_form(&self.bytes, self.lz4_block.as_deref())
+    }
 }
 
 /// An item refused.
@@ -323,7 +330,7 @@ pub fn verify_item(bytes: Bytes, limits: &IngestLimits) -> ItemVerdict {
                 completeness: completeness_name(env.completeness),
                 unknowns: env.unknowns,
                 claim_codes: crate::db::body::claim_codes_column(&env.claim_codes),
-                stored: crate::db::body::encode(&bytes),
+                lz4_block: crate::db::body::compress(&bytes),
                 digest,
                 bytes,
             }))

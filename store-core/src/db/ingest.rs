@@ -251,8 +251,8 @@ impl BatchRows for SqliteConnection {
                     Bind::Text(item.completeness),
                     Bind::Text(key_id),
                     Bind::I64(size_of(item)),
-                    Bind::Bytes(&item.stored.bytes),
-                    Bind::I64(item.stored.codec),
+                    Bind::Bytes(item.stored_body().0),
+                    Bind::I64(item.stored_body().1),
                     Bind::Text(&item.claim_codes),
                 ]);
             }
@@ -366,8 +366,8 @@ impl BatchRows for PgConnection {
         .bind(column(rows, |r| r.completeness))
         .bind(key_id)
         .bind(column(rows, |r| size_of(r)))
-        .bind(column(rows, |r| r.stored.bytes.as_slice()))
-        .bind(column(rows, |r| r.stored.codec))
+        .bind(column(rows, |r| r.stored_body().0))
+        .bind(column(rows, |r| r.stored_body().1))
         .bind(column(rows, |r| r.claim_codes.as_str()))
         .fetch_all(&mut *self)
         .await?;

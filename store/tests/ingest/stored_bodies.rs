@@ -3,11 +3,10 @@
 //! as before, and a damaged block refused as corrupt.
 
 use pstack_store_core::db::{Store, StoreError};
-use pstack_store_core::ingest::{IngestLimits, ItemVerdict, VerifiedItem, verify_item};
 use pstack_store_core::synthetic::Capture;
 
 use crate::on_both_backends;
-use crate::support::{Db, RawDb, drop_schema, fresh_store, reopen, run_sql as raw};
+use crate::support::{Db, RawDb, drop_schema, fresh_store, reopen, run_sql as raw, verified};
 
 on_both_backends!(
     bodies_are_kept_compressed_and_read_back_exactly,
@@ -16,13 +15,6 @@ on_both_backends!(
 );
 
 type PgAt = Option<(String, String)>;
-
-fn verified(c: &Capture) -> VerifiedItem {
-    match verify_item(c.bytes().unwrap().1.into(), &IngestLimits::default()) {
-        ItemVerdict::Verified(v) => *v,
-        ItemVerdict::Rejected(r) => panic!("fixture rejected: {:?}", r.reasons),
-    }
-}
 
 /// A capture with a thread in D: two claims.
 fn blocked(pid: u32, seq: u64) -> Capture {

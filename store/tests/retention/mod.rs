@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use pstack_store_core::db::RetentionPolicy;
-use pstack_store_core::ingest::{IngestLimits, ItemVerdict, VerifiedItem, verify_item};
+use pstack_store_core::ingest::VerifiedItem;
 use pstack_store_core::receipts::{ReceiptKind, ReceiptRequest};
 use pstack_store_core::synthetic::Capture;
 
 use crate::on_both_backends;
-use crate::support::{Db, drop_schema, fresh_store};
+use crate::support::{Db, drop_schema, fresh_store, verified};
 
 on_both_backends!(
     retention_by_age_and_size_never_deletes_cited_evidence,
@@ -42,13 +42,6 @@ async fn reopening_keeps_data_and_applies_no_migration_twice(db: Db) {
     );
     again.close().await;
     drop_schema(pg).await;
-}
-
-fn verified(c: &Capture) -> VerifiedItem {
-    match verify_item(c.bytes().unwrap().1.into(), &IngestLimits::default()) {
-        ItemVerdict::Verified(v) => *v,
-        ItemVerdict::Rejected(r) => panic!("fixture rejected: {:?}", r.reasons),
-    }
 }
 
 const DAY: i64 = 86_400 * 1_000_000_000;

@@ -194,6 +194,15 @@ pub async fn run_sql(dir: &Option<tempfile::TempDir>, pg: &Option<(String, Strin
     db.close().await;
 }
 
+/// A synthetic capture through ingest's verification, as ingest stores it.
+pub fn verified(c: &Capture) -> pstack_store_core::ingest::VerifiedItem {
+    use pstack_store_core::ingest::{ItemVerdict, verify_item};
+    match verify_item(c.bytes().unwrap().1.into(), &IngestLimits::default()) {
+        ItemVerdict::Verified(v) => *v,
+        ItemVerdict::Rejected(r) => panic!("fixture rejected: {:?}", r.reasons),
+    }
+}
+
 /// Open again the store [`fresh_store`] made (its migrations run again).
 pub async fn reopen(dir: &Option<tempfile::TempDir>, pg: &Option<(String, String)>) -> Store {
     let url = match (dir, pg) {
