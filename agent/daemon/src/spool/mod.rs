@@ -567,9 +567,12 @@ impl Spool {
     /// Move a spooled envelope to quarantine for `reason`.
     pub fn quarantine(&self, digest: &str, reason: QuarantineReason) -> Result<(), SpoolError> {
         let hex = hex_of(digest)?.to_owned();
-        self.lock_index().remove(&hex);
         let name = format!("{hex}.json");
         self.quarantine_file(&self.dir.join(&name), &name, reason);
+        // Out of the index only once moved and counted: a snapshot never
+        // shows the file gone from `files` and not yet in
+        // `quarantined_total`.
+        self.lock_index().remove(&hex);
         Ok(())
     }
 
